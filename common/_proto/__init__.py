@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code (see proto/generate.py). Never edit by hand."""

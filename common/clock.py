@@ -1,0 +1,45 @@
+"""Injected time: a clock and a scheduler, so timeouts and TTL are tested without sleeping."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Protocol
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds (timestamps written into state and metadata)."""
+
+    def monotonic_ms(self) -> int:
+        """Monotonic milliseconds (durations and timeouts)."""
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def monotonic_ms(self) -> int:
+        return time.monotonic_ns() // 1_000_000
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Scheduler(Protocol):
+    def schedule(self, delay_ms: int, fn: Callable[[], None]) -> Cancellable:
+        """Run ``fn`` once after ``delay_ms``."""
+
+
+class ThreadScheduler:
+    """Runs scheduled callbacks on daemon timer threads."""
+
+    def schedule(self, delay_ms: int, fn: Callable[[], None]) -> Cancellable:
+        timer = threading.Timer(max(0, delay_ms) / 1000.0, fn)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+
+SYSTEM_CLOCK = SystemClock()

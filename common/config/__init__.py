@@ -1,0 +1,7 @@
+"""Flink-style configuration: typed options, YAML files, ``-D key=value`` overrides."""
+
+from keyedstate.common.config._configuration import Configuration, parse_duration_ms, parse_memory_bytes
+from keyedstate.common.config._option import ConfigOption
+from keyedstate.common.config import options
+
+__all__ = ["Configuration", "ConfigOption", "options", "parse_duration_ms", "parse_memory_bytes"]

@@ -1,0 +1,129 @@
+"""The one error hierarchy of the runtime.
+
+Every error carries a :class:`Reason` (a typed cause that shows in logs, metrics and gRPC
+trailing metadata) and a message that tells the operator or user what to do. The mapping to
+gRPC status codes lives in :mod:`keyedstate.common.rpc.status`, the only place where domain
+errors and gRPC meet.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.Enum):
+    """Why a call failed; sent to clients as trailing metadata ``x-keyedstate-reason``."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    CONFIG = "CONFIG"
+    UNKNOWN_JOB = "UNKNOWN_JOB"
+    UNKNOWN_OPERATOR = "UNKNOWN_OPERATOR"
+    UNKNOWN_STATE = "UNKNOWN_STATE"
+    UNKNOWN_SUBTASK = "UNKNOWN_SUBTASK"
+    WRONG_STATE_KIND = "WRONG_STATE_KIND"
+    STALE_ROUTING = "STALE_ROUTING"
+    SIZE_LIMIT = "SIZE_LIMIT"
+    INSUFFICIENT_SLOTS = "INSUFFICIENT_SLOTS"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    JOB_NOT_RUNNING = "JOB_NOT_RUNNING"
+    EPOCH_CONFLICT = "EPOCH_CONFLICT"
+    CHECKPOINT_FAILED = "CHECKPOINT_FAILED"
+    CORRUPT_CHECKPOINT = "CORRUPT_CHECKPOINT"
+    INCOMPATIBLE_CHECKPOINT = "INCOMPATIBLE_CHECKPOINT"
+    STORAGE = "STORAGE"
+    UNAVAILABLE = "UNAVAILABLE"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    INTERNAL = "INTERNAL"
+
+
+class KeyedStateError(Exception):
+    """Root of every error the runtime raises on purpose."""
+
+    reason: Reason = Reason.INTERNAL
+
+    def __init__(self, message: str, *, reason: Reason | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgumentError(KeyedStateError):
+    reason = Reason.INVALID_ARGUMENT
+
+
+class ConfigError(KeyedStateError):
+    """A configuration key has a value that cannot be used."""
+
+    reason = Reason.CONFIG
+
+
+class NotFoundError(KeyedStateError):
+    """An unknown job, operator, subtask or state (the reason says which)."""
+
+    reason = Reason.UNKNOWN_JOB
+
+
+class WrongStateKindError(KeyedStateError):
+    reason = Reason.WRONG_STATE_KIND
+
+
+class StaleRoutingError(KeyedStateError):
+    """The slot does not own a key group the client sent to it; refresh the routing table."""
+
+    reason = Reason.STALE_ROUTING
+
+    def __init__(self, message: str, *, current_version: int = 0) -> None:
+        super().__init__(message)
+        self.current_version = current_version
+
+
+class SizeLimitError(KeyedStateError):
+    reason = Reason.SIZE_LIMIT
+
+
+class CapacityError(KeyedStateError):
+    reason = Reason.INSUFFICIENT_SLOTS
+
+
+class AlreadyExistsError(KeyedStateError):
+    reason = Reason.ALREADY_EXISTS
+
+
+class JobStateError(KeyedStateError):
+    """The job is not in a state that allows the call (restarting, failed, cancelled)."""
+
+    reason = Reason.JOB_NOT_RUNNING
+
+
+class EpochConflictError(KeyedStateError):
+    reason = Reason.EPOCH_CONFLICT
+
+
+class CheckpointError(KeyedStateError):
+    reason = Reason.CHECKPOINT_FAILED
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is missing, truncated or fails its checksum; the message names it."""
+
+    reason = Reason.CORRUPT_CHECKPOINT
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """A checkpoint cannot be restored into this job (max parallelism, operators, states)."""
+
+    reason = Reason.INCOMPATIBLE_CHECKPOINT
+
+
+class StorageError(KeyedStateError):
+    reason = Reason.STORAGE
+
+
+class UnavailableError(KeyedStateError):
+    """A peer cannot be reached or is shutting down; the call can be retried."""
+
+    reason = Reason.UNAVAILABLE

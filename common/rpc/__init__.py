@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by daemons and clients: status mapping, channels, servers."""

@@ -1,0 +1,147 @@
+"""The one table between domain errors and gRPC status codes, both directions.
+
+Servicers call :func:`abort_with` (via :func:`rpc_method`) and clients call :func:`from_rpc_error`;
+nothing else in the code base looks at ``grpc.StatusCode``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, TypeVar
+
+import grpc
+
+from keyedstate.common import errors as e
+
+logger = logging.getLogger(__name__)
+
+REASON_KEY = "x-keyedstate-reason"
+ROUTING_VERSION_KEY = "x-keyedstate-routing-version"
+
+_CODES: dict[e.Reason, grpc.StatusCode] = {
+    e.Reason.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    e.Reason.CONFIG: grpc.StatusCode.INVALID_ARGUMENT,
+    e.Reason.UNKNOWN_JOB: grpc.StatusCode.NOT_FOUND,
+    e.Reason.UNKNOWN_OPERATOR: grpc.StatusCode.NOT_FOUND,
+    e.Reason.UNKNOWN_STATE: grpc.StatusCode.NOT_FOUND,
+    e.Reason.UNKNOWN_SUBTASK: grpc.StatusCode.NOT_FOUND,
+    e.Reason.WRONG_STATE_KIND: grpc.StatusCode.FAILED_PRECONDITION,
+    e.Reason.STALE_ROUTING: grpc.StatusCode.FAILED_PRECONDITION,
+    e.Reason.SIZE_LIMIT: grpc.StatusCode.INVALID_ARGUMENT,
+    e.Reason.INSUFFICIENT_SLOTS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.Reason.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    e.Reason.JOB_NOT_RUNNING: grpc.StatusCode.UNAVAILABLE,
+    e.Reason.EPOCH_CONFLICT: grpc.StatusCode.ABORTED,
+    e.Reason.CHECKPOINT_FAILED: grpc.StatusCode.ABORTED,
+    e.Reason.CORRUPT_CHECKPOINT: grpc.StatusCode.DATA_LOSS,
+    e.Reason.INCOMPATIBLE_CHECKPOINT: grpc.StatusCode.FAILED_PRECONDITION,
+    e.Reason.STORAGE: grpc.StatusCode.UNAVAILABLE,
+    e.Reason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    e.Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    e.Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+_CLASSES: dict[e.Reason, type[e.KeyedStateError]] = {
+    e.Reason.INVALID_ARGUMENT: e.InvalidArgumentError,
+    e.Reason.CONFIG: e.ConfigError,
+    e.Reason.UNKNOWN_JOB: e.NotFoundError,
+    e.Reason.UNKNOWN_OPERATOR: e.NotFoundError,
+    e.Reason.UNKNOWN_STATE: e.NotFoundError,
+    e.Reason.UNKNOWN_SUBTASK: e.NotFoundError,
+    e.Reason.WRONG_STATE_KIND: e.WrongStateKindError,
+    e.Reason.SIZE_LIMIT: e.SizeLimitError,
+    e.Reason.INSUFFICIENT_SLOTS: e.CapacityError,
+    e.Reason.ALREADY_EXISTS: e.AlreadyExistsError,
+    e.Reason.JOB_NOT_RUNNING: e.JobStateError,
+    e.Reason.EPOCH_CONFLICT: e.EpochConflictError,
+    e.Reason.CHECKPOINT_FAILED: e.CheckpointError,
+    e.Reason.CORRUPT_CHECKPOINT: e.CorruptCheckpointError,
+    e.Reason.INCOMPATIBLE_CHECKPOINT: e.IncompatibleCheckpointError,
+    e.Reason.STORAGE: e.StorageError,
+    e.Reason.UNAVAILABLE: e.UnavailableError,
+    e.Reason.SHUTTING_DOWN: e.UnavailableError,
+}
+
+
+def status_code(error: e.KeyedStateError) -> grpc.StatusCode:
+    return _CODES.get(error.reason, grpc.StatusCode.INTERNAL)
+
+
+def abort_with(context: grpc.ServicerContext, error: e.KeyedStateError) -> None:
+    """Abort the call with the error's status code, message and reason (never returns)."""
+    metadata: list[tuple[str, str]] = [(REASON_KEY, error.reason.value)]
+    if isinstance(error, e.StaleRoutingError):
+        metadata.append((ROUTING_VERSION_KEY, str(error.current_version)))
+    context.set_trailing_metadata(tuple(metadata))
+    context.abort(status_code(error), error.message)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def rpc_method(fn: F) -> F:
+    """Decorate a servicer method: domain errors become gRPC statuses, bugs become INTERNAL.
+
+    Works for unary methods and for server-streaming generators.
+    """
+    import inspect
+
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def stream_wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                yield from fn(self, request, context)
+            except e.KeyedStateError as exc:
+                abort_with(context, exc)
+            except Exception as exc:  # a bug must not kill the server or leak a traceback
+                if _is_abort(exc):
+                    raise
+                logger.exception("unexpected error in %s", fn.__name__)
+                abort_with(context, e.KeyedStateError(f"internal error in {fn.__name__}: {exc!r}"))
+
+        return stream_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except e.KeyedStateError as exc:
+            abort_with(context, exc)
+        except Exception as exc:
+            if _is_abort(exc):
+                raise
+            logger.exception("unexpected error in %s", fn.__name__)
+            abort_with(context, e.KeyedStateError(f"internal error in {fn.__name__}: {exc!r}"))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _is_abort(exc: Exception) -> bool:
+    # context.abort() raises a plain Exception subclass private to grpc; let it through.
+    return type(exc).__module__.startswith("grpc")
+
+
+def from_rpc_error(err: grpc.RpcError, what: str = "") -> e.KeyedStateError:
+    """Turn a gRPC error received by a client into the matching typed domain error."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = (err.details() if hasattr(err, "details") else None) or str(err)
+    trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+    reason_value = trailing.get(REASON_KEY)
+    prefix = f"{what}: " if what else ""
+    if reason_value is not None:
+        try:
+            reason = e.Reason(reason_value)
+        except ValueError:
+            reason = e.Reason.INTERNAL
+        if reason is e.Reason.STALE_ROUTING:
+            version = int(trailing.get(ROUTING_VERSION_KEY, "0") or 0)
+            return e.StaleRoutingError(prefix + details, current_version=version)
+        cls = _CLASSES.get(reason, e.KeyedStateError)
+        return cls(prefix + details, reason=reason)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return e.UnavailableError(f"{prefix}{code.name}: {details}")
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return e.SizeLimitError(f"{prefix}{details}")
+    return e.KeyedStateError(f"{prefix}{code.name}: {details}")

@@ -1,0 +1,18 @@
+"""Maps the top-level folders under the ``keyedstate`` import root; all metadata is in pyproject.toml.
+
+``keyedstate`` itself is a namespace package (PEP 420): it has no folder of its own.
+"""
+
+from setuptools import find_namespace_packages, setup
+
+FOLDERS = ("common", "jobmanager", "taskmanager")
+
+setup(
+    packages=[
+        f"keyedstate.{name}"
+        for name in find_namespace_packages(include=[f"{f}" for f in FOLDERS] + [f"{f}.*" for f in FOLDERS])
+        if "__pycache__" not in name
+    ],
+    package_dir={f"keyedstate.{f}": f for f in FOLDERS},
+    package_data={"keyedstate.common": ["py.typed"], "keyedstate.jobmanager": ["web/static/*"]},
+)
