@@ -1,1 +1,1 @@
-
+"""Command-line tools (statectl)."""

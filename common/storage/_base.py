@@ -11,6 +11,7 @@ class FileInfo:
     path: str
     """Absolute URL, same scheme as the storage root (``s3://bucket/a/b``, ``file:///x/y``)."""
     size: int
+    """Bytes; 0 for directories."""
     is_dir: bool
 
 
@@ -20,20 +21,29 @@ class CheckpointStorage(Protocol):
     Contract (tested against file:// and S3 by tests/contract/test_storage_contract.py):
     * ``put_file``/``write_bytes`` never leave a partial object visible under the final name.
     * ``create_exclusive`` writes the whole object under a name that must not exist yet and
-      raises ``FileExistsError`` if it does (S3: If-None-Match, local: O_EXCL + rename).
+      raises ``FileExistsError`` if it does (S3: If-None-Match, local: O_EXCL + link).
     * Missing paths raise ``FileNotFoundError``; throttling and 5xx answers are retried
       with backoff, and what still fails is raised as ``StorageError`` naming the path.
+    * Writes create missing parent directories (object-store semantics everywhere).
+    * Implementations are thread-safe: one instance is shared by all transfer threads.
     """
 
-    def join(self, base: str, *parts: str) -> str: ...
+    def join(self, base: str, *parts: str) -> str:
+        """``base`` + ``/`` + parts; parts must not contain ``..`` or ``.`` segments."""
     def exists(self, path: str) -> bool: ...
     def read_bytes(self, path: str) -> bytes: ...
     def write_bytes(self, path: str, data: bytes) -> None: ...
     def create_exclusive(self, path: str, data: bytes) -> None: ...
     def put_file(self, local_path: str, path: str) -> None: ...
-    def get_file(self, path: str, local_path: str) -> None: ...
+    def get_file(self, path: str, local_path: str) -> None:
+        """Download to ``local_path`` (replaced atomically; parents created)."""
     def size(self, path: str) -> int: ...
-    def list(self, path: str, recursive: bool = False) -> Iterator[FileInfo]: ...
+    def list(self, path: str, recursive: bool = False) -> Iterator[FileInfo]:
+        """Entries under ``path``, sorted by path; a missing path lists as empty.
+
+        Non-recursive: the immediate children, directories included. Recursive: every file
+        below ``path``, no directory entries. URLs keep the form of ``path`` (scheme included).
+        """
     def delete(self, path: str) -> None:
         """Delete a file; a missing file is not an error."""
     def delete_dir(self, path: str) -> None:

@@ -1,0 +1,231 @@
+"""``statectl``: operate a keyedstate cluster from the shell.
+
+    statectl cluster [--json]                       TaskManagers, slots, free slots and jobs
+    statectl job list|info|cancel JOB
+    statectl job restore JOB --from PATH            resubmit JOB restoring a checkpoint or savepoint
+    statectl job rescale JOB --parallelism N
+    statectl checkpoint trigger|list JOB
+    statectl checkpoint gc JOB [--dry-run]          remove orphaned checkpoint files
+    statectl savepoint JOB [--dir PATH]
+    statectl config docs                            the configuration reference (Markdown)
+
+Every command takes --jobmanager HOST:PORT (default from --config / -D jobmanager.rpc.*).
+Exit codes: 0 success, 1 the operation failed, 2 bad arguments or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from google.protobuf import json_format
+
+from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.errors import ConfigError, InvalidArgumentError, KeyedStateError
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from keyedstate.common.client import ClientSettings, StateClient
+
+    conf = Configuration.load(args.config, args.overrides)
+    address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
+    settings = ClientSettings.from_config(conf)
+    # A CLI should fail fast when the JobManager is down, not retry for a minute.
+    settings = ClientSettings(timeout_s=args.timeout, max_attempts=2, backoff_s=0.2,
+                              batch_size=settings.batch_size, max_in_flight=settings.max_in_flight)
+    return StateClient(address, settings)
+
+
+def _print_json(message: Any) -> None:
+    if hasattr(message, "DESCRIPTOR"):
+        message = json_format.MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    print(json.dumps(message, indent=2, sort_keys=True))
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    return "\n".join(out)
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        overview = client.cluster()
+    if args.json:
+        _print_json(overview)
+        return 0
+    print(f"TaskManagers: {len(overview.taskmanagers)}   slots: {overview.total_slots}   free: {overview.free_slots}")
+    print()
+    rows = []
+    for tm in overview.taskmanagers:
+        used = [f"{s.slot_index}:{s.job_id}/{s.operator_id}/{s.subtask_index}" for s in tm.slots if s.job_id]
+        rows.append([tm.taskmanager_id, tm.address, tm.status, tm.num_slots, tm.free_slots,
+                     f"{tm.last_heartbeat_age_ms} ms", ", ".join(used) or "-"])
+    print(_table(["TASKMANAGER", "ADDRESS", "STATUS", "SLOTS", "FREE", "HEARTBEAT", "ASSIGNED"], rows))
+    print()
+    jobs = [[j.job_id, j.status, ", ".join(f"{op.operator_id}x{op.parallelism}" for op in j.operators),
+             j.max_parallelism, j.latest_checkpoint_id or "-", j.committed_epoch, j.failure_cause or "-"] for j in overview.jobs]
+    print(_table(["JOB", "STATUS", "OPERATORS", "MAX-PAR", "CHECKPOINT", "EPOCH", "FAILURE"], jobs))
+    return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.action == "list":
+            overview = client.cluster()
+            if args.json:
+                _print_json({"jobs": [json_format.MessageToDict(j, preserving_proto_field_name=True) for j in overview.jobs]})
+            else:
+                print(_table(["JOB", "STATUS", "CHECKPOINT"], [[j.job_id, j.status, j.latest_checkpoint_id or "-"] for j in overview.jobs]))
+            return 0
+        if not args.job:
+            raise InvalidArgumentError(f"statectl job {args.action} needs a JOB id")
+        if args.action == "info":
+            _print_json(client.job_info(args.job))
+        elif args.action == "cancel":
+            info = client.cancel_job(args.job)
+            print(f"job {info.job_id} {info.status}")
+        elif args.action == "restore":
+            if not args.source:
+                raise InvalidArgumentError("statectl job restore needs --from PATH (a chk-<n> or savepoint directory)")
+            info = client.job_info(args.job) if _job_exists(client, args.job) else None
+            if info is None:
+                raise InvalidArgumentError(
+                    f"job {args.job!r} is unknown to the JobManager; submit it with execution.state-recovery.path={args.source}"
+                )
+            from keyedstate.common.descriptors import OperatorSpec
+
+            ops = [OperatorSpec.from_proto(op) for op in info.operators]
+            if info.status not in ("CANCELED", "FAILED"):
+                client.cancel_job(args.job)
+            routing = client.submit_job(args.job, ops, max_parallelism=info.max_parallelism, restore_path=args.source)
+            print(f"job {args.job} restored from {args.source} (routing v{routing.version})")
+        elif args.action == "rescale":
+            if not args.parallelism:
+                raise InvalidArgumentError("statectl job rescale needs --parallelism N")
+            from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+
+            table = client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=args.job, parallelism={"": args.parallelism}),
+                                    timeout=args.timeout, retry=False)
+            print(f"job {args.job} rescaled to parallelism {args.parallelism} (routing v{table.version})")
+    return 0
+
+
+def _job_exists(client: Any, job_id: str) -> bool:
+    return any(j.job_id == job_id for j in client.cluster().jobs)
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    if args.action == "gc":
+        from keyedstate.jobmanager.checkpoint_gc_cli import run_gc
+
+        return run_gc(args)
+    with _client(args) as client:
+        if args.action == "trigger":
+            info = client.trigger_checkpoint(args.job, wait=not args.no_wait, timeout_s=args.timeout)
+            return _report_checkpoint(info, args.json)
+        if args.action == "list":
+            from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+
+            listing = client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=args.job))
+            if args.json:
+                _print_json(listing)
+            else:
+                print(_table(["ID", "STATUS", "KIND", "EPOCH", "DURATION", "FULL", "INCREMENTAL", "PATH/REASON"], [
+                    [c.checkpoint_id, c.status, "savepoint" if c.savepoint else "checkpoint", c.epoch,
+                     f"{c.duration_ms} ms", c.full_size, c.incremental_size, c.path or c.failure_reason]
+                    for c in listing.checkpoints]))
+    return 0
+
+
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        info = client.trigger_checkpoint(args.job, savepoint=True, target_directory=args.dir or "", timeout_s=args.timeout)
+    return _report_checkpoint(info, args.json)
+
+
+def _report_checkpoint(info: Any, as_json: bool) -> int:
+    if as_json:
+        _print_json(info)
+    elif info.status == "COMPLETED":
+        kind = "savepoint" if info.savepoint else "checkpoint"
+        print(f"{kind} {info.checkpoint_id} completed in {info.duration_ms} ms: {info.path}")
+    else:
+        print(f"checkpoint {info.checkpoint_id} {info.status}: {info.failure_reason or info.path}")
+    return 0 if info.status in ("COMPLETED", "IN_PROGRESS") else 1
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print(o.docs_markdown(), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="statectl", description="Operate a keyedstate cluster.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--jobmanager", "-m", metavar="HOST:PORT", help="JobManager address")
+    common.add_argument("--config", "-c", metavar="FILE", help="YAML config (for jobmanager.rpc.* and storage keys)")
+    common.add_argument("-D", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the JobManager")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("cluster", parents=[common], help="TaskManagers, slots and jobs")
+    p.set_defaults(fn=cmd_cluster)
+
+    p = sub.add_parser("job", parents=[common], help="list, inspect, cancel, restore or rescale jobs")
+    p.add_argument("action", choices=["list", "info", "cancel", "restore", "rescale"])
+    p.add_argument("job", nargs="?")
+    p.add_argument("--from", dest="source", metavar="PATH", help="restore: checkpoint or savepoint directory")
+    p.add_argument("--parallelism", type=int, help="rescale: new parallelism of every operator")
+    p.set_defaults(fn=cmd_job)
+
+    p = sub.add_parser("checkpoint", parents=[common], help="trigger, list or garbage-collect checkpoints")
+    p.add_argument("action", choices=["trigger", "list", "gc"])
+    p.add_argument("job")
+    p.add_argument("--no-wait", action="store_true", help="trigger: return once triggered")
+    p.add_argument("--dry-run", action="store_true", help="gc: print what would be removed, remove nothing")
+    p.add_argument("--dir", help="gc: the checkpoint directory (default state.checkpoints.dir)")
+    p.set_defaults(fn=cmd_checkpoint)
+
+    p = sub.add_parser("savepoint", parents=[common], help="write a self-contained, relocatable savepoint")
+    p.add_argument("job")
+    p.add_argument("--dir", help="target directory (default state.savepoints.dir)")
+    p.set_defaults(fn=cmd_savepoint, timeout=600.0)
+
+    p = sub.add_parser("config", parents=[common], help="configuration reference")
+    p.add_argument("action", choices=["docs"])
+    p.set_defaults(fn=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "job", None) is not None and args.command != "job":
+        from keyedstate.common.ids import validate_id
+
+        try:
+            validate_id("job id", args.job)
+        except InvalidArgumentError as exc:
+            parser.error(str(exc))
+    fn: Callable[[argparse.Namespace], int] = args.fn
+    try:
+        return fn(args)
+    except (ConfigError, InvalidArgumentError) as exc:
+        print(f"statectl: {exc}", file=sys.stderr)
+        return 2
+    except KeyedStateError as exc:
+        print(f"statectl: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

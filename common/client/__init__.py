@@ -1,0 +1,13 @@
+"""The executor client: import this inside PySpark executors (no JVM needed).
+
+    from keyedstate.common.client import StateClient, ValueState
+    client = StateClient("jobmanager-host:6123")
+    counts = ValueState(client, "my-job", "counter", "count", key_serializer="str", value_serializer="int")
+    counts.put_many(["a", "b"], [1, 2])
+"""
+
+from keyedstate.common.client._client import ClientSettings, StateClient
+from keyedstate.common.client._routing import Routing
+from keyedstate.common.client._states import ListState, MapState, ReducingState, ValueState
+
+__all__ = ["ClientSettings", "StateClient", "Routing", "ValueState", "ListState", "MapState", "ReducingState"]

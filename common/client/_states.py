@@ -1,0 +1,297 @@
+"""Typed state handles (value, list, map, reducing) over the StateClient.
+
+Every method has a single-key form and a ``*_many`` form; the ``*_many`` forms are what a
+Spark partition should use: they carry thousands of keys per call and pipeline the calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Iterator, Sequence, TypeVar
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.client._client import StateClient, check_lengths
+from keyedstate.common.descriptors import StateDescriptor, StateKind
+from keyedstate.common.errors import WrongStateKindError
+from keyedstate.common.serializers import Serializer, get_serializer
+
+K = TypeVar("K")
+V = TypeVar("V")
+UK = TypeVar("UK")
+
+
+def _pick(column: list[Any], indices: list[int] | None) -> list[Any]:
+    return column if indices is None else [column[i] for i in indices]
+
+
+def _scatter(n: int, results: list[tuple[list[int] | None, Any]], field: str) -> list[Any]:
+    if len(results) == 1 and results[0][0] is None:
+        return list(getattr(results[0][1], field))
+    out: list[Any] = [None] * n
+    for indices, response in results:
+        values = getattr(response, field)
+        if indices is None:
+            out = list(values)
+        else:
+            for j, i in enumerate(indices):
+                out[i] = values[j]
+    return out
+
+
+class _Handle(Generic[K]):
+    kind: StateKind
+
+    def __init__(
+        self,
+        client: StateClient,
+        job_id: str,
+        operator_id: str,
+        name: str,
+        key_serializer: str | Serializer[Any] = "str",
+        namespace: bytes = b"",
+        epoch: pb.EpochContext | None = None,
+    ) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.operator_id = operator_id
+        self.name = name
+        self.key_serializer: Serializer[Any] = get_serializer(key_serializer)
+        self.namespace = namespace
+        self.epoch = epoch
+        descriptor = client.descriptor(job_id, operator_id, name)
+        if descriptor.kind is not self.kind:
+            raise WrongStateKindError(
+                f"state {name!r} of operator {operator_id!r} is {descriptor.kind.value} state, not {self.kind.value}; "
+                f"use the {descriptor.kind.value}_state handle"
+            )
+        self.descriptor: StateDescriptor = descriptor
+
+    def _call(self, method: str, keys: list[bytes], **columns: list[bytes]) -> list[tuple[list[int] | None, Any]]:
+        check_lengths(method, keys=keys, **columns)
+        ns = self.namespace
+
+        def build(target: tm_pb.StateTarget, indices: list[int] | None) -> tm_pb.KeyedRequest:
+            request = tm_pb.KeyedRequest(target=target, keys=_pick(keys, indices), namespace=ns)
+            for name, column in columns.items():
+                getattr(request, name).extend(_pick(column, indices))
+            return request
+
+        return self.client.keyed_call(self.job_id, self.operator_id, self.name, method, keys, build, self.epoch)
+
+    def _keys(self, keys: Sequence[Any]) -> list[bytes]:
+        return self.key_serializer.dumps_many(list(keys))
+
+    def clear_many(self, keys: Sequence[K]) -> None:
+        self._call("Clear", self._keys(keys))
+
+    def clear(self, key: K) -> None:
+        self.clear_many([key])
+
+    def keys(self) -> Iterator[K]:
+        """Every key holding state (in the handle's namespace), across all subtasks."""
+        routing = self.client.routing(self.job_id)
+        for subtask in range(routing.operator(self.operator_id).parallelism):
+            request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
+                job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name))
+            for chunk in self.client.stream_call(self.job_id, self.operator_id, "ScanKeys", subtask, request):
+                for key, ns in zip(chunk.keys, chunk.namespaces):
+                    if ns == self.namespace:
+                        yield self.key_serializer.loads(key)
+
+
+class ValueState(_Handle[K], Generic[K, V]):
+    kind = StateKind.VALUE
+
+    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
+                 key_serializer: str | Serializer[Any] = "str", value_serializer: str | Serializer[Any] = "pickle",
+                 namespace: bytes = b"", epoch: pb.EpochContext | None = None) -> None:
+        super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
+        self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
+
+    def get_many(self, keys: Sequence[K]) -> list[V | None]:
+        kb = self._keys(keys)
+        results = self._call("ValueGet", kb)
+        values = _scatter(len(kb), results, "values")
+        found = _scatter(len(kb), results, "found")
+        loads = self.value_serializer.loads
+        return [loads(v) if f else None for v, f in zip(values, found)]
+
+    def get(self, key: K) -> V | None:
+        return self.get_many([key])[0]
+
+    def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        self._call("ValuePut", self._keys(keys), values=self.value_serializer.dumps_many(list(values)))
+
+    def put(self, key: K, value: V) -> None:
+        self.put_many([key], [value])
+
+    def put_all(self, mapping: dict[K, V]) -> None:
+        self.put_many(list(mapping.keys()), list(mapping.values()))
+
+
+class ListState(_Handle[K], Generic[K, V]):
+    kind = StateKind.LIST
+
+    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
+                 key_serializer: str | Serializer[Any] = "str", value_serializer: str | Serializer[Any] = "pickle",
+                 namespace: bytes = b"", epoch: pb.EpochContext | None = None) -> None:
+        super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
+        self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
+
+    def append_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        """Append values[i] to the list of keys[i] (keys may repeat; order is kept)."""
+        self._call("ListAppend", self._keys(keys), values=self.value_serializer.dumps_many(list(values)))
+
+    def append(self, key: K, value: V) -> None:
+        self.append_many([key], [value])
+
+    def get_many(self, keys: Sequence[K]) -> list[list[V]]:
+        kb = self._keys(keys)
+        lists = _scatter(len(kb), self._call("ListGet", kb), "lists")
+        loads = self.value_serializer.loads
+        return [[loads(e) for e in lst.elements] for lst in lists]
+
+    def get(self, key: K) -> list[V]:
+        return self.get_many([key])[0]
+
+    def update(self, key: K, values: Sequence[V]) -> None:
+        """Replace the list of ``key`` (an empty sequence clears it)."""
+        if not values:
+            self.clear(key)
+            return
+        self._call("ListUpdate", self._keys([key] * len(values)), values=self.value_serializer.dumps_many(list(values)))
+
+    def scan(self, key: K) -> Iterator[V]:
+        """Stream a list of any size, in chunks."""
+        kb = self.key_serializer.dumps(key)
+        subtask = self.client.subtask_of(self.job_id, self.operator_id, kb)
+        request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
+            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name,
+            epoch=self.epoch), has_key=True, key=kb, namespace=self.namespace)
+        loads = self.value_serializer.loads
+        for chunk in self.client.stream_call(self.job_id, self.operator_id, "ListScan", subtask, request):
+            for e in chunk.values:
+                yield loads(e)
+
+
+class MapState(_Handle[K], Generic[K, UK, V]):
+    kind = StateKind.MAP
+
+    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
+                 key_serializer: str | Serializer[Any] = "str", user_key_serializer: str | Serializer[Any] = "str",
+                 value_serializer: str | Serializer[Any] = "pickle", namespace: bytes = b"",
+                 epoch: pb.EpochContext | None = None) -> None:
+        super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
+        self.user_key_serializer: Serializer[Any] = get_serializer(user_key_serializer)
+        self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
+
+    def put_many(self, keys: Sequence[K], user_keys: Sequence[UK], values: Sequence[V]) -> None:
+        self._call("MapPut", self._keys(keys), user_keys=self.user_key_serializer.dumps_many(list(user_keys)),
+                   values=self.value_serializer.dumps_many(list(values)))
+
+    def put(self, key: K, user_key: UK, value: V) -> None:
+        self.put_many([key], [user_key], [value])
+
+    def get_many(self, keys: Sequence[K], user_keys: Sequence[UK]) -> list[V | None]:
+        kb = self._keys(keys)
+        results = self._call("MapGet", kb, user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
+        values = _scatter(len(kb), results, "values")
+        found = _scatter(len(kb), results, "found")
+        loads = self.value_serializer.loads
+        return [loads(v) if f else None for v, f in zip(values, found)]
+
+    def get(self, key: K, user_key: UK) -> V | None:
+        return self.get_many([key], [user_key])[0]
+
+    def remove_many(self, keys: Sequence[K], user_keys: Sequence[UK]) -> None:
+        self._call("MapRemove", self._keys(keys), user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
+
+    def remove(self, key: K, user_key: UK) -> None:
+        self.remove_many([key], [user_key])
+
+    def contains_many(self, keys: Sequence[K], user_keys: Sequence[UK]) -> list[bool]:
+        kb = self._keys(keys)
+        results = self._call("MapContains", kb, user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
+        return [bool(f) for f in _scatter(len(kb), results, "found")]
+
+    def contains(self, key: K, user_key: UK) -> bool:
+        return self.contains_many([key], [user_key])[0]
+
+    def items(self, key: K) -> Iterator[tuple[UK, V]]:
+        """Stream the entries of one key's map, ordered by serialized user key."""
+        for uk, v in self._scan(key, keys_only=False):
+            yield uk, v  # type: ignore[misc]
+
+    def user_keys(self, key: K) -> Iterator[UK]:
+        for uk, _ in self._scan(key, keys_only=True):
+            yield uk
+
+    def _scan(self, key: K, keys_only: bool) -> Iterator[tuple[UK, V | None]]:
+        kb = self.key_serializer.dumps(key)
+        subtask = self.client.subtask_of(self.job_id, self.operator_id, kb)
+        request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
+            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name,
+            epoch=self.epoch), has_key=True, key=kb, namespace=self.namespace, keys_only=keys_only)
+        uk_loads = self.user_key_serializer.loads
+        v_loads = self.value_serializer.loads
+        for chunk in self.client.stream_call(self.job_id, self.operator_id, "MapScan", subtask, request):
+            if keys_only:
+                for uk in chunk.user_keys:
+                    yield uk_loads(uk), None
+            else:
+                for uk, v in zip(chunk.user_keys, chunk.values):
+                    yield uk_loads(uk), v_loads(v)
+
+
+class ReducingState(_Handle[K]):
+    """Server-side reduce: ``add`` sends operands and the TaskManager folds them (SUM/MIN/MAX per field).
+
+    A read-modify-write (count += 1, sum += amount) becomes one blind call.
+    """
+
+    kind = StateKind.REDUCING
+
+    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
+                 key_serializer: str | Serializer[Any] = "str", namespace: bytes = b"",
+                 epoch: pb.EpochContext | None = None) -> None:
+        super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
+        self._format = self.descriptor.vector_format
+        self.fields = tuple(f.name for f in self.descriptor.reduce_fields)
+
+    def add_many(self, keys: Sequence[K], operands: Sequence[Sequence[float | int]], return_values: bool = False) -> list[tuple[Any, ...]] | None:
+        pack = self._format.pack
+        try:
+            encoded = [pack(*op) for op in operands]
+        except Exception as exc:
+            from keyedstate.common.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"reducing state {self.name!r} takes operands of {len(self.fields)} numbers {self.fields}: {exc}"
+            ) from exc
+        kb = self._keys(keys)
+        check_lengths("Reduce", keys=kb, operands=encoded)
+        ns = self.namespace
+
+        def build(target: tm_pb.StateTarget, indices: list[int] | None) -> tm_pb.KeyedRequest:
+            return tm_pb.KeyedRequest(target=target, keys=_pick(kb, indices), values=_pick(encoded, indices),
+                                      namespace=ns, return_values=return_values)
+
+        results = self.client.keyed_call(self.job_id, self.operator_id, self.name, "Reduce", kb, build, self.epoch)
+        if not return_values:
+            return None
+        unpack = self._format.unpack
+        return [unpack(v) for v in _scatter(len(kb), results, "values")]
+
+    def add(self, key: K, operand: Sequence[float | int]) -> None:
+        self.add_many([key], [operand])
+
+    def get_many(self, keys: Sequence[K]) -> list[tuple[Any, ...] | None]:
+        kb = self._keys(keys)
+        results = self._call("ValueGet", kb)
+        values = _scatter(len(kb), results, "values")
+        found = _scatter(len(kb), results, "found")
+        unpack = self._format.unpack
+        return [unpack(v) if f else None for v, f in zip(values, found)]
+
+    def get(self, key: K) -> tuple[Any, ...] | None:
+        return self.get_many([key])[0]

@@ -1,0 +1,38 @@
+"""Spark-side helpers: native key-group partitioning and shipping keyedstate to executors.
+
+pyspark is imported on first use only, so this package imports without it (the executor
+client, ``keyedstate.common.client``, never imports this package).
+
+Typical use on the driver::
+
+    from keyedstate.common.spark import repartition_by_key_group, ship_package
+
+    ship_package(spark)   # executors without keyedstate installed can now import it
+    df = repartition_by_key_group(df, "user_id", max_parallelism=128, parallelism=4)
+    # partition i of df now holds exactly the keys of subtask i
+"""
+
+from __future__ import annotations
+
+from keyedstate.common.spark._keygroups import (
+    key_bytes_column,
+    key_group_column,
+    key_group_udf,
+    partition_witnesses,
+    repartition_by_key_group,
+    spark_hash_int,
+    subtask_column,
+)
+from keyedstate.common.spark._shipping import package_zip, ship_package
+
+__all__ = [
+    "key_bytes_column",
+    "key_group_column",
+    "key_group_udf",
+    "package_zip",
+    "partition_witnesses",
+    "repartition_by_key_group",
+    "ship_package",
+    "spark_hash_int",
+    "subtask_column",
+]

@@ -1,0 +1,82 @@
+"""The JobManager's checkpoint domain: coordinator, pending and completed checkpoints, retention, restore.
+
+Vocabulary and state machine follow Flink's ``org.apache.flink.runtime.checkpoint``; the
+storage layout and the ``_metadata`` format are documented in :mod:`.coordinator` and
+:mod:`.metadata`.
+"""
+
+from keyedstate.jobmanager.checkpoint.cleaner import CheckpointsCleaner, InlineExecutor
+from keyedstate.jobmanager.checkpoint.completed import (
+    CompletedCheckpoint,
+    CompletedCheckpointStore,
+    StandaloneCompletedCheckpointStore,
+)
+from keyedstate.jobmanager.checkpoint.coordinator import (
+    CheckpointBarrier,
+    CheckpointCoordinator,
+    CheckpointGateway,
+    CheckpointingSettings,
+)
+from keyedstate.jobmanager.checkpoint.failure import (
+    CheckpointException,
+    CheckpointFailureReason,
+    CheckpointInProgressError,
+    CheckpointNotFoundError,
+)
+from keyedstate.jobmanager.checkpoint.gc import GcEntry, GcPlan, execute, plan_gc
+from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
+from keyedstate.jobmanager.checkpoint.metadata import (
+    CheckpointMetadata,
+    FileRef,
+    OperatorSnapshot,
+    SubtaskSnapshot,
+)
+from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
+from keyedstate.jobmanager.checkpoint.restore import (
+    checkpoint_dir_of,
+    find_latest_checkpoint,
+    load_checkpoint,
+    load_completed_checkpoint,
+    plan_restore,
+    verify_files_exist,
+)
+from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
+from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsEntry, CheckpointStatsTracker
+
+__all__ = [
+    "AckOutcome",
+    "CheckpointBarrier",
+    "CheckpointCoordinator",
+    "CheckpointException",
+    "CheckpointFailureReason",
+    "CheckpointGateway",
+    "CheckpointIDCounter",
+    "CheckpointInProgressError",
+    "CheckpointMetadata",
+    "CheckpointNotFoundError",
+    "CheckpointStatsEntry",
+    "CheckpointStatsTracker",
+    "CheckpointingSettings",
+    "CheckpointsCleaner",
+    "CompletedCheckpoint",
+    "CompletedCheckpointStore",
+    "FileRef",
+    "GcEntry",
+    "GcPlan",
+    "InlineExecutor",
+    "OperatorSnapshot",
+    "PendingCheckpoint",
+    "PendingStatus",
+    "SharedStateRegistry",
+    "StandaloneCheckpointIDCounter",
+    "StandaloneCompletedCheckpointStore",
+    "SubtaskSnapshot",
+    "checkpoint_dir_of",
+    "execute",
+    "find_latest_checkpoint",
+    "load_checkpoint",
+    "load_completed_checkpoint",
+    "plan_gc",
+    "plan_restore",
+    "verify_files_exist",
+]

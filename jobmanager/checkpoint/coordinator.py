@@ -1,0 +1,771 @@
+"""The CheckpointCoordinator: triggers checkpoints of one job, collects acks, commits ``_metadata``.
+
+The life of a checkpoint, as in Flink::
+
+    trigger ─► PendingCheckpoint ─► (every subtask acked) ─► _metadata written ─► CompletedCheckpoint
+                 │                                                                   │
+                 └─► aborted (declined, expired, barrier undeliverable, shutdown)    └─► subsumes older ones
+
+Storage layout under ``job_dir`` (``<state.checkpoints.dir>/<job-id>``)::
+
+    chk-<n>/_metadata   the commit record, written last with one create-only write
+    chk-<n>/…           files only checkpoint n uses (deleted when it is subsumed or aborted)
+    shared/…            incremental files, reference-counted across retained checkpoints
+    taskowned/…         files TaskManagers own; never deleted by the coordinator
+
+A savepoint goes to ``<target dir>/savepoint-<job8>-<n>/``, holds all its files, and belongs to
+the user: retention never deletes it.
+
+Thread model: acks and declines arrive on gRPC threads, timeouts and periodic triggers on the
+scheduler. One lock guards the coordinator's state; storage I/O, gateway calls and callbacks
+run outside it. Finalizations are serialized by a second lock so checkpoints complete in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, Sequence
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.clock import Cancellable, Clock, Scheduler
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
+from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.errors import ConfigError, InvalidArgumentError, UnavailableError
+from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.common.keygroups import check_parallelism
+from keyedstate.common.storage._base import CheckpointStorage
+from keyedstate.jobmanager.checkpoint import _paths
+from keyedstate.jobmanager.checkpoint.cleaner import CheckpointsCleaner
+from keyedstate.jobmanager.checkpoint.completed import (
+    CompletedCheckpoint,
+    CompletedCheckpointStore,
+    StandaloneCompletedCheckpointStore,
+)
+from keyedstate.jobmanager.checkpoint.failure import (
+    CheckpointException,
+    CheckpointFailureReason,
+    CheckpointInProgressError,
+    CheckpointNotFoundError,
+)
+from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
+from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
+from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
+from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsTracker
+
+logger = logging.getLogger(__name__)
+
+R = CheckpointFailureReason
+_RECENT = 256  # finished checkpoints remembered for late acks and wait_for
+_MIN_INTERVAL_MS = 10
+
+
+@dataclass(frozen=True)
+class CheckpointingSettings:
+    """The ``execution.checkpointing.*`` settings of one job."""
+
+    interval_ms: int | None = None
+    """Periodic trigger interval; None disables periodic checkpoints."""
+    timeout_ms: int = 10 * 60_000
+    max_concurrent: int = 1
+    min_pause_ms: int = 0
+    tolerable_failures: int = 0
+    num_retained: int = 1
+    incremental: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interval_ms is not None and self.interval_ms < _MIN_INTERVAL_MS:
+            raise ConfigError(
+                f"{o.CHECKPOINT_INTERVAL.key}: must be at least {_MIN_INTERVAL_MS} ms, got {self.interval_ms} ms; "
+                "leave it unset to disable periodic checkpoints"
+            )
+        if self.timeout_ms < 1:
+            raise ConfigError(f"{o.CHECKPOINT_TIMEOUT.key}: must be positive, got {self.timeout_ms} ms")
+        for key, value, minimum in (
+            (o.CHECKPOINT_MAX_CONCURRENT.key, self.max_concurrent, 1),
+            (o.CHECKPOINT_MIN_PAUSE.key, self.min_pause_ms, 0),
+            (o.CHECKPOINT_TOLERABLE_FAILURES.key, self.tolerable_failures, 0),
+            (o.CHECKPOINT_NUM_RETAINED.key, self.num_retained, 1),
+        ):
+            if value < minimum:
+                raise ConfigError(f"{key}: must be at least {minimum}, got {value}")
+
+    @classmethod
+    def from_config(cls, conf: Configuration) -> CheckpointingSettings:
+        return cls(
+            interval_ms=conf.get(o.CHECKPOINT_INTERVAL),
+            timeout_ms=conf.get(o.CHECKPOINT_TIMEOUT),
+            max_concurrent=conf.get(o.CHECKPOINT_MAX_CONCURRENT),
+            min_pause_ms=conf.get(o.CHECKPOINT_MIN_PAUSE),
+            tolerable_failures=conf.get(o.CHECKPOINT_TOLERABLE_FAILURES),
+            num_retained=conf.get(o.CHECKPOINT_NUM_RETAINED),
+            incremental=conf.get(o.CHECKPOINT_INCREMENTAL),
+        )
+
+    @property
+    def periodic(self) -> bool:
+        return self.interval_ms is not None
+
+
+@dataclass(frozen=True)
+class CheckpointBarrier:
+    """What every TaskManager hosting the job receives to start a snapshot."""
+
+    job_id: str
+    checkpoint_id: int
+    timestamp_ms: int
+    target_path: str
+    savepoint: bool
+    incremental: bool
+    epoch: int
+
+    def to_proto(self) -> tm_pb.CheckpointBarrier:
+        return tm_pb.CheckpointBarrier(
+            job_id=self.job_id, checkpoint_id=self.checkpoint_id, timestamp_ms=self.timestamp_ms,
+            target_path=self.target_path, savepoint=self.savepoint, incremental=self.incremental, epoch=self.epoch,
+        )
+
+
+class CheckpointGateway(Protocol):
+    """How the coordinator reaches the TaskManagers of its job."""
+
+    def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        """Deliver the barrier to every TaskManager of the job; UnavailableError if one is unreachable."""
+
+    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+        """Tell the TaskManagers a checkpoint completed or was aborted (best effort)."""
+
+
+class CheckpointCoordinator:
+    """Coordinates the checkpoints and savepoints of one job (see the module docstring)."""
+
+    def __init__(
+        self,
+        job_id: str,
+        settings: CheckpointingSettings,
+        storage: CheckpointStorage,
+        job_checkpoint_dir: str,
+        gateway: CheckpointGateway,
+        *,
+        clock: Clock,
+        scheduler: Scheduler,
+        operators: Sequence[OperatorSpec] | Callable[[], Sequence[OperatorSpec]],
+        max_parallelism: int,
+        tasks: Iterable[SubtaskId] | Callable[[], Iterable[SubtaskId]] | None = None,
+        id_counter: CheckpointIDCounter | None = None,
+        store: CompletedCheckpointStore | None = None,
+        stats: CheckpointStatsTracker | None = None,
+        on_failover: Callable[[CheckpointFailureReason, str], None] | None = None,
+        cleaner: CheckpointsCleaner | None = None,
+        shared_registry: SharedStateRegistry | None = None,
+        savepoints_dir: str | None = None,
+    ) -> None:
+        """``operators`` (or a callable returning them) are the job's operators now; every subtask
+        they imply must acknowledge. ``tasks`` returns the subtasks currently running; a trigger is
+        refused with NOT_ALL_REQUIRED_TASKS_RUNNING while one is missing (default: all running).
+        """
+        self.job_id = validate_id("job id", job_id)
+        check_parallelism(1, max_parallelism)
+        self.settings = settings
+        self.max_parallelism = max_parallelism
+        self.job_dir = _paths.normalize(job_checkpoint_dir)
+        self.shared_dir = _paths.join(self.job_dir, _paths.SHARED_DIR)
+        self.taskowned_dir = _paths.join(self.job_dir, _paths.TASKOWNED_DIR)
+        self.savepoints_dir = savepoints_dir
+        self._storage = storage
+        self._gateway = gateway
+        self._clock = clock
+        self._scheduler = scheduler
+        self._operators = operators if callable(operators) else (lambda ops=tuple(operators): ops)
+        if tasks is None:
+            self._tasks: Callable[[], Iterable[SubtaskId]] | None = None
+        else:
+            self._tasks = tasks if callable(tasks) else (lambda ts=frozenset(tasks): ts)
+        self._ids = id_counter or StandaloneCheckpointIDCounter()
+        self._store = store or StandaloneCompletedCheckpointStore(settings.num_retained)
+        self.stats = stats or CheckpointStatsTracker(job_id)
+        self._on_failover = on_failover
+        self._owns_cleaner = cleaner is None
+        self._cleaner = cleaner or CheckpointsCleaner(storage)
+        self._registry = shared_registry or SharedStateRegistry()
+
+        self._lock = threading.Lock()
+        self._finalize_lock = threading.Lock()
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._recent: OrderedDict[int, PendingCheckpoint] = OrderedDict()
+        self._deferred: list[tuple[int, list[str]]] = []
+        self._last_completion_ms: int | None = None  # monotonic; drives min-pause
+        self._latest_checkpoint_id = 0  # newest completed non-savepoint id
+        self._latest_success_id = 0
+        self._consecutive_failures = 0
+        self._failover_fired = False
+        self._periodic_running = False
+        self._periodic_handle: Cancellable | None = None
+        self._shutdown = False
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def store(self) -> CompletedCheckpointStore:
+        return self._store
+
+    @property
+    def shared_registry(self) -> SharedStateRegistry:
+        return self._registry
+
+    @property
+    def cleaner(self) -> CheckpointsCleaner:
+        return self._cleaner
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        return self._store.latest()
+
+    def pending_checkpoints(self) -> list[PendingCheckpoint]:
+        with self._lock:
+            return list(self._pending.values())
+
+    def in_progress_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._pending)
+
+    @property
+    def consecutive_failures(self) -> int:
+        with self._lock:
+            return self._consecutive_failures
+
+    # -- triggering ----------------------------------------------------------------------------
+    def trigger(
+        self, savepoint: bool = False, target_dir: str | None = None, epoch: int = -1, periodic: bool = False
+    ) -> PendingCheckpoint:
+        """Start a checkpoint (or savepoint) and send its barrier; returns it while in progress.
+
+        Raises CheckpointException carrying the reason when the trigger is refused (too many in
+        progress, min pause, tasks not running, shutdown) or the barrier cannot be delivered; the
+        failed attempt is cleaned up first. Savepoints, as in Flink, ignore max-concurrent and
+        min-pause. Use :meth:`wait_for` or ``pending.future`` to wait for the outcome.
+        """
+        if savepoint:
+            target_dir = target_dir or self.savepoints_dir
+            if not target_dir:
+                raise InvalidArgumentError(
+                    "a savepoint needs a target directory: pass one or set state.savepoints.dir"
+                )
+        elif target_dir is not None:
+            raise InvalidArgumentError("target_dir applies to savepoints only; checkpoints go to state.checkpoints.dir")
+        if epoch < -1:
+            raise InvalidArgumentError(f"epoch must be -1 (none) or a committed epoch, got {epoch}")
+        # Callbacks into the job model run before taking the lock; they may take locks of their own.
+        operators = tuple(self._operators())
+        running = frozenset(self._tasks()) if self._tasks is not None else None
+        try:
+            pending = self._create_pending(savepoint, target_dir, epoch, periodic, operators, running)
+        except CheckpointException as exc:
+            quiet = periodic and exc.failure_reason in (R.TOO_MANY_CHECKPOINT_REQUESTS, R.MINIMUM_TIME_BETWEEN_CHECKPOINTS)
+            if not quiet:
+                self.stats.report_rejected(exc.failure_reason, exc.detail)
+                logger.info("job=%s checkpoint not triggered: %s", self.job_id, exc.message)
+            raise
+        self.stats.report_pending(
+            pending.checkpoint_id, pending.trigger_timestamp_ms, savepoint=savepoint,
+            num_subtasks=len(pending.expected), path=pending.target_path, epoch=epoch,
+        )
+        logger.info("job=%s checkpoint=%d triggered (%s, %d subtasks, target %s)", self.job_id, pending.checkpoint_id,
+                    "savepoint" if savepoint else "periodic" if periodic else "checkpoint", len(pending.expected),
+                    pending.target_path)
+        barrier = CheckpointBarrier(
+            self.job_id, pending.checkpoint_id, pending.trigger_timestamp_ms, pending.target_path, savepoint,
+            pending.incremental, epoch,
+        )
+        try:
+            self._gateway.send_barrier(barrier)
+        except Exception as exc:
+            unavailable = isinstance(exc, UnavailableError)
+            reason = R.NOT_ALL_REQUIRED_TASKS_RUNNING if unavailable else R.TRIGGER_CHECKPOINT_FAILURE
+            detail = getattr(exc, "message", None) or repr(exc)
+            message = f"could not deliver the barrier of checkpoint {pending.checkpoint_id}: {detail}"
+            if not unavailable:
+                logger.warning("job=%s checkpoint=%d barrier failed", self.job_id, pending.checkpoint_id, exc_info=True)
+            if self._abort(pending, reason, message):
+                raise CheckpointException(reason, message) from exc
+        return pending
+
+    def _create_pending(
+        self,
+        savepoint: bool,
+        target_dir: str | None,
+        epoch: int,
+        periodic: bool,
+        operators: tuple[OperatorSpec, ...],
+        running: frozenset[SubtaskId] | None,
+    ) -> PendingCheckpoint:
+        required = {SubtaskId(self.job_id, op.operator_id, i) for op in operators for i in range(op.parallelism)}
+        with self._lock:
+            if self._shutdown:
+                raise CheckpointException(R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} is shut down")
+            if periodic and not self._periodic_running:
+                raise CheckpointException(R.PERIODIC_SCHEDULER_SHUTDOWN, "periodic checkpoints are stopped")
+            if not savepoint:
+                active = sorted(p.checkpoint_id for p in self._pending.values() if not p.savepoint)
+                if len(active) >= self.settings.max_concurrent:
+                    raise CheckpointException(
+                        R.TOO_MANY_CHECKPOINT_REQUESTS,
+                        f"checkpoint(s) {active} already in progress and {o.CHECKPOINT_MAX_CONCURRENT.key} is "
+                        f"{self.settings.max_concurrent}; wait for them to finish or raise the limit",
+                    )
+                remaining = self._min_pause_remaining_locked()
+                if remaining > 0:
+                    raise CheckpointException(
+                        R.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+                        f"the last checkpoint completed {self.settings.min_pause_ms - remaining} ms ago and "
+                        f"{o.CHECKPOINT_MIN_PAUSE.key} is {self.settings.min_pause_ms} ms; retry in {remaining} ms",
+                    )
+            if not required:
+                raise CheckpointException(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {self.job_id} has no subtasks to checkpoint")
+            if running is not None:
+                missing = sorted(required - running)
+                if missing:
+                    shown = ", ".join(str(s) for s in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                    raise CheckpointException(
+                        R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"{len(missing)} subtask(s) are not running: {shown}"
+                    )
+            checkpoint_id = self._ids.get_and_increment()
+            if savepoint:
+                assert target_dir is not None
+                target = _paths.join(target_dir, _paths.savepoint_dir_name(self.job_id, checkpoint_id))
+            else:
+                target = _paths.join(self.job_dir, _paths.checkpoint_dir_name(checkpoint_id))
+            pending = PendingCheckpoint(
+                job_id=self.job_id,
+                checkpoint_id=checkpoint_id,
+                trigger_timestamp_ms=self._clock.now_ms(),
+                trigger_monotonic_ms=self._clock.monotonic_ms(),
+                operators=operators,
+                max_parallelism=self.max_parallelism,
+                target_path=target,
+                shared_dir=self.shared_dir,
+                savepoint=savepoint,
+                epoch=epoch,
+                incremental=self.settings.incremental and not savepoint,
+                periodic=periodic,
+                expected=required,
+            )
+            self._pending[checkpoint_id] = pending
+            pending.timeout_handle = self._scheduler.schedule(
+                self.settings.timeout_ms, lambda cid=checkpoint_id: self._on_timeout(cid)
+            )
+            return pending
+
+    def _min_pause_remaining_locked(self) -> int:
+        if not self.settings.min_pause_ms or self._last_completion_ms is None:
+            return 0
+        elapsed = self._clock.monotonic_ms() - self._last_completion_ms
+        return max(0, self.settings.min_pause_ms - elapsed)
+
+    # -- periodic ------------------------------------------------------------------------------
+    def start_periodic(self) -> bool:
+        """Start periodic checkpoints every ``interval``; False if no interval is configured."""
+        if not self.settings.periodic:
+            logger.info("job=%s periodic checkpoints disabled (%s unset)", self.job_id, o.CHECKPOINT_INTERVAL.key)
+            return False
+        with self._lock:
+            if self._shutdown:
+                raise CheckpointException(R.CHECKPOINT_COORDINATOR_SHUTDOWN, "the checkpoint coordinator is shut down")
+            if self._periodic_running:
+                return True
+            self._periodic_running = True
+            assert self.settings.interval_ms is not None
+            self._periodic_handle = self._scheduler.schedule(self.settings.interval_ms, self._periodic_tick)
+        return True
+
+    def stop(self, abort_pending: bool = True) -> None:
+        """Stop periodic checkpoints; by default abort pending ones (CHECKPOINT_COORDINATOR_SUSPEND)."""
+        with self._lock:
+            self._periodic_running = False
+            handle, self._periodic_handle = self._periodic_handle, None
+        if handle is not None:
+            handle.cancel()
+        if abort_pending:
+            self.abort_pending(R.CHECKPOINT_COORDINATOR_SUSPEND, "checkpointing of the job was stopped")
+
+    def _periodic_tick(self) -> None:
+        with self._lock:
+            if not self._periodic_running or self._shutdown:
+                return
+            self._periodic_handle = None
+        assert self.settings.interval_ms is not None
+        delay = self.settings.interval_ms
+        try:
+            self.trigger(periodic=True)
+        except CheckpointException as exc:
+            if exc.failure_reason is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS:
+                with self._lock:
+                    delay = max(1, self._min_pause_remaining_locked())
+                logger.debug("job=%s periodic checkpoint postponed by %d ms (min pause)", self.job_id, delay)
+            elif exc.failure_reason is R.TOO_MANY_CHECKPOINT_REQUESTS:
+                logger.debug("job=%s periodic checkpoint skipped: %s", self.job_id, exc.detail)
+        except Exception:
+            logger.exception("job=%s periodic checkpoint trigger failed unexpectedly", self.job_id)
+        with self._lock:
+            if self._periodic_running and not self._shutdown and self._periodic_handle is None:
+                self._periodic_handle = self._scheduler.schedule(delay, self._periodic_tick)
+
+    # -- acknowledgements ----------------------------------------------------------------------
+    def acknowledge(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> AckOutcome:
+        """Record a subtask's snapshot; the last ack completes the checkpoint on this thread."""
+        subtask = SubtaskId(self.job_id, handle.operator_id, handle.subtask_index)
+        invalid: CheckpointException | None = None
+        finalize: PendingCheckpoint | None = None
+        late: PendingCheckpoint | None = None
+        with self._lock:
+            pending = self._pending.get(checkpoint_id)
+            if pending is None:
+                recent = self._recent.get(checkpoint_id)
+                if recent is not None and recent.status is PendingStatus.COMPLETED:
+                    outcome = AckOutcome.DUPLICATE
+                elif recent is not None:
+                    outcome, late = AckOutcome.DISCARDED, recent
+                else:
+                    outcome = AckOutcome.UNKNOWN
+            else:
+                try:
+                    outcome = pending.acknowledge(subtask, handle)
+                except CheckpointException as exc:
+                    outcome, invalid = AckOutcome.DISCARDED, exc
+                else:
+                    if outcome is AckOutcome.SUCCESS and pending.is_fully_acknowledged:
+                        pending.start_finalizing()
+                        finalize = pending
+        if invalid is not None:
+            assert pending is not None
+            logger.warning("job=%s checkpoint=%d %s", self.job_id, checkpoint_id, invalid.detail)
+            self._abort(pending, invalid.failure_reason, invalid.detail)
+            self._discard_late_ack(pending, handle)
+            return outcome
+        if outcome is AckOutcome.SUCCESS:
+            self.stats.report_ack(checkpoint_id)
+        elif late is not None:
+            logger.info("job=%s checkpoint=%d late ack from %s for an aborted checkpoint; deleting its files",
+                        self.job_id, checkpoint_id, subtask)
+            self._discard_late_ack(late, handle)
+        elif outcome is not AckOutcome.SUCCESS:
+            logger.debug("job=%s checkpoint=%d ack from %s: %s", self.job_id, checkpoint_id, subtask, outcome.value)
+        if finalize is not None:
+            self._finalize(finalize)
+        return outcome
+
+    def decline(
+        self, checkpoint_id: int, subtask: SubtaskId, message: str, reason: CheckpointFailureReason = R.CHECKPOINT_DECLINED
+    ) -> AckOutcome:
+        """A subtask cannot take the checkpoint: abort it. Unknown or finished ids change nothing."""
+        with self._lock:
+            pending = self._pending.get(checkpoint_id)
+            if pending is None:
+                recent = self._recent.get(checkpoint_id)
+                outcome = AckOutcome.DISCARDED if recent is not None and recent.is_discarded else AckOutcome.UNKNOWN
+            elif subtask not in pending.expected:
+                outcome = AckOutcome.UNKNOWN
+            else:
+                outcome = AckOutcome.SUCCESS
+        if outcome is not AckOutcome.SUCCESS:
+            logger.debug("job=%s checkpoint=%d decline from %s ignored: %s", self.job_id, checkpoint_id, subtask, outcome.value)
+            return outcome
+        assert pending is not None
+        aborted = self._abort(pending, reason, f"subtask {subtask} declined checkpoint {checkpoint_id}: {message}")
+        return AckOutcome.SUCCESS if aborted else AckOutcome.DISCARDED
+
+    def abort_pending(self, reason: CheckpointFailureReason, message: str) -> int:
+        """Abort every checkpoint still collecting acks (a TaskManager was lost, the job fails over…)."""
+        with self._lock:
+            victims = [p for p in self._pending.values() if p.status is PendingStatus.IN_PROGRESS]
+        return sum(1 for p in victims if self._abort(p, reason, message))
+
+    def _on_timeout(self, checkpoint_id: int) -> None:
+        with self._lock:
+            pending = self._pending.get(checkpoint_id)
+            if pending is None or pending.status is not PendingStatus.IN_PROGRESS:
+                return
+            missing = sorted(pending.not_yet_acknowledged())
+        shown = ", ".join(str(s) for s in missing[:3]) + (", …" if len(missing) > 3 else "")
+        self._abort(
+            pending,
+            R.CHECKPOINT_EXPIRED,
+            f"checkpoint {checkpoint_id} expired after {self.settings.timeout_ms} ms: {len(missing)} of "
+            f"{len(pending.expected)} subtasks did not acknowledge ({shown}); raise {o.CHECKPOINT_TIMEOUT.key} "
+            "if snapshots are just slow",
+        )
+
+    # -- completion ----------------------------------------------------------------------------
+    def _finalize(self, pending: PendingCheckpoint) -> None:
+        cid = pending.checkpoint_id
+        with self._finalize_lock:
+            with self._lock:
+                newer = self._latest_checkpoint_id
+            if not pending.savepoint and newer > cid:
+                self._abort(pending, R.CHECKPOINT_SUBSUMED, f"checkpoint {newer} completed first", allow_finalizing=True)
+                return
+            metadata_path = _paths.join(pending.target_path, _paths.METADATA_FILE)
+            try:
+                metadata = pending.build_metadata()
+                problems = metadata.problems()
+                if problems:
+                    raise CheckpointException(R.FINALIZE_CHECKPOINT_FAILURE, "; ".join(problems[:3]))
+                self._storage.create_exclusive(metadata_path, metadata.to_bytes())
+            except Exception as exc:
+                # An existing _metadata is someone else's completed checkpoint: delete nothing then.
+                self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE, _finalize_message(metadata_path, exc),
+                            allow_finalizing=True, cleanup=not isinstance(exc, FileExistsError))
+                return
+            completed = CompletedCheckpoint(metadata, pending.target_path, completion_timestamp_ms=self._clock.now_ms())
+            try:
+                subsumed = self._store.add_checkpoint(completed)
+            except Exception as exc:
+                logger.exception("job=%s checkpoint=%d could not be added to the completed-checkpoint store", self.job_id, cid)
+                self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE,
+                            f"the completed-checkpoint store refused checkpoint {cid}: {exc}", allow_finalizing=True)
+                return
+            # Register before unregistering: files the new checkpoint shares with a subsumed one
+            # never drop to zero references.
+            self._registry.register(completed)
+            released: list[str] = []
+            for old in subsumed:
+                released.extend(self._registry.unregister(old))
+            now = self._clock.monotonic_ms()
+            with self._lock:
+                pending.mark_completed()
+                self._pending.pop(cid, None)
+                self._remember(pending)
+                if not pending.savepoint:
+                    self._last_completion_ms = now
+                    self._latest_checkpoint_id = max(self._latest_checkpoint_id, cid)
+                self._latest_success_id = max(self._latest_success_id, cid)
+                self._consecutive_failures = 0
+                self._failover_fired = False
+                to_subsume = [] if pending.savepoint else [
+                    p for p in self._pending.values()
+                    if not p.savepoint and p.checkpoint_id < cid and p.status is PendingStatus.IN_PROGRESS
+                ]
+                released = self._defer_locked(released, exclude={p.checkpoint_id for p in to_subsume})
+        duration = now - pending.trigger_monotonic_ms
+        logger.info("job=%s checkpoint=%d completed in %d ms (%s, full %d B, incremental %d B)", self.job_id, cid,
+                    duration, completed.external_path, metadata.full_size, metadata.incremental_size)
+        self.stats.report_completed(cid, duration_ms=duration, full_size=metadata.full_size,
+                                    incremental_size=metadata.incremental_size, path=completed.external_path,
+                                    epoch=metadata.epoch)
+        for p in to_subsume:
+            self._abort(p, R.CHECKPOINT_SUBSUMED, f"checkpoint {cid} completed first")
+        for old in subsumed:
+            logger.info("job=%s checkpoint=%d subsumed by %d; deleting it", self.job_id, old.checkpoint_id, cid)
+        self._cleaner.discard(directories=[s.external_path for s in subsumed], files=released, keep=self._keep,
+                              what=f"checkpoints subsumed by {cid} of job {self.job_id}")
+        self._release_deferred()
+        self._notify(cid, True)
+        pending.future.set_result(completed)
+
+    # -- abort ---------------------------------------------------------------------------------
+    def _abort(
+        self,
+        pending: PendingCheckpoint,
+        reason: CheckpointFailureReason,
+        message: str,
+        *,
+        allow_finalizing: bool = False,
+        cleanup: bool = True,
+    ) -> bool:
+        """Abort ``pending`` once; delete what it wrote; count the failure. False if already finished."""
+        fire = False
+        with self._lock:
+            if pending.status in (PendingStatus.ABORTED, PendingStatus.COMPLETED):
+                return False
+            if pending.status is PendingStatus.FINALIZING and not allow_finalizing:
+                return False
+            pending.mark_aborted(reason, message)
+            self._pending.pop(pending.checkpoint_id, None)
+            self._remember(pending)
+            others = set().union(*(p.shared_files() for p in self._pending.values()))
+            candidates = self._defer_locked(sorted(pending.shared_files() - others)) if cleanup else []
+            if reason.counts and not pending.savepoint and pending.checkpoint_id > self._latest_success_id:
+                self._consecutive_failures += 1
+                if self._consecutive_failures > self.settings.tolerable_failures and not self._failover_fired:
+                    fire = self._failover_fired = True
+            failures = self._consecutive_failures
+        duration = self._clock.monotonic_ms() - pending.trigger_monotonic_ms
+        logger.warning("job=%s checkpoint=%d failed (%s): %s", self.job_id, pending.checkpoint_id, reason.name, message)
+        self.stats.report_failed(pending.checkpoint_id, reason, message, duration_ms=duration)
+        if cleanup:
+            self._cleaner.discard(
+                directories=[pending.target_path],
+                files=self._registry.unreferenced(candidates),
+                keep=self._keep,
+                what=f"aborted checkpoint {pending.checkpoint_id} of job {self.job_id}",
+            )
+        self._release_deferred()
+        self._notify(pending.checkpoint_id, False)
+        pending.future.set_exception(CheckpointException(reason, message))
+        if fire and self._on_failover is not None:
+            cause = (
+                f"{failures} consecutive checkpoints failed, more than {o.CHECKPOINT_TOLERABLE_FAILURES.key}="
+                f"{self.settings.tolerable_failures}; the last: checkpoint {pending.checkpoint_id} {reason.name}: {message}"
+            )
+            logger.error("job=%s failing over: %s", self.job_id, cause)
+            try:
+                self._on_failover(reason, cause)
+            except Exception:
+                logger.exception("job=%s failover callback raised", self.job_id)
+        return True
+
+    def _discard_late_ack(self, pending: PendingCheckpoint, handle: pb.SubtaskStateHandle) -> None:
+        """Delete what an ack of an aborted checkpoint uploaded: its directory again, and its unreferenced shared files."""
+        shared: set[str] = set()
+        for f in handle.files:
+            if not f.shared:
+                continue
+            path = _paths.join(pending.target_path, pending._relative_path(f.path, True))
+            if _paths.relative_to(path, self.shared_dir) is not None:
+                shared.add(path)
+        with self._lock:
+            others = set().union(*(p.shared_files() for p in self._pending.values()))
+            candidates = self._defer_locked(sorted(shared - others))
+        self._cleaner.discard(directories=[pending.target_path], files=self._registry.unreferenced(candidates),
+                              keep=self._keep, what=f"late ack of aborted checkpoint {pending.checkpoint_id}")
+
+    # -- shared-file deletion guard ------------------------------------------------------------
+    def _defer_locked(self, files: list[str], exclude: frozenset[int] | set[int] = frozenset()) -> list[str]:
+        """Files safe to delete now; the rest wait until the checkpoints now pending finish.
+
+        A checkpoint still collecting acks may reference a shared file that just lost its last
+        retained reference (its TaskManager reused it), so such files are held back until every
+        checkpoint pending now has completed or aborted.
+        """
+        blockers = [p.checkpoint_id for p in self._pending.values() if not p.savepoint and p.checkpoint_id not in exclude]
+        if not files or not blockers:
+            return files
+        self._deferred.append((max(blockers), list(files)))
+        return []
+
+    def _release_deferred(self) -> None:
+        with self._lock:
+            if not self._deferred:
+                return
+            lowest = min((p.checkpoint_id for p in self._pending.values() if not p.savepoint), default=None)
+            ready = [e for e in self._deferred if lowest is None or e[0] < lowest]
+            self._deferred = [e for e in self._deferred if e not in ready]
+        files = [f for _, fs in ready for f in fs]
+        if files:
+            self._cleaner.discard(files=self._registry.unreferenced(files), keep=self._keep,
+                                  what=f"released shared files of job {self.job_id}")
+
+    def _keep(self, path: str) -> bool:
+        """True for anything a retained checkpoint still needs (checked again just before deleting)."""
+        path = _paths.normalize(path)
+        if self._registry.is_referenced(path):
+            return True
+        for c in self._store.all():
+            base = c.external_path
+            if path == base or path.startswith(base + "/") or base.startswith(path + "/"):
+                return True
+        return False
+
+    # -- waiting, restore, shutdown ------------------------------------------------------------
+    def wait_for(self, checkpoint_id: int, timeout: float | None = None) -> CompletedCheckpoint:
+        """Block until checkpoint ``checkpoint_id`` completes (returned) or fails (CheckpointException).
+
+        ``timeout`` is in seconds; when it runs out first, CheckpointInProgressError is raised and
+        the checkpoint carries on.
+        """
+        with self._lock:
+            pending = self._pending.get(checkpoint_id) or self._recent.get(checkpoint_id)
+        if pending is None:
+            for c in self._store.all():
+                if c.checkpoint_id == checkpoint_id:
+                    return c
+            raise CheckpointNotFoundError(
+                f"checkpoint {checkpoint_id} of job {self.job_id} is unknown (not in progress and not among the "
+                "recently finished ones); statectl checkpoint list shows the known checkpoints"
+            )
+        try:
+            return pending.future.result(timeout)
+        except TimeoutError:
+            raise CheckpointInProgressError(
+                f"checkpoint {checkpoint_id} of job {self.job_id} is still in progress "
+                f"({pending.num_acknowledged}/{len(pending.expected)} subtasks acknowledged); wait again"
+            ) from None
+
+    def restore_latest(self) -> CheckpointMetadata | None:
+        """The metadata of the latest completed checkpoint (or savepoint), recorded as restored; None if none."""
+        latest = self._store.latest()
+        if latest is None:
+            return None
+        self.stats.report_restored(latest.checkpoint_id, self._clock.now_ms())
+        return latest.metadata
+
+    def restore_from(self, checkpoint: CompletedCheckpoint, *, claim: bool = False) -> None:
+        """Record that the job was restored from ``checkpoint`` (loaded from storage).
+
+        Checkpoint ids continue after it, so no ``chk-<n>`` is reused. With ``claim`` (a
+        checkpoint of this job after a JobManager restart), it joins the store and its shared
+        files are reference-counted: once subsumed it is deleted like any other. Without it the
+        files stay untouched; TaskManagers must then not reference them from new checkpoints.
+        """
+        if self._ids.get() <= checkpoint.checkpoint_id:
+            self._ids.set_count(checkpoint.checkpoint_id + 1)
+        if claim:
+            if checkpoint.savepoint:
+                raise InvalidArgumentError("a savepoint belongs to the user and cannot be claimed; restore without claim")
+            subsumed = self._store.add_checkpoint(checkpoint)
+            self._registry.register(checkpoint)
+            released = [f for old in subsumed for f in self._registry.unregister(old)]
+            with self._lock:
+                self._latest_checkpoint_id = max(self._latest_checkpoint_id, checkpoint.checkpoint_id)
+                self._latest_success_id = max(self._latest_success_id, checkpoint.checkpoint_id)
+            self._cleaner.discard(directories=[s.external_path for s in subsumed], files=released, keep=self._keep,
+                                  what=f"checkpoints subsumed by restored {checkpoint.checkpoint_id}")
+        self.stats.report_restored(checkpoint.checkpoint_id, self._clock.now_ms())
+
+    def reset_failure_counter(self) -> None:
+        """Forget consecutive failures (after the job failed over and restarted)."""
+        with self._lock:
+            self._consecutive_failures = 0
+            self._failover_fired = False
+
+    def shutdown(self) -> None:
+        """Stop periodic checkpoints, abort pending ones (CHECKPOINT_COORDINATOR_SHUTDOWN), finish deletions."""
+        with self._lock:
+            if self._shutdown:
+                return
+            self._shutdown = True
+            self._periodic_running = False
+            handle, self._periodic_handle = self._periodic_handle, None
+        if handle is not None:
+            handle.cancel()
+        self.abort_pending(R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} shut down")
+        if self._owns_cleaner:
+            self._cleaner.close()
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _remember(self, pending: PendingCheckpoint) -> None:
+        self._recent[pending.checkpoint_id] = pending
+        while len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
+
+    def _notify(self, checkpoint_id: int, completed: bool) -> None:
+        try:
+            self._gateway.notify(self.job_id, checkpoint_id, completed)
+        except Exception as exc:
+            logger.info("job=%s checkpoint=%d could not notify TaskManagers (%s): %s", self.job_id, checkpoint_id,
+                        "completed" if completed else "aborted", exc)
+
+
+def _finalize_message(metadata_path: str, exc: BaseException) -> str:
+    if isinstance(exc, CheckpointException):
+        return exc.detail
+    if isinstance(exc, FileExistsError):
+        return (
+            f"{metadata_path} already exists: another JobManager or an earlier run of this job id wrote it; "
+            "checkpoint ids must not be reused (restore from that checkpoint, or use a new job id or checkpoint dir)"
+        )
+    detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return f"could not write {metadata_path}: {detail}"

@@ -1,0 +1,162 @@
+"""Finding and deleting checkpoint garbage left by crashes (backs ``statectl checkpoint gc JOB``).
+
+Garbage is what no valid ``_metadata`` in the job directory references: ``chk-<n>`` directories
+without ``_metadata`` (aborted or crashed before completing), directories of checkpoints that
+were subsumed but not deleted, and ``shared/`` or ``taskowned/`` files no checkpoint uses. The
+plan is conservative: a checkpoint in progress, a valid checkpoint the store does not know, and
+anything an unreadable ``_metadata`` might reference are kept, each with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Iterable, NamedTuple, Sequence
+
+from keyedstate.common.errors import CorruptCheckpointError, StorageError
+from keyedstate.common.storage._base import CheckpointStorage
+from keyedstate.jobmanager.checkpoint import _paths
+from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
+from keyedstate.jobmanager.checkpoint.failure import CheckpointNotFoundError
+from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+from keyedstate.jobmanager.checkpoint.restore import load_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+class GcEntry(NamedTuple):
+    path: str
+    why: str
+    is_dir: bool = False
+
+
+@dataclass(frozen=True)
+class GcPlan:
+    job_dir: str
+    remove: list[GcEntry] = field(default_factory=list)
+    keep: list[GcEntry] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """The plan as ``statectl checkpoint gc --dry-run`` prints it."""
+        lines = [f"garbage in {self.job_dir}: {len(self.remove)} to remove, {len(self.keep)} kept"]
+        lines += [f"  remove {e.path}{'/' if e.is_dir else ''}  ({e.why})" for e in self.remove]
+        lines += [f"  keep   {e.path}{'/' if e.is_dir else ''}  ({e.why})" for e in self.keep]
+        return "\n".join(lines)
+
+
+def plan_gc(
+    storage: CheckpointStorage,
+    job_dir: str,
+    retained: Sequence[CompletedCheckpoint | CheckpointMetadata] = (),
+    in_progress_ids: Iterable[int] = (),
+    *,
+    num_retained: int | None = None,
+) -> GcPlan:
+    """Work out what can be deleted under ``job_dir`` without touching any retained checkpoint.
+
+    ``retained`` are the checkpoints the JobManager's store holds; valid checkpoints older than
+    the oldest of them count as subsumed. Without ``retained`` (offline use), ``num_retained``
+    keeps that many of the newest valid checkpoints; with neither, every valid one is kept.
+    References are always read from the ``_metadata`` files in storage, not from memory.
+    """
+    job_dir = _paths.normalize(job_dir)
+    in_progress = set(in_progress_ids)
+    retained_ids = {r.checkpoint_id for r in retained if not _is_savepoint(r)}
+    plan = GcPlan(job_dir)
+
+    checkpoint_dirs: dict[int, str] = {}
+    pools: list[str] = []
+    for info in storage.list(job_dir):
+        entry_name = _paths.name(info.path)
+        cid = _paths.parse_checkpoint_dir_name(entry_name)
+        if info.is_dir and cid is not None:
+            checkpoint_dirs[cid] = _paths.normalize(info.path)
+        elif info.is_dir and entry_name in (_paths.SHARED_DIR, _paths.TASKOWNED_DIR):
+            pools.append(_paths.normalize(info.path))
+        else:
+            plan.keep.append(GcEntry(_paths.normalize(info.path), "not a checkpoint directory", info.is_dir))
+
+    valid: dict[int, CheckpointMetadata] = {}
+    unreadable: list[int] = []
+    for cid, path in sorted(checkpoint_dirs.items()):
+        if cid in in_progress:
+            plan.keep.append(GcEntry(path, f"checkpoint {cid} is in progress", True))
+            continue
+        try:
+            valid[cid] = load_checkpoint(storage, path)
+        except CheckpointNotFoundError:
+            if cid in retained_ids:
+                plan.keep.append(GcEntry(path, f"retained checkpoint {cid} (its _metadata is missing!)", True))
+            else:
+                plan.remove.append(GcEntry(path, "no _metadata: aborted or crashed before completing", True))
+        except CorruptCheckpointError as exc:
+            unreadable.append(cid)
+            plan.keep.append(GcEntry(path, f"unreadable _metadata, inspect it by hand: {exc.message}", True))
+
+    ids = sorted(valid)
+    if retained_ids:
+        oldest = min(retained_ids)
+        subsumed = {cid for cid in ids if cid < oldest and cid not in retained_ids}
+    elif num_retained is not None:
+        subsumed = set(ids[: max(0, len(ids) - num_retained)])
+    else:
+        subsumed = set()
+    references: dict[str, list[int]] = {}
+    for cid in ids:
+        path = checkpoint_dirs[cid]
+        if cid in subsumed:
+            plan.remove.append(GcEntry(path, f"checkpoint {cid} was subsumed by newer retained checkpoints", True))
+            continue
+        why = f"retained checkpoint {cid}" if cid in retained_ids or not retained_ids else \
+            f"valid checkpoint {cid} not in the store (kept to be safe)"
+        plan.keep.append(GcEntry(path, why, True))
+        for _, _, f in valid[cid].files():
+            references.setdefault(_paths.join(path, f.path), []).append(cid)
+
+    for pool in sorted(pools):
+        for info in storage.list(pool, recursive=True):
+            if info.is_dir:
+                continue
+            path = _paths.normalize(info.path)
+            users = references.get(path)
+            if users:
+                plan.keep.append(GcEntry(path, "referenced by " + ", ".join(f"chk-{c}" for c in users[:3])
+                                         + (" …" if len(users) > 3 else "")))
+            elif unreadable:
+                plan.keep.append(GcEntry(path, f"an unreadable _metadata (chk-{unreadable[0]}) may reference it"))
+            elif in_progress:
+                plan.keep.append(GcEntry(path, f"checkpoint(s) {sorted(in_progress)} in progress may own it; "
+                                         "run gc again when none is in progress"))
+            else:
+                plan.remove.append(GcEntry(path, "not referenced by any valid _metadata"))
+    return plan
+
+
+def execute(storage: CheckpointStorage, plan: GcPlan) -> list[str]:
+    """Delete everything in ``plan.remove`` (directories first); return what was deleted.
+
+    Raises StorageError naming the first path that could not be deleted, after trying them all.
+    """
+    deleted: list[str] = []
+    failed: list[tuple[str, BaseException]] = []
+    for entry in sorted(plan.remove, key=lambda e: not e.is_dir):
+        try:
+            if entry.is_dir:
+                storage.delete_dir(entry.path)
+            else:
+                storage.delete(entry.path)
+            deleted.append(entry.path)
+            logger.info("gc: deleted %s (%s)", entry.path, entry.why)
+        except Exception as exc:
+            failed.append((entry.path, exc))
+    if failed:
+        path, exc = failed[0]
+        raise StorageError(
+            f"gc deleted {len(deleted)} of {len(plan.remove)} paths; could not delete {path}: {exc}"
+            + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "") + "; run gc again"
+        ) from exc
+    return deleted
+
+
+def _is_savepoint(item: CompletedCheckpoint | CheckpointMetadata) -> bool:
+    return item.savepoint

@@ -1,0 +1,50 @@
+"""Checkpoint ids: strictly increasing per job, never reused (they name ``chk-<n>`` directories)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+from keyedstate.common.errors import InvalidArgumentError
+
+
+class CheckpointIDCounter(Protocol):
+    """Hands out checkpoint ids. A durable implementation backs JobManager high availability."""
+
+    def get_and_increment(self) -> int:
+        """Return the next id and advance the counter."""
+
+    def get(self) -> int:
+        """The id the next :meth:`get_and_increment` returns."""
+
+    def set_count(self, next_id: int) -> None:
+        """Make ``next_id`` the next id (after a restore); the counter never goes backwards."""
+
+
+class StandaloneCheckpointIDCounter:
+    """An in-memory counter starting at 1 (ids are lost with the JobManager process)."""
+
+    def __init__(self, initial: int = 1) -> None:
+        if initial < 1:
+            raise InvalidArgumentError(f"checkpoint ids start at 1 or later, got {initial}")
+        self._next = initial
+        self._lock = threading.Lock()
+
+    def get_and_increment(self) -> int:
+        with self._lock:
+            value = self._next
+            self._next += 1
+            return value
+
+    def get(self) -> int:
+        with self._lock:
+            return self._next
+
+    def set_count(self, next_id: int) -> None:
+        with self._lock:
+            if next_id < self._next:
+                raise InvalidArgumentError(
+                    f"cannot move the checkpoint id counter back from {self._next} to {next_id}: "
+                    "ids must strictly increase so that no chk-<n> directory is reused"
+                )
+            self._next = next_id

@@ -1,0 +1,436 @@
+"""The ``_metadata`` file: the commit record of a completed checkpoint or savepoint.
+
+A checkpoint directory is complete exactly when its ``_metadata`` exists: the JobManager writes
+it last, with one create-only write, after every subtask acknowledged. The file is UTF-8 JSON::
+
+    {
+      "format": "keyedstate-checkpoint",      # always this string
+      "version": 1,                           # bumped on incompatible changes
+      "job_id": "orders", "checkpoint_id": 42, "savepoint": false,
+      "timestamp_ms": 1718000000000,          # trigger time, wall clock
+      "epoch": 17,                            # last committed Spark epoch it contains (-1: none)
+      "max_parallelism": 128,                 # number of key groups; fixed for the job's life
+      "operators": [{
+        "operator_id": "counts", "parallelism": 2,
+        "states": [{"name": "total", "kind": "value", "ttl": null, "reduce_fields": []}],
+        "subtasks": [{
+          "subtask_index": 0, "key_groups": [0, 63], "backend": "rocksdb",
+          "committed_epoch": 17, "full_size": 1048576, "incremental_size": 4096,
+          "files": [{"path": "../shared/3f1c…-000012.sst", "size": 1044480, "sha256": "…",
+                     "local_name": "000012.sst", "shared": true}, …]
+        }, …]
+      }, …]
+    }
+
+Every ``path`` is relative to the directory holding ``_metadata``. A checkpoint
+(``<job dir>/chk-<n>/``) keeps its own files inside its directory and refers to incremental
+files in ``<job dir>/shared/`` as ``../shared/<name>`` (``shared: true``). A savepoint is
+self-contained: all its paths point inside its directory, so it can be moved or copied anywhere.
+
+Listing every file with its size needs nothing but ``json``::
+
+    import json
+    meta = json.load(open("/checkpoints/orders/chk-42/_metadata", encoding="utf-8"))
+    for op in meta["operators"]:
+        for sub in op["subtasks"]:
+            for f in sub["files"]: print(op["operator_id"], sub["subtask_index"], f["path"], f["size"])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common.descriptors import (
+    NumberType,
+    OperatorSpec,
+    ReduceField,
+    ReduceFunction,
+    StateDescriptor,
+    StateKind,
+    TtlConfig,
+    TtlUpdateType,
+)
+from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError, KeyedStateError
+from keyedstate.common.ids import KeyGroupRange
+from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
+from keyedstate.jobmanager.checkpoint import _paths
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "keyedstate-checkpoint"
+VERSION = 1
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """One file of a subtask snapshot; ``path`` is relative to the ``_metadata`` directory."""
+
+    path: str
+    size: int
+    sha256: str = ""
+    local_name: str = ""
+    shared: bool = False
+
+
+@dataclass(frozen=True)
+class SubtaskSnapshot:
+    subtask_index: int
+    key_groups: KeyGroupRange
+    backend: str
+    committed_epoch: int
+    full_size: int
+    incremental_size: int
+    files: tuple[FileRef, ...] = ()
+
+    @classmethod
+    def from_handle(cls, handle: pb.SubtaskStateHandle) -> SubtaskSnapshot:
+        """From an acknowledged handle whose paths are already relative to the checkpoint dir."""
+        return cls(
+            subtask_index=handle.subtask_index,
+            key_groups=KeyGroupRange(handle.key_groups.start, handle.key_groups.end),
+            backend=handle.backend,
+            committed_epoch=handle.committed_epoch,
+            full_size=handle.full_size,
+            incremental_size=handle.incremental_size,
+            files=tuple(FileRef(f.path, f.size, f.sha256, f.local_name, f.shared) for f in handle.files),
+        )
+
+    def to_handle(self, operator_id: str, base: str) -> pb.SubtaskStateHandle:
+        """The handle a TaskManager restores from, with every path made absolute against ``base``."""
+        return pb.SubtaskStateHandle(
+            operator_id=operator_id,
+            subtask_index=self.subtask_index,
+            key_groups=pb.KeyGroupRange(start=self.key_groups.start, end=self.key_groups.end),
+            backend=self.backend,
+            files=[
+                pb.StateFileHandle(
+                    path=_paths.join(base, f.path), size=f.size, sha256=f.sha256, local_name=f.local_name, shared=f.shared
+                )
+                for f in self.files
+            ],
+            incremental_size=self.incremental_size,
+            full_size=self.full_size,
+            committed_epoch=self.committed_epoch,
+        )
+
+
+@dataclass(frozen=True)
+class OperatorSnapshot:
+    operator_id: str
+    parallelism: int
+    states: tuple[StateDescriptor, ...]
+    subtasks: tuple[SubtaskSnapshot, ...]
+
+    @property
+    def spec(self) -> OperatorSpec:
+        return OperatorSpec(self.operator_id, self.parallelism, self.states)
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """The parsed ``_metadata`` of one checkpoint or savepoint."""
+
+    job_id: str
+    checkpoint_id: int
+    savepoint: bool
+    timestamp_ms: int
+    epoch: int
+    max_parallelism: int
+    operators: tuple[OperatorSnapshot, ...] = field(default_factory=tuple)
+
+    # -- queries -------------------------------------------------------------------------------
+    def operator(self, operator_id: str) -> OperatorSnapshot | None:
+        for op in self.operators:
+            if op.operator_id == operator_id:
+                return op
+        return None
+
+    def files(self) -> Iterator[tuple[str, int, FileRef]]:
+        """Every file as ``(operator_id, subtask_index, file)``."""
+        for op in self.operators:
+            for sub in op.subtasks:
+                for f in sub.files:
+                    yield op.operator_id, sub.subtask_index, f
+
+    @property
+    def full_size(self) -> int:
+        return sum(s.full_size for op in self.operators for s in op.subtasks)
+
+    @property
+    def incremental_size(self) -> int:
+        return sum(s.incremental_size for op in self.operators for s in op.subtasks)
+
+    def problems(self) -> list[str]:
+        """Consistency problems (empty when the metadata can be restored from)."""
+        out: list[str] = []
+        if self.checkpoint_id < 1:
+            out.append(f"checkpoint_id must be at least 1, got {self.checkpoint_id}")
+        if not 1 <= self.max_parallelism <= UPPER_BOUND_MAX_PARALLELISM:
+            out.append(f"max_parallelism {self.max_parallelism} is outside 1..{UPPER_BOUND_MAX_PARALLELISM}")
+            return out
+        if self.epoch < -1:
+            out.append(f"epoch must be -1 or more, got {self.epoch}")
+        seen: set[str] = set()
+        for op in self.operators:
+            where = f"operator {op.operator_id!r}"
+            if op.operator_id in seen:
+                out.append(f"{where} appears twice")
+            seen.add(op.operator_id)
+            try:
+                op.spec  # validates the id, the parallelism and duplicate state names
+            except KeyedStateError as exc:
+                out.append(f"{where}: {exc.message}")
+                continue
+            if op.parallelism > self.max_parallelism:
+                out.append(f"{where}: parallelism {op.parallelism} exceeds max_parallelism {self.max_parallelism}")
+                continue
+            indices = sorted(s.subtask_index for s in op.subtasks)
+            if indices != list(range(op.parallelism)):
+                out.append(f"{where}: has subtasks {indices} but parallelism {op.parallelism} needs 0..{op.parallelism - 1}")
+                continue
+            for sub in op.subtasks:
+                expected = key_group_range_for_subtask(self.max_parallelism, op.parallelism, sub.subtask_index)
+                if sub.key_groups != expected:
+                    out.append(
+                        f"{where} subtask {sub.subtask_index}: key groups {sub.key_groups} but parallelism "
+                        f"{op.parallelism} of max parallelism {self.max_parallelism} gives {expected}"
+                    )
+                for f in sub.files:
+                    problem = file_path_problem(f, self.savepoint)
+                    if problem:
+                        out.append(f"{where} subtask {sub.subtask_index}: {problem}")
+                    if f.size < 0:
+                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has negative size {f.size}")
+                    if f.sha256 and not _SHA256.match(f.sha256):
+                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} sha256 is not 64 lowercase hex digits")
+        return out
+
+    # -- serialization -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "job_id": self.job_id,
+            "checkpoint_id": self.checkpoint_id,
+            "savepoint": self.savepoint,
+            "timestamp_ms": self.timestamp_ms,
+            "epoch": self.epoch,
+            "max_parallelism": self.max_parallelism,
+            "operators": [
+                {
+                    "operator_id": op.operator_id,
+                    "parallelism": op.parallelism,
+                    "states": [descriptor_to_dict(s) for s in op.states],
+                    "subtasks": [
+                        {
+                            "subtask_index": s.subtask_index,
+                            "key_groups": [s.key_groups.start, s.key_groups.end],
+                            "backend": s.backend,
+                            "committed_epoch": s.committed_epoch,
+                            "full_size": s.full_size,
+                            "incremental_size": s.incremental_size,
+                            "files": [
+                                {"path": f.path, "size": f.size, "sha256": f.sha256, "local_name": f.local_name, "shared": f.shared}
+                                for f in s.files
+                            ],
+                        }
+                        for s in op.subtasks
+                    ],
+                }
+                for op in self.operators
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n"
+
+    def to_bytes(self) -> bytes:
+        return self.to_json().encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: str | bytes, source: str = "_metadata") -> CheckpointMetadata:
+        """Parse and validate; any problem raises CorruptCheckpointError naming ``source``."""
+        try:
+            text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+            raw = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _corrupt(source, f"not valid UTF-8 JSON ({exc})") from exc
+        reader = _Reader(source)
+        meta = reader.metadata(raw)
+        problems = meta.problems()
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise _corrupt(source, "; ".join(problems[:3]) + more)
+        return meta
+
+
+def file_path_problem(f: FileRef, savepoint: bool) -> str | None:
+    """Why a file's relative path is not allowed, or None."""
+    if savepoint:
+        if not _paths.is_inside_relative(f.path):
+            return f"file {f.path!r} is not inside the savepoint directory (a savepoint must be self-contained)"
+        if f.shared:
+            return f"file {f.path!r} is marked shared, but a savepoint owns all its files"
+        return None
+    if f.shared:
+        if _paths.under(f.path, _paths.SHARED_DIR) is None:
+            return f"shared file {f.path!r} must be ../{_paths.SHARED_DIR}/<name>"
+        return None
+    if _paths.is_inside_relative(f.path) or _paths.under(f.path, _paths.TASKOWNED_DIR) is not None:
+        return None
+    return f"file {f.path!r} must be inside the checkpoint directory or under ../{_paths.TASKOWNED_DIR}/"
+
+
+def descriptor_to_dict(d: StateDescriptor) -> dict[str, Any]:
+    return {
+        "name": d.name,
+        "kind": d.kind.value,
+        "ttl": None if d.ttl is None else {"ttl_ms": d.ttl.ttl_ms, "update_type": d.ttl.update_type.value},
+        "reduce_fields": [{"name": f.name, "function": f.function.value, "type": f.type.value} for f in d.reduce_fields],
+    }
+
+
+def _corrupt(source: str, problem: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"checkpoint metadata {source} is unusable: {problem}. Restore from another checkpoint or savepoint "
+        "(statectl checkpoint list shows the retained ones)"
+    )
+
+
+class _Reader:
+    """Typed field access that names the JSON path of whatever is wrong."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def _get(self, obj: Any, key: str, where: str) -> Any:
+        if not isinstance(obj, dict):
+            raise _corrupt(self.source, f"{where or 'the top level'} must be an object")
+        if key not in obj:
+            raise _corrupt(self.source, f"missing field {_join(where, key)!r}")
+        return obj[key]
+
+    def integer(self, obj: Any, key: str, where: str) -> int:
+        value = self._get(obj, key, where)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _corrupt(self.source, f"field {_join(where, key)!r} must be an integer, got {value!r}")
+        return value
+
+    def string(self, obj: Any, key: str, where: str) -> str:
+        value = self._get(obj, key, where)
+        if not isinstance(value, str):
+            raise _corrupt(self.source, f"field {_join(where, key)!r} must be a string, got {value!r}")
+        return value
+
+    def boolean(self, obj: Any, key: str, where: str) -> bool:
+        value = self._get(obj, key, where)
+        if not isinstance(value, bool):
+            raise _corrupt(self.source, f"field {_join(where, key)!r} must be true or false, got {value!r}")
+        return value
+
+    def array(self, obj: Any, key: str, where: str) -> list[Any]:
+        value = self._get(obj, key, where)
+        if not isinstance(value, list):
+            raise _corrupt(self.source, f"field {_join(where, key)!r} must be a list")
+        return value
+
+    def metadata(self, raw: Any) -> CheckpointMetadata:
+        fmt = self._get(raw, "format", "")
+        if fmt != FORMAT:
+            raise _corrupt(self.source, f"format is {fmt!r}, expected {FORMAT!r} (is this a keyedstate checkpoint?)")
+        version = self.integer(raw, "version", "")
+        if version != VERSION:
+            raise _corrupt(
+                self.source,
+                f"format version {version} is not supported (this build reads version {VERSION}); "
+                "use the keyedstate release that wrote it",
+            )
+        return CheckpointMetadata(
+            job_id=self.string(raw, "job_id", ""),
+            checkpoint_id=self.integer(raw, "checkpoint_id", ""),
+            savepoint=self.boolean(raw, "savepoint", ""),
+            timestamp_ms=self.integer(raw, "timestamp_ms", ""),
+            epoch=self.integer(raw, "epoch", ""),
+            max_parallelism=self.integer(raw, "max_parallelism", ""),
+            operators=tuple(
+                self.operator(op, f"operators[{i}]") for i, op in enumerate(self.array(raw, "operators", ""))
+            ),
+        )
+
+    def operator(self, raw: Any, where: str) -> OperatorSnapshot:
+        return OperatorSnapshot(
+            operator_id=self.string(raw, "operator_id", where),
+            parallelism=self.integer(raw, "parallelism", where),
+            states=tuple(self.state(s, f"{where}.states[{i}]") for i, s in enumerate(self.array(raw, "states", where))),
+            subtasks=tuple(
+                self.subtask(s, f"{where}.subtasks[{i}]") for i, s in enumerate(self.array(raw, "subtasks", where))
+            ),
+        )
+
+    def state(self, raw: Any, where: str) -> StateDescriptor:
+        name = self.string(raw, "name", where)
+        kind = _enum(StateKind, self.string(raw, "kind", where), self.source, _join(where, "kind"))
+        ttl_raw = self._get(raw, "ttl", where)
+        ttl = None
+        if ttl_raw is not None:
+            ttl_ms = self.integer(ttl_raw, "ttl_ms", f"{where}.ttl")
+            update = _enum(TtlUpdateType, self.string(ttl_raw, "update_type", f"{where}.ttl"), self.source, f"{where}.ttl.update_type")
+            try:
+                ttl = TtlConfig(ttl_ms, update)
+            except InvalidArgumentError as exc:
+                raise _corrupt(self.source, f"{where}.ttl: {exc.message}") from exc
+        fields = []
+        for i, f in enumerate(self.array(raw, "reduce_fields", where)):
+            fw = f"{where}.reduce_fields[{i}]"
+            fields.append(
+                ReduceField(
+                    self.string(f, "name", fw),
+                    _enum(ReduceFunction, self.string(f, "function", fw), self.source, f"{fw}.function"),
+                    _enum(NumberType, self.string(f, "type", fw), self.source, f"{fw}.type"),
+                )
+            )
+        try:
+            return StateDescriptor(name, kind, ttl, tuple(fields))
+        except InvalidArgumentError as exc:
+            raise _corrupt(self.source, f"{where}: {exc.message}") from exc
+
+    def subtask(self, raw: Any, where: str) -> SubtaskSnapshot:
+        kg = self.array(raw, "key_groups", where)
+        if len(kg) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in kg):
+            raise _corrupt(self.source, f"field {where}.key_groups must be [start, end], got {kg!r}")
+        return SubtaskSnapshot(
+            subtask_index=self.integer(raw, "subtask_index", where),
+            key_groups=KeyGroupRange(kg[0], kg[1]),
+            backend=self.string(raw, "backend", where),
+            committed_epoch=self.integer(raw, "committed_epoch", where),
+            full_size=self.integer(raw, "full_size", where),
+            incremental_size=self.integer(raw, "incremental_size", where),
+            files=tuple(self.file(f, f"{where}.files[{i}]") for i, f in enumerate(self.array(raw, "files", where))),
+        )
+
+    def file(self, raw: Any, where: str) -> FileRef:
+        return FileRef(
+            path=self.string(raw, "path", where),
+            size=self.integer(raw, "size", where),
+            sha256=self.string(raw, "sha256", where),
+            local_name=self.string(raw, "local_name", where),
+            shared=self.boolean(raw, "shared", where),
+        )
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _enum(cls: Any, value: str, source: str, where: str) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)
+        raise _corrupt(source, f"field {where!r} is {value!r}, expected one of {allowed}") from None

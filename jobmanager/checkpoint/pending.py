@@ -1,0 +1,238 @@
+"""A triggered checkpoint that is collecting acknowledgements (Flink's ``PendingCheckpoint``)."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common.clock import Cancellable
+from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.keygroups import key_group_range_for_subtask
+from keyedstate.jobmanager.checkpoint import _paths
+from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointFailureReason
+from keyedstate.jobmanager.checkpoint.metadata import (
+    CheckpointMetadata,
+    FileRef,
+    OperatorSnapshot,
+    SubtaskSnapshot,
+    file_path_problem,
+)
+
+if TYPE_CHECKING:
+    from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
+
+logger = logging.getLogger(__name__)
+
+
+class AckOutcome(enum.Enum):
+    """What an acknowledgement did. Only SUCCESS changed anything; the others are normal events."""
+
+    SUCCESS = "SUCCESS"
+    DUPLICATE = "DUPLICATE"
+    UNKNOWN = "UNKNOWN"
+    DISCARDED = "DISCARDED"
+
+
+class PendingStatus(enum.Enum):
+    IN_PROGRESS = "IN_PROGRESS"
+    FINALIZING = "FINALIZING"
+    COMPLETED = "COMPLETED"
+    ABORTED = "ABORTED"
+
+
+class PendingCheckpoint:
+    """The acks collected so far for one checkpoint or savepoint.
+
+    Not thread-safe on its own: the coordinator calls it under its lock. File paths of accepted
+    acks are normalized to the ``_metadata`` convention (relative to :attr:`target_path`; shared
+    files as ``../shared/<name>``). A TaskManager may send them that way, as absolute URLs, or
+    (shared files only) relative to the job directory as ``shared/<name>``.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        checkpoint_id: int,
+        trigger_timestamp_ms: int,
+        trigger_monotonic_ms: int,
+        operators: Sequence[OperatorSpec],
+        max_parallelism: int,
+        target_path: str,
+        shared_dir: str,
+        savepoint: bool = False,
+        epoch: int = -1,
+        incremental: bool = False,
+        periodic: bool = False,
+        expected: Iterable[SubtaskId] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.checkpoint_id = checkpoint_id
+        self.trigger_timestamp_ms = trigger_timestamp_ms
+        self.trigger_monotonic_ms = trigger_monotonic_ms
+        self.operators = tuple(operators)
+        self.max_parallelism = max_parallelism
+        self.target_path = _paths.normalize(target_path)
+        self.shared_dir = _paths.normalize(shared_dir)
+        self.taskowned_dir = _paths.join(self.shared_dir, "..", _paths.TASKOWNED_DIR)
+        self.savepoint = savepoint
+        self.epoch = epoch
+        self.incremental = incremental
+        self.periodic = periodic
+        self._ops = {op.operator_id: op for op in self.operators}
+        self.expected: frozenset[SubtaskId] = frozenset(
+            expected
+            if expected is not None
+            else (SubtaskId(job_id, op.operator_id, i) for op in self.operators for i in range(op.parallelism))
+        )
+        self._acks: dict[SubtaskId, pb.SubtaskStateHandle] = {}
+        self.status = PendingStatus.IN_PROGRESS
+        self.failure_reason: CheckpointFailureReason | None = None
+        self.failure_message = ""
+        self.timeout_handle: Cancellable | None = None
+        self.future: Future[CompletedCheckpoint] = Future()
+        self.future.set_running_or_notify_cancel()
+
+    def __repr__(self) -> str:
+        kind = "savepoint" if self.savepoint else "checkpoint"
+        return f"<Pending {kind} {self.checkpoint_id} of {self.job_id}: {len(self._acks)}/{len(self.expected)} acks, {self.status.value}>"
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def is_discarded(self) -> bool:
+        return self.status is PendingStatus.ABORTED
+
+    @property
+    def is_fully_acknowledged(self) -> bool:
+        return len(self._acks) == len(self.expected)
+
+    @property
+    def num_acknowledged(self) -> int:
+        return len(self._acks)
+
+    def not_yet_acknowledged(self) -> frozenset[SubtaskId]:
+        return self.expected - self._acks.keys()
+
+    def acknowledged(self) -> dict[SubtaskId, pb.SubtaskStateHandle]:
+        """The accepted handles, with normalized relative paths."""
+        return dict(self._acks)
+
+    def shared_files(self) -> set[str]:
+        """Absolute paths of the ``shared/`` files the acks so far reference."""
+        return {
+            _paths.join(self.target_path, f.path) for handle in self._acks.values() for f in handle.files if f.shared
+        }
+
+    # -- transitions ---------------------------------------------------------------------------
+    def acknowledge(self, subtask: SubtaskId, handle: pb.SubtaskStateHandle) -> AckOutcome:
+        """Record ``subtask``'s snapshot.
+
+        Late, duplicate and unknown acks return their outcome and change nothing. An ack whose
+        content cannot be part of this checkpoint raises CheckpointException (CHECKPOINT_DECLINED);
+        the caller aborts the checkpoint.
+        """
+        if self.status is PendingStatus.ABORTED:
+            return AckOutcome.DISCARDED
+        if subtask not in self.expected:
+            return AckOutcome.UNKNOWN
+        if subtask in self._acks or self.status is not PendingStatus.IN_PROGRESS:
+            return AckOutcome.DUPLICATE
+        self._acks[subtask] = self._normalize(subtask, handle)
+        return AckOutcome.SUCCESS
+
+    def start_finalizing(self) -> None:
+        self.status = PendingStatus.FINALIZING
+        self._cancel_timeout()
+
+    def mark_completed(self) -> None:
+        self.status = PendingStatus.COMPLETED
+        self._cancel_timeout()
+
+    def mark_aborted(self, reason: CheckpointFailureReason, message: str) -> None:
+        self.status = PendingStatus.ABORTED
+        self.failure_reason = reason
+        self.failure_message = message
+        self._cancel_timeout()
+
+    def _cancel_timeout(self) -> None:
+        if self.timeout_handle is not None:
+            self.timeout_handle.cancel()
+            self.timeout_handle = None
+
+    # -- metadata ------------------------------------------------------------------------------
+    def build_metadata(self) -> CheckpointMetadata:
+        """The ``_metadata`` content; call once fully acknowledged.
+
+        Without a requested epoch, the checkpoint's epoch is the lowest epoch every subtask has
+        committed (what a restore can promise to contain).
+        """
+        by_op: dict[str, list[SubtaskSnapshot]] = {op.operator_id: [] for op in self.operators}
+        for subtask, handle in self._acks.items():
+            by_op[subtask.operator_id].append(SubtaskSnapshot.from_handle(handle))
+        epoch = self.epoch
+        if epoch < 0 and self._acks:
+            epoch = max(-1, min(h.committed_epoch for h in self._acks.values()))
+        return CheckpointMetadata(
+            job_id=self.job_id,
+            checkpoint_id=self.checkpoint_id,
+            savepoint=self.savepoint,
+            timestamp_ms=self.trigger_timestamp_ms,
+            epoch=epoch,
+            max_parallelism=self.max_parallelism,
+            operators=tuple(
+                OperatorSnapshot(
+                    op.operator_id,
+                    op.parallelism,
+                    op.states,
+                    tuple(sorted(by_op[op.operator_id], key=lambda s: s.subtask_index)),
+                )
+                for op in self.operators
+            ),
+        )
+
+    # -- validation ----------------------------------------------------------------------------
+    def _reject(self, subtask: SubtaskId, problem: str) -> CheckpointException:
+        return CheckpointException(
+            CheckpointFailureReason.CHECKPOINT_DECLINED,
+            f"subtask {subtask} sent an unusable acknowledgement for checkpoint {self.checkpoint_id}: {problem}",
+        )
+
+    def _normalize(self, subtask: SubtaskId, handle: pb.SubtaskStateHandle) -> pb.SubtaskStateHandle:
+        op = self._ops.get(subtask.operator_id)
+        if op is not None:
+            expected = key_group_range_for_subtask(self.max_parallelism, op.parallelism, subtask.subtask_index)
+            got = KeyGroupRange(handle.key_groups.start, handle.key_groups.end)
+            if got != expected:
+                raise self._reject(subtask, f"key groups {got}, but the subtask owns {expected}")
+        if self.epoch >= 0 and handle.committed_epoch < self.epoch:
+            raise self._reject(
+                subtask, f"its committed epoch is {handle.committed_epoch} but the checkpoint must contain epoch {self.epoch}"
+            )
+        out = pb.SubtaskStateHandle()
+        out.CopyFrom(handle)
+        for f in out.files:
+            f.path = self._relative_path(f.path, f.shared)
+            problem = file_path_problem(FileRef(f.path, f.size, f.sha256, f.local_name, f.shared), self.savepoint)
+            if problem:
+                raise self._reject(subtask, problem)
+            if f.size < 0:
+                raise self._reject(subtask, f"file {f.path!r} has negative size {f.size}")
+        return out
+
+    def _relative_path(self, path: str, shared: bool) -> str:
+        if "://" in path:
+            rel = _paths.relative_to(path, self.target_path)
+            if rel is not None:
+                return rel
+            for directory, base in ((_paths.SHARED_DIR, self.shared_dir), (_paths.TASKOWNED_DIR, self.taskowned_dir)):
+                rel = _paths.relative_to(path, base)
+                if rel is not None:
+                    return f"../{directory}/{rel}"
+            return path  # rejected by file_path_problem
+        if shared and not self.savepoint and path.startswith(_paths.SHARED_DIR + "/"):
+            return "../" + path
+        return path

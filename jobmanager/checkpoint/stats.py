@@ -1,0 +1,228 @@
+"""Checkpoint statistics: Flink-named Prometheus gauges plus a bounded history for the CLI and web UI.
+
+Gauge names follow what Flink's Prometheus reporter exports for a job
+(``flink_jobmanager_job_lastCheckpointDuration{job_id=…}``), so existing Flink dashboards and
+alerts work unchanged. Failures are also counted per :class:`CheckpointFailureReason`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from dataclasses import dataclass, replace
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "flink_jobmanager_job_"
+DEFAULT_HISTORY_SIZE = 10  # Flink's web.checkpoints.history
+
+IN_PROGRESS = "IN_PROGRESS"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class CheckpointStatsEntry:
+    """One checkpoint as ``statectl checkpoint list`` and the web UI show it."""
+
+    checkpoint_id: int
+    status: str
+    savepoint: bool
+    trigger_timestamp_ms: int
+    num_subtasks: int
+    num_acknowledged: int = 0
+    duration_ms: int = 0
+    full_size: int = 0
+    incremental_size: int = 0
+    path: str = ""
+    epoch: int = -1
+    failure_reason: str = ""
+    failure_message: str = ""
+
+    def to_proto(self) -> jm_pb.CheckpointInfo:
+        return jm_pb.CheckpointInfo(
+            checkpoint_id=self.checkpoint_id,
+            path=self.path,
+            status=self.status,
+            failure_reason=self.failure_reason and f"{self.failure_reason}: {self.failure_message}",
+            epoch=self.epoch,
+            trigger_timestamp_ms=self.trigger_timestamp_ms,
+            duration_ms=self.duration_ms,
+            full_size=self.full_size,
+            incremental_size=self.incremental_size,
+            savepoint=self.savepoint,
+        )
+
+
+class _Metrics:
+    """The metric families of one CollectorRegistry, shared by every job's tracker."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, ["job_id"], registry=registry)
+
+        self.last_duration = gauge("lastCheckpointDuration", "Duration of the last completed checkpoint in ms.")
+        self.last_size = gauge("lastCheckpointSize", "Bytes uploaded by the last completed checkpoint (incremental size).")
+        self.last_full_size = gauge("lastCheckpointFullSize", "Full size in bytes of the last completed checkpoint.")
+        self.last_id = gauge("lastCompletedCheckpointId", "Id of the last completed checkpoint.")
+        self.completed = gauge("numberOfCompletedCheckpoints", "Completed checkpoints.")
+        self.failed = gauge("numberOfFailedCheckpoints", "Failed checkpoints.")
+        self.in_progress = gauge("numberOfInProgressCheckpoints", "Checkpoints in progress.")
+        self.total = gauge("totalNumberOfCheckpoints", "Triggered checkpoints (in progress, completed and failed).")
+        self.restore_ts = gauge("lastCheckpointRestoreTimestamp", "Time (ms since epoch) of the last restore, -1 if none.")
+        self.failures = Counter(
+            PREFIX + "checkpointFailuresByReason", "Failed checkpoints by CheckpointFailureReason.",
+            ["job_id", "reason"], registry=registry,
+        )
+
+    def remove(self, job_id: str) -> None:
+        for g in (self.last_duration, self.last_size, self.last_full_size, self.last_id, self.completed,
+                  self.failed, self.in_progress, self.total, self.restore_ts):
+            try:
+                g.remove(job_id)
+            except KeyError:
+                pass
+        for reason in CheckpointFailureReason:
+            try:
+                self.failures.remove(job_id, reason.name)
+            except KeyError:
+                pass
+
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Metrics] = weakref.WeakKeyDictionary()
+_FAMILIES_LOCK = threading.Lock()
+
+
+def _metrics_for(registry: CollectorRegistry) -> _Metrics:
+    with _FAMILIES_LOCK:
+        metrics = _FAMILIES.get(registry)
+        if metrics is None:
+            metrics = _FAMILIES[registry] = _Metrics(registry)
+        return metrics
+
+
+class CheckpointStatsTracker:
+    """Counts and gauges of one job's checkpoints, exported with the label ``job_id``.
+
+    Thread-safe. ``registry`` is the daemon's CollectorRegistry; trackers of several jobs share
+    its metric families. Call :meth:`close` when the job goes away to drop its label values.
+    """
+
+    def __init__(self, job_id: str, registry: CollectorRegistry | None = None, history_size: int = DEFAULT_HISTORY_SIZE) -> None:
+        self.job_id = job_id
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._m = _metrics_for(self.registry)
+        self._history: dict[int, CheckpointStatsEntry] = {}
+        self._history_size = max(1, history_size)
+        self._lock = threading.Lock()
+        self.num_completed = 0
+        self.num_failed = 0
+        self.num_in_progress = 0
+        self.num_total = 0
+        self.latest_completed: CheckpointStatsEntry | None = None
+        self.latest_failed: CheckpointStatsEntry | None = None
+        self.latest_restore_timestamp_ms = -1
+        for g in (self._m.completed, self._m.failed, self._m.in_progress, self._m.total):
+            g.labels(job_id).set(0)
+        self._m.restore_ts.labels(job_id).set(-1)
+
+    # -- reports -------------------------------------------------------------------------------
+    def report_pending(
+        self, checkpoint_id: int, trigger_timestamp_ms: int, *, savepoint: bool, num_subtasks: int, path: str, epoch: int
+    ) -> None:
+        entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, savepoint, trigger_timestamp_ms, num_subtasks,
+                                     path=path, epoch=epoch)
+        with self._lock:
+            self.num_in_progress += 1
+            self.num_total += 1
+            self._put(entry)
+            self._export()
+
+    def report_ack(self, checkpoint_id: int) -> None:
+        with self._lock:
+            entry = self._history.get(checkpoint_id)
+            if entry is not None and entry.status == IN_PROGRESS:
+                self._history[checkpoint_id] = replace(entry, num_acknowledged=entry.num_acknowledged + 1)
+
+    def report_completed(
+        self, checkpoint_id: int, *, duration_ms: int, full_size: int, incremental_size: int, path: str, epoch: int
+    ) -> None:
+        with self._lock:
+            entry = self._history.get(checkpoint_id)
+            if entry is None:
+                entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, False, 0, 0)
+            entry = replace(entry, status=COMPLETED, duration_ms=duration_ms, full_size=full_size,
+                            incremental_size=incremental_size, path=path, epoch=epoch, num_acknowledged=entry.num_subtasks)
+            self.num_in_progress = max(0, self.num_in_progress - 1)
+            self.num_completed += 1
+            self.latest_completed = entry
+            self._put(entry)
+            self._m.last_duration.labels(self.job_id).set(duration_ms)
+            self._m.last_size.labels(self.job_id).set(incremental_size)
+            self._m.last_full_size.labels(self.job_id).set(full_size)
+            self._m.last_id.labels(self.job_id).set(checkpoint_id)
+            self._export()
+
+    def report_failed(
+        self, checkpoint_id: int, reason: CheckpointFailureReason, message: str, *, duration_ms: int
+    ) -> None:
+        """A checkpoint that was in progress failed."""
+        with self._lock:
+            entry = self._history.get(checkpoint_id)
+            if entry is None:
+                entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, False, 0, 0)
+            entry = replace(entry, status=FAILED, duration_ms=duration_ms, failure_reason=reason.name,
+                            failure_message=message)
+            self.num_in_progress = max(0, self.num_in_progress - 1)
+            self.num_failed += 1
+            self.latest_failed = entry
+            self._put(entry)
+            self._m.failures.labels(self.job_id, reason.name).inc()
+            self._export()
+
+    def report_rejected(self, reason: CheckpointFailureReason, message: str) -> None:
+        """A trigger refused before any checkpoint existed (counted as failed, as Flink does)."""
+        with self._lock:
+            self.num_failed += 1
+            self.num_total += 1
+            self._m.failures.labels(self.job_id, reason.name).inc()
+            self._export()
+        logger.debug("job=%s checkpoint trigger rejected (%s): %s", self.job_id, reason.name, message)
+
+    def report_restored(self, checkpoint_id: int, timestamp_ms: int) -> None:
+        with self._lock:
+            self.latest_restore_timestamp_ms = timestamp_ms
+            self._m.restore_ts.labels(self.job_id).set(timestamp_ms)
+        logger.info("job=%s restored from checkpoint %d", self.job_id, checkpoint_id)
+
+    # -- queries -------------------------------------------------------------------------------
+    def history(self) -> list[CheckpointStatsEntry]:
+        """The latest checkpoints, newest first."""
+        with self._lock:
+            return sorted(self._history.values(), key=lambda e: e.checkpoint_id, reverse=True)
+
+    def entry(self, checkpoint_id: int) -> CheckpointStatsEntry | None:
+        with self._lock:
+            return self._history.get(checkpoint_id)
+
+    def close(self) -> None:
+        self._m.remove(self.job_id)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _put(self, entry: CheckpointStatsEntry) -> None:
+        # The oldest ids leave first, even when an old checkpoint reports late.
+        self._history[entry.checkpoint_id] = entry
+        while len(self._history) > self._history_size:
+            del self._history[min(self._history)]
+
+    def _export(self) -> None:
+        self._m.completed.labels(self.job_id).set(self.num_completed)
+        self._m.failed.labels(self.job_id).set(self.num_failed)
+        self._m.in_progress.labels(self.job_id).set(self.num_in_progress)
+        self._m.total.labels(self.job_id).set(self.num_total)

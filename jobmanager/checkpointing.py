@@ -1,0 +1,252 @@
+"""Wires the checkpoint coordinator into the JobManager: one coordinator per job.
+
+The Dispatcher calls this layer at the points of a job's life that involve state: submission
+(restore planning), running (periodic checkpoints), acknowledgements from TaskManagers,
+triggers from statectl and Spark drivers, rescaling and failover.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.config import options as o
+from keyedstate.common.errors import (
+    CheckpointError,
+    InvalidArgumentError,
+    KeyedStateError,
+    UnavailableError,
+)
+from keyedstate.common.ids import SubtaskId
+from keyedstate.common.storage import CheckpointStorage, open_storage
+from keyedstate.jobmanager.checkpoint import (
+    CheckpointBarrier,
+    CheckpointCoordinator,
+    CheckpointException,
+    CheckpointFailureReason,
+    CheckpointingSettings,
+    CheckpointStatsTracker,
+    load_completed_checkpoint,
+    plan_restore,
+    verify_files_exist,
+)
+from keyedstate.jobmanager.checkpoint import _paths
+from keyedstate.jobmanager.jobs import Job
+
+if TYPE_CHECKING:
+    from keyedstate.jobmanager.daemon import JobManager
+    from keyedstate.jobmanager.dispatcher import Dispatcher
+
+logger = logging.getLogger(__name__)
+
+
+class _JobGateway:
+    """The coordinator's view of the TaskManagers hosting one job."""
+
+    def __init__(self, dispatcher: Dispatcher, job: Job) -> None:
+        self._d = dispatcher
+        self._job = job
+
+    def _addresses(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for a in self._job.assignments.values():
+            counts[a.address] = counts.get(a.address, 0) + 1
+        return counts
+
+    def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        message = barrier.to_proto()
+        for address, expected in self._addresses().items():
+            response = self._d.gateways.trigger_checkpoint(address, message)
+            if response.slots != expected:
+                raise UnavailableError(
+                    f"TaskManager {address} took the barrier of checkpoint {barrier.checkpoint_id} in "
+                    f"{response.slots} slots, but hosts {expected} subtasks of job {self._job.job_id}"
+                )
+
+    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+        request = tm_pb.CheckpointNotification(job_id=job_id, checkpoint_id=checkpoint_id, completed=completed)
+        for address in self._addresses():
+            try:
+                self._d.gateways.notify_checkpoint(address, request)
+            except KeyedStateError as exc:
+                logger.info("notify checkpoint %d to %s: %s", checkpoint_id, address, exc.message)
+
+
+class Checkpointing:
+    def __init__(self, jm: JobManager) -> None:
+        self._jm = jm
+        self._d = jm.dispatcher
+        self._storages: dict[str, CheckpointStorage] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -- storage -----------------------------------------------------------------------------
+    def storage(self, url: str, job: Job | None = None) -> CheckpointStorage:
+        key = "/".join(url.split("/", 3)[:3])
+        with self._lock:
+            found = self._storages.get(key)
+            if found is None:
+                conf = job.config if job is not None else self._jm.conf
+                found = open_storage(url, conf, waiter=self._stop)
+                self._storages[key] = found
+            return found
+
+    def _checkpoints_dir(self, job: Job) -> str | None:
+        return job.config.get(o.CHECKPOINTS_DIR)
+
+    def job_dir(self, job: Job) -> str:
+        base = self._checkpoints_dir(job)
+        return _paths.join(_paths.normalize(base), job.job_id) if base else ""
+
+    # -- job lifecycle -----------------------------------------------------------------------
+    def attach(self, job: Job) -> None:
+        base = self._checkpoints_dir(job)
+        if not base:
+            return
+        job_dir = self.job_dir(job)
+        settings = CheckpointingSettings.from_config(job.config)
+        job.coordinator = CheckpointCoordinator(
+            job.job_id, settings, self.storage(job_dir, job), job_dir, _JobGateway(self._d, job),
+            clock=self._jm.clock, scheduler=self._jm.scheduler,
+            operators=lambda: job.spec.operators, max_parallelism=job.spec.max_parallelism,
+            tasks=lambda: set(job.assignments), stats=CheckpointStatsTracker(job.job_id, self._jm.metrics_registry),
+            on_failover=lambda reason, message: self._on_checkpoint_failover(job.job_id, reason, message),
+            savepoints_dir=job.config.get(o.SAVEPOINTS_DIR),
+        )
+
+    def detach(self, job: Job) -> None:
+        if job.coordinator is not None:
+            job.coordinator.shutdown()
+
+    def job_running(self, job: Job) -> None:
+        if job.coordinator is not None:
+            job.coordinator.reset_failure_counter()
+            job.coordinator.start_periodic()
+
+    def _coordinator(self, job_id: str) -> CheckpointCoordinator:
+        job = self._d.job(job_id)
+        if job.coordinator is None:
+            raise InvalidArgumentError(
+                f"job {job_id!r} has no checkpoint storage; set state.checkpoints.dir (for example file:///var/checkpoints "
+                "or s3://bucket/checkpoints) on the JobManager or in the job's config"
+            )
+        return job.coordinator
+
+    # -- restore -----------------------------------------------------------------------------
+    def plan_restore(self, job: Job, path: str) -> dict[SubtaskId, tm_pb.SlotRestore]:
+        storage = self.storage(path, job)
+        checkpoint = load_completed_checkpoint(storage, path)
+        verify_files_exist(storage, checkpoint.metadata, checkpoint.external_path)
+        plan = plan_restore(
+            checkpoint.metadata, list(job.spec.operators), job.spec.max_parallelism,
+            checkpoint_dir=checkpoint.external_path, job_id=job.job_id,
+        )
+        if job.coordinator is not None:
+            own = checkpoint.external_path.startswith(self.job_dir(job) + "/") and not checkpoint.metadata.savepoint
+            already = any(c.checkpoint_id == checkpoint.checkpoint_id and c.external_path == checkpoint.external_path
+                          for c in job.coordinator.store.all())
+            job.coordinator.restore_from(checkpoint, claim=own and not already)
+        job.committed_epoch = max(job.committed_epoch, checkpoint.metadata.epoch)
+        return {
+            subtask: tm_pb.SlotRestore(
+                checkpoint_path=checkpoint.external_path, handles=handles, checkpoint_id=checkpoint.checkpoint_id
+            )
+            for subtask, handles in plan.items()
+        }
+
+    def restored(self, job: Job, results: list[Any]) -> None:
+        total = sum(r.restore_duration_ms for r in results)
+        logger.info("job %s restored %d subtasks (sum of restore times %d ms)", job.job_id, len(results), total)
+
+    # -- RPC entry points --------------------------------------------------------------------
+    def trigger_request(self, request: jm_pb.TriggerCheckpointRequest) -> jm_pb.CheckpointInfo:
+        coordinator = self._coordinator(request.job_id)
+        try:
+            pending = coordinator.trigger(
+                savepoint=request.savepoint, target_dir=request.target_directory or None,
+            )
+        except CheckpointException as exc:
+            return jm_pb.CheckpointInfo(status="FAILED", failure_reason=f"{exc.reason.name}: {exc.message}")
+        info = jm_pb.CheckpointInfo(checkpoint_id=pending.checkpoint_id, status="IN_PROGRESS",
+                                    path=pending.target_path, savepoint=request.savepoint)
+        if not request.wait:
+            return info
+        return self._wait(coordinator, pending.checkpoint_id, request.timeout_ms / 1000.0 if request.timeout_ms else None,
+                          request.savepoint)
+
+    def _wait(self, coordinator: CheckpointCoordinator, checkpoint_id: int, timeout: float | None, savepoint: bool) -> jm_pb.CheckpointInfo:
+        try:
+            completed = coordinator.wait_for(checkpoint_id, timeout)
+        except CheckpointException as exc:
+            return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="FAILED",
+                                        failure_reason=f"{exc.reason.name}: {exc.message}", savepoint=savepoint)
+        except CheckpointError as exc:
+            return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="IN_PROGRESS", failure_reason=exc.message)
+        return self._info(completed)
+
+    @staticmethod
+    def _info(completed: Any) -> jm_pb.CheckpointInfo:
+        meta = completed.metadata
+        return jm_pb.CheckpointInfo(
+            checkpoint_id=completed.checkpoint_id, path=completed.external_path, status="COMPLETED", epoch=meta.epoch,
+            trigger_timestamp_ms=meta.timestamp_ms, full_size=meta.full_size, incremental_size=meta.incremental_size,
+            savepoint=meta.savepoint,
+        )
+
+    def acknowledge(self, request: jm_pb.AcknowledgeCheckpointRequest) -> str:
+        job = self._d.job(request.job_id)
+        if job.coordinator is None:
+            return "UNKNOWN"
+        return job.coordinator.acknowledge(request.checkpoint_id, request.state).name
+
+    def decline(self, request: jm_pb.DeclineCheckpointRequest) -> str:
+        job = self._d.job(request.job_id)
+        if job.coordinator is None:
+            return "UNKNOWN"
+        outcome = job.coordinator.decline(
+            request.checkpoint_id, SubtaskId(request.job_id, request.operator_id, request.subtask_index), request.reason
+        )
+        return getattr(outcome, "name", str(outcome) if outcome is not None else "SUCCESS")
+
+    def list_checkpoints(self, job_id: str) -> jm_pb.ListCheckpointsResponse:
+        coordinator = self._coordinator(job_id)
+        entries = []
+        for e in coordinator.stats.history():
+            entries.append(jm_pb.CheckpointInfo(
+                checkpoint_id=e.checkpoint_id, path=e.path or "", status=e.status, failure_reason=e.failure_reason or "",
+                epoch=e.epoch, trigger_timestamp_ms=e.trigger_timestamp_ms, duration_ms=e.duration_ms or 0,
+                full_size=e.full_size or 0, incremental_size=e.incremental_size or 0, savepoint=e.savepoint,
+            ))
+        return jm_pb.ListCheckpointsResponse(checkpoints=entries)
+
+    def commit_epoch(self, request: jm_pb.CommitEpochRequest) -> jm_pb.CommitEpochResponse:
+        raise InvalidArgumentError("epoch commits are not available in this version of the JobManager")
+
+    def checkpoint_for_rescale(self, job: Job) -> str:
+        coordinator = self._coordinator(job.job_id)
+        pending = coordinator.trigger()
+        return coordinator.wait_for(pending.checkpoint_id, 600).external_path
+
+    # -- failures ----------------------------------------------------------------------------
+    def _on_checkpoint_failover(self, job_id: str, reason: CheckpointFailureReason, message: str) -> None:
+        self._d._pool.submit(self._d.fail_over, job_id, f"too many failed checkpoints ({reason.name}): {message}")  # noqa: SLF001
+
+    def fail_over(self, job_id: str, cause: str) -> None:
+        from keyedstate.jobmanager.failover import fail_over
+
+        fail_over(self._d, self, job_id, cause)
+
+    def recover_jobs(self) -> None:
+        """After a JobManager restart (high availability): resume every job. See jobmanager.ha."""
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for job in self._d.jobs():
+            self.detach(job)
+
+
+def install(jm: JobManager) -> None:
+    jm.dispatcher.checkpointing = Checkpointing(jm)

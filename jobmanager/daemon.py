@@ -1,0 +1,94 @@
+"""The JobManager daemon: registry, dispatcher, checkpointing, the gRPC server, metrics."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, Gauge
+
+from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
+from keyedstate.common.clock import SYSTEM_CLOCK, Clock, Scheduler, ThreadScheduler
+from keyedstate.common.config import Configuration
+from keyedstate.common.metrics import MetricsServer
+from keyedstate.common.rpc.channels import create_server
+from keyedstate.jobmanager.dispatcher import Dispatcher
+from keyedstate.jobmanager.registry import TaskManagerRegistry
+from keyedstate.jobmanager.rpc.servicer import JobManagerServicer
+from keyedstate.jobmanager.settings import JobManagerSettings
+from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
+
+logger = logging.getLogger(__name__)
+
+
+class JobManager:
+    """One JobManager process. ``start()`` serves; ``stop()`` shuts down."""
+
+    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, scheduler: Scheduler | None = None) -> None:
+        self.conf = conf
+        self.settings = JobManagerSettings.from_config(conf)
+        self.clock = clock
+        self.scheduler = scheduler or ThreadScheduler()
+        self.metrics_registry = CollectorRegistry()
+        s = self.settings
+        self.registry = TaskManagerRegistry(
+            clock, self.scheduler, s.heartbeat_timeout_ms, check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000))
+        )
+        self.gateways = TaskManagerGateways(s.max_message_bytes)
+        self.dispatcher = Dispatcher(s, conf, self.registry, self.gateways, clock, self.scheduler)
+        self.port = 0
+        self._server = None
+        self._metrics_server: MetricsServer | None = None
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.address}:{self.port}"
+
+    def start(self) -> None:
+        s = self.settings
+        from keyedstate.jobmanager.checkpointing import install
+
+        install(self)
+        server, self.port = create_server(
+            s.bind_host, s.port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
+            what="JobManager", port_key="jobmanager.rpc.port",
+        )
+        jm_grpc.add_JobManagerServicer_to_server(JobManagerServicer(self.dispatcher), server)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        server.start()
+        self._server = server
+        self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._register_metrics()
+        self._metrics_server = MetricsServer(self.metrics_registry, s.metrics_ports, host=s.bind_host)
+        self.registry.start()
+        if self.dispatcher.checkpointing is not None:
+            self.dispatcher.checkpointing.recover_jobs()
+        logger.info("jobmanager: serving on %s", self.address)
+
+    def _register_metrics(self) -> None:
+        r = self.metrics_registry
+        Gauge("flink_jobmanager_numRegisteredTaskManagers", "Registered TaskManagers.", registry=r).set_function(
+            lambda: len(self.registry.all()))
+        Gauge("flink_jobmanager_taskSlotsTotal", "Slots of all TaskManagers.", registry=r).set_function(
+            self.registry.total_slot_count)
+        Gauge("flink_jobmanager_taskSlotsAvailable", "Free slots.", registry=r).set_function(self.registry.free_slot_count)
+        Gauge("flink_jobmanager_numRunningJobs", "Jobs in RUNNING.", registry=r).set_function(
+            lambda: sum(1 for j in self.dispatcher.jobs() if j.status.value == "RUNNING"))
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.registry.stop()
+        if self._server is not None:
+            self._server.stop(grace_s).wait(grace_s + 1)
+        self.dispatcher.shutdown()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        logger.info("jobmanager: stopped")
+
+    def wait(self) -> None:
+        self._stopped.wait()

@@ -1,0 +1,102 @@
+"""Failover: restart a job from its latest completed checkpoint after a TaskManager loss.
+
+The restart strategy (``restart-strategy.*``, as in Flink) decides whether and when; when
+restarts are exhausted the job goes to FAILED with the cause kept for ``statectl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.errors import KeyedStateError
+from keyedstate.jobmanager.jobs import JobStatus
+
+if TYPE_CHECKING:
+    from keyedstate.jobmanager.checkpointing import Checkpointing
+    from keyedstate.jobmanager.dispatcher import Dispatcher
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestartStrategy:
+    kind: str
+    attempts: int
+    delay_ms: int
+    max_delay_ms: int
+    multiplier: float
+
+    @classmethod
+    def from_config(cls, conf: Configuration) -> RestartStrategy:
+        kind = conf.get(o.RESTART_STRATEGY)
+        if kind in ("none", "disable", "off"):
+            return cls("none", 0, 0, 0, 1.0)
+        if kind == "fixed-delay":
+            delay = conf.get(o.RESTART_FIXED_DELAY)
+            return cls(kind, conf.get(o.RESTART_FIXED_ATTEMPTS), delay, delay, 1.0)
+        return cls(kind, conf.get(o.RESTART_EXP_ATTEMPTS), conf.get(o.RESTART_EXP_INITIAL),
+                   conf.get(o.RESTART_EXP_MAX), conf.get(o.RESTART_EXP_MULTIPLIER))
+
+    def delay_for(self, restart_number: int) -> int:
+        """Delay before restart number ``restart_number`` (1-based)."""
+        return int(min(self.max_delay_ms, self.delay_ms * self.multiplier ** (restart_number - 1)))
+
+
+def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str, cause: str) -> None:
+    job = dispatcher.job(job_id)
+    strategy = RestartStrategy.from_config(job.config)
+    with job.lock:
+        if job.status.terminal:
+            return
+        logger.warning("job %s: failing over: %s", job_id, cause)
+        job.status = JobStatus.RESTARTING
+        job.failure_cause = cause
+        job.routing_version += 1
+        if job.coordinator is not None:
+            job.coordinator.abort_pending(_task_failure(), cause)
+    while True:
+        with job.lock:
+            if job.status.terminal:
+                return
+            if job.restarts >= strategy.attempts:
+                job.status = JobStatus.FAILED
+                job.failure_cause = f"{cause} (restart strategy {strategy.kind}: {job.restarts} of {strategy.attempts} restarts used)"
+                logger.error("job %s FAILED: %s", job_id, job.failure_cause)
+                return
+            job.restarts += 1
+            restart = job.restarts
+        time.sleep(strategy.delay_for(restart) / 1000.0)
+        with job.lock:
+            if job.status.terminal:
+                return
+            try:
+                _restart(dispatcher, checkpointing, job)
+                logger.info("job %s restarted (restart %d)", job_id, restart)
+                return
+            except KeyedStateError as exc:
+                cause = f"restart {restart} failed: {exc.message}"
+                logger.warning("job %s: %s", job_id, cause)
+                job.failure_cause = cause
+
+
+def _restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: object) -> None:
+    from keyedstate.jobmanager.jobs import Job
+
+    assert isinstance(job, Job)
+    dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
+    job.assignments = {}
+    latest = job.coordinator.latest_completed() if job.coordinator is not None else None
+    restores = checkpointing.plan_restore(job, latest.external_path) if latest is not None else {}
+    dispatcher._deploy_all(job, restores)  # noqa: SLF001
+    job.status = JobStatus.RUNNING
+    checkpointing.job_running(job)
+
+
+def _task_failure():  # type: ignore[no-untyped-def]
+    from keyedstate.jobmanager.checkpoint import CheckpointFailureReason
+
+    return CheckpointFailureReason.TASK_FAILURE

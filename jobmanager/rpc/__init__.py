@@ -1,0 +1,1 @@
+"""gRPC servicer of the JobManager: a thin adapter over the Dispatcher."""

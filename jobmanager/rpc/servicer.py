@@ -1,0 +1,102 @@
+"""The JobManager service, translated onto the Dispatcher, registry and checkpointing."""
+
+from __future__ import annotations
+
+import grpc
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
+from keyedstate.common.config import options as o
+from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.rpc.status import rpc_method
+from keyedstate.jobmanager.dispatcher import Dispatcher
+from keyedstate.jobmanager.jobs import JobSpec
+
+
+def _need_checkpointing(dispatcher: Dispatcher) -> object:
+    if dispatcher.checkpointing is None:
+        raise InvalidArgumentError("checkpointing is not available on this JobManager")
+    return dispatcher.checkpointing
+
+
+class JobManagerServicer(jm_grpc.JobManagerServicer):
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+
+    # -- TaskManagers ------------------------------------------------------------------------
+    @rpc_method
+    def RegisterTaskManager(self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.RegisterTaskManagerResponse:
+        self._d.register_taskmanager(request)
+        s = self._d.settings
+        return jm_pb.RegisterTaskManagerResponse(
+            heartbeat_interval_ms=s.heartbeat_interval_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
+            jobmanager_session=self._d.registry.session,
+        )
+
+    @rpc_method
+    def Heartbeat(self, request: jm_pb.HeartbeatRequest, context: grpc.ServicerContext) -> jm_pb.HeartbeatResponse:
+        known = request.jobmanager_session == self._d.registry.session and self._d.registry.heartbeat(request.taskmanager_id)
+        return jm_pb.HeartbeatResponse(known=known)
+
+    @rpc_method
+    def DeregisterTaskManager(self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.DeregisterTaskManagerResponse:
+        self._d.registry.deregister(request.taskmanager_id)
+        return jm_pb.DeregisterTaskManagerResponse()
+
+    # -- jobs --------------------------------------------------------------------------------
+    @rpc_method
+    def SubmitJob(self, request: jm_pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        spec = JobSpec(
+            job_id=request.job_id,
+            operators=tuple(OperatorSpec.from_proto(op) for op in request.operators),
+            max_parallelism=request.max_parallelism or self._d.conf.get(o.MAX_PARALLELISM),
+            config=tuple(sorted(request.config.items())),
+        )
+        return self._d.submit(spec, request.restore_path)
+
+    @rpc_method
+    def CancelJob(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.JobInfo:
+        return self._d.cancel(request.job_id)
+
+    @rpc_method
+    def GetJob(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.JobInfo:
+        return self._d.job(request.job_id).info()
+
+    @rpc_method
+    def GetRouting(self, request: jm_pb.GetRoutingRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        return self._d.routing(request.job_id)
+
+    @rpc_method
+    def GetClusterOverview(self, request: jm_pb.ClusterOverviewRequest, context: grpc.ServicerContext) -> jm_pb.ClusterOverview:
+        return self._d.overview()
+
+    @rpc_method
+    def RescaleJob(self, request: jm_pb.RescaleJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        if not request.parallelism:
+            raise InvalidArgumentError("RescaleJob needs the new parallelism (operator -> parallelism, or '' for all)")
+        return self._d.rescale(request.job_id, dict(request.parallelism))
+
+    # -- checkpoints -------------------------------------------------------------------------
+    @rpc_method
+    def TriggerCheckpoint(self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.CheckpointInfo:
+        return _need_checkpointing(self._d).trigger_request(request)  # type: ignore[attr-defined]
+
+    @rpc_method
+    def AcknowledgeCheckpoint(self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
+        outcome = _need_checkpointing(self._d).acknowledge(request)  # type: ignore[attr-defined]
+        return jm_pb.AckResponse(outcome=outcome)
+
+    @rpc_method
+    def DeclineCheckpoint(self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
+        outcome = _need_checkpointing(self._d).decline(request)  # type: ignore[attr-defined]
+        return jm_pb.AckResponse(outcome=outcome)
+
+    @rpc_method
+    def ListCheckpoints(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.ListCheckpointsResponse:
+        return _need_checkpointing(self._d).list_checkpoints(request.job_id)  # type: ignore[attr-defined]
+
+    @rpc_method
+    def CommitEpoch(self, request: jm_pb.CommitEpochRequest, context: grpc.ServicerContext) -> jm_pb.CommitEpochResponse:
+        return _need_checkpointing(self._d).commit_epoch(request)  # type: ignore[attr-defined]

@@ -1,0 +1,69 @@
+"""Placing subtasks into free slots and computing their key-group ranges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.errors import CapacityError
+from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.keygroups import key_group_range_for_subtask
+from keyedstate.jobmanager.registry import TaskManagerRegistry
+
+
+@dataclass(frozen=True)
+class SlotAssignment:
+    subtask: SubtaskId
+    key_groups: KeyGroupRange
+    taskmanager_id: str
+    address: str
+    slot_index: int
+
+
+def plan_subtasks(job_id: str, operators: list[OperatorSpec], max_parallelism: int) -> list[tuple[SubtaskId, KeyGroupRange]]:
+    """Every subtask of the job with the key-group range it owns (Flink's KeyGroupRangeAssignment)."""
+    return [
+        (SubtaskId(job_id, op.operator_id, i), key_group_range_for_subtask(max_parallelism, op.parallelism, i))
+        for op in operators
+        for i in range(op.parallelism)
+    ]
+
+
+def allocate_slots(
+    registry: TaskManagerRegistry,
+    subtasks: list[tuple[SubtaskId, KeyGroupRange]],
+    avoid: set[str] = frozenset(),  # type: ignore[assignment]
+) -> list[SlotAssignment]:
+    """Reserve one free slot per subtask, spreading them over TaskManagers.
+
+    Either every subtask gets a slot or none does (CapacityError naming the shortfall).
+    """
+    with registry.lock:
+        records = [r for r in registry.all() if r.taskmanager_id not in avoid]
+        free = {r.taskmanager_id: r.free_slots() for r in records}
+        available = sum(len(v) for v in free.values())
+        if available < len(subtasks):
+            total = registry.total_slot_count()
+            raise CapacityError(
+                f"the job needs {len(subtasks)} slots but only {available} of {total} are free on "
+                f"{len(records)} TaskManager(s); start more TaskManagers, raise taskmanager.numberOfTaskSlots, "
+                "or lower the parallelism"
+            )
+        by_id = {r.taskmanager_id: r for r in records}
+        assignments: list[SlotAssignment] = []
+        for subtask, key_groups in subtasks:
+            # The TaskManager with the most free slots takes the next subtask: an even spread.
+            tm_id = max(free, key=lambda t: (len(free[t]), t))
+            slot_index = free[tm_id].pop(0)
+            record = by_id[tm_id]
+            record.occupancy[slot_index] = subtask
+            assignments.append(SlotAssignment(subtask, key_groups, tm_id, record.address, slot_index))
+        return assignments
+
+
+def release_assignments(registry: TaskManagerRegistry, assignments: list[SlotAssignment]) -> None:
+    with registry.lock:
+        for a in assignments:
+            record = registry.get(a.taskmanager_id)
+            if record is not None and record.occupancy[a.slot_index] == a.subtask:
+                record.occupancy[a.slot_index] = None

@@ -1,0 +1,54 @@
+"""The JobManager's settings, read once from the Configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keyedstate.common.config import Configuration, options as o
+
+
+@dataclass(frozen=True)
+class JobManagerSettings:
+    address: str
+    bind_host: str
+    port: int
+    rest_port: int
+    heartbeat_interval_ms: int
+    heartbeat_timeout_ms: int
+    max_parallelism: int
+    checkpoints_dir: str | None
+    savepoints_dir: str | None
+    metrics_ports: tuple[int, int]
+    rpc_threads: int
+    max_message_bytes: int
+    ha_type: str
+    ha_storage_dir: str | None
+
+    @classmethod
+    def from_config(cls, conf: Configuration) -> JobManagerSettings:
+        address = conf.get(o.JOBMANAGER_ADDRESS)
+        interval = conf.get(o.HEARTBEAT_INTERVAL)
+        timeout = conf.get(o.HEARTBEAT_TIMEOUT)
+        if timeout <= interval:
+            from keyedstate.common.errors import ConfigError
+
+            raise ConfigError(
+                f"heartbeat.timeout ({timeout} ms) must be larger than heartbeat.interval ({interval} ms); "
+                "a common choice is five intervals"
+            )
+        return cls(
+            address=address,
+            bind_host=conf.get(o.JOBMANAGER_BIND_HOST) or address,
+            port=conf.get(o.JOBMANAGER_PORT),
+            rest_port=conf.get(o.REST_PORT),
+            heartbeat_interval_ms=interval,
+            heartbeat_timeout_ms=timeout,
+            max_parallelism=conf.get(o.MAX_PARALLELISM),
+            checkpoints_dir=conf.get(o.CHECKPOINTS_DIR),
+            savepoints_dir=conf.get(o.SAVEPOINTS_DIR),
+            metrics_ports=conf.get(o.PROM_PORT),
+            rpc_threads=conf.get(o.RPC_WORKERS),
+            max_message_bytes=conf.get(o.RPC_MAX_MESSAGE),
+            ha_type=conf.get(o.HA_TYPE),
+            ha_storage_dir=conf.get(o.HA_STORAGE_DIR),
+        )

@@ -1,0 +1,69 @@
+"""Calls from the JobManager to TaskManagers (deploy, release, barriers, notifications, epochs)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+
+from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
+from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
+from keyedstate.common.rpc.channels import open_channel
+from keyedstate.common.rpc.status import from_rpc_error
+
+logger = logging.getLogger(__name__)
+
+
+class TaskManagerGateways:
+    """A cached channel and stub per TaskManager address; every call maps errors to domain errors."""
+
+    def __init__(self, max_message_bytes: int, deploy_timeout_s: float = 600.0, control_timeout_s: float = 30.0) -> None:
+        self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TaskExecutorStub]] = {}
+        self._lock = threading.Lock()
+        self._max_message = max_message_bytes
+        self.deploy_timeout_s = deploy_timeout_s
+        self.control_timeout_s = control_timeout_s
+
+    def _stub(self, address: str) -> pb_grpc.TaskExecutorStub:
+        with self._lock:
+            entry = self._stubs.get(address)
+            if entry is None:
+                channel = open_channel(address, self._max_message)
+                entry = (channel, pb_grpc.TaskExecutorStub(channel))
+                self._stubs[address] = entry
+            return entry[1]
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            entry = self._stubs.pop(address, None)
+        if entry is not None:
+            entry[0].close()
+
+    def _call(self, address: str, method: str, request: object, timeout: float) -> object:
+        try:
+            return getattr(self._stub(address), method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, f"{method} on TaskManager {address}") from exc
+
+    def deploy(self, address: str, request: pb.DeploySlotRequest) -> pb.DeploySlotResponse:
+        return self._call(address, "DeploySlot", request, self.deploy_timeout_s)  # type: ignore[return-value]
+
+    def release(self, address: str, request: pb.ReleaseSlotRequest) -> None:
+        self._call(address, "ReleaseSlot", request, self.control_timeout_s)
+
+    def trigger_checkpoint(self, address: str, barrier: pb.CheckpointBarrier) -> pb.TriggerResponse:
+        return self._call(address, "TriggerCheckpoint", barrier, self.control_timeout_s)  # type: ignore[return-value]
+
+    def notify_checkpoint(self, address: str, request: pb.CheckpointNotification) -> None:
+        self._call(address, "NotifyCheckpoint", request, self.control_timeout_s)
+
+    def commit_epoch(self, address: str, request: pb.EpochCommitRequest) -> pb.EpochCommitResponse:
+        return self._call(address, "CommitEpoch", request, self.deploy_timeout_s)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        with self._lock:
+            entries = list(self._stubs.values())
+            self._stubs.clear()
+        for channel, _ in entries:
+            channel.close()

@@ -1,0 +1,187 @@
+"""The TaskManager daemon: slots, the gRPC servers, the JobManager connection, metrics."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import IO
+
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
+from keyedstate.common.clock import SYSTEM_CLOCK, Clock
+from keyedstate.common.config import Configuration
+from keyedstate.common.errors import ConfigError
+from keyedstate.common.metrics import MetricsServer
+from keyedstate.common.rpc.channels import create_server
+from keyedstate.taskmanager.deployment import SlotDeployer
+from keyedstate.taskmanager.jobmanager_connection import JobManagerConnection
+from keyedstate.taskmanager.metrics import TaskManagerMetrics
+from keyedstate.taskmanager.rpc.keyed_state import KeyedStateServicer
+from keyedstate.taskmanager.rpc.task_executor import TaskExecutorServicer
+from keyedstate.taskmanager.settings import TaskManagerSettings, working_dir
+from keyedstate.taskmanager.slots import SlotTable
+from keyedstate.taskmanager.state import RocksDBResources, StateLimits
+
+logger = logging.getLogger(__name__)
+
+
+class TaskManager:
+    """One TaskManager process. ``start()`` serves and registers; ``stop()`` shuts down cleanly."""
+
+    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.conf = conf
+        self.settings = TaskManagerSettings.from_config(conf)
+        self.clock = clock
+        self.id = self.settings.resource_id
+        self.slots = SlotTable(self.settings.num_slots, self.id)
+        self.registry = CollectorRegistry()
+        self.metrics = TaskManagerMetrics(self.registry, self.id)
+        self.port = 0
+        self.address = ""
+        self._stop = threading.Event()
+        self._lock_file: IO[str] | None = None
+        self._server = None
+        self._health: health.HealthServicer | None = None
+        self._metrics_server: MetricsServer | None = None
+        self.connection: JobManagerConnection | None = None
+        self.deployer: SlotDeployer | None = None
+        self._sweeper: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self.settings
+        work = self._prepare_work_dir()
+        resources = RocksDBResources.from_config(self.conf) if s.backend == "rocksdb" else None
+        self.deployer = SlotDeployer(self.slots, s.backend, work, StateLimits.from_config(self.conf), resources, self.clock)
+        self._install_snapshots()
+        server, self.port = create_server(
+            s.bind_host, s.rpc_port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
+            what="TaskManager", port_key="taskmanager.rpc.port",
+        )
+        tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics), server)
+        tm_grpc.add_TaskExecutorServicer_to_server(
+            TaskExecutorServicer(self.deployer, getattr(self, "checkpoints", None), getattr(self, "epochs", None)), server
+        )
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        server.start()
+        self._server = server
+        self.address = f"{s.host}:{self.port}"
+        self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._health.set("keyedstate.v1.KeyedState", health_pb2.HealthCheckResponse.SERVING)
+        self.metrics.slots_total.set(s.num_slots)
+        self.metrics.slots_available.set_function(self.slots.free_count)
+        self.metrics.watch_slots(self._slot_stats)
+        self._metrics_server = MetricsServer(self.registry, s.metrics_ports, host=s.bind_host)
+        logger.info(
+            "taskmanager %s: serving on %s with %d %s slots (local dir %s)", self.id, self.address, s.num_slots, s.backend, work
+        )
+        self.connection = JobManagerConnection(
+            s.jobmanager_address, self.id, self.address, s.host, s.num_slots, s.backend,
+            self._metrics_server.port or 0, self._slot_reports, self.clock, self._stop,
+        )
+        try:
+            self.connection.register(s.registration_timeout_ms)
+        except Exception:
+            self.stop(grace_s=0)
+            raise
+        self.connection.start_heartbeats()
+        if s.ttl_cleanup_interval_ms > 0:
+            self._sweeper = threading.Thread(target=self._ttl_sweep_loop, name="ttl-sweeper", daemon=True)
+            self._sweeper.start()
+
+    def _install_snapshots(self) -> None:
+        """Hook for checkpointing and restore (installed by the snapshot layer)."""
+        from keyedstate.taskmanager.snapshot.manager import install
+
+        install(self)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop accepting calls, finish those in flight, flush and close every backend, deregister."""
+        if self._stop.is_set() and self._server is None:
+            return
+        self._stop.set()
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            self._server.stop(grace_s).wait(grace_s + 1)
+            self._server = None
+        checkpoints = getattr(self, "checkpoints", None)
+        if checkpoints is not None:
+            checkpoints.close()
+        if self.deployer is not None:
+            self.deployer.close_all()
+        if self.connection is not None:
+            self.connection.deregister()
+            self.connection.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+        logger.info("taskmanager %s: stopped", self.id)
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _prepare_work_dir(self) -> Path:
+        work = working_dir(self.settings)
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+            probe = work / ".write-probe"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                f"state.backend.rocksdb.localdir {self.settings.local_dir} cannot be written ({exc.strerror or exc}); "
+                "point it at a writable directory"
+            ) from exc
+        lock = open(work / "taskmanager.lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            lock.close()
+            raise ConfigError(
+                f"another TaskManager already uses {work}; give each TaskManager its own "
+                "state.backend.rocksdb.localdir or taskmanager.resource-id"
+            ) from exc
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._lock_file = lock
+        return work
+
+    def _slot_reports(self) -> list[jm_pb.SlotReport]:
+        return [
+            jm_pb.SlotReport(
+                slot_index=s.index, job_id=s.subtask.job_id, operator_id=s.subtask.operator_id,
+                subtask_index=s.subtask.subtask_index,
+            )
+            for s in self.slots.all()
+        ]
+
+    def _slot_stats(self):  # type: ignore[no-untyped-def]
+        for slot in self.slots.all():
+            if slot.backend is not None:
+                labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
+                yield labels, slot.backend.stats()
+
+    def _ttl_sweep_loop(self) -> None:
+        interval = self.settings.ttl_cleanup_interval_ms / 1000.0
+        while not self._stop.wait(interval):
+            for slot in self.slots.all():
+                backend = slot.backend
+                if backend is None or not any(d.ttl for d in slot.operator.states):
+                    continue
+                try:
+                    removed = backend.ttl_sweep(self.settings.ttl_cleanup_batch)
+                    if removed:
+                        logger.debug("ttl sweep: %s removed %d expired entries", slot.subtask, removed)
+                except Exception:
+                    logger.exception("ttl sweep of %s failed", slot.subtask)

@@ -1,0 +1,141 @@
+"""The TaskManager's side of the JobManager relationship: registration, heartbeats, re-registration."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import grpc
+
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
+
+from keyedstate.common.clock import Clock
+from keyedstate.common.errors import UnavailableError
+from keyedstate.common.rpc.channels import open_channel
+from keyedstate.common.rpc.status import from_rpc_error
+
+logger = logging.getLogger(__name__)
+
+_RPC_TIMEOUT_S = 10.0
+
+
+class JobManagerConnection:
+    """Registers with the JobManager and keeps the registration alive with heartbeats.
+
+    A JobManager restart shows up as ``known=False`` on a heartbeat (or as UNAVAILABLE while it
+    is down); the connection then registers again by itself, reporting the slots it still hosts.
+    """
+
+    def __init__(
+        self,
+        jobmanager_address: str,
+        taskmanager_id: str,
+        address: str,
+        host: str,
+        num_slots: int,
+        backend: str,
+        metrics_port: int,
+        slot_reports: Callable[[], list[jm_pb.SlotReport]],
+        clock: Clock,
+        stop: threading.Event,
+    ) -> None:
+        self.jobmanager_address = jobmanager_address
+        self._tm_id = taskmanager_id
+        self._address = address
+        self._host = host
+        self._num_slots = num_slots
+        self._backend = backend
+        self._metrics_port = metrics_port
+        self._slot_reports = slot_reports
+        self._clock = clock
+        self._stop = stop
+        self._channel = open_channel(jobmanager_address)
+        self._stub = jm_grpc.JobManagerStub(self._channel)
+        self._session = ""
+        self.heartbeat_interval_ms = 1000
+        self._thread: threading.Thread | None = None
+        self.registrations = 0
+
+    @property
+    def stub(self) -> jm_grpc.JobManagerStub:
+        return self._stub
+
+    def register(self, timeout_ms: int) -> None:
+        """Register, retrying until ``timeout_ms`` passes; then raise with what to check."""
+        deadline = self._clock.monotonic_ms() + timeout_ms
+        delay = 0.1
+        last: Exception | None = None
+        while not self._stop.is_set():
+            try:
+                self._register_once()
+                return
+            except (grpc.RpcError, UnavailableError) as exc:
+                last = exc
+                if self._clock.monotonic_ms() >= deadline:
+                    break
+                logger.info("taskmanager %s: JobManager at %s not reachable yet; retrying", self._tm_id, self.jobmanager_address)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 2.0)
+        detail = f" ({from_rpc_error(last).message})" if isinstance(last, grpc.RpcError) else ""
+        raise UnavailableError(
+            f"cannot reach the JobManager at {self.jobmanager_address} within {timeout_ms / 1000:.0f} s{detail}; "
+            "check jobmanager.rpc.address and jobmanager.rpc.port, or raise taskmanager.registration.timeout"
+        ) from last
+
+    def _register_once(self) -> None:
+        response = self._stub.RegisterTaskManager(
+            jm_pb.RegisterTaskManagerRequest(
+                taskmanager_id=self._tm_id,
+                address=self._address,
+                num_slots=self._num_slots,
+                host=self._host,
+                slots=self._slot_reports(),
+                metrics_port=self._metrics_port,
+                backend=self._backend,
+            ),
+            timeout=_RPC_TIMEOUT_S,
+        )
+        self._session = response.jobmanager_session
+        self.heartbeat_interval_ms = max(10, response.heartbeat_interval_ms)
+        self.registrations += 1
+        logger.info(
+            "taskmanager %s: registered with JobManager %s (session %s)", self._tm_id, self.jobmanager_address, self._session
+        )
+
+    def start_heartbeats(self) -> None:
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="tm-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval_ms / 1000.0):
+            try:
+                response = self._stub.Heartbeat(
+                    jm_pb.HeartbeatRequest(
+                        taskmanager_id=self._tm_id, slots=self._slot_reports(), jobmanager_session=self._session
+                    ),
+                    timeout=_RPC_TIMEOUT_S,
+                )
+                if not response.known:
+                    logger.warning("taskmanager %s: JobManager does not know us (restarted?); registering again", self._tm_id)
+                    self._register_once()
+            except grpc.RpcError as exc:
+                logger.warning("taskmanager %s: heartbeat to %s failed: %s", self._tm_id, self.jobmanager_address, exc.code())
+            except Exception:  # the loop must survive anything; the next beat retries
+                logger.exception("taskmanager %s: heartbeat failed", self._tm_id)
+
+    def deregister(self) -> None:
+        try:
+            self._stub.DeregisterTaskManager(jm_pb.DeregisterTaskManagerRequest(taskmanager_id=self._tm_id), timeout=2.0)
+        except grpc.RpcError as exc:
+            logger.info("taskmanager %s: deregistration skipped (%s)", self._tm_id, exc.code())
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._channel.close()
+
+
+__all__ = ["JobManagerConnection"]

@@ -1,0 +1,177 @@
+"""The KeyedState service: executors' state calls, translated onto a slot's backend."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import grpc
+
+from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
+from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
+from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.rpc.status import rpc_method
+from keyedstate.taskmanager.metrics import TaskManagerMetrics
+from keyedstate.taskmanager.slots import SlotTable
+from keyedstate.taskmanager.state import KeyedStateBackend
+
+_DEFAULT_CHUNK = 1000
+_MAX_CHUNK = 100_000
+
+
+def _namespaces(request: pb.KeyedRequest) -> bytes | list[bytes]:
+    if request.namespaces:
+        if len(request.namespaces) != len(request.keys):
+            raise InvalidArgumentError(
+                f"{len(request.namespaces)} namespaces for {len(request.keys)} keys; send one namespace per key, "
+                "or none and set `namespace` for all"
+            )
+        return list(request.namespaces)
+    return request.namespace
+
+
+def _chunk_size(request: pb.ScanRequest) -> int:
+    if request.chunk_size < 0 or request.chunk_size > _MAX_CHUNK:
+        raise InvalidArgumentError(f"chunk_size must be between 0 (server default) and {_MAX_CHUNK}, got {request.chunk_size}")
+    return request.chunk_size or _DEFAULT_CHUNK
+
+
+class KeyedStateServicer(pb_grpc.KeyedStateServicer):
+    def __init__(self, slots: SlotTable, metrics: TaskManagerMetrics, transactions: object | None = None) -> None:
+        self._slots = slots
+        self._metrics = metrics
+        self._transactions = transactions
+
+    def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateBackend:
+        self._metrics.record_request(method, keys)
+        if target.HasField("epoch"):
+            # Exactly-once epoch transactions are served by the epoch layer (see taskmanager.epochs).
+            raise InvalidArgumentError(
+                "this TaskManager does not accept epoch-scoped calls yet; send the call without `epoch` "
+                "(direct, at-least-once writes)"
+            )
+        slot = self._slots.lookup(target.job_id, target.operator_id, target.subtask_index)
+        return slot.require_backend()
+
+    # -- value ------------------------------------------------------------------------------
+    @rpc_method
+    def ValueGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        backend = self._backend(request.target, "ValueGet", len(request.keys))
+        values = backend.value_get(request.target.state_name, list(request.keys), _namespaces(request))
+        return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
+
+    @rpc_method
+    def ValuePut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        backend = self._backend(request.target, "ValuePut", len(request.keys))
+        backend.value_put(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
+        return pb.WriteResponse(applied=len(request.keys))
+
+    @rpc_method
+    def Clear(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        backend = self._backend(request.target, "Clear", len(request.keys))
+        backend.clear(request.target.state_name, list(request.keys), _namespaces(request))
+        return pb.WriteResponse(applied=len(request.keys))
+
+    @rpc_method
+    def Reduce(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        backend = self._backend(request.target, "Reduce", len(request.keys))
+        result = backend.reduce(
+            request.target.state_name, list(request.keys), list(request.values), _namespaces(request), request.return_values
+        )
+        if not result:
+            return pb.ValuesResponse()
+        return pb.ValuesResponse(values=result, found=[True] * len(result))
+
+    # -- list -------------------------------------------------------------------------------
+    @rpc_method
+    def ListAppend(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        backend = self._backend(request.target, "ListAppend", len(request.keys))
+        backend.list_append(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
+        return pb.WriteResponse(applied=len(request.keys))
+
+    @rpc_method
+    def ListGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ListsResponse:
+        backend = self._backend(request.target, "ListGet", len(request.keys))
+        lists = backend.list_get(request.target.state_name, list(request.keys), _namespaces(request))
+        return pb.ListsResponse(lists=[pb.ListValue(elements=elements) for elements in lists])
+
+    @rpc_method
+    def ListUpdate(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        backend = self._backend(request.target, "ListUpdate", len(request.keys))
+        backend.list_update(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
+        return pb.WriteResponse(applied=len(request.keys))
+
+    @rpc_method
+    def ListScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
+        backend = self._backend(request.target, "ListScan", 1)
+        chunk = _chunk_size(request)
+        if not request.has_key:
+            raise InvalidArgumentError("ListScan needs has_key=true and the key whose list to stream")
+        batch: list[bytes] = []
+        for element in backend.list_scan(request.target.state_name, request.key, request.namespace):
+            batch.append(element)
+            if len(batch) >= chunk:
+                yield pb.ScanChunk(values=batch)
+                batch = []
+        if batch:
+            yield pb.ScanChunk(values=batch)
+
+    # -- map --------------------------------------------------------------------------------
+    @rpc_method
+    def MapPut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        backend = self._backend(request.target, "MapPut", len(request.keys))
+        backend.map_put(
+            request.target.state_name, list(request.keys), list(request.user_keys), list(request.values), _namespaces(request)
+        )
+        return pb.WriteResponse(applied=len(request.keys))
+
+    @rpc_method
+    def MapGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        backend = self._backend(request.target, "MapGet", len(request.keys))
+        values = backend.map_get(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
+        return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
+
+    @rpc_method
+    def MapRemove(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        backend = self._backend(request.target, "MapRemove", len(request.keys))
+        backend.map_remove(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
+        return pb.WriteResponse(applied=len(request.keys))
+
+    @rpc_method
+    def MapContains(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        backend = self._backend(request.target, "MapContains", len(request.keys))
+        found = backend.map_contains(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
+        return pb.ValuesResponse(found=found)
+
+    @rpc_method
+    def MapScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
+        backend = self._backend(request.target, "MapScan", 1)
+        chunk = _chunk_size(request)
+        if not request.has_key:
+            raise InvalidArgumentError("MapScan needs has_key=true and the key whose map to stream")
+        user_keys: list[bytes] = []
+        values: list[bytes] = []
+        for user_key, value in backend.map_scan(request.target.state_name, request.key, request.namespace, request.keys_only):
+            user_keys.append(user_key)
+            values.append(value)
+            if len(user_keys) >= chunk:
+                yield pb.ScanChunk(user_keys=user_keys, values=[] if request.keys_only else values)
+                user_keys, values = [], []
+        if user_keys:
+            yield pb.ScanChunk(user_keys=user_keys, values=[] if request.keys_only else values)
+
+    @rpc_method
+    def ScanKeys(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
+        backend = self._backend(request.target, "ScanKeys", 1)
+        chunk = _chunk_size(request)
+        keys: list[bytes] = []
+        namespaces: list[bytes] = []
+        for key, namespace in backend.scan_keys(request.target.state_name):
+            keys.append(key)
+            namespaces.append(namespace)
+            if len(keys) >= chunk:
+                yield pb.ScanChunk(keys=keys, namespaces=namespaces)
+                keys, namespaces = [], []
+        if keys:
+            yield pb.ScanChunk(keys=keys, namespaces=namespaces)
+
+

@@ -1,0 +1,133 @@
+"""The slots of a TaskManager: which (job, operator, subtask) each hosts, and its backend."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.errors import (
+    AlreadyExistsError,
+    CapacityError,
+    InvalidArgumentError,
+    NotFoundError,
+    Reason,
+    StaleRoutingError,
+    UnavailableError,
+)
+from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.taskmanager.state import KeyedStateBackend
+
+logger = logging.getLogger(__name__)
+
+
+class SlotStatus(enum.Enum):
+    RESTORING = "RESTORING"
+    RUNNING = "RUNNING"
+    RELEASING = "RELEASING"
+
+
+@dataclass
+class Slot:
+    index: int
+    subtask: SubtaskId
+    operator: OperatorSpec
+    key_groups: KeyGroupRange
+    max_parallelism: int
+    routing_version: int
+    checkpoint_base: str
+    incremental: bool
+    backend: KeyedStateBackend | None = None
+    status: SlotStatus = SlotStatus.RESTORING
+    # Shared files (local name -> remote handle) of the latest completed checkpoint, reused by
+    # the next incremental checkpoint.
+    uploaded_shared: dict[str, object] = field(default_factory=dict)
+
+    def require_backend(self) -> KeyedStateBackend:
+        if self.status is not SlotStatus.RUNNING or self.backend is None:
+            raise UnavailableError(
+                f"slot {self.index} ({self.subtask}) is {self.status.value}; retry shortly", reason=Reason.UNAVAILABLE
+            )
+        return self.backend
+
+
+class SlotTable:
+    """Thread-safe table of a TaskManager's slots."""
+
+    def __init__(self, num_slots: int, taskmanager_id: str) -> None:
+        self._slots: list[Slot | None] = [None] * num_slots
+        self._by_subtask: dict[SubtaskId, Slot] = {}
+        self._lock = threading.Lock()
+        self._tm = taskmanager_id
+
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
+    def reserve(
+        self,
+        subtask: SubtaskId,
+        operator: OperatorSpec,
+        key_groups: KeyGroupRange,
+        max_parallelism: int,
+        slot_index: int,
+        routing_version: int,
+        checkpoint_base: str,
+        incremental: bool,
+    ) -> Slot:
+        """Claim ``slot_index`` for ``subtask`` (status RESTORING until :meth:`activate`)."""
+        with self._lock:
+            if not 0 <= slot_index < len(self._slots):
+                raise InvalidArgumentError(
+                    f"slot index {slot_index} does not exist on TaskManager {self._tm} (it has {len(self._slots)} slots)"
+                )
+            existing = self._by_subtask.get(subtask)
+            if existing is not None:
+                raise AlreadyExistsError(f"{subtask} is already deployed in slot {existing.index} of {self._tm}")
+            if self._slots[slot_index] is not None:
+                raise CapacityError(f"slot {slot_index} of TaskManager {self._tm} is taken by {self._slots[slot_index].subtask}")  # type: ignore[union-attr]
+            slot = Slot(slot_index, subtask, operator, key_groups, max_parallelism, routing_version, checkpoint_base, incremental)
+            self._slots[slot_index] = slot
+            self._by_subtask[subtask] = slot
+            return slot
+
+    def activate(self, slot: Slot, backend: KeyedStateBackend) -> None:
+        with self._lock:
+            slot.backend = backend
+            slot.status = SlotStatus.RUNNING
+
+    def remove(self, subtask: SubtaskId) -> Slot | None:
+        with self._lock:
+            slot = self._by_subtask.pop(subtask, None)
+            if slot is not None:
+                self._slots[slot.index] = None
+                slot.status = SlotStatus.RELEASING
+            return slot
+
+    def lookup(self, job_id: str, operator_id: str, subtask_index: int) -> Slot:
+        """The slot hosting the subtask; a client that sent a call here has stale routing otherwise."""
+        slot = self._by_subtask.get(SubtaskId(job_id, operator_id, subtask_index))
+        if slot is None:
+            raise StaleRoutingError(
+                f"TaskManager {self._tm} hosts no slot for job {job_id!r} operator {operator_id!r} "
+                f"subtask {subtask_index}; refresh the routing table from the JobManager"
+            )
+        return slot
+
+    def of_job(self, job_id: str) -> list[Slot]:
+        with self._lock:
+            return [s for s in self._slots if s is not None and s.subtask.job_id == job_id]
+
+    def all(self) -> list[Slot]:
+        with self._lock:
+            return [s for s in self._slots if s is not None]
+
+    def free_count(self) -> int:
+        with self._lock:
+            return sum(1 for s in self._slots if s is None)
+
+
+def unknown_job_error(job_id: str) -> NotFoundError:
+    return NotFoundError(f"unknown job {job_id!r}", reason=Reason.UNKNOWN_JOB)

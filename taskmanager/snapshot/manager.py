@@ -1,0 +1,335 @@
+"""Checkpoints and restores on the TaskManager side.
+
+On a barrier each slot of the job takes the synchronous part of its snapshot (a RocksDB native
+checkpoint of hard links, or a consistent copy of a HashMap) and hands the rest to a worker:
+upload, then acknowledge to the JobManager (or decline with the reason). Serving continues
+while the upload runs.
+
+Where files go (``base`` = ``<state.checkpoints.dir>/<job-id>``, ``target`` = ``base/chk-<n>``):
+
+* incremental checkpoint, RocksDB: SST files not uploaded before go to
+  ``base/shared/<operator>-<subtask>-<uuid>-<name>``; SST files that the last *completed*
+  checkpoint already uploaded are referenced again, not uploaded; everything else (MANIFEST,
+  CURRENT, OPTIONS, the snapshot manifest) goes to ``target/<operator>-<subtask>/``.
+* full checkpoint: every file goes to ``target/<operator>-<subtask>/``.
+* savepoint: every file goes under the savepoint directory, so it is self-contained.
+
+Handle paths are relative to the directory that will hold ``_metadata``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.config import Configuration
+from keyedstate.common.errors import InvalidArgumentError, KeyedStateError
+from keyedstate.common.storage import CheckpointStorage, open_storage
+from keyedstate.taskmanager.deployment import DeployResult
+from keyedstate.taskmanager.slots import Slot
+from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, upload_files
+from keyedstate.taskmanager.state import KeyedStateBackend, restore_backend
+
+if TYPE_CHECKING:
+    from keyedstate.taskmanager.daemon import TaskManager
+
+logger = logging.getLogger(__name__)
+
+_LOCAL_SNAPSHOTS = "snapshots"
+_RESTORE_DIR = "restore"
+
+
+def _join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+@dataclass
+class _SlotCheckpoint:
+    """One slot's part of one in-flight checkpoint."""
+
+    slot: Slot
+    checkpoint_id: int
+    local_dir: Path
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # local SST name -> handle (relative path from a chk dir) uploaded by this checkpoint
+    new_shared: dict[str, pb.StateFileHandle] = field(default_factory=dict)
+    referenced_shared: dict[str, pb.StateFileHandle] = field(default_factory=dict)
+    uploaded_remote: list[str] = field(default_factory=list)
+    done: bool = False
+
+
+class StorageCache:
+    """One CheckpointStorage per scheme+authority, shared by every slot (they hold connection pools)."""
+
+    def __init__(self, conf: Configuration, stop: threading.Event) -> None:
+        self._conf = conf
+        self._stop = stop
+        self._cache: dict[str, CheckpointStorage] = {}
+        self._lock = threading.Lock()
+
+    def for_url(self, url: str) -> CheckpointStorage:
+        key = url.split("/", 3)[:3]
+        k = "/".join(key)
+        with self._lock:
+            storage = self._cache.get(k)
+            if storage is None:
+                storage = open_storage(url, self._conf, waiter=self._stop)
+                self._cache[k] = storage
+            return storage
+
+
+class SnapshotManager:
+    """Runs slot snapshots for barriers and restores slots from checkpoint storage."""
+
+    def __init__(self, tm: TaskManager) -> None:
+        self._tm = tm
+        self._threads = tm.settings.transfer_threads
+        self._storages = StorageCache(tm.conf, tm._stop)  # noqa: SLF001 - the daemon's shutdown event
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot-async")
+        self._inflight: dict[tuple[str, int], list[_SlotCheckpoint]] = {}
+        self._lock = threading.Lock()
+        self.stats = TransferStats()
+        self.local_recovery = tm.settings.local_recovery
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def trigger(self, barrier: tm_pb.CheckpointBarrier) -> int:
+        """Take the synchronous part for every slot of the job and start the uploads."""
+        if barrier.checkpoint_id <= 0 or not barrier.target_path:
+            raise InvalidArgumentError("a checkpoint barrier needs a positive checkpoint_id and a target_path")
+        slots = self._tm.slots.of_job(barrier.job_id)
+        started: list[_SlotCheckpoint] = []
+        for slot in slots:
+            backend = slot.require_backend()
+            local_dir = self._tm.deployer.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / f"chk-{barrier.checkpoint_id}"  # type: ignore[union-attr]
+            if local_dir.exists():
+                shutil.rmtree(local_dir)
+            local_dir.parent.mkdir(parents=True, exist_ok=True)
+            t0 = time.monotonic()
+            snapshot = backend.snapshot(local_dir)
+            sync_ms = (time.monotonic() - t0) * 1000
+            labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
+            self._tm.metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
+            work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir)
+            started.append(work)
+            self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
+        with self._lock:
+            self._inflight[(barrier.job_id, barrier.checkpoint_id)] = started
+        logger.info("checkpoint %d of job %s: snapshot of %d slots started", barrier.checkpoint_id, barrier.job_id, len(started))
+        return len(started)
+
+    def _run_async(self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier, sync_ms: float) -> None:
+        slot = work.slot
+        t0 = time.monotonic()
+        try:
+            handle = self._upload(work, snapshot, barrier)
+            handle.sync_duration_ms = int(sync_ms)
+            handle.async_duration_ms = int((time.monotonic() - t0) * 1000)
+            labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
+            self._tm.metrics.checkpoint_async_ms.labels(*labels).observe(handle.async_duration_ms)
+            self._tm.metrics.checkpoint_bytes.labels(*labels).inc(handle.incremental_size)
+            self._jm("AcknowledgeCheckpoint", jm_pb.AcknowledgeCheckpointRequest(
+                job_id=barrier.job_id, checkpoint_id=barrier.checkpoint_id, taskmanager_id=self._tm.id, state=handle))
+        except Exception as exc:  # every failure becomes a decline with its cause
+            reason = exc.message if isinstance(exc, KeyedStateError) else repr(exc)
+            if not work.cancel.is_set():
+                logger.warning("checkpoint %d of %s failed: %s", barrier.checkpoint_id, slot.subtask, reason)
+                try:
+                    self._jm("DeclineCheckpoint", jm_pb.DeclineCheckpointRequest(
+                        job_id=barrier.job_id, checkpoint_id=barrier.checkpoint_id, taskmanager_id=self._tm.id,
+                        operator_id=slot.subtask.operator_id, subtask_index=slot.subtask.subtask_index, reason=reason))
+                except Exception:
+                    logger.warning("could not decline checkpoint %d (JobManager unreachable)", barrier.checkpoint_id)
+            self._discard_uploads(work, barrier)
+        finally:
+            work.done = True
+
+    def _upload(self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier) -> pb.SubtaskStateHandle:
+        slot = work.slot
+        files = snapshot.materialize()
+        storage = self._storages.for_url(barrier.target_path)
+        owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
+        incremental = barrier.incremental and not barrier.savepoint and slot.checkpoint_base
+        confirmed: dict[str, pb.StateFileHandle] = dict(slot.uploaded_shared)  # type: ignore[arg-type]
+        plan: list[tuple[str, str, str, bool]] = []  # (local path, remote url, relative path, shared)
+        handles: list[pb.StateFileHandle] = []
+        full_size = 0
+        for path in files:
+            name = path.name
+            size = path.stat().st_size
+            full_size += size
+            if incremental and name.endswith(".sst"):
+                reused = confirmed.get(name)
+                if reused is not None and reused.size == size:
+                    handles.append(pb.StateFileHandle(path=reused.path, size=reused.size, sha256=reused.sha256,
+                                                      local_name=name, shared=True))
+                    work.referenced_shared[name] = reused
+                    continue
+                shared_name = f"{owner}-{uuid.uuid4().hex[:12]}-{name}"
+                plan.append((str(path), _join(slot.checkpoint_base, "shared", shared_name), f"../shared/{shared_name}", True))
+            else:
+                plan.append((str(path), _join(barrier.target_path, owner, name), f"{owner}/{name}", False))
+        uploaded = upload_files(storage, [(p[0], p[1]) for p in plan], self._threads, work.cancel, stats=self.stats)
+        work.uploaded_remote.extend(u.remote_path for u in uploaded)
+        incremental_size = 0
+        for (local, _remote, relative, shared), up in zip(plan, uploaded):
+            name = Path(local).name
+            handle = pb.StateFileHandle(path=relative, size=up.size, sha256=up.sha256, local_name=name, shared=shared)
+            handles.append(handle)
+            incremental_size += up.size
+            if shared:
+                work.new_shared[name] = handle
+        backend = slot.backend
+        return pb.SubtaskStateHandle(
+            operator_id=slot.subtask.operator_id, subtask_index=slot.subtask.subtask_index,
+            key_groups=pb.KeyGroupRange(start=slot.key_groups.start, end=slot.key_groups.end),
+            backend=self._tm.settings.backend, files=handles, incremental_size=incremental_size, full_size=full_size,
+            committed_epoch=_committed_epoch(backend),
+        )
+
+    def _discard_uploads(self, work: _SlotCheckpoint, barrier: tm_pb.CheckpointBarrier) -> None:
+        """Delete what this attempt uploaded and its local snapshot: a failed checkpoint leaves nothing."""
+        storage = self._storages.for_url(barrier.target_path)
+        for remote in work.uploaded_remote:
+            try:
+                storage.delete(remote)
+            except Exception:
+                logger.warning("could not delete %s of failed checkpoint %d", remote, barrier.checkpoint_id)
+        work.uploaded_remote.clear()
+        shutil.rmtree(work.local_dir, ignore_errors=True)
+
+    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+        with self._lock:
+            works = self._inflight.pop((job_id, checkpoint_id), [])
+            # Older in-flight checkpoints of the job are subsumed by a completed one.
+            if completed:
+                for key in [k for k in self._inflight if k[0] == job_id and k[1] < checkpoint_id]:
+                    self._inflight.pop(key)
+        for work in works:
+            if completed:
+                # The next incremental checkpoint may reference exactly what this one references.
+                work.slot.uploaded_shared = {**work.referenced_shared, **work.new_shared}
+                self._keep_local_copy(work)
+            else:
+                work.cancel.set()
+                if work.done:
+                    barrier = tm_pb.CheckpointBarrier(job_id=job_id, checkpoint_id=checkpoint_id,
+                                                      target_path=work.slot.checkpoint_base or "file:///")
+                    self._discard_uploads(work, barrier)
+
+    def _keep_local_copy(self, work: _SlotCheckpoint) -> None:
+        snapshots = work.local_dir.parent
+        for other in snapshots.glob("chk-*"):
+            if other != work.local_dir:
+                shutil.rmtree(other, ignore_errors=True)
+        if not self.local_recovery:
+            shutil.rmtree(work.local_dir, ignore_errors=True)
+
+    def _jm(self, method: str, request: Any) -> Any:
+        connection = self._tm.connection
+        if connection is None:
+            raise KeyedStateError("not connected to a JobManager")
+        delay = 0.2
+        for attempt in range(5):
+            try:
+                return getattr(connection.stub, method)(request, timeout=30)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
+                    raise
+                time.sleep(delay)
+                delay *= 2
+        return None
+
+    # -- restore -----------------------------------------------------------------------------
+    def restore(self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore) -> tuple[KeyedStateBackend, DeployResult]:
+        """Download (or find locally) every snapshot overlapping the slot and build its backend."""
+        t0 = time.monotonic()
+        work_root = instance_dir.parent / f"{instance_dir.name}.{_RESTORE_DIR}"
+        shutil.rmtree(work_root, ignore_errors=True)
+        snapshot_dirs: list[Path] = []
+        downloaded = 0
+        restored_bytes = 0
+        for i, handle in enumerate(restore.handles):
+            target = work_root / f"{i}-{handle.operator_id}-{handle.subtask_index}"
+            target.mkdir(parents=True)
+            local = self._local_copy(slot, restore.checkpoint_id, handle)
+            items = []
+            for f in handle.files:
+                restored_bytes += f.size
+                name = f.local_name or Path(f.path).name
+                if local is not None and (local / name).is_file():
+                    (target / name).hardlink_to(local / name)
+                    continue
+                items.append((f.path, str(target / name), f.size, f.sha256))
+            if items:
+                storage = self._storages.for_url(items[0][0])
+                downloaded += download_files(storage, items, self._threads, stats=self.stats)
+            snapshot_dirs.append(target)
+        shutil.rmtree(instance_dir, ignore_errors=True)
+        backend = restore_backend(
+            self._tm.settings.backend, slot.subtask, slot.key_groups, slot.max_parallelism, slot.operator.states,
+            snapshot_dirs=snapshot_dirs, local_dir=self._tm.deployer.work_dir, limits=self._tm.deployer._limits,  # type: ignore[union-attr]  # noqa: SLF001
+            clock=self._tm.clock, resources=self._tm.deployer._resources,  # type: ignore[union-attr]  # noqa: SLF001
+        )
+        shutil.rmtree(work_root, ignore_errors=True)
+        # A restored RocksDB keeps the SST names it was restored with, but the next incremental
+        # checkpoint uploads them again: the restore may have clipped key groups, and reusing
+        # another subtask's shared files would tie their lifetimes together.
+        ms = int((time.monotonic() - t0) * 1000)
+        labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
+        self._tm.metrics.restore_ms.labels(*labels).set(ms)
+        logger.info("restored %s from checkpoint %d: %d snapshot(s), %d bytes downloaded, %d ms",
+                    slot.subtask, restore.checkpoint_id, len(snapshot_dirs), downloaded, ms)
+        return backend, DeployResult(restore_duration_ms=ms, restored_bytes=restored_bytes, downloaded_bytes=downloaded)
+
+    def _local_copy(self, slot: Slot, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> Path | None:
+        """The local snapshot of the same checkpoint, if local recovery kept one and it still verifies."""
+        if not self.local_recovery or checkpoint_id <= 0:
+            return None
+        from keyedstate.common.ids import SubtaskId
+        from keyedstate.taskmanager.snapshot.transfer import sha256_file
+
+        source = SubtaskId(slot.subtask.job_id, handle.operator_id, handle.subtask_index)
+        local = self._tm.deployer.instance_dir(source) / _LOCAL_SNAPSHOTS / f"chk-{checkpoint_id}"  # type: ignore[union-attr]
+        if not local.is_dir():
+            return None
+        for f in handle.files:
+            path = local / (f.local_name or Path(f.path).name)
+            if not path.is_file():
+                return None
+            size, digest = sha256_file(str(path))
+            if size != f.size or digest != f.sha256:
+                logger.warning("local copy %s does not verify; restoring %s from remote storage", path, slot.subtask)
+                return None
+        return local
+
+    def close(self) -> None:
+        with self._lock:
+            for works in self._inflight.values():
+                for w in works:
+                    w.cancel.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _committed_epoch(backend: KeyedStateBackend | None) -> int:
+    if backend is None:
+        return -1
+    raw = backend.get_meta(b"committed_epoch")
+    return int(raw.decode()) if raw else -1
+
+
+def install(tm: TaskManager) -> None:
+    manager = SnapshotManager(tm)
+    tm.checkpoints = manager  # type: ignore[attr-defined]
+    tm.deployer.restorer = manager.restore  # type: ignore[union-attr,assignment]
