@@ -18,7 +18,7 @@ import logging
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Protocol, runtime_checkable
+from typing import Any, ClassVar, Iterable, Protocol, TypeVar
 
 from keyedstate.common.errors import ConfigError, InvalidArgumentError
 
@@ -33,19 +33,26 @@ _INT64_MAX = (1 << 63) - 1
 PICKLE_PROTOCOL = 5
 
 
-@runtime_checkable
-class Serializer(Protocol):
+T = TypeVar("T")
+
+
+class Serializer(Protocol[T]):
     """Turns objects into bytes and back. ``loads(dumps(x)) == x`` for every accepted ``x``.
 
-    A serializer may also define ``dumps_many(objs) -> list[bytes]`` and
-    ``loads_many(datas) -> list``; :func:`dumps_many` / :func:`loads_many` use them when present.
+    Every serializer :func:`get_serializer` returns has the batch methods. A custom serializer
+    needs only ``name``, ``dumps`` and ``loads``: :func:`get_serializer` adds the batch methods
+    to one that lacks them.
     """
 
     name: str
 
-    def dumps(self, obj: Any) -> bytes: ...
+    def dumps(self, obj: T) -> bytes: ...
 
-    def loads(self, data: bytes) -> Any: ...
+    def loads(self, data: bytes) -> T: ...
+
+    def dumps_many(self, objs: Iterable[T]) -> list[bytes]: ...
+
+    def loads_many(self, datas: Iterable[bytes]) -> list[T]: ...
 
 
 def _describe(obj: Any) -> str:
@@ -396,12 +403,43 @@ _REGISTRY: dict[str, type] = {
     )
 }
 SERIALIZER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-_INSTANCES: dict[str, Serializer] = {}
+_INSTANCES: dict[str, Serializer[Any]] = {}
 
 
-def get_serializer(name_or_obj: str | Serializer) -> Serializer:
+@dataclass(frozen=True)
+class _Batched:
+    """Gives a custom serializer that has only ``dumps``/``loads`` the batch methods."""
+
+    inner: Any
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.inner, "name", type(self.inner).__name__))
+
+    def dumps(self, obj: Any) -> bytes:
+        return self.inner.dumps(obj)
+
+    def loads(self, data: bytes) -> Any:
+        return self.inner.loads(data)
+
+    def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        return _dumps_each(self.inner.dumps, objs)
+
+    def loads_many(self, datas: Iterable[bytes]) -> list[Any]:
+        return _loads_each(self.inner.loads, datas)
+
+
+def _has_method(obj: Any, name: str) -> bool:
+    return callable(getattr(obj, name, None))
+
+
+def get_serializer(name_or_obj: str | Any) -> Serializer[Any]:
     """The serializer registered under a name (``bytes``, ``str``, ``int``, ``float``, ``json``,
-    ``pickle``, ``msgpack``), or ``name_or_obj`` itself if it already is a serializer."""
+    ``pickle``, ``msgpack``), or a custom object with ``name``, ``dumps`` and ``loads``.
+
+    A custom object is returned as it is when it has ``dumps_many`` and ``loads_many`` too, and
+    wrapped to get them otherwise.
+    """
     if isinstance(name_or_obj, str):
         key = name_or_obj.strip().lower()
         found = _INSTANCES.get(key)
@@ -413,21 +451,23 @@ def get_serializer(name_or_obj: str | Serializer) -> Serializer:
                 f"unknown serializer {name_or_obj!r}: use one of {', '.join(SERIALIZER_NAMES)}, or pass an "
                 "object with name, dumps(obj) -> bytes and loads(bytes)"
             )
-        instance: Serializer = cls()
+        instance: Serializer[Any] = cls()
         _INSTANCES[key] = instance
         return instance
     if isinstance(name_or_obj, type):
         raise InvalidArgumentError(f"pass a serializer instance, not the class: {name_or_obj.__name__}()")
-    if isinstance(name_or_obj, Serializer) and callable(name_or_obj.dumps) and callable(name_or_obj.loads):
-        return name_or_obj
+    if hasattr(name_or_obj, "name") and _has_method(name_or_obj, "dumps") and _has_method(name_or_obj, "loads"):
+        if _has_method(name_or_obj, "dumps_many") and _has_method(name_or_obj, "loads_many"):
+            return name_or_obj  # type: ignore[no-any-return]
+        return _Batched(name_or_obj)
     raise InvalidArgumentError(
         f"{_describe(name_or_obj)} is not a serializer: pass one of {', '.join(SERIALIZER_NAMES)}, or an "
         "object with name, dumps(obj) -> bytes and loads(bytes)"
     )
 
 
-def dumps_many(serializer: Serializer, objs: Iterable[Any]) -> list[bytes]:
-    """Serialize a batch; uses the serializer's own ``dumps_many`` when it has one."""
+def dumps_many(serializer: Any, objs: Iterable[Any]) -> list[bytes]:
+    """Serialize a batch with any serializer; uses its own ``dumps_many`` when it has one."""
     batch = getattr(serializer, "dumps_many", None)
     if batch is not None:
         return batch(objs)
@@ -435,8 +475,8 @@ def dumps_many(serializer: Serializer, objs: Iterable[Any]) -> list[bytes]:
     return [dumps(o) for o in objs]
 
 
-def loads_many(serializer: Serializer, datas: Iterable[bytes]) -> list[Any]:
-    """Deserialize a batch; uses the serializer's own ``loads_many`` when it has one."""
+def loads_many(serializer: Any, datas: Iterable[bytes]) -> list[Any]:
+    """Deserialize a batch with any serializer; uses its own ``loads_many`` when it has one."""
     batch = getattr(serializer, "loads_many", None)
     if batch is not None:
         return batch(datas)

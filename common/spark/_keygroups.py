@@ -51,7 +51,7 @@ def _column(col: Column | str) -> Column:
 _NATIVE = (StrSerializer, IntSerializer, BytesSerializer)
 
 
-def _native(key_serializer: str | Serializer) -> Serializer:
+def _native(key_serializer: str | Serializer[Any]) -> Serializer[Any]:
     serializer = get_serializer(key_serializer)
     if type(serializer) not in _NATIVE:
         raise InvalidArgumentError(
@@ -63,7 +63,7 @@ def _native(key_serializer: str | Serializer) -> Serializer:
     return serializer
 
 
-def key_bytes_column(col: Column | str, key_serializer: str | Serializer) -> Column:
+def key_bytes_column(col: Column | str, key_serializer: str | Serializer[Any]) -> Column:
     """An expression (named ``key_bytes``) producing exactly ``key_serializer.dumps(key)`` for each key.
 
     Supported: ``str`` (UTF-8, string columns), ``int`` (8-byte big-endian, integral columns)
@@ -98,7 +98,7 @@ def key_bytes_column(col: Column | str, key_serializer: str | Serializer) -> Col
     return F.when(accepted, key_bytes).otherwise(F.raise_error(message)).alias("key_bytes")
 
 
-def key_group_column(col: Column | str, max_parallelism: int, key_serializer: str | Serializer = "str") -> Column:
+def key_group_column(col: Column | str, max_parallelism: int, key_serializer: str | Serializer[Any] = "str") -> Column:
     """``pmod(xxhash64(key_bytes) & 0xFFFFFFFF, max_parallelism)`` named ``key_group`` (int; null for a null key).
 
     Equal to ``keyedstate.common.keygroups.key_group(serializer.dumps(key), max_parallelism)``.
@@ -121,7 +121,7 @@ def _subtask_of_group(group: Column, max_parallelism: int, parallelism: int) -> 
 
 
 def subtask_column(
-    col: Column | str, max_parallelism: int, parallelism: int, key_serializer: str | Serializer = "str"
+    col: Column | str, max_parallelism: int, parallelism: int, key_serializer: str | Serializer[Any] = "str"
 ) -> Column:
     """``floor(key_group * parallelism / max_parallelism)`` named ``subtask``: the key's subtask.
 
@@ -135,7 +135,7 @@ def subtask_column(
 class _KeyGroupOf:
     """The Python key-group function a UDF runs; a module-level class so it pickles by reference."""
 
-    def __init__(self, max_parallelism: int, serializer: Serializer) -> None:
+    def __init__(self, max_parallelism: int, serializer: Serializer[Any]) -> None:
         self.max_parallelism = max_parallelism
         self.serializer = serializer
 
@@ -145,7 +145,7 @@ class _KeyGroupOf:
         return key_group(self.serializer.dumps(key), self.max_parallelism)
 
 
-def key_group_udf(max_parallelism: int, key_serializer: str | Serializer) -> Any:
+def key_group_udf(max_parallelism: int, key_serializer: str | Serializer[Any]) -> Any:
     """A Python UDF computing the key group with any serializer (``udf(col)`` gives an int column).
 
     The fallback for serializers Spark SQL cannot reproduce (json, pickle, custom ones). It sees
@@ -198,7 +198,7 @@ def repartition_by_key_group(
     key_col: Column | str,
     max_parallelism: int,
     parallelism: int,
-    key_serializer: str | Serializer = "str",
+    key_serializer: str | Serializer[Any] = "str",
     *,
     allow_udf: bool = False,
 ) -> DataFrame:
@@ -226,7 +226,7 @@ def repartition_by_key_group(
     return df.repartition(parallelism, witness)
 
 
-def _check_key_type(df: DataFrame, key: Column, serializer: Serializer) -> None:
+def _check_key_type(df: DataFrame, key: Column, serializer: Serializer[Any]) -> None:
     # The DataFrame is at hand, so the mismatch is reported now rather than when the query runs.
     field = df.select(key).schema.fields[0]
     sql_type = field.dataType.simpleString()

@@ -7,7 +7,11 @@ escape where they belong.
 
 from __future__ import annotations
 
+import logging
+
 import posixpath
+
+logger = logging.getLogger(__name__)
 
 SHARED_DIR = "shared"
 TASKOWNED_DIR = "taskowned"

@@ -16,6 +16,12 @@ Storage layout under ``job_dir`` (``<state.checkpoints.dir>/<job-id>``)::
 A savepoint goes to ``<target dir>/savepoint-<job8>-<n>/``, holds all its files, and belongs to
 the user: retention never deletes it.
 
+What TaskManagers must do: acknowledge with file paths relative to the barrier's target path
+(``shared/<name>`` or ``../shared/<name>`` for shared files, or absolute URLs inside those
+directories), report the key-group range they own, and reuse a shared file in a new snapshot
+only after a checkpoint referencing it was confirmed by ``notify(completed=True)``. Files an
+aborted checkpoint uploaded are deleted, so they must never be reused.
+
 Thread model: acks and declines arrive on gRPC threads, timeouts and periodic triggers on the
 scheduler. One lock guards the coordinator's state; storage I/O, gateway calls and callbacks
 run outside it. Finalizations are serialized by a second lock so checkpoints complete in order.
@@ -623,7 +629,7 @@ class CheckpointCoordinator:
         for f in handle.files:
             if not f.shared:
                 continue
-            path = _paths.join(pending.target_path, pending._relative_path(f.path, True))
+            path = _paths.join(pending.target_path, pending.relative_path(f.path, True))
             if _paths.relative_to(path, self.shared_dir) is not None:
                 shared.add(path)
         with self._lock:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import enum
 
 from keyedstate.common.errors import CheckpointError, Reason
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointFailureReason(enum.Enum):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import threading
 from typing import Protocol
 
 from keyedstate.common.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointIDCounter(Protocol):

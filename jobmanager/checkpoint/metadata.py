@@ -248,7 +248,9 @@ class CheckpointMetadata:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n"
+        # Compact: the C encoder only runs without indentation, and 1,000 subtasks make ~1 MB
+        # (``jq . _metadata`` pretty-prints it).
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
 
     def to_bytes(self) -> bytes:
         return self.to_json().encode("utf-8")

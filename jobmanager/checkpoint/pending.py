@@ -215,7 +215,7 @@ class PendingCheckpoint:
         out = pb.SubtaskStateHandle()
         out.CopyFrom(handle)
         for f in out.files:
-            f.path = self._relative_path(f.path, f.shared)
+            f.path = self.relative_path(f.path, f.shared)
             problem = file_path_problem(FileRef(f.path, f.size, f.sha256, f.local_name, f.shared), self.savepoint)
             if problem:
                 raise self._reject(subtask, problem)
@@ -223,7 +223,8 @@ class PendingCheckpoint:
                 raise self._reject(subtask, f"file {f.path!r} has negative size {f.size}")
         return out
 
-    def _relative_path(self, path: str, shared: bool) -> str:
+    def relative_path(self, path: str, shared: bool) -> str:
+        """A path as a TaskManager sent it, in the ``_metadata`` convention (not validated)."""
         if "://" in path:
             rel = _paths.relative_to(path, self.target_path)
             if rel is not None:

@@ -1,5 +1,7 @@
 """Taking snapshots of slot state and moving their files to and from checkpoint storage."""
 
+from __future__ import annotations
+
 from keyedstate.taskmanager.snapshot.transfer import (
     DownloadFile,
     TransferCancelledError,

@@ -1,7 +1,7 @@
 """Parallel upload and download of checkpoint files, with sha256 digests and verification.
 
-Uploads record each file's size and sha256 (computed by reading the file as it is uploaded),
-which go into the checkpoint metadata; downloads verify both before a file appears under its
+Uploads record each file's size and sha256 (hashed on a helper thread while a large file
+uploads, so the digest costs little time), which go into the checkpoint metadata; downloads verify both before a file appears under its
 local name, so a restore never opens a truncated or damaged file. Retries of transient errors
 happen in the storage layer; a cancelled transfer (an aborted checkpoint) starts no new file.
 """
@@ -104,17 +104,18 @@ def upload_files(
     files not yet started and is raised once the running ones finish; ``cancel`` does the
     same and raises :class:`TransferCancelledError`.
     """
+    _check_threads("upload", threads)
     items = [(os.fspath(local), remote) for local, remote in files]
     _check_unique("remote path", (remote for _, remote in items))
 
-    def upload(item: tuple[str, str]) -> UploadedFile:
-        local, remote = item
-        uploaded = _upload_one(storage, local, remote, hashers)
-        if stats is not None:
-            stats.record_upload(uploaded.size)
-        return uploaded
-
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items))), thread_name_prefix="ks-sha256") as hashers:
+
+        def upload(item: tuple[str, str]) -> UploadedFile:
+            uploaded = _upload_one(storage, item[0], item[1], hashers)
+            if stats is not None:
+                stats.record_upload(uploaded.size)
+            return uploaded
+
         return _run_parallel("upload", items, upload, threads, cancel, name=lambda item: item[1])
 
 
@@ -132,6 +133,7 @@ def download_files(
     damaged remote file raises :class:`CorruptCheckpointError` naming it; no unverified file
     is left behind locally.
     """
+    _check_threads("download", threads)
     items = [DownloadFile(str(r), os.path.abspath(os.fspath(l)), int(s), str(h).lower()) for r, l, s, h in files]
     _check_unique("local path", (item.local_path for item in items))
     for item in items:
@@ -178,7 +180,7 @@ def _upload_one(storage: CheckpointStorage, local: str, remote: str, hashers: Th
         if exc.filename not in (local, os.path.abspath(local)):
             raise
         raise CheckpointError(f"cannot upload {local} to {remote}: the local file does not exist") from exc
-    except (IsADirectoryError, PermissionError) as exc:
+    except OSError as exc:  # the storage raises StorageError; an OSError comes from the local file
         raise CheckpointError(f"cannot upload {local} to {remote}: cannot read the local file: {exc}") from exc
     # Checkpoint files are immutable; a change while uploading would make the digest lie.
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or size != after.st_size:
@@ -233,8 +235,6 @@ def _run_parallel(
     *,
     name: Callable[[T], str],
 ) -> list[R]:
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise InvalidArgumentError(f"{kind}: threads must be a positive integer, got {threads!r}")
     if not items:
         return []
     failed = threading.Event()
@@ -272,6 +272,11 @@ def _run_parallel(
             f"{kind} cancelled after {len(completed)} of {len(items)} files", completed=completed
         )
     return [results[i] for i in range(len(items))]
+
+
+def _check_threads(kind: str, threads: int) -> None:
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InvalidArgumentError(f"{kind}: threads must be a positive integer, got {threads!r}")
 
 
 def _check_unique(what: str, values: Iterable[str]) -> None:

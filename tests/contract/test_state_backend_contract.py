@@ -8,6 +8,7 @@ sleeps.
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -704,16 +705,25 @@ def test_apply_refuses_reserved_or_non_bytes_meta(backend: KeyedStateBackend) ->
 
 # -- concurrency ------------------------------------------------------------------------------
 
+@pytest.fixture
+def frequent_thread_switches() -> Iterator[None]:
+    # Threads switch every 5 ms by default, too rarely to interleave two read-modify-writes.
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
 def test_concurrent_read_modify_writes_lose_no_update(backend: KeyedStateBackend) -> None:
     one = VEC.pack(1, 0.0, 0)
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         try:
-            for j in range(100):
+            for j in range(400):
                 backend.reduce("r", [b"hot", b"hot"], [one, one], b"", False)
                 backend.list_append("l", [b"hot"], [b"%d-%d" % (i, j)], b"")
-                backend.value_put("v", [b"k%d" % i], [b"%d" % j], b"")
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
@@ -723,12 +733,12 @@ def test_concurrent_read_modify_writes_lose_no_update(backend: KeyedStateBackend
     for t in threads:
         t.join()
     assert not errors
-    assert VEC.unpack(backend.value_get("r", [b"hot"], b"")[0])[0] == 800
+    assert VEC.unpack(backend.value_get("r", [b"hot"], b"")[0])[0] == 3200
     elements = backend.list_get("l", [b"hot"], b"")[0]
-    assert len(elements) == 400 and len(set(elements)) == 400
+    assert len(elements) == 1600 and len(set(elements)) == 1600
     for i in range(4):  # each thread's own appends stay in order
         mine = [e for e in elements if e.startswith(b"%d-" % i)]
-        assert mine == [b"%d-%d" % (i, j) for j in range(100)]
+        assert mine == [b"%d-%d" % (i, j) for j in range(400)]
 
 
 def test_snapshot_is_consistent_with_concurrent_batches(
@@ -814,6 +824,8 @@ def test_restore_after_rescaling_keeps_exactly_the_new_key_groups(
     outside = next(k for k in keys_low if key_group(k, MP) not in new)
     with pytest.raises(StaleRoutingError):
         restored.value_get("v", [outside], b"")
+    # Nothing of the old ranges hides in the restored slot: scaling back to one slot shows only `new`.
+    assert dump(restore([snap(restored, tmp_path / "again")], index=9)) == expected
 
 
 def test_list_order_survives_restore_and_appends_continue_after_it(

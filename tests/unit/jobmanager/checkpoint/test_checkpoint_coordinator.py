@@ -352,6 +352,52 @@ def test_retention_deletes_subsumed_dirs_and_only_unreferenced_shared_files(make
         verify_files_exist(h.storage, c.metadata, c.external_path)
 
 
+def test_retaining_one_checkpoint_keeps_the_files_it_shares_with_the_subsumed_one(make_harness: Any) -> None:
+    h = make_harness(num_retained=1)
+    for cid in range(1, 5):
+        h.coordinator.trigger()
+        latest = h.coordinator.latest_completed()
+        verify_files_exist(h.storage, latest.metadata, latest.external_path)
+        assert h.files() == referenced_files(h)
+    assert {f for f in h.files() if f.startswith("shared/counts-0-")} == {f"shared/counts-0-{i}.sst" for i in (2, 3, 4)}
+
+
+def test_deletion_rechecks_references_just_before_deleting(make_harness: Any) -> None:
+    """Deletions run later on the cleaner's executor; a file referenced again by then survives."""
+    from concurrent.futures import Executor, Future
+
+    from keyedstate.jobmanager.checkpoint import CheckpointsCleaner
+
+    class QueuedExecutor(Executor):
+        def __init__(self) -> None:
+            self.queue: list[tuple[Any, Future[Any]]] = []
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            future: Future[Any] = Future()
+            self.queue.append((lambda: fn(*args, **kwargs), future))
+            return future
+
+        def run_all(self) -> None:
+            while self.queue:
+                task, future = self.queue.pop(0)
+                future.set_result(task())
+
+    h = make_harness(mode="manual", num_retained=1)
+    executor = QueuedExecutor()
+    h.coordinator._cleaner = CheckpointsCleaner(h.storage, executor)
+    h.coordinator.trigger()
+    h.cluster.ack_all(1)
+    h.coordinator.trigger()
+    for s in h.cluster.subtasks():
+        h.cluster.ack(s, 2, reuse=[])  # checkpoint 1's SSTs lose their last reference: deletion queued
+    h.coordinator.trigger()
+    for s in h.cluster.subtasks():  # a TaskManager that still reuses them
+        h.cluster.ack(s, 3, reuse=[f"{s.operator_id}-{s.subtask_index}-1.sst"])
+    executor.run_all()
+    assert "shared/counts-0-1.sst" in h.files()
+    assert h.files() == referenced_files(h)
+
+
 def test_a_shared_file_reused_by_a_running_checkpoint_survives_subsumption(make_harness: Any) -> None:
     h = make_harness(mode="manual", max_concurrent=2, num_retained=1)
     h.coordinator.trigger()

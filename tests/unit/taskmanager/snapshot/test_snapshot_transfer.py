@@ -74,6 +74,29 @@ def test_plain_tuples_and_empty_lists_work(storage: LocalStorage, remote: str, t
     assert download_files(storage, [(up.remote_path, str(tmp_path / "x"), up.size, up.sha256.upper())], threads=1) == up.size
 
 
+def test_a_large_file_is_hashed_alongside_its_upload(storage: LocalStorage, remote: str, tmp_path: Path) -> None:
+    big = tmp_path / "big.sst"
+    big.write_bytes(os.urandom(9 * 1024 * 1024))  # above the size where hashing runs on a helper thread
+    (up,) = upload_files(storage, [(str(big), f"{remote}/big.sst")], threads=2)
+    assert (up.size, up.sha256) == (big.stat().st_size, _sha(big.read_bytes()))
+    assert storage.read_bytes(up.remote_path) == big.read_bytes()
+
+
+class _ModifiesSourceDuringUpload(LocalStorage):
+    """Real local storage; a stray writer appends to the source while it is being uploaded."""
+
+    def put_file(self, local_path: str, path: str) -> None:
+        super().put_file(local_path, path)
+        with open(local_path, "ab") as f:
+            f.write(b"late write")
+
+
+def test_a_source_modified_during_upload_fails_the_upload(remote: str, tmp_path: Path) -> None:
+    (src,) = _make_files(tmp_path / "db", 1)
+    with pytest.raises(CheckpointError, match="changed while it was uploaded"):
+        upload_files(_ModifiesSourceDuringUpload(), [(str(src), f"{remote}/a.sst")], threads=1)
+
+
 # -- damaged checkpoints ---------------------------------------------------------------------------
 def _uploaded_one(storage: LocalStorage, remote: str, tmp_path: Path) -> UploadedFile:
     (src,) = _make_files(tmp_path / "db", 1, size=50_000)
