@@ -5,7 +5,7 @@
 
 from setuptools import find_namespace_packages, setup
 
-FOLDERS = ("common", "jobmanager", "taskmanager")
+FOLDERS = ("common", "jobmanager", "taskmanager", "examples")
 
 setup(
     packages=[

@@ -57,6 +57,12 @@ class _JobGateway:
         return counts
 
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        # Under the job lock: an epoch commit never interleaves with the synchronous part of a
+        # snapshot, so every slot of one checkpoint holds the same committed epochs.
+        with self._job.lock:
+            self._send_barrier(barrier)
+
+    def _send_barrier(self, barrier: CheckpointBarrier) -> None:
         message = barrier.to_proto()
         for address, expected in self._addresses().items():
             response = self._d.gateways.trigger_checkpoint(address, message)
@@ -149,7 +155,8 @@ class Checkpointing:
             already = any(c.checkpoint_id == checkpoint.checkpoint_id and c.external_path == checkpoint.external_path
                           for c in job.coordinator.store.all())
             job.coordinator.restore_from(checkpoint, claim=own and not already)
-        job.committed_epoch = max(job.committed_epoch, checkpoint.metadata.epoch)
+        # The job's state is now exactly what the checkpoint holds: epochs after it are replayed.
+        job.committed_epoch = checkpoint.metadata.epoch
         return {
             subtask: tm_pb.SlotRestore(
                 checkpoint_path=checkpoint.external_path, handles=handles, checkpoint_id=checkpoint.checkpoint_id
@@ -223,7 +230,79 @@ class Checkpointing:
         return jm_pb.ListCheckpointsResponse(checkpoints=entries)
 
     def commit_epoch(self, request: jm_pb.CommitEpochRequest) -> jm_pb.CommitEpochResponse:
-        raise InvalidArgumentError("epoch commits are not available in this version of the JobManager")
+        """Commit a Spark micro-batch on every TaskManager of the job, then checkpoint it.
+
+        Idempotent: an epoch at or below the committed one is acknowledged without effect, so a
+        batch replayed after a driver restart applies nothing twice. While the job restarts the
+        call fails with UNAVAILABLE (retryable); afterwards the job's committed epoch is that of
+        the checkpoint it restored, and the driver replays the batches after it.
+        """
+        from keyedstate.common.errors import JobStateError
+        from keyedstate.jobmanager.jobs import JobStatus
+
+        job = self._d.job(request.job_id)
+        if request.epoch < 0:
+            raise InvalidArgumentError(f"epoch must be >= 0 (the Spark batch id), got {request.epoch}")
+        with job.lock:
+            if job.status is not JobStatus.RUNNING:
+                raise JobStateError(
+                    f"job {job.job_id!r} is {job.status.value}; retry the commit once it is RUNNING "
+                    f"(it will then be at epoch {job.committed_epoch})"
+                )
+            if request.epoch <= job.committed_epoch:
+                response = jm_pb.CommitEpochResponse(committed_epoch=job.committed_epoch, already_committed=True)
+                latest = job.coordinator.latest_completed() if job.coordinator is not None else None
+                if not request.checkpoint or (latest is not None and latest.metadata.epoch >= request.epoch):
+                    if latest is not None:
+                        response.checkpoint.CopyFrom(self._info(latest))
+                    return response
+                # Committed, but its checkpoint failed or is still missing: take it now.
+                return self._checkpoint_epoch(job, request, response)
+            if request.expected_routing_version and request.expected_routing_version != job.routing_version:
+                from keyedstate.common.errors import EpochConflictError
+
+                raise EpochConflictError(
+                    f"job {job.job_id!r} restarted while epoch {request.epoch} ran (routing v{request.expected_routing_version} "
+                    f"-> v{job.routing_version}); its staged writes are gone: run the batch again"
+                )
+            commit = tm_pb.EpochCommitRequest(job_id=job.job_id, epoch=request.epoch)
+            for w in request.winners:
+                commit.winners.add(partition=w.partition, attempt=w.attempt)
+            addresses = sorted({a.address for a in job.assignments.values()})
+            futures = [self._d._pool.submit(self._d.gateways.commit_epoch, addr, commit) for addr in addresses]  # noqa: SLF001
+            errors = []
+            for f in futures:
+                try:
+                    f.result()
+                except Exception as exc:
+                    errors.append(exc)
+            if errors:
+                # Some TaskManagers may have applied the epoch and others not: only a restore
+                # from the last checkpoint makes the job consistent again.
+                cause = f"commit of epoch {request.epoch} failed: {errors[0]}"
+                self._d._pool.submit(self._d.fail_over, job.job_id, cause)  # noqa: SLF001
+                raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint")
+            job.committed_epoch = request.epoch
+            response = jm_pb.CommitEpochResponse(committed_epoch=request.epoch)
+            if not request.checkpoint or job.coordinator is None:
+                return response
+        return self._checkpoint_epoch(job, request, response)
+
+    def _checkpoint_epoch(self, job: Job, request: jm_pb.CommitEpochRequest, response: jm_pb.CommitEpochResponse) -> jm_pb.CommitEpochResponse:
+        if job.coordinator is None:
+            return response
+        with job.lock:
+            try:
+                pending = job.coordinator.trigger(epoch=request.epoch)
+            except CheckpointException as exc:
+                response.checkpoint.CopyFrom(jm_pb.CheckpointInfo(status="FAILED", failure_reason=f"{exc.reason.name}: {exc.message}"))
+                return response
+        if request.wait_for_checkpoint:
+            response.checkpoint.CopyFrom(self._wait(job.coordinator, pending.checkpoint_id, None, False))
+        else:
+            response.checkpoint.CopyFrom(jm_pb.CheckpointInfo(checkpoint_id=pending.checkpoint_id, status="IN_PROGRESS",
+                                                              path=pending.target_path, epoch=request.epoch))
+        return response
 
     def checkpoint_for_rescale(self, job: Job) -> str:
         coordinator = self._coordinator(job.job_id)

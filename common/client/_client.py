@@ -151,6 +151,28 @@ class StateClient:
             timeout_ms=int(timeout_s * 1000),
         ), timeout=timeout_s + 30, retry=False)
 
+    def commit_epoch(
+        self,
+        job_id: str,
+        epoch: int,
+        winners: dict[int, int],
+        *,
+        checkpoint: bool = True,
+        wait_for_checkpoint: bool = True,
+        expected_routing_version: int = 0,
+        timeout_s: float = 600.0,
+    ) -> jm_pb.CommitEpochResponse:
+        """Commit ``epoch`` with the winning attempt of each partition (``{partition: attempt}``).
+
+        Safe to call again: an already committed epoch is acknowledged without effect.
+        """
+        request = jm_pb.CommitEpochRequest(
+            job_id=job_id, epoch=epoch, checkpoint=checkpoint, wait_for_checkpoint=wait_for_checkpoint,
+            expected_routing_version=expected_routing_version,
+            winners=[pb.PartitionAttempt(partition=p, attempt=a) for p, a in sorted(winners.items())],
+        )
+        return self._jm_call("CommitEpoch", request, timeout=timeout_s)
+
     def routing(self, job_id: str, refresh: bool = False) -> Routing:
         routing = self._routing.get(job_id)
         if routing is None or refresh:

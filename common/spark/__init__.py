@@ -24,8 +24,12 @@ from keyedstate.common.spark._keygroups import (
     subtask_column,
 )
 from keyedstate.common.spark._shipping import package_zip, ship_package
+from keyedstate.common.spark._epochs import KeyedStateRuntime, PartitionState, worker_client
 
 __all__ = [
+    "KeyedStateRuntime",
+    "PartitionState",
+    "worker_client",
     "key_bytes_column",
     "key_group_column",
     "key_group_udf",

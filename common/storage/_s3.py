@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import s3fs
 
 from keyedstate.common.config import Configuration, options
-from keyedstate.common.errors import ConfigError, InvalidArgumentError, StorageError
+from keyedstate.common.errors import ConfigError, InvalidArgumentError
 from keyedstate.common.storage._fsspec import FsspecStorage
 from keyedstate.common.storage._retry import RetryPolicy, Waiter, is_transient_os_error
 
@@ -113,7 +113,10 @@ class S3Storage(FsspecStorage):
         waiter: Waiter | None = None,
     ) -> None:
         super().__init__(retry=retry, waiter=waiter)
-        self._options = dict(s3_options) if s3_options is not None else s3fs_options()
+        if s3_options is not None:
+            self._options = dict(s3_options)
+        else:
+            self._options = {} if fs is not None else s3fs_options()
         self._fs = _single_attempt(fs) if fs is not None else None
         self._fs_lock = threading.Lock()
 
@@ -202,7 +205,7 @@ class S3Storage(FsspecStorage):
         if isinstance(exc, PermissionError):
             return "S3 denied access; check the credentials (s3.access-key / AWS_ACCESS_KEY_ID) and the bucket policy"
         if isinstance(exc, _NETWORK_ERRORS) or isinstance(exc, (ConnectionError, TimeoutError)):
-            endpoint = self._options.get("endpoint_url") or "the AWS S3 endpoint"
+            endpoint = self._options.get("endpoint_url") or getattr(self._fs, "endpoint_url", None) or "the AWS S3 endpoint"
             return f"cannot reach {endpoint}; check s3.endpoint (or AWS_ENDPOINT_URL) and the network"
         if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
             return "S3 kept throttling (SlowDown/503); spread checkpoints out or raise the request-rate limits"

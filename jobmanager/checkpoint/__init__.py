@@ -11,18 +11,14 @@ from keyedstate.jobmanager.checkpoint.completed import (
     CompletedCheckpointStore,
     StandaloneCompletedCheckpointStore,
 )
-from keyedstate.jobmanager.checkpoint.coordinator import (
-    CheckpointBarrier,
-    CheckpointCoordinator,
-    CheckpointGateway,
-    CheckpointingSettings,
-)
+from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointException,
     CheckpointFailureReason,
     CheckpointInProgressError,
     CheckpointNotFoundError,
 )
+from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway
 from keyedstate.jobmanager.checkpoint.gc import GcEntry, GcPlan, execute, plan_gc
 from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
 from keyedstate.jobmanager.checkpoint.metadata import (
@@ -40,6 +36,7 @@ from keyedstate.jobmanager.checkpoint.restore import (
     plan_restore,
     verify_files_exist,
 )
+from keyedstate.jobmanager.checkpoint.settings import CheckpointingSettings
 from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
 from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsEntry, CheckpointStatsTracker
 

@@ -8,7 +8,6 @@ escape where they belong.
 from __future__ import annotations
 
 import logging
-
 import posixpath
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterable
 
-from keyedstate.common.storage._base import CheckpointStorage
+from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
 
 logger = logging.getLogger(__name__)

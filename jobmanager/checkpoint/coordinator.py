@@ -32,19 +32,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Sequence
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
-from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
-from keyedstate.common.errors import ConfigError, InvalidArgumentError, UnavailableError
+from keyedstate.common.errors import InvalidArgumentError, UnavailableError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
-from keyedstate.common.storage._base import CheckpointStorage
+from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.cleaner import CheckpointsCleaner
 from keyedstate.jobmanager.checkpoint.completed import (
@@ -58,93 +55,20 @@ from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointInProgressError,
     CheckpointNotFoundError,
 )
+from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway
 from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
+from keyedstate.jobmanager.checkpoint.settings import CheckpointingSettings
 from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
 from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsTracker
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["CheckpointBarrier", "CheckpointCoordinator", "CheckpointGateway", "CheckpointingSettings"]
+
 R = CheckpointFailureReason
-_RECENT = 256  # finished checkpoints remembered for late acks and wait_for
-_MIN_INTERVAL_MS = 10
-
-
-@dataclass(frozen=True)
-class CheckpointingSettings:
-    """The ``execution.checkpointing.*`` settings of one job."""
-
-    interval_ms: int | None = None
-    """Periodic trigger interval; None disables periodic checkpoints."""
-    timeout_ms: int = 10 * 60_000
-    max_concurrent: int = 1
-    min_pause_ms: int = 0
-    tolerable_failures: int = 0
-    num_retained: int = 1
-    incremental: bool = False
-
-    def __post_init__(self) -> None:
-        if self.interval_ms is not None and self.interval_ms < _MIN_INTERVAL_MS:
-            raise ConfigError(
-                f"{o.CHECKPOINT_INTERVAL.key}: must be at least {_MIN_INTERVAL_MS} ms, got {self.interval_ms} ms; "
-                "leave it unset to disable periodic checkpoints"
-            )
-        if self.timeout_ms < 1:
-            raise ConfigError(f"{o.CHECKPOINT_TIMEOUT.key}: must be positive, got {self.timeout_ms} ms")
-        for key, value, minimum in (
-            (o.CHECKPOINT_MAX_CONCURRENT.key, self.max_concurrent, 1),
-            (o.CHECKPOINT_MIN_PAUSE.key, self.min_pause_ms, 0),
-            (o.CHECKPOINT_TOLERABLE_FAILURES.key, self.tolerable_failures, 0),
-            (o.CHECKPOINT_NUM_RETAINED.key, self.num_retained, 1),
-        ):
-            if value < minimum:
-                raise ConfigError(f"{key}: must be at least {minimum}, got {value}")
-
-    @classmethod
-    def from_config(cls, conf: Configuration) -> CheckpointingSettings:
-        return cls(
-            interval_ms=conf.get(o.CHECKPOINT_INTERVAL),
-            timeout_ms=conf.get(o.CHECKPOINT_TIMEOUT),
-            max_concurrent=conf.get(o.CHECKPOINT_MAX_CONCURRENT),
-            min_pause_ms=conf.get(o.CHECKPOINT_MIN_PAUSE),
-            tolerable_failures=conf.get(o.CHECKPOINT_TOLERABLE_FAILURES),
-            num_retained=conf.get(o.CHECKPOINT_NUM_RETAINED),
-            incremental=conf.get(o.CHECKPOINT_INCREMENTAL),
-        )
-
-    @property
-    def periodic(self) -> bool:
-        return self.interval_ms is not None
-
-
-@dataclass(frozen=True)
-class CheckpointBarrier:
-    """What every TaskManager hosting the job receives to start a snapshot."""
-
-    job_id: str
-    checkpoint_id: int
-    timestamp_ms: int
-    target_path: str
-    savepoint: bool
-    incremental: bool
-    epoch: int
-
-    def to_proto(self) -> tm_pb.CheckpointBarrier:
-        return tm_pb.CheckpointBarrier(
-            job_id=self.job_id, checkpoint_id=self.checkpoint_id, timestamp_ms=self.timestamp_ms,
-            target_path=self.target_path, savepoint=self.savepoint, incremental=self.incremental, epoch=self.epoch,
-        )
-
-
-class CheckpointGateway(Protocol):
-    """How the coordinator reaches the TaskManagers of its job."""
-
-    def send_barrier(self, barrier: CheckpointBarrier) -> None:
-        """Deliver the barrier to every TaskManager of the job; UnavailableError if one is unreachable."""
-
-    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
-        """Tell the TaskManagers a checkpoint completed or was aborted (best effort)."""
+_RECENT = 128  # finished checkpoints remembered for late acks and wait_for
 
 
 class CheckpointCoordinator:
@@ -228,6 +152,7 @@ class CheckpointCoordinator:
         return self._cleaner
 
     def latest_completed(self) -> CompletedCheckpoint | None:
+        """The newest completed checkpoint or savepoint still retained (what a failover restores)."""
         return self._store.latest()
 
     def pending_checkpoints(self) -> list[PendingCheckpoint]:
@@ -235,11 +160,13 @@ class CheckpointCoordinator:
             return list(self._pending.values())
 
     def in_progress_ids(self) -> set[int]:
+        """Ids of checkpoints not yet completed or aborted (``statectl checkpoint gc`` keeps their files)."""
         with self._lock:
             return set(self._pending)
 
     @property
     def consecutive_failures(self) -> int:
+        """Counted failures since the last completed checkpoint (compared with tolerable-failed-checkpoints)."""
         with self._lock:
             return self._consecutive_failures
 
@@ -569,6 +496,7 @@ class CheckpointCoordinator:
                               what=f"checkpoints subsumed by {cid} of job {self.job_id}")
         self._release_deferred()
         self._notify(cid, True)
+        pending.release_acks()
         pending.future.set_result(completed)
 
     # -- abort ---------------------------------------------------------------------------------
@@ -610,6 +538,8 @@ class CheckpointCoordinator:
             )
         self._release_deferred()
         self._notify(pending.checkpoint_id, False)
+        with self._lock:
+            pending.release_acks()
         pending.future.set_exception(CheckpointException(reason, message))
         if fire and self._on_failover is not None:
             cause = (

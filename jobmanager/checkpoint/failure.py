@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-
 import enum
+import logging
 
 from keyedstate.common.errors import CheckpointError, Reason
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Sequence
 
 from keyedstate.common.errors import CorruptCheckpointError, StorageError
-from keyedstate.common.storage._base import CheckpointStorage
+from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.failure import CheckpointNotFoundError

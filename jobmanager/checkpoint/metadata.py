@@ -74,18 +74,28 @@ class FileRef:
     path: str
     size: int
     sha256: str = ""
+    """Hex SHA-256 of the content, empty when the TaskManager did not compute it."""
     local_name: str = ""
+    """The file's name inside the snapshot (``000012.sst``), where restore puts it."""
     shared: bool = False
+    """Lives in ``../shared/`` and may be referenced by several checkpoints."""
 
 
 @dataclass(frozen=True)
 class SubtaskSnapshot:
+    """What one subtask contributed: its key groups and the files that restore them."""
+
     subtask_index: int
     key_groups: KeyGroupRange
+    """The key groups this snapshot holds (the subtask's range when the checkpoint was taken)."""
     backend: str
+    """``rocksdb`` or ``hashmap``: how the files are laid out."""
     committed_epoch: int
+    """The last Spark epoch committed into this subtask's state."""
     full_size: int
+    """Bytes of every file the snapshot references."""
     incremental_size: int
+    """Bytes uploaded for this checkpoint (the rest was reused from ``shared/``)."""
     files: tuple[FileRef, ...] = ()
 
     @classmethod
@@ -122,6 +132,8 @@ class SubtaskSnapshot:
 
 @dataclass(frozen=True)
 class OperatorSnapshot:
+    """One operator at checkpoint time: its declared states and one snapshot per subtask."""
+
     operator_id: str
     parallelism: int
     states: tuple[StateDescriptor, ...]

@@ -158,6 +158,10 @@ class PendingCheckpoint:
         self.failure_message = message
         self._cancel_timeout()
 
+    def release_acks(self) -> None:
+        """Drop the collected handles once finished (finished checkpoints are remembered for a while)."""
+        self._acks = {}
+
     def _cancel_timeout(self) -> None:
         if self.timeout_handle is not None:
             self.timeout_handle.cancel()

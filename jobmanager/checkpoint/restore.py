@@ -14,7 +14,7 @@ from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
 from keyedstate.common.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
-from keyedstate.common.storage._base import CheckpointStorage
+from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.failure import CheckpointNotFoundError

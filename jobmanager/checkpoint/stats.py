@@ -136,6 +136,7 @@ class CheckpointStatsTracker:
     def report_pending(
         self, checkpoint_id: int, trigger_timestamp_ms: int, *, savepoint: bool, num_subtasks: int, path: str, epoch: int
     ) -> None:
+        """A checkpoint was triggered and is collecting acknowledgements."""
         entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, savepoint, trigger_timestamp_ms, num_subtasks,
                                      path=path, epoch=epoch)
         with self._lock:
@@ -145,6 +146,7 @@ class CheckpointStatsTracker:
             self._export()
 
     def report_ack(self, checkpoint_id: int) -> None:
+        """One more subtask acknowledged (shown as progress in the history)."""
         with self._lock:
             entry = self._history.get(checkpoint_id)
             if entry is not None and entry.status == IN_PROGRESS:
@@ -153,6 +155,7 @@ class CheckpointStatsTracker:
     def report_completed(
         self, checkpoint_id: int, *, duration_ms: int, full_size: int, incremental_size: int, path: str, epoch: int
     ) -> None:
+        """A checkpoint's ``_metadata`` is durable; sets the ``lastCheckpoint*`` gauges."""
         with self._lock:
             entry = self._history.get(checkpoint_id)
             if entry is None:
@@ -196,6 +199,7 @@ class CheckpointStatsTracker:
         logger.debug("job=%s checkpoint trigger rejected (%s): %s", self.job_id, reason.name, message)
 
     def report_restored(self, checkpoint_id: int, timestamp_ms: int) -> None:
+        """The job (re)started from ``checkpoint_id``; sets ``lastCheckpointRestoreTimestamp``."""
         with self._lock:
             self.latest_restore_timestamp_ms = timestamp_ms
             self._m.restore_ts.labels(self.job_id).set(timestamp_ms)
@@ -208,6 +212,7 @@ class CheckpointStatsTracker:
             return sorted(self._history.values(), key=lambda e: e.checkpoint_id, reverse=True)
 
     def entry(self, checkpoint_id: int) -> CheckpointStatsEntry | None:
+        """The history entry of one checkpoint, if it is still among the latest ones."""
         with self._lock:
             return self._history.get(checkpoint_id)
 

@@ -239,18 +239,20 @@ class AckResponse(_message.Message):
     def __init__(self, outcome: _Optional[str] = ...) -> None: ...
 
 class CommitEpochRequest(_message.Message):
-    __slots__ = ("job_id", "epoch", "winners", "checkpoint", "wait_for_checkpoint")
+    __slots__ = ("job_id", "epoch", "winners", "checkpoint", "wait_for_checkpoint", "expected_routing_version")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WINNERS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     epoch: int
     winners: _containers.RepeatedCompositeFieldContainer[_common_pb2.PartitionAttempt]
     checkpoint: bool
     wait_for_checkpoint: bool
-    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., winners: _Optional[_Iterable[_Union[_common_pb2.PartitionAttempt, _Mapping]]] = ..., checkpoint: _Optional[bool] = ..., wait_for_checkpoint: _Optional[bool] = ...) -> None: ...
+    expected_routing_version: int
+    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., winners: _Optional[_Iterable[_Union[_common_pb2.PartitionAttempt, _Mapping]]] = ..., checkpoint: _Optional[bool] = ..., wait_for_checkpoint: _Optional[bool] = ..., expected_routing_version: _Optional[int] = ...) -> None: ...
 
 class CommitEpochResponse(_message.Message):
     __slots__ = ("committed_epoch", "already_committed", "checkpoint")

@@ -193,6 +193,7 @@ def make_harness(storage: Any, job_dir: str, clock: ManualClock, scheduler: Manu
         mode: str = "ack",
         storage_override: Any = None,
         job_dir_override: str | None = None,
+        cleaner_executor: Any = None,
         **settings: Any,
     ) -> Harness:
         ops = operators or default_operators()
@@ -214,7 +215,7 @@ def make_harness(storage: Any, job_dir: str, clock: ManualClock, scheduler: Manu
             tasks=tasks,
             stats=CheckpointStatsTracker(JOB, registry),
             on_failover=lambda reason, message: failovers.append((reason, message)),
-            cleaner=CheckpointsCleaner(st, InlineExecutor()),
+            cleaner=CheckpointsCleaner(st, cleaner_executor or InlineExecutor()),
             savepoints_dir=(tmp_path / "savepoints").as_uri(),
         )
         cluster.coordinator = coordinator

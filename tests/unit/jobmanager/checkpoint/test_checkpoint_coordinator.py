@@ -286,6 +286,28 @@ def test_tolerable_failures_then_failover_exactly_once(make_harness: Any) -> Non
     assert len(h.failovers) == 2
 
 
+def test_failed_savepoints_do_not_count_toward_failover(make_harness: Any) -> None:
+    h = make_harness(mode="decline", tolerable_failures=0)
+    for _ in range(2):
+        with pytest.raises(CheckpointException):
+            h.coordinator.wait_for(h.coordinator.trigger(savepoint=True).checkpoint_id, timeout=0)
+    assert h.failovers == [] and h.coordinator.consecutive_failures == 0
+    assert h.files((Path(h.job_dir[len("file://"):]).parent.parent / "savepoints").as_uri()) == set()
+
+
+def test_decline_outcomes(make_harness: Any) -> None:
+    h = make_harness(mode="manual")
+    first = h.cluster.subtasks()[0]
+    assert h.coordinator.decline(7, first, "no such checkpoint") is AckOutcome.UNKNOWN
+    h.coordinator.trigger()
+    assert h.coordinator.decline(1, SubtaskId(JOB, "other", 0), "not part of it") is AckOutcome.UNKNOWN
+    assert h.coordinator.in_progress_ids() == {1}
+    assert h.coordinator.decline(1, first, "disk full", R.CHECKPOINT_ASYNC_EXCEPTION) is AckOutcome.SUCCESS
+    assert h.coordinator.decline(1, first, "again") is AckOutcome.DISCARDED
+    with pytest.raises(CheckpointException, match="CHECKPOINT_ASYNC_EXCEPTION: subtask job-1/counts/0 declined checkpoint 1: disk full"):
+        h.coordinator.wait_for(1, timeout=0)
+
+
 def test_pre_flight_rejections_do_not_count_toward_failover(make_harness: Any) -> None:
     running = {SubtaskId(JOB, "counts", 0)}
     h = make_harness(tasks=lambda: running, tolerable_failures=0)
@@ -366,8 +388,6 @@ def test_deletion_rechecks_references_just_before_deleting(make_harness: Any) ->
     """Deletions run later on the cleaner's executor; a file referenced again by then survives."""
     from concurrent.futures import Executor, Future
 
-    from keyedstate.jobmanager.checkpoint import CheckpointsCleaner
-
     class QueuedExecutor(Executor):
         def __init__(self) -> None:
             self.queue: list[tuple[Any, Future[Any]]] = []
@@ -382,9 +402,8 @@ def test_deletion_rechecks_references_just_before_deleting(make_harness: Any) ->
                 task, future = self.queue.pop(0)
                 future.set_result(task())
 
-    h = make_harness(mode="manual", num_retained=1)
     executor = QueuedExecutor()
-    h.coordinator._cleaner = CheckpointsCleaner(h.storage, executor)
+    h = make_harness(mode="manual", num_retained=1, cleaner_executor=executor)
     h.coordinator.trigger()
     h.cluster.ack_all(1)
     h.coordinator.trigger()

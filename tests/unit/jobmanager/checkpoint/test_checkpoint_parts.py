@@ -228,7 +228,8 @@ def test_cleaner_failures_are_counted_not_raised(storage: Any, tmp_path: Any) ->
 # -- stats ---------------------------------------------------------------------------------------
 def test_stats_gauges_are_flink_named_and_shared_across_jobs() -> None:
     registry = CollectorRegistry()
-    a, b = CheckpointStatsTracker("a", registry, history_size=2), CheckpointStatsTracker("b", registry)
+    a = CheckpointStatsTracker("a", registry, history_size=2)
+    CheckpointStatsTracker("b", registry)  # a second job on the same registry
 
     def value(name: str, job: str) -> float | None:
         return registry.get_sample_value(f"flink_jobmanager_job_{name}", {"job_id": job})

@@ -1,0 +1,1 @@
+"""Runnable examples; ``main_job`` is what the README's first command runs."""

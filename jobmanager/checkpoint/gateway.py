@@ -1,0 +1,45 @@
+"""How the coordinator reaches a job's TaskManagers: the barrier it sends and the gateway protocol."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointBarrier:
+    """What every TaskManager hosting the job receives to start a snapshot."""
+
+    job_id: str
+    checkpoint_id: int
+    timestamp_ms: int
+    """Trigger time (wall clock); recorded in ``_metadata``."""
+    target_path: str
+    """Absolute URL of the directory for this snapshot's own files (``…/chk-<n>`` or the savepoint dir)."""
+    savepoint: bool
+    """Upload every file into ``target_path`` (self-contained), sharing nothing."""
+    incremental: bool
+    """Upload only SST files not already confirmed in ``shared/``."""
+    epoch: int
+    """The last committed epoch the snapshot must contain (-1: none)."""
+
+    def to_proto(self) -> tm_pb.CheckpointBarrier:
+        return tm_pb.CheckpointBarrier(
+            job_id=self.job_id, checkpoint_id=self.checkpoint_id, timestamp_ms=self.timestamp_ms,
+            target_path=self.target_path, savepoint=self.savepoint, incremental=self.incremental, epoch=self.epoch,
+        )
+
+
+class CheckpointGateway(Protocol):
+    """How the coordinator reaches the TaskManagers of its job."""
+
+    def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        """Deliver the barrier to every TaskManager of the job; UnavailableError if one is unreachable."""
+
+    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+        """Tell the TaskManagers a checkpoint completed or was aborted (best effort)."""

@@ -1,0 +1,61 @@
+"""The ``execution.checkpointing.*`` settings of one job (Flink's ``CheckpointCoordinatorConfiguration``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
+from keyedstate.common.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_MIN_INTERVAL_MS = 10
+
+
+@dataclass(frozen=True)
+class CheckpointingSettings:
+    """The ``execution.checkpointing.*`` settings of one job."""
+
+    interval_ms: int | None = None
+    """Periodic trigger interval; None disables periodic checkpoints."""
+    timeout_ms: int = 10 * 60_000
+    max_concurrent: int = 1
+    min_pause_ms: int = 0
+    tolerable_failures: int = 0
+    num_retained: int = 1
+    incremental: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interval_ms is not None and self.interval_ms < _MIN_INTERVAL_MS:
+            raise ConfigError(
+                f"{o.CHECKPOINT_INTERVAL.key}: must be at least {_MIN_INTERVAL_MS} ms, got {self.interval_ms} ms; "
+                "leave it unset to disable periodic checkpoints"
+            )
+        if self.timeout_ms < 1:
+            raise ConfigError(f"{o.CHECKPOINT_TIMEOUT.key}: must be positive, got {self.timeout_ms} ms")
+        for key, value, minimum in (
+            (o.CHECKPOINT_MAX_CONCURRENT.key, self.max_concurrent, 1),
+            (o.CHECKPOINT_MIN_PAUSE.key, self.min_pause_ms, 0),
+            (o.CHECKPOINT_TOLERABLE_FAILURES.key, self.tolerable_failures, 0),
+            (o.CHECKPOINT_NUM_RETAINED.key, self.num_retained, 1),
+        ):
+            if value < minimum:
+                raise ConfigError(f"{key}: must be at least {minimum}, got {value}")
+
+    @classmethod
+    def from_config(cls, conf: Configuration) -> CheckpointingSettings:
+        return cls(
+            interval_ms=conf.get(o.CHECKPOINT_INTERVAL),
+            timeout_ms=conf.get(o.CHECKPOINT_TIMEOUT),
+            max_concurrent=conf.get(o.CHECKPOINT_MAX_CONCURRENT),
+            min_pause_ms=conf.get(o.CHECKPOINT_MIN_PAUSE),
+            tolerable_failures=conf.get(o.CHECKPOINT_TOLERABLE_FAILURES),
+            num_retained=conf.get(o.CHECKPOINT_NUM_RETAINED),
+            incremental=conf.get(o.CHECKPOINT_INCREMENTAL),
+        )
+
+    @property
+    def periodic(self) -> bool:
+        return self.interval_ms is not None
