@@ -5,11 +5,11 @@ directories without ``_metadata`` and ``shared/`` or ``taskowned/`` files no che
 (see :mod:`keyedstate.jobmanager.checkpoint.gc`). Every valid checkpoint is kept: which ones the
 JobManager still retains is not known offline, and a kept checkpoint costs only space.
 
-When the JobManager answers, checkpoints it reports in progress are protected, and so is any
-``chk-<n>`` newer than the newest checkpoint it has triggered (it may have started meanwhile).
-The plan is made again until the JobManager's view did not change while planning, so a
-checkpoint completing meanwhile never loses a file to gc. Without a reachable JobManager the
-job is assumed idle (a stopped JobManager completes no checkpoint).
+When the JobManager answers, checkpoints it reports in progress are protected (with them, every
+``shared/`` file). The plan is made again until the JobManager triggered and finished nothing
+while it was made, so a checkpoint that starts or completes meanwhile never loses a file to gc;
+one that starts later uploads only files the plan does not name. Without a reachable
+JobManager the job is assumed idle (a stopped JobManager completes no checkpoint).
 """
 
 from __future__ import annotations
@@ -74,11 +74,7 @@ def _stable_plan(
     """A plan made while the JobManager triggered and finished nothing of the job."""
     before = _ask_jobmanager(args, conf)
     for _ in range(_PLAN_ATTEMPTS):
-        protected = set(before.in_progress)
-        if before.reachable:
-            # A chk-<n> newer than anything triggered when we asked may have started since.
-            protected |= {cid for cid in _checkpoint_ids(storage, job_dir) if cid > before.newest_triggered}
-        plan = plan_gc(storage, job_dir, in_progress_ids=protected)
+        plan = plan_gc(storage, job_dir, in_progress_ids=before.in_progress)
         if not before.reachable:
             return plan, before
         after = _ask_jobmanager(args, conf)
@@ -90,15 +86,6 @@ def _stable_plan(
         f"checkpoints of job {args.job!r} kept starting or completing while gc planned ({_PLAN_ATTEMPTS} attempts); "
         "run gc again when the job checkpoints less often, or while it is stopped"
     )
-
-
-def _checkpoint_ids(storage: CheckpointStorage, job_dir: str) -> list[int]:
-    ids = []
-    for info in storage.list(job_dir):
-        cid = _paths.parse_checkpoint_dir_name(_paths.name(info.path))
-        if info.is_dir and cid is not None:
-            ids.append(cid)
-    return ids
 
 
 def _ask_jobmanager(args: argparse.Namespace, conf: Configuration) -> _JobManagerView:

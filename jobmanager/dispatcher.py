@@ -147,6 +147,10 @@ class Dispatcher:
                     f"cancel it first (statectl job cancel {spec.job_id}) or use another job id"
                 )
             job = Job(spec, job_conf)
+            if existing is not None:
+                # Clients keep the newest routing version they saw and ignore older ones, so a job
+                # resubmitted under the same id continues the numbering instead of restarting at 1.
+                job.routing_version = existing.routing_version
             self._jobs[spec.job_id] = job
         try:
             with job.lock:

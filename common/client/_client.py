@@ -198,8 +198,17 @@ class StateClient:
                     self._descriptors[(job_id, op.operator_id, d.name)] = StateDescriptor.from_proto(d)
             found = self._descriptors.get(key)
             if found is None:
-                raise NotFoundError(f"job {job_id!r} operator {operator_id!r} declares no state {state!r}",
-                                    reason=Reason.UNKNOWN_STATE)
+                operators = sorted(op.operator_id for op in info.operators)
+                if operator_id not in operators:
+                    raise NotFoundError(
+                        f"job {job_id!r} has no operator {operator_id!r} (operators: {', '.join(operators) or 'none'})",
+                        reason=Reason.UNKNOWN_OPERATOR,
+                    )
+                declared = sorted(d.name for op in info.operators if op.operator_id == operator_id for d in op.states)
+                raise NotFoundError(
+                    f"job {job_id!r} operator {operator_id!r} declares no state {state!r} (states: {', '.join(declared)})",
+                    reason=Reason.UNKNOWN_STATE,
+                )
         return found
 
     # -- TaskManager calls -------------------------------------------------------------------

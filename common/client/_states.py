@@ -20,6 +20,10 @@ V = TypeVar("V")
 UK = TypeVar("UK")
 
 
+_HANDLE_NAMES = {StateKind.VALUE: "ValueState", StateKind.LIST: "ListState", StateKind.MAP: "MapState",
+                 StateKind.REDUCING: "ReducingState"}
+
+
 def _pick(column: list[Any], indices: list[int] | None) -> list[Any]:
     return column if indices is None else [column[i] for i in indices]
 
@@ -62,7 +66,7 @@ class _Handle(Generic[K]):
         if descriptor.kind is not self.kind:
             raise WrongStateKindError(
                 f"state {name!r} of operator {operator_id!r} is {descriptor.kind.value} state, not {self.kind.value}; "
-                f"use the {descriptor.kind.value}_state handle"
+                f"use {_HANDLE_NAMES[descriptor.kind]}"
             )
         self.descriptor: StateDescriptor = descriptor
 

@@ -73,6 +73,9 @@ def _check_port_free(host: str, port: int, what: str, port_key: str) -> None:
     # grpc's own bind error says only "Failed to bind"; probe first to name the cause.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As gRPC does: without SO_REUSEADDR the connections a killed predecessor left in
+        # TIME_WAIT would block a restart on the same port; a live listener still fails the bind.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

@@ -27,7 +27,7 @@ from keyedstate.common.errors import (
     WrongStateKindError,
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
-from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group, key_groups as key_groups_of
+from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_groups as key_groups_of
 from keyedstate.taskmanager.state.limits import StateLimits
 from keyedstate.taskmanager.state.metadata import INTERNAL_META_PREFIX
 from keyedstate.taskmanager.state.mutation import Mutation, MutationKind
@@ -589,9 +589,6 @@ class KeyedStateBackend(ABC):
             states=tuple(h.descriptor for h in self._all_handles()),
             created_ms=self.clock.now_ms(),
         )
-
-    def _key_group_of(self, key: bytes) -> int:
-        return key_group(key, self.max_parallelism)
 
 
 def _reason_kw(exc: Exception) -> dict[str, Any]:

@@ -409,10 +409,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._refresh(st, seen_keys, seen_values, now)
         return out
 
-    def _scan(self, st: StateHandle, begin: bytes, end: bytes | None, emit: Callable[[bytes, bytes, int], Any]) -> Iterator[Any]:
+    def _scan(
+        self, st: StateHandle, begin: bytes, end: bytes | None, emit: Callable[[bytes, bytes, int], Any], refresh: bool = True
+    ) -> Iterator[Any]:
         """Chunked scan of ``[begin, end)``; ``emit(key, value, now)`` returns an item or None (skip)."""
         start = begin
         codec = st.codec
+        refresh = refresh and codec.update_on_read
         while True:
             with self._op:
                 chunk = _read_chunk(st.store, start, end, _SCAN_CHUNK)
@@ -424,7 +427,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     item = emit(k, v, now)
                     if item is not None:
                         items.append(item)
-                        if codec.update_on_read:
+                        if refresh:
                             live_keys.append(k)
                             live_values.append(v)
                 if live_keys:
@@ -485,20 +488,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             decoded = layout.decode_key(k)
             return (decoded.key, decoded.namespace)
 
-        return self._scan_no_refresh(st, begin, end, emit)
-
-    def _scan_no_refresh(self, st: StateHandle, begin: bytes, end: bytes, emit: Callable[[bytes, bytes, int], Any]) -> Iterator[Any]:
-        # Listing keys is not a read of their values, so it never moves TTL timestamps.
-        start = begin
-        while True:
-            with self._op:
-                chunk = _read_chunk(st.store, start, end, _SCAN_CHUNK)
-                now = self.clock.now_ms()
-                items = [item for item in (emit(k, v, now) for k, v in chunk) if item is not None]
-            yield from items
-            if len(chunk) < _SCAN_CHUNK:
-                return
-            start = chunk[-1][0] + b"\x00"
+        # Listing keys is not a read of their values: it never moves TTL timestamps.
+        return self._scan(st, begin, end, emit, refresh=False)
 
     # -- metadata ---------------------------------------------------------------------------
     def get_meta(self, key: bytes) -> bytes | None:
@@ -611,7 +602,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
         The RocksDB snapshot with the largest overlap becomes the DB itself (SST files hard-linked,
         foreign key groups removed with ``delete_range``); the others contribute their overlap as
-        SST files written in key order and ingested. Existing local data of the slot is replaced.
+        SST files written in key order and ingested. Existing local data of the slot is replaced,
+        so the slot's previous backend must be closed first.
         """
         plan = plan_restore(snapshot_dirs, key_groups, max_parallelism, states)
         db_dir = slot_db_dir(Path(local_dir), subtask)
@@ -628,6 +620,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         try:
             metas = []
             staging = db_dir.parent / "restore-staging"
+            shutil.rmtree(staging, ignore_errors=True)
             for part in plan.parts:
                 with part.open() as reader:
                     metas.append(reader.meta())
