@@ -47,6 +47,14 @@ class JobManager:
         return f"{self.settings.address}:{self.port}"
 
     def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            # A failed start inside a long-lived process must not leave the server or port behind.
+            self.stop(grace_s=0)
+            raise
+
+    def _start(self) -> None:
         s = self.settings
         from keyedstate.jobmanager.checkpointing import install
 

@@ -55,8 +55,17 @@ class TaskManager:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        s = self.settings
         work = self._prepare_work_dir()
+        try:
+            self._start(work)
+        except BaseException:
+            # Release what was set up (work-dir lock, server, metrics port), so that a failed
+            # start inside a long-lived process leaves nothing behind.
+            self.stop(grace_s=0)
+            raise
+
+    def _start(self, work: Path) -> None:
+        s = self.settings
         resources = RocksDBResources.from_config(self.conf) if s.backend == "rocksdb" else None
         self.deployer = SlotDeployer(self.slots, s.backend, work, StateLimits.from_config(self.conf), resources, self.clock)
         self._install_snapshots()
@@ -86,11 +95,7 @@ class TaskManager:
             s.jobmanager_address, self.id, self.address, s.host, s.num_slots, s.backend,
             self._metrics_server.port or 0, self._slot_reports, self.clock, self._stop,
         )
-        try:
-            self.connection.register(s.registration_timeout_ms)
-        except Exception:
-            self.stop(grace_s=0)
-            raise
+        self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()
         if s.ttl_cleanup_interval_ms > 0:
             self._sweeper = threading.Thread(target=self._ttl_sweep_loop, name="ttl-sweeper", daemon=True)

@@ -106,9 +106,11 @@ class Configuration:
         if path is not None:
             p = Path(path)
             try:
-                text = p.read_text()
+                text = p.read_text(encoding="utf-8")
             except OSError as exc:
                 raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}; pass an existing YAML file to --config") from exc
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"config file {p} is not UTF-8 text ({exc.reason} at byte {exc.start}); pass a YAML file") from exc
             try:
                 data = yaml.safe_load(text) or {}
             except yaml.YAMLError as exc:

@@ -41,6 +41,7 @@ from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, upload_files
 from keyedstate.taskmanager.state import KeyedStateBackend, restore_backend
+from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
 
 if TYPE_CHECKING:
     from keyedstate.taskmanager.daemon import TaskManager
@@ -325,7 +326,7 @@ class SnapshotManager:
 def _committed_epoch(backend: KeyedStateBackend | None) -> int:
     if backend is None:
         return -1
-    raw = backend.get_meta(b"committed_epoch")
+    raw = backend.get_meta(COMMITTED_EPOCH)
     return int(raw.decode()) if raw else -1
 
 

@@ -102,5 +102,5 @@ def merge_meta(metas: Sequence[dict[bytes, bytes]]) -> dict[bytes, bytes]:
                 continue
             if k in merged and merged[k] != v:
                 logger.debug("meta key %r differs between restored snapshots; keeping the first", k)
-            merged[k] = v
+            merged.setdefault(k, v)
     return merged

@@ -914,11 +914,20 @@ def test_snapshot_into_an_existing_directory_is_refused(backend: KeyedStateBacke
 
 def test_snapshot_serving_continues_until_materialized(backend: KeyedStateBackend, restore: Callable[..., KeyedStateBackend], tmp_path: Path) -> None:
     backend.value_put("v", [b"a"], [b"before"], b"")
+    backend.list_append("l", [b"a"], [b"before"], b"")
+    backend.map_put("m", [b"a"], [b"u"], [b"before"], b"")
     pending = backend.snapshot(tmp_path / "p")
     backend.value_put("v", [b"a"], [b"after"], b"")
+    backend.list_append("l", [b"a"], [b"after"], b"")
+    backend.map_put("m", [b"a", b"a"], [b"u", b"u2"], [b"after", b"after"], b"")
+    backend.apply([], meta={COMMITTED_EPOCH: b"after"})
     assert backend.value_get("v", [b"a"], b"") == [b"after"]
     pending.materialize()
-    assert restore([pending.directory]).value_get("v", [b"a"], b"") == [b"before"]
+    restored = restore([pending.directory])
+    assert restored.value_get("v", [b"a"], b"") == [b"before"]
+    assert restored.list_get("l", [b"a"], b"") == [[b"before"]]
+    assert list(restored.map_scan("m", b"a", b"")) == [(b"u", b"before")]
+    assert restored.get_meta(COMMITTED_EPOCH) is None
 
 
 # -- lifecycle --------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""The key and value layout of a slot's staging database.
+
+A staged key is::
+
+    epoch (8 bytes) | partition (4) | attempt (8) | state id (2) | layout prefix | suffix
+
+all big-endian, where ``layout prefix`` is the stored-key prefix of (key group, key, namespace)
+from :mod:`keyedstate.taskmanager.state.layout` (prefix-free per key and namespace) and the
+state id is the index of the state in the slot's declared states. So one attempt's writes are
+one contiguous range, an epoch's writes are one range, and every epoch up to N is ``[b"", N+1)``.
+
+Per state kind (the first byte of a staged value is its tag):
+
+* value: ``prefix`` -> ``PUT + value`` | ``CLEAR``
+* reducing: ``prefix`` -> ``DELTA + vector`` (fold into the committed value) |
+  ``REPLACE + vector`` (cleared, then reduced to ``vector``) | ``CLEAR``
+* list: ``prefix + HEAD`` -> ``APPEND|REPLACE + count (8 bytes)``, and the staged elements at
+  ``prefix + ENTRY + seq (8 bytes)`` for seq in ``0..count-1``; ``REPLACE`` with count 0 clears
+* map: ``prefix + HEAD`` -> ``CLEAR`` when the committed map was cleared first; entries at
+  ``prefix + ENTRY + user key`` -> ``PUT + value`` | ``REMOVED``
+
+``HEAD`` sorts before ``ENTRY``, so a scan meets a list's header or a map's clear marker before
+its entries, and map entries in user-key order (the order of a committed map scan).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from keyedstate.common.errors import KeyedStateError, Reason
+
+logger = logging.getLogger(__name__)
+
+EPOCH_BYTES = 8
+PARTITION_BYTES = 4
+ATTEMPT_BYTES = 8
+STATE_ID_BYTES = 2
+SEQ_BYTES = 8
+ATTEMPT_PREFIX_LEN = EPOCH_BYTES + PARTITION_BYTES + ATTEMPT_BYTES
+MAX_STATES = 1 << (8 * STATE_ID_BYTES)
+
+HEAD = b"\x00"
+ENTRY = b"\x01"
+
+PUT = b"P"
+CLEAR = b"C"
+DELTA = b"D"
+REPLACE = b"R"
+APPEND = b"A"
+REMOVED = b"X"
+
+PUT_TAG = PUT[0]
+CLEAR_TAG = CLEAR[0]
+DELTA_TAG = DELTA[0]
+REPLACE_TAG = REPLACE[0]
+APPEND_TAG = APPEND[0]
+REMOVED_TAG = REMOVED[0]
+
+
+def epoch_prefix(epoch: int) -> bytes:
+    return epoch.to_bytes(EPOCH_BYTES, "big")
+
+
+def attempt_prefix(epoch: int, partition: int, attempt: int) -> bytes:
+    return epoch.to_bytes(EPOCH_BYTES, "big") + partition.to_bytes(PARTITION_BYTES, "big") + attempt.to_bytes(ATTEMPT_BYTES, "big")
+
+
+def state_prefix(attempt: bytes, state_id: int) -> bytes:
+    """Where one attempt's staged entries of one state start."""
+    return attempt + state_id.to_bytes(STATE_ID_BYTES, "big")
+
+
+def through_epoch(epoch: int) -> tuple[bytes, bytes]:
+    """``[begin, end)`` covering everything staged for epochs up to ``epoch``."""
+    return b"", epoch_prefix(epoch + 1)
+
+
+def one_epoch(epoch: int) -> tuple[bytes, bytes]:
+    return epoch_prefix(epoch), epoch_prefix(epoch + 1)
+
+
+def list_header(tag: bytes, count: int) -> bytes:
+    return tag + count.to_bytes(SEQ_BYTES, "big")
+
+
+def parse_list_header(raw: bytes) -> tuple[int, int]:
+    """(tag, staged element count) of a list header."""
+    if len(raw) != 1 + SEQ_BYTES or raw[0] not in (APPEND_TAG, REPLACE_TAG):
+        raise corrupt(f"list header {raw[:16]!r}")
+    return raw[0], int.from_bytes(raw[1:], "big")
+
+
+def element_key(list_entry_prefix: bytes, seq: int) -> bytes:
+    """``list_entry_prefix`` is ``staged prefix + ENTRY``."""
+    return list_entry_prefix + seq.to_bytes(SEQ_BYTES, "big")
+
+
+def corrupt(what: str) -> KeyedStateError:
+    return KeyedStateError(
+        f"the epoch staging database holds a malformed record ({what}); abort the epoch and re-run the micro-batch",
+        reason=Reason.INTERNAL,
+    )

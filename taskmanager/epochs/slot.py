@@ -1,0 +1,186 @@
+"""The epoch transactions of one slot: its staging store, committed epoch, locks, commit and abort."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from keyedstate.common.errors import EpochConflictError, KeyedStateError, Reason, UnavailableError
+from keyedstate.taskmanager.epochs import records
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt
+from keyedstate.taskmanager.epochs.fold import fold_attempt
+from keyedstate.taskmanager.epochs.locks import SharedExclusiveLock
+from keyedstate.taskmanager.epochs.staging import StagingOptions, StagingStore
+from keyedstate.taskmanager.slots import Slot
+from keyedstate.taskmanager.state import KeyedStateBackend, Mutation
+
+logger = logging.getLogger(__name__)
+
+COMMITTED_EPOCH_KEY = b"committed_epoch"
+"""Slot meta key of the last committed epoch (ASCII digits); checkpoints report it to the JobManager."""
+
+NO_EPOCH = -1
+
+
+class EpochCommitError(KeyedStateError):
+    """Applying an epoch's staged writes failed on a slot; nothing of the epoch was applied there.
+
+    The reason is the cause's (a size limit, storage, ...). The staged writes are kept, so the
+    commit can be retried; abort the epoch to discard them.
+    """
+
+    def __init__(self, message: str, *, reason: Reason) -> None:
+        super().__init__(message, reason=reason)
+
+
+def read_committed_epoch(backend: KeyedStateBackend) -> int:
+    raw = backend.get_meta(COMMITTED_EPOCH_KEY)
+    if not raw:
+        return NO_EPOCH
+    try:
+        return int(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise KeyedStateError(
+            f"slot {backend.subtask} has a malformed committed epoch {raw[:32]!r} in its metadata", reason=Reason.INTERNAL
+        ) from exc
+
+
+class SlotEpochs:
+    """Epoch state of one deployed slot (one backend instance).
+
+    Staging calls hold :attr:`lock` shared and a commit holds it exclusively, so a commit never
+    sees half a staged batch and a write racing a commit either lands before it (and is then
+    applied or discarded by it) or is refused after it. Writers are serialized among themselves
+    by a mutex, because some (reduce, list append) read what is staged before writing.
+    """
+
+    def __init__(self, slot: Slot, backend: KeyedStateBackend, path: Path, options: StagingOptions | None = None) -> None:
+        self.slot = slot
+        self.backend = backend
+        self.subtask = slot.subtask
+        self.path = path
+        self.lock = SharedExclusiveLock()
+        self._options = options
+        self._write_mutex = threading.Lock()
+        self._store: StagingStore | None = None
+        self._closed = False
+        descriptors = backend.descriptors()
+        if len(descriptors) > records.MAX_STATES:
+            raise KeyedStateError(f"{self.subtask} declares {len(descriptors)} states; epochs support at most {records.MAX_STATES}")
+        self.state_ids = {d.name: i for i, d in enumerate(descriptors)}
+        self.states = [(d.name, d.kind) for d in descriptors]
+        self.committed_epoch = read_committed_epoch(backend)
+
+    def __repr__(self) -> str:
+        return f"SlotEpochs({self.subtask}, committed_epoch={self.committed_epoch})"
+
+    @property
+    def store(self) -> StagingStore | None:
+        """The staging store, None until the slot's first staged write."""
+        return self._store
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UnavailableError(
+                f"{self.subtask} was released from this TaskManager; refresh the routing table and retry",
+                reason=Reason.SHUTTING_DOWN,
+            )
+
+    def _check_epoch(self, attempt: TaskAttempt) -> None:
+        if attempt.epoch <= self.committed_epoch:
+            raise EpochConflictError(
+                f"{attempt} writes to {self.subtask}, which has already committed epoch {self.committed_epoch}; the write is "
+                "refused because this task attempt is stale (a zombie, or a re-run of a committed micro-batch) and its "
+                "result must not be applied twice"
+            )
+
+    @contextmanager
+    def writing(self, attempt: TaskAttempt) -> Iterator[StagingStore]:
+        """The store to stage ``attempt``'s writes into, with writers serialized and commits kept out."""
+        with self.lock.shared():
+            self._check_open()
+            self._check_epoch(attempt)
+            with self._write_mutex:
+                if self._store is None:
+                    self._store = StagingStore(self.path, str(self.subtask), self._options)
+                yield self._store
+
+    @contextmanager
+    def reading(self) -> Iterator[StagingStore | None]:
+        """The store to read staged writes from (None: nothing was ever staged), commits kept out."""
+        with self.lock.shared():
+            self._check_open()
+            yield self._store
+
+    # -- commit -------------------------------------------------------------------------------
+    def commit(self, epoch: int, winners: Mapping[int, int]) -> tuple[int, int]:
+        """Apply the winners' staged writes of ``epoch`` atomically; (committed epoch, mutations applied).
+
+        ``winners`` maps partition -> winning attempt. Everything else staged for epochs up to
+        ``epoch`` is discarded. An epoch at or below the committed one changes nothing.
+        """
+        with self.lock.exclusive():
+            self._check_open()
+            committed = read_committed_epoch(self.backend)
+            self.committed_epoch = committed
+            if epoch <= committed:
+                logger.info("epoch %d of %s is already committed (committed epoch %d); nothing to apply", epoch, self.subtask, committed)
+                self._discard(*records.through_epoch(committed))
+                return committed, 0
+            t0 = time.monotonic()
+            mutations: list[Mutation] = []
+            store = self._store
+            if store is not None:
+                for partition in sorted(winners):
+                    prefix = records.attempt_prefix(epoch, partition, winners[partition])
+                    end = records.attempt_prefix(epoch, partition, winners[partition] + 1)
+                    mutations.extend(fold_attempt(store.scan(prefix, end), self.states))
+            try:
+                applied = self.backend.apply(mutations, meta={COMMITTED_EPOCH_KEY: str(epoch).encode("ascii")})
+            except KeyedStateError as exc:
+                logger.error("commit of epoch %d on %s failed (%s): %s", epoch, self.subtask, exc.reason.value, exc.message)
+                raise EpochCommitError(
+                    f"commit of epoch {epoch} on {self.subtask} failed, nothing of it was applied there: {exc.message}. "
+                    "Its staged writes are kept: fix the cause and commit again, or abort the epoch and re-run the micro-batch",
+                    reason=exc.reason,
+                ) from exc
+            self.committed_epoch = epoch
+            self._discard(*records.through_epoch(epoch))
+            logger.info(
+                "committed epoch %d on %s: %d mutations from %d winning attempts in %.0f ms",
+                epoch, self.subtask, applied, len(winners), (time.monotonic() - t0) * 1000,
+            )
+            return epoch, applied
+
+    def abort(self, epoch: int) -> int:
+        """Discard everything staged for ``epoch``; returns the committed epoch."""
+        with self.lock.exclusive():
+            self._check_open()
+            if self._store is not None:
+                self._store.delete_range(*records.one_epoch(epoch))
+            logger.info("aborted epoch %d on %s (committed epoch %d)", epoch, self.subtask, self.committed_epoch)
+            return self.committed_epoch
+
+    def _discard(self, begin: bytes, end: bytes) -> None:
+        if self._store is None:
+            return
+        try:
+            self._store.delete_range(begin, end)
+        except KeyedStateError:
+            # Harmless: epochs up to the committed one are refused and never applied again.
+            logger.exception("discarding staged epochs of %s failed; they stay on disk until the slot is released", self.subtask)
+
+    def close(self) -> None:
+        """Drop the staging data (slot released or restored, TaskManager stopping). Idempotent."""
+        with self.lock.exclusive():
+            if self._closed:
+                return
+            self._closed = True
+            store, self._store = self._store, None
+        if store is not None:
+            store.close(drop=True)
+            logger.info("dropped the epoch staging of %s", self.subtask)

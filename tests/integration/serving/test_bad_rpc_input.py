@@ -1,0 +1,317 @@
+"""Bad keyed-state calls, through raw gRPC stubs and through the client, on both backends.
+
+Every refused call must come back with the right status code, the typed reason in the trailing
+metadata and a message naming the fix, must change nothing, and must leave the TaskManager
+serving other calls correctly.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import grpc
+import pytest
+
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
+from keyedstate.common.client import ListState, MapState, ReducingState, Routing, StateClient, ValueState
+from keyedstate.common.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    Reason,
+    SizeLimitError,
+    WrongStateKindError,
+)
+from keyedstate.common.rpc.status import status_code
+from tests.integration.serving._support import JOB, OPERATOR, key_of_subtask, keys_of_subtask, operators, reason, rpc_error
+
+MAX_KEY = 64
+MAX_VALUE = 128
+LIMITS = {"state.limits.max-key-bytes": str(MAX_KEY), "state.limits.max-value-bytes": str(MAX_VALUE)}
+
+
+@dataclass
+class Serving:
+    client: StateClient
+    routing: Routing
+    stub: tm_grpc.KeyedStateStub
+    """A raw stub to the TaskManager hosting subtask 0."""
+    key0: bytes
+    """A key subtask 0 owns."""
+    key1: bytes
+    """A key subtask 1 owns."""
+    good_calls: int = 0
+
+    def target(self, state: str, *, job: str = JOB, operator: str = OPERATOR, subtask: int = 0) -> tm_pb.StateTarget:
+        return tm_pb.StateTarget(job_id=job, operator_id=operator, subtask_index=subtask, state_name=state,
+                                 routing_version=self.routing.version)
+
+    def call(self, method: str, state: str, **fields: Any) -> Any:
+        target = fields.pop("target", None) or self.target(state)
+        return getattr(self.stub, method)(tm_pb.KeyedRequest(target=target, **fields), timeout=10)
+
+    def assert_still_serving(self) -> None:
+        """A good write and read, raw and through the client, on the TaskManager that refused the bad call."""
+        self.good_calls += 1
+        key = key_of_subtask(self.routing, 0, prefix=f"good{self.good_calls}")
+        value = f"v{self.good_calls}".encode()
+        assert self.call("ValuePut", "last", keys=[key], values=[value]).applied == 1
+        got = self.call("ValueGet", "last", keys=[key])
+        assert list(got.found) == [True] and list(got.values) == [value]
+        state = ValueState(self.client, JOB, OPERATOR, "last", key_serializer="bytes", value_serializer="bytes")
+        assert state.get(key) == value
+
+
+@pytest.fixture(params=["rocksdb", "hashmap"])
+def serving(request: pytest.FixtureRequest, inprocess_cluster: Any) -> Iterator[Serving]:
+    cluster = inprocess_cluster(taskmanagers=2, slots=2, backend=request.param, tm=LIMITS)
+    client = cluster.client()
+    routing = client.submit_job(JOB, operators(parallelism=2))
+    addresses = routing.operator(OPERATOR).addresses
+    # The spread puts the two subtasks on different TaskManagers; the stale-routing cases need it.
+    assert addresses[0] != addresses[1]
+    channel = grpc.insecure_channel(addresses[0])
+    try:
+        yield Serving(client, routing, tm_grpc.KeyedStateStub(channel), key_of_subtask(routing, 0), key_of_subtask(routing, 1))
+    finally:
+        channel.close()
+
+
+def _assert_refused(err: grpc.RpcError, code: grpc.StatusCode, why: str, *fragments: str) -> None:
+    assert err.code() is code, err.details()
+    assert reason(err) == why, (reason(err), err.details())
+    for fragment in fragments:
+        assert fragment in err.details(), f"{fragment!r} not in {err.details()!r}"
+
+
+# -- size limits ---------------------------------------------------------------------------------
+
+def test_key_over_max_key_bytes_is_invalid_argument_and_the_limit_is_inclusive(serving: Serving) -> None:
+    s = serving
+    at_limit = key_of_subtask(s.routing, 0, length=MAX_KEY)
+    assert s.call("ValuePut", "last", keys=[at_limit], values=[b"ok"]).applied == 1
+
+    too_long = key_of_subtask(s.routing, 0, length=MAX_KEY + 1)
+    err = rpc_error(lambda: s.call("ValuePut", "last", keys=[too_long], values=[b"v"]))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-key-bytes", str(MAX_KEY), "shorter keys")
+    # Reads are checked too: an oversized key cannot be stored, so asking for one is a caller bug.
+    err = rpc_error(lambda: s.call("ValueGet", "last", keys=[too_long]))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-key-bytes")
+    assert list(s.call("ValueGet", "last", keys=[at_limit]).values) == [b"ok"]
+    s.assert_still_serving()
+
+
+@pytest.mark.parametrize("method,state,extra", [
+    ("ValuePut", "last", {}),
+    ("ListAppend", "events", {}),
+    ("ListUpdate", "events", {}),
+    ("MapPut", "attrs", {"user_keys": [b"uk"]}),
+])
+def test_value_over_max_value_bytes_is_invalid_argument(serving: Serving, method: str, state: str, extra: dict[str, Any]) -> None:
+    s = serving
+    assert s.call(method, state, keys=[s.key0], values=[b"x" * MAX_VALUE], **extra).applied == 1
+    err = rpc_error(lambda: s.call(method, state, keys=[s.key0], values=[b"x" * (MAX_VALUE + 1)], **extra))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-value-bytes", str(MAX_VALUE))
+    s.assert_still_serving()
+
+
+def test_map_user_key_over_max_key_bytes_is_invalid_argument(serving: Serving) -> None:
+    s = serving
+    err = rpc_error(lambda: s.call("MapPut", "attrs", keys=[s.key0], user_keys=[b"u" * (MAX_KEY + 1)], values=[b"v"]))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "user key #0", "state.limits.max-key-bytes")
+    s.assert_still_serving()
+
+
+def test_a_batch_with_one_bad_entry_applies_nothing(serving: Serving) -> None:
+    """The client retries a refused non-idempotent call only because the server applied none of it."""
+    s = serving
+    keys = [key_of_subtask(s.routing, 0, prefix=f"batch{i}") for i in range(3)]
+    for method, state, values, extra in [
+        ("ValuePut", "last", [b"a", b"x" * (MAX_VALUE + 1), b"c"], {}),
+        ("ListAppend", "events", [b"a", b"b", b"x" * (MAX_VALUE + 1)], {}),
+        ("MapPut", "attrs", [b"a", b"b", b"c"], {"user_keys": [b"u1", b"u" * (MAX_KEY + 1), b"u3"]}),
+    ]:
+        err = rpc_error(lambda: s.call(method, state, keys=keys, values=values, **extra))
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert list(s.call("ValueGet", "last", keys=keys).found) == [False, False, False]
+    assert [list(lst.elements) for lst in s.call("ListGet", "events", keys=keys).lists] == [[], [], []]
+    assert list(s.call("MapGet", "attrs", keys=keys, user_keys=[b"u1", b"u2", b"u3"]).found) == [False] * 3
+    s.assert_still_serving()
+
+
+def test_oversized_key_and_value_through_the_client(serving: Serving) -> None:
+    s = serving
+    last = ValueState(s.client, JOB, OPERATOR, "last", key_serializer="bytes", value_serializer="bytes")
+    with pytest.raises(SizeLimitError) as info:
+        last.put(b"k" * (MAX_KEY + 1), b"v")
+    assert info.value.reason is Reason.SIZE_LIMIT and "state.limits.max-key-bytes" in info.value.message
+    assert status_code(info.value) is grpc.StatusCode.INVALID_ARGUMENT
+
+    events = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
+    other = key_of_subtask(s.routing, 0, prefix="other")
+    with pytest.raises(SizeLimitError) as info:
+        events.append_many([s.key0, other], [b"small", b"x" * (MAX_VALUE + 1)])
+    assert "state.limits.max-value-bytes" in info.value.message
+    # One request per subtask is all-or-nothing, and the refusal is not retried into a partial write.
+    assert events.get_many([s.key0, other]) == [[], []]
+    events.append_many([s.key0, other, s.key1], [b"a", b"b", b"c"])
+    assert events.get_many([s.key0, other, s.key1]) == [[b"a"], [b"b"], [b"c"]]
+    s.assert_still_serving()
+
+
+# -- unknown job / operator / subtask / state ----------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("job", "no-such-job"), ("operator", "no-such-operator")])
+def test_unknown_job_or_operator_is_stale_routing(serving: Serving, field: str, value: str) -> None:
+    s = serving
+    target = s.target("last", **{field: value})
+    err = rpc_error(lambda: s.call("ValueGet", "last", target=target, keys=[s.key0]))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", value, "refresh the routing table")
+    s.assert_still_serving()
+
+
+def test_subtask_not_hosted_here_is_stale_routing(serving: Serving) -> None:
+    s = serving
+    # Subtask 1 lives on the other TaskManager; this one hosts only subtask 0 of the job.
+    err = rpc_error(lambda: s.call("ValuePut", "last", target=s.target("last", subtask=1), keys=[s.key1], values=[b"v"]))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "subtask 1", "refresh the routing table")
+    err = rpc_error(lambda: s.call("ValuePut", "last", target=s.target("last", subtask=7), keys=[s.key1], values=[b"v"]))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "subtask 7")
+    s.assert_still_serving()
+
+
+def test_key_of_another_subtask_is_stale_routing_and_not_written(serving: Serving) -> None:
+    s = serving
+    err = rpc_error(lambda: s.call("ValuePut", "last", keys=[s.key0, s.key1], values=[b"a", b"b"]))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "key #1", "does not own", "refresh it and resend")
+    assert list(s.call("ValueGet", "last", keys=[s.key0]).found) == [False]
+    err = rpc_error(lambda: s.call("ListGet", "events", keys=[s.key1]))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "does not own")
+    s.assert_still_serving()
+
+
+def test_unknown_state_is_not_found_naming_the_declared_states(serving: Serving) -> None:
+    s = serving
+    err = rpc_error(lambda: s.call("ValueGet", "no_such_state", keys=[s.key0]))
+    _assert_refused(err, grpc.StatusCode.NOT_FOUND, "UNKNOWN_STATE", "no_such_state", "attrs, events, last, totals")
+    s.assert_still_serving()
+
+
+def test_unknown_job_operator_and_state_through_the_client(serving: Serving) -> None:
+    s = serving
+    with pytest.raises(NotFoundError) as info:
+        ValueState(s.client, "no-such-job", OPERATOR, "last")
+    assert info.value.reason is Reason.UNKNOWN_JOB
+    assert "unknown job 'no-such-job'" in info.value.message and "submit it first" in info.value.message
+    assert status_code(info.value) is grpc.StatusCode.NOT_FOUND
+    with pytest.raises(NotFoundError) as info:
+        s.client.routing("no-such-job")
+    assert info.value.reason is Reason.UNKNOWN_JOB
+
+    with pytest.raises(NotFoundError) as info:
+        ValueState(s.client, JOB, "no-such-operator", "last")
+    assert info.value.reason is Reason.UNKNOWN_OPERATOR
+    assert "no operator 'no-such-operator'" in info.value.message and OPERATOR in info.value.message
+
+    with pytest.raises(NotFoundError) as info:
+        ValueState(s.client, JOB, OPERATOR, "no_such_state")
+    assert info.value.reason is Reason.UNKNOWN_STATE
+    assert "no_such_state" in info.value.message and "last" in info.value.message
+    s.assert_still_serving()
+
+
+# -- wrong state kind ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method,state,fields,names", [
+    ("ListGet", "last", {}, "ValueGet"),
+    ("ValuePut", "events", {"values": [b"v"]}, "ListAppend"),
+    ("MapGet", "events", {"user_keys": [b"u"]}, "ListGet"),
+    ("ListAppend", "attrs", {"values": [b"v"]}, "MapPut"),
+    ("ValuePut", "totals", {"values": [b"v"]}, "Reduce"),
+    ("Reduce", "last", {"values": [struct.pack(">q", 1)]}, "ValuePut"),
+])
+def test_wrong_state_kind_is_failed_precondition_naming_the_right_call(
+    serving: Serving, method: str, state: str, fields: dict[str, Any], names: str
+) -> None:
+    s = serving
+    err = rpc_error(lambda: s.call(method, state, keys=[s.key0], **fields))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "WRONG_STATE_KIND", method, repr(state), names)
+    s.assert_still_serving()
+
+
+def test_wrong_state_kind_through_the_client(serving: Serving) -> None:
+    s = serving
+    with pytest.raises(WrongStateKindError) as info:
+        ListState(s.client, JOB, OPERATOR, "last")
+    assert "value state" in info.value.message and "ValueState" in info.value.message
+    assert status_code(info.value) is grpc.StatusCode.FAILED_PRECONDITION
+
+    # Past the handle check (a caller using keyed_call directly), the server's answer arrives typed.
+    def build(target: tm_pb.StateTarget, indices: list[int] | None) -> tm_pb.KeyedRequest:
+        return tm_pb.KeyedRequest(target=target, keys=[s.key0])
+
+    with pytest.raises(WrongStateKindError) as info:
+        s.client.keyed_call(JOB, OPERATOR, "last", "ListGet", [s.key0], build)
+    assert info.value.reason is Reason.WRONG_STATE_KIND and "ValueGet" in info.value.message
+    s.assert_still_serving()
+
+
+# -- mismatched columns and malformed requests ---------------------------------------------------
+
+@pytest.mark.parametrize("method,state,fields,fragment", [
+    ("ValuePut", "last", {"values": [b"a"]}, "1 values for 2 keys"),
+    ("ListAppend", "events", {"values": [b"a", b"b", b"c"]}, "3 values for 2 keys"),
+    ("MapPut", "attrs", {"user_keys": [b"u"], "values": [b"a", b"b"]}, "1 user keys for 2 keys"),
+    ("MapGet", "attrs", {"user_keys": [b"u"]}, "1 user keys for 2 keys"),
+    ("Reduce", "totals", {"values": [struct.pack(">q", 1)]}, "1 operands for 2 keys"),
+    ("ValueGet", "last", {"namespaces": [b"ns"]}, "1 namespaces for 2 keys"),
+])
+def test_mismatched_column_lengths_are_invalid_argument(
+    serving: Serving, method: str, state: str, fields: dict[str, Any], fragment: str
+) -> None:
+    s = serving
+    keys = [s.key0, key_of_subtask(s.routing, 0, prefix="second")]
+    err = rpc_error(lambda: s.call(method, state, keys=keys, **fields))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", fragment)
+    assert "per key" in err.details()
+    s.assert_still_serving()
+
+
+def test_malformed_reduce_operand_is_invalid_argument(serving: Serving) -> None:
+    s = serving
+    err = rpc_error(lambda: s.call("Reduce", "totals", keys=[s.key0], values=[b"\x01\x02"]))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "2 bytes", "int64/float64")
+    s.assert_still_serving()
+
+
+def test_malformed_scans_are_invalid_argument(serving: Serving) -> None:
+    s = serving
+
+    def scan(method: str, **fields: Any) -> list[tm_pb.ScanChunk]:
+        return list(getattr(s.stub, method)(tm_pb.ScanRequest(**fields), timeout=10))
+
+    err = rpc_error(lambda: scan("ListScan", target=s.target("events")))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "has_key")
+    err = rpc_error(lambda: scan("MapScan", target=s.target("attrs"), has_key=True, key=s.key0, chunk_size=-1))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "chunk_size")
+    err = rpc_error(lambda: scan("ScanKeys", target=s.target("events", job="no-such-job")))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING")
+    s.assert_still_serving()
+
+
+def test_mismatched_lengths_through_the_client_are_refused_before_sending(serving: Serving) -> None:
+    s = serving
+    last = ValueState(s.client, JOB, OPERATOR, "last", value_serializer="int")
+    attrs = MapState(s.client, JOB, OPERATOR, "attrs", value_serializer="int")
+    totals = ReducingState(s.client, JOB, OPERATOR, "totals")
+    keys = keys_of_subtask(s.routing, 0, 2)
+    with pytest.raises(InvalidArgumentError, match=r"equal lengths \(keys=2, values=1\)"):
+        last.put_many(keys, [1])
+    with pytest.raises(InvalidArgumentError, match="equal lengths"):
+        attrs.put_many(keys, ["u"], [1, 2])
+    with pytest.raises(InvalidArgumentError, match=r"operands of 1 numbers"):
+        totals.add(keys[0], (1, 2))
+    assert last.get_many(keys) == [None, None]
+    s.assert_still_serving()
