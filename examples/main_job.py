@@ -39,9 +39,9 @@ def _spark(base: Path) -> Any:
     previous = os.getcwd()
     os.chdir(scratch)
     try:
-        spark = (SparkSession.builder.master("local[2]").appName("keyedstate-main-job")
+        spark = (SparkSession.builder.master("local[2,4]").appName("keyedstate-main-job")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "4").config("spark.task.maxFailures", "4")
+                 .config("spark.sql.shuffle.partitions", "4")
                  .config("spark.driver.host", "127.0.0.1")
                  .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
     finally:

@@ -176,7 +176,7 @@ class Checkpointing:
                 savepoint=request.savepoint, target_dir=request.target_directory or None,
             )
         except CheckpointException as exc:
-            return jm_pb.CheckpointInfo(status="FAILED", failure_reason=f"{exc.reason.name}: {exc.message}")
+            return jm_pb.CheckpointInfo(status="FAILED", failure_reason=_failure(exc))
         info = jm_pb.CheckpointInfo(checkpoint_id=pending.checkpoint_id, status="IN_PROGRESS",
                                     path=pending.target_path, savepoint=request.savepoint)
         if not request.wait:
@@ -189,7 +189,7 @@ class Checkpointing:
             completed = coordinator.wait_for(checkpoint_id, timeout)
         except CheckpointException as exc:
             return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="FAILED",
-                                        failure_reason=f"{exc.reason.name}: {exc.message}", savepoint=savepoint)
+                                        failure_reason=_failure(exc), savepoint=savepoint)
         except CheckpointError as exc:
             return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="IN_PROGRESS", failure_reason=exc.message)
         return self._info(completed)
@@ -197,10 +197,12 @@ class Checkpointing:
     @staticmethod
     def _info(completed: Any) -> jm_pb.CheckpointInfo:
         meta = completed.metadata
+        # Wall-clock trigger to completion; 0 for a checkpoint loaded from storage (no completion time).
+        duration = max(0, completed.completion_timestamp_ms - meta.timestamp_ms) if completed.completion_timestamp_ms else 0
         return jm_pb.CheckpointInfo(
             checkpoint_id=completed.checkpoint_id, path=completed.external_path, status="COMPLETED", epoch=meta.epoch,
             trigger_timestamp_ms=meta.timestamp_ms, full_size=meta.full_size, incremental_size=meta.incremental_size,
-            savepoint=meta.savepoint,
+            savepoint=meta.savepoint, duration_ms=duration,
         )
 
     def acknowledge(self, request: jm_pb.AcknowledgeCheckpointRequest) -> str:
@@ -223,7 +225,8 @@ class Checkpointing:
         entries = []
         for e in coordinator.stats.history():
             entries.append(jm_pb.CheckpointInfo(
-                checkpoint_id=e.checkpoint_id, path=e.path or "", status=e.status, failure_reason=e.failure_reason or "",
+                checkpoint_id=e.checkpoint_id, path=e.path or "", status=e.status,
+                failure_reason=f"{e.failure_reason}: {e.failure_message}" if e.failure_reason else "",
                 epoch=e.epoch, trigger_timestamp_ms=e.trigger_timestamp_ms, duration_ms=e.duration_ms or 0,
                 full_size=e.full_size or 0, incremental_size=e.incremental_size or 0, savepoint=e.savepoint,
             ))
@@ -295,7 +298,7 @@ class Checkpointing:
             try:
                 pending = job.coordinator.trigger(epoch=request.epoch)
             except CheckpointException as exc:
-                response.checkpoint.CopyFrom(jm_pb.CheckpointInfo(status="FAILED", failure_reason=f"{exc.reason.name}: {exc.message}"))
+                response.checkpoint.CopyFrom(jm_pb.CheckpointInfo(status="FAILED", failure_reason=_failure(exc)))
                 return response
         if request.wait_for_checkpoint:
             response.checkpoint.CopyFrom(self._wait(job.coordinator, pending.checkpoint_id, None, False))
@@ -325,6 +328,11 @@ class Checkpointing:
         self._stop.set()
         for job in self._d.jobs():
             self.detach(job)
+
+
+def _failure(exc: CheckpointException) -> str:
+    # The checkpoint's own reason (CHECKPOINT_DECLINED, ...), not the error class's CHECKPOINT_FAILED.
+    return f"{exc.failure_reason.name}: {exc.detail}"
 
 
 def install(jm: JobManager) -> None:

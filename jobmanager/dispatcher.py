@@ -56,6 +56,9 @@ class Dispatcher:
         self._jobs: dict[str, Job] = {}
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jm-deploy")
+        # Set by shutdown(); restart loops wait on it so that they end with the JobManager
+        # (the interpreter joins pool threads at exit, so a sleeping loop would keep it alive).
+        self.closed = threading.Event()
         # Installed by the checkpoint layer (keyedstate.jobmanager.checkpointing).
         self.checkpointing: Any = None
         registry.add_lost_listener(self._on_taskmanager_lost)
@@ -284,6 +287,7 @@ class Dispatcher:
         self.checkpointing.fail_over(job_id, cause)
 
     def shutdown(self) -> None:
+        self.closed.set()
         if self.checkpointing is not None:
             self.checkpointing.shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)

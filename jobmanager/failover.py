@@ -7,7 +7,6 @@ restarts are exhausted the job goes to FAILED with the cause kept for ``statectl
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,7 +68,9 @@ def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str,
                 return
             job.restarts += 1
             restart = job.restarts
-        time.sleep(strategy.delay_for(restart) / 1000.0)
+        if dispatcher.closed.wait(strategy.delay_for(restart) / 1000.0):
+            logger.info("job %s: restart %d abandoned, the JobManager is shutting down", job_id, restart)
+            return
         with job.lock:
             if job.status.terminal:
                 return

@@ -20,6 +20,7 @@ from keyedstate.common.errors import ConfigError
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
 from keyedstate.taskmanager.deployment import SlotDeployer
+from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.jobmanager_connection import JobManagerConnection
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
 from keyedstate.taskmanager.rpc.keyed_state import KeyedStateServicer
@@ -51,6 +52,7 @@ class TaskManager:
         self._metrics_server: MetricsServer | None = None
         self.connection: JobManagerConnection | None = None
         self.deployer: SlotDeployer | None = None
+        self.epochs: EpochManager | None = None
         self._sweeper: threading.Thread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -69,11 +71,12 @@ class TaskManager:
         resources = RocksDBResources.from_config(self.conf) if s.backend == "rocksdb" else None
         self.deployer = SlotDeployer(self.slots, s.backend, work, StateLimits.from_config(self.conf), resources, self.clock)
         self._install_snapshots()
+        self.epochs = EpochManager(self.slots, self.deployer.instance_dir)
         server, self.port = create_server(
             s.bind_host, s.rpc_port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
             what="TaskManager", port_key="taskmanager.rpc.port",
         )
-        tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics), server)
+        tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics, self.epochs), server)
         tm_grpc.add_TaskExecutorServicer_to_server(
             TaskExecutorServicer(self.deployer, getattr(self, "checkpoints", None), getattr(self, "epochs", None)), server
         )
@@ -120,6 +123,8 @@ class TaskManager:
         checkpoints = getattr(self, "checkpoints", None)
         if checkpoints is not None:
             checkpoints.close()
+        if self.epochs is not None:
+            self.epochs.close()
         if self.deployer is not None:
             self.deployer.close_all()
         if self.connection is not None:

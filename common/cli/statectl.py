@@ -23,7 +23,7 @@ from typing import Any, Callable
 from google.protobuf import json_format
 
 from keyedstate.common.config import Configuration, options as o
-from keyedstate.common.errors import ConfigError, InvalidArgumentError, KeyedStateError
+from keyedstate.common.errors import ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -222,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, InvalidArgumentError) as exc:
         print(f"statectl: {exc}", file=sys.stderr)
         return 2
+    except UnavailableError as exc:
+        print(f"statectl: {exc}", file=sys.stderr)
+        print("statectl: is the JobManager running and reachable? Point statectl at it with --jobmanager HOST:PORT "
+              "(or jobmanager.rpc.address and jobmanager.rpc.port in --config / -D)", file=sys.stderr)
+        return 1
     except KeyedStateError as exc:
         print(f"statectl: {exc}", file=sys.stderr)
         return 1

@@ -114,7 +114,11 @@ class Configuration:
             try:
                 data = yaml.safe_load(text) or {}
             except yaml.YAMLError as exc:
-                raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+                # One line naming the spot; str(exc) spans several lines with a source excerpt.
+                mark = getattr(exc, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                problem = getattr(exc, "problem", None) or str(exc).replace("\n", " ")
+                raise ConfigError(f"config file {p} is not valid YAML{where}: {problem}") from exc
             if not isinstance(data, Mapping):
                 raise ConfigError(f"config file {p} must hold a mapping of keys to values, not {type(data).__name__}")
             _flatten("", data, conf._values)

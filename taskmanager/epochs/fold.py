@@ -17,7 +17,6 @@ from keyedstate.taskmanager.state.mutation import Mutation, MutationKind
 
 logger = logging.getLogger(__name__)
 
-_HEAD = r.HEAD[0]
 _ENTRY = r.ENTRY[0]
 
 
@@ -29,60 +28,70 @@ def fold_attempt(
     ``states[i]`` is the (name, kind) of state id ``i``.
     """
     group: _Group | None = None
-    for key, value in staged:
-        rest = key[r.ATTEMPT_PREFIX_LEN:]
-        sid = int.from_bytes(rest[: r.STATE_ID_BYTES], "big")
-        if sid >= len(states):
-            raise r.corrupt(f"state id {sid} of a slot with {len(states)} states")
-        stored = rest[r.STATE_ID_BYTES:]
-        plen = layout.prefix_length(stored)
-        prefix, suffix = stored[:plen], stored[plen:]
-        if group is not None and (group.sid != sid or group.prefix != prefix):
+    skip = r.ATTEMPT_PREFIX_LEN + r.STATE_ID_BYTES
+    n_states = len(states)
+    single_kinds = (StateKind.VALUE, StateKind.REDUCING)
+    for staged_key, value in staged:
+        sid = int.from_bytes(staged_key[r.ATTEMPT_PREFIX_LEN:skip], "big")
+        if sid >= n_states:
+            raise r.corrupt(f"state id {sid} of a slot with {n_states} states")
+        key, ns, suffix = _split(staged_key, skip)
+        name, kind = states[sid]
+        if kind in single_kinds:
+            if group is not None:
+                yield from group.mutations()
+                group = None
+            yield from _single(name, kind, key, ns, value)
+            continue
+        if group is not None and (group.sid != sid or group.key != key or group.namespace != ns):
             yield from group.mutations()
             group = None
-        name, kind = states[sid]
-        if kind is StateKind.VALUE or kind is StateKind.REDUCING:
-            yield from _single(name, kind, prefix, value)
-            continue
         if group is None:
-            group = _Group(sid, name, kind, prefix)
+            group = _Group(sid, name, kind, key, ns)
         group.add(suffix, value)
     if group is not None:
         yield from group.mutations()
 
 
-def _decoded(prefix: bytes) -> tuple[bytes, bytes]:
-    k = layout.decode_key(prefix)
-    return k.key, k.namespace
+def _split(staged_key: bytes, start: int) -> tuple[bytes, bytes, bytes]:
+    """(key, namespace, suffix) of the layout key at ``start`` (after the key-group bytes)."""
+    pos = start + layout.KEY_GROUP_BYTES
+    if len(staged_key) > pos and staged_key[pos] < 0x80:
+        # One-byte length varints (keys and namespaces under 128 bytes): the common case, inline.
+        key_end = pos + 1 + staged_key[pos]
+        if len(staged_key) > key_end and staged_key[key_end] < 0x80:
+            ns_end = key_end + 1 + staged_key[key_end]
+            if ns_end <= len(staged_key):
+                return staged_key[pos + 1:key_end], staged_key[key_end + 1:ns_end], staged_key[ns_end:]
+    decoded = layout.decode_key(staged_key[start:])
+    return decoded.key, decoded.namespace, decoded.suffix
 
 
-def _single(name: str, kind: StateKind, prefix: bytes, value: bytes) -> Iterator[Mutation]:
-    key, ns = _decoded(prefix)
+def _single(name: str, kind: StateKind, key: bytes, ns: bytes, value: bytes) -> tuple[Mutation, ...]:
     tag = value[0] if value else -1
     if tag == r.CLEAR_TAG:
-        yield Mutation(MutationKind.CLEAR, name, key, ns)
-    elif kind is StateKind.VALUE and tag == r.PUT_TAG:
-        yield Mutation(MutationKind.VALUE_PUT, name, key, ns, value=value[1:])
-    elif kind is StateKind.REDUCING and tag == r.DELTA_TAG:
-        yield Mutation(MutationKind.REDUCE, name, key, ns, value=value[1:])
-    elif kind is StateKind.REDUCING and tag == r.REPLACE_TAG:
+        return (Mutation(MutationKind.CLEAR, name, key, ns),)
+    if kind is StateKind.VALUE and tag == r.PUT_TAG:
+        return (Mutation(MutationKind.VALUE_PUT, name, key, ns, value=value[1:]),)
+    if kind is StateKind.REDUCING and tag == r.DELTA_TAG:
+        return (Mutation(MutationKind.REDUCE, name, key, ns, value=value[1:]),)
+    if kind is StateKind.REDUCING and tag == r.REPLACE_TAG:
         # Reducing into a cleared entry starts from the operand, so clear-then-reduce replaces.
-        yield Mutation(MutationKind.CLEAR, name, key, ns)
-        yield Mutation(MutationKind.REDUCE, name, key, ns, value=value[1:])
-    else:
-        raise r.corrupt(f"{kind.value} record tagged {value[:1]!r}")
+        return (Mutation(MutationKind.CLEAR, name, key, ns), Mutation(MutationKind.REDUCE, name, key, ns, value=value[1:]))
+    raise r.corrupt(f"{kind.value} record tagged {value[:1]!r}")
 
 
 class _Group:
     """The staged records of one list or map entry (header first, then its entries)."""
 
-    __slots__ = ("sid", "name", "kind", "prefix", "head", "elements", "puts")
+    __slots__ = ("sid", "name", "kind", "key", "namespace", "head", "elements", "puts")
 
-    def __init__(self, sid: int, name: str, kind: StateKind, prefix: bytes) -> None:
+    def __init__(self, sid: int, name: str, kind: StateKind, key: bytes, namespace: bytes) -> None:
         self.sid = sid
         self.name = name
         self.kind = kind
-        self.prefix = prefix
+        self.key = key
+        self.namespace = namespace
         self.head: bytes | None = None
         self.elements: list[bytes] = []
         self.puts: list[tuple[bytes, bytes | None]] = []
@@ -103,8 +112,7 @@ class _Group:
             raise r.corrupt(f"{self.kind.value} record with suffix {suffix[:9]!r}")
 
     def mutations(self) -> Iterator[Mutation]:
-        key, ns = _decoded(self.prefix)
-        name = self.name
+        key, ns, name = self.key, self.namespace, self.name
         if self.kind is StateKind.LIST:
             if self.head is None:
                 raise r.corrupt("list elements without a header")

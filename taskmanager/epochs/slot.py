@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from keyedstate.common.errors import EpochConflictError, KeyedStateError, Reason, UnavailableError
+from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError, Reason, UnavailableError
 from keyedstate.taskmanager.epochs import records
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.fold import fold_attempt
@@ -17,13 +17,12 @@ from keyedstate.taskmanager.epochs.locks import SharedExclusiveLock
 from keyedstate.taskmanager.epochs.staging import StagingOptions, StagingStore
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.state import KeyedStateBackend, Mutation
+from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
 
 logger = logging.getLogger(__name__)
 
-COMMITTED_EPOCH_KEY = b"committed_epoch"
-"""Slot meta key of the last committed epoch (ASCII digits); checkpoints report it to the JobManager."""
-
 NO_EPOCH = -1
+_ATTEMPT_LOCK_STRIPES = 16
 
 
 class EpochCommitError(KeyedStateError):
@@ -38,7 +37,8 @@ class EpochCommitError(KeyedStateError):
 
 
 def read_committed_epoch(backend: KeyedStateBackend) -> int:
-    raw = backend.get_meta(COMMITTED_EPOCH_KEY)
+    """The slot's committed epoch (ASCII digits under ``COMMITTED_EPOCH``, which checkpoints report)."""
+    raw = backend.get_meta(COMMITTED_EPOCH)
     if not raw:
         return NO_EPOCH
     try:
@@ -54,8 +54,9 @@ class SlotEpochs:
 
     Staging calls hold :attr:`lock` shared and a commit holds it exclusively, so a commit never
     sees half a staged batch and a write racing a commit either lands before it (and is then
-    applied or discarded by it) or is refused after it. Writers are serialized among themselves
-    by a mutex, because some (reduce, list append) read what is staged before writing.
+    applied or discarded by it) or is refused after it. Writes of one attempt are serialized,
+    because some (reduce, list append) read what the attempt staged before writing; attempts
+    stage different keys, so different attempts write in parallel.
     """
 
     def __init__(self, slot: Slot, backend: KeyedStateBackend, path: Path, options: StagingOptions | None = None) -> None:
@@ -65,12 +66,15 @@ class SlotEpochs:
         self.path = path
         self.lock = SharedExclusiveLock()
         self._options = options
-        self._write_mutex = threading.Lock()
+        self._open_lock = threading.Lock()
+        self._attempt_locks = [threading.Lock() for _ in range(_ATTEMPT_LOCK_STRIPES)]
         self._store: StagingStore | None = None
         self._closed = False
         descriptors = backend.descriptors()
         if len(descriptors) > records.MAX_STATES:
-            raise KeyedStateError(f"{self.subtask} declares {len(descriptors)} states; epochs support at most {records.MAX_STATES}")
+            raise InvalidArgumentError(
+                f"{self.subtask} declares {len(descriptors)} states; epoch transactions support at most {records.MAX_STATES}"
+            )
         self.state_ids = {d.name: i for i, d in enumerate(descriptors)}
         self.states = [(d.name, d.kind) for d in descriptors]
         self.committed_epoch = read_committed_epoch(backend)
@@ -100,14 +104,18 @@ class SlotEpochs:
 
     @contextmanager
     def writing(self, attempt: TaskAttempt) -> Iterator[StagingStore]:
-        """The store to stage ``attempt``'s writes into, with writers serialized and commits kept out."""
+        """The store to stage ``attempt``'s writes into, with the attempt's other writes and commits kept out."""
         with self.lock.shared():
             self._check_open()
             self._check_epoch(attempt)
-            with self._write_mutex:
-                if self._store is None:
-                    self._store = StagingStore(self.path, str(self.subtask), self._options)
-                yield self._store
+            store = self._store
+            if store is None:
+                with self._open_lock:
+                    if self._store is None:
+                        self._store = StagingStore(self.path, str(self.subtask), self._options)
+                    store = self._store
+            with self._attempt_locks[hash((attempt.partition, attempt.attempt)) % _ATTEMPT_LOCK_STRIPES]:
+                yield store
 
     @contextmanager
     def reading(self) -> Iterator[StagingStore | None]:
@@ -132,15 +140,9 @@ class SlotEpochs:
                 self._discard(*records.through_epoch(committed))
                 return committed, 0
             t0 = time.monotonic()
-            mutations: list[Mutation] = []
-            store = self._store
-            if store is not None:
-                for partition in sorted(winners):
-                    prefix = records.attempt_prefix(epoch, partition, winners[partition])
-                    end = records.attempt_prefix(epoch, partition, winners[partition] + 1)
-                    mutations.extend(fold_attempt(store.scan(prefix, end), self.states))
             try:
-                applied = self.backend.apply(mutations, meta={COMMITTED_EPOCH_KEY: str(epoch).encode("ascii")})
+                mutations = self._winning_mutations(epoch, winners)
+                applied = self.backend.apply(mutations, meta={COMMITTED_EPOCH: str(epoch).encode("ascii")})
             except KeyedStateError as exc:
                 logger.error("commit of epoch %d on %s failed (%s): %s", epoch, self.subtask, exc.reason.value, exc.message)
                 raise EpochCommitError(
@@ -155,6 +157,19 @@ class SlotEpochs:
                 epoch, self.subtask, applied, len(winners), (time.monotonic() - t0) * 1000,
             )
             return epoch, applied
+
+    def _winning_mutations(self, epoch: int, winners: Mapping[int, int]) -> list[Mutation]:
+        # Partition order, so that two partitions writing one key apply in a deterministic order.
+        mutations: list[Mutation] = []
+        store = self._store
+        if store is None:
+            return mutations
+        for partition in sorted(winners):
+            attempt = winners[partition]
+            begin = records.attempt_prefix(epoch, partition, attempt)
+            end = records.attempt_prefix(epoch, partition, attempt + 1)
+            mutations.extend(fold_attempt(store.scan(begin, end), self.states))
+        return mutations
 
     def abort(self, epoch: int) -> int:
         """Discard everything staged for ``epoch``; returns the committed epoch."""

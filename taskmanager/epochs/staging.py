@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 STAGING_DIR = "staging"
 """Name of the staging database's directory inside a slot's instance directory."""
 
-_SCAN_CHUNK = 1024
+SCAN_CHUNK = 1024
+"""Entries per chunk of a staging scan."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class StagingStore:
         batch.delete_range(begin, end)
         self.write(batch)
 
-    def read_chunk(self, begin: bytes, end: bytes | None, n: int = _SCAN_CHUNK) -> list[tuple[bytes, bytes]]:
+    def read_chunk(self, begin: bytes, end: bytes | None, n: int = SCAN_CHUNK) -> list[tuple[bytes, bytes]]:
         """Up to ``n`` entries of ``[begin, end)``; no iterator outlives the call (it would pin the DB)."""
         ro = rocksdict.ReadOptions()
         if end is not None:
@@ -118,7 +119,7 @@ class StagingStore:
         while True:
             chunk = self.read_chunk(start, end)
             yield from chunk
-            if len(chunk) < _SCAN_CHUNK:
+            if len(chunk) < SCAN_CHUNK:
                 return
             start = chunk[-1][0] + b"\x00"
 

@@ -10,6 +10,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.rpc.status import rpc_method
+from keyedstate.taskmanager.epochs import EpochManager, EpochView
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import KeyedStateBackend
@@ -36,20 +37,22 @@ def _chunk_size(request: pb.ScanRequest) -> int:
 
 
 class KeyedStateServicer(pb_grpc.KeyedStateServicer):
-    def __init__(self, slots: SlotTable, metrics: TaskManagerMetrics, transactions: object | None = None) -> None:
+    def __init__(self, slots: SlotTable, metrics: TaskManagerMetrics, transactions: EpochManager | None = None) -> None:
         self._slots = slots
         self._metrics = metrics
         self._transactions = transactions
 
-    def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateBackend:
+    def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateBackend | EpochView:
         self._metrics.record_request(method, keys)
-        if target.HasField("epoch"):
-            # Exactly-once epoch transactions are served by the epoch layer (see taskmanager.epochs).
-            raise InvalidArgumentError(
-                "this TaskManager does not accept epoch-scoped calls yet; send the call without `epoch` "
-                "(direct, at-least-once writes)"
-            )
         slot = self._slots.lookup(target.job_id, target.operator_id, target.subtask_index)
+        if target.HasField("epoch"):
+            # Epoch-scoped calls go to the task attempt's transaction: writes staged, reads merged.
+            if self._transactions is None:
+                raise InvalidArgumentError(
+                    "this TaskManager does not accept epoch-scoped calls; send the call without `epoch` "
+                    "(direct, at-least-once writes)"
+                )
+            return self._transactions.view(slot, target.epoch)
         return slot.require_backend()
 
     # -- value ------------------------------------------------------------------------------

@@ -63,6 +63,8 @@ class _SlotCheckpoint:
     slot: Slot
     checkpoint_id: int
     local_dir: Path
+    target_path: str = ""
+    """Where this checkpoint's own (non-shared) files go: ``<job dir>/chk-<n>`` or the savepoint dir."""
     cancel: threading.Event = field(default_factory=threading.Event)
     # local SST name -> handle (relative path from a chk dir) uploaded by this checkpoint
     new_shared: dict[str, pb.StateFileHandle] = field(default_factory=dict)
@@ -122,7 +124,7 @@ class SnapshotManager:
             sync_ms = (time.monotonic() - t0) * 1000
             labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
             self._tm.metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
-            work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir)
+            work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir, barrier.target_path)
             started.append(work)
             self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
         with self._lock:
@@ -131,6 +133,26 @@ class SnapshotManager:
         return len(started)
 
     def _run_async(self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier, sync_ms: float) -> None:
+        try:
+            handle = self._finish_snapshot(work, snapshot, barrier, sync_ms)
+            if handle is None:
+                return
+            try:
+                self._jm("AcknowledgeCheckpoint", jm_pb.AcknowledgeCheckpointRequest(
+                    job_id=barrier.job_id, checkpoint_id=barrier.checkpoint_id, taskmanager_id=self._tm.id, state=handle))
+            except Exception as exc:
+                # The outcome is unknown: the JobManager may have completed the checkpoint with
+                # this ack (its answer lost or late), so nothing is deleted here. If the checkpoint
+                # was aborted instead, the JobManager deletes these files (late ack, or notify).
+                logger.warning("checkpoint %d of %s: acknowledgement failed, files kept: %s", barrier.checkpoint_id,
+                               work.slot.subtask, exc.message if isinstance(exc, KeyedStateError) else repr(exc))
+        finally:
+            work.done = True
+
+    def _finish_snapshot(
+        self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier, sync_ms: float
+    ) -> pb.SubtaskStateHandle | None:
+        """Upload; on failure decline (unless cancelled), delete what was uploaded and return None."""
         slot = work.slot
         t0 = time.monotonic()
         try:
@@ -140,8 +162,7 @@ class SnapshotManager:
             labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
             self._tm.metrics.checkpoint_async_ms.labels(*labels).observe(handle.async_duration_ms)
             self._tm.metrics.checkpoint_bytes.labels(*labels).inc(handle.incremental_size)
-            self._jm("AcknowledgeCheckpoint", jm_pb.AcknowledgeCheckpointRequest(
-                job_id=barrier.job_id, checkpoint_id=barrier.checkpoint_id, taskmanager_id=self._tm.id, state=handle))
+            return handle
         except Exception as exc:  # every failure becomes a decline with its cause
             reason = exc.message if isinstance(exc, KeyedStateError) else repr(exc)
             if not work.cancel.is_set():
@@ -153,8 +174,7 @@ class SnapshotManager:
                 except Exception:
                     logger.warning("could not decline checkpoint %d (JobManager unreachable)", barrier.checkpoint_id)
             self._discard_uploads(work, barrier)
-        finally:
-            work.done = True
+            return None
 
     def _upload(self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier) -> pb.SubtaskStateHandle:
         slot = work.slot
@@ -181,8 +201,10 @@ class SnapshotManager:
                 plan.append((str(path), _join(slot.checkpoint_base, "shared", shared_name), f"../shared/{shared_name}", True))
             else:
                 plan.append((str(path), _join(barrier.target_path, owner, name), f"{owner}/{name}", False))
+        # Recorded before uploading: when one file fails or the checkpoint is cancelled, the files
+        # that did arrive are not reported back, and a discard must still delete every one of them.
+        work.uploaded_remote.extend(p[1] for p in plan)
         uploaded = upload_files(storage, [(p[0], p[1]) for p in plan], self._threads, work.cancel, stats=self.stats)
-        work.uploaded_remote.extend(u.remote_path for u in uploaded)
         incremental_size = 0
         for (local, _remote, relative, shared), up in zip(plan, uploaded):
             name = Path(local).name
@@ -208,6 +230,14 @@ class SnapshotManager:
             except Exception:
                 logger.warning("could not delete %s of failed checkpoint %d", remote, barrier.checkpoint_id)
         work.uploaded_remote.clear()
+        if work.target_path:
+            # A checkpoint this subtask did not finish can never complete, so its directory is
+            # garbage. The JobManager deletes it when aborting, but an upload still running then
+            # recreates it (an empty directory on file systems that have directories).
+            try:
+                storage.delete_dir(work.target_path)
+            except Exception:
+                logger.warning("could not delete %s of failed checkpoint %d", work.target_path, barrier.checkpoint_id)
         shutil.rmtree(work.local_dir, ignore_errors=True)
 
     def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:

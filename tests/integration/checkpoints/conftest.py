@@ -9,6 +9,8 @@ cluster returns after a restore must equal it exactly, keys the checkpoint does 
 from __future__ import annotations
 
 import random
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -169,13 +171,93 @@ def referenced_files(metadata: CheckpointMetadata, checkpoint_name: str) -> set[
     return out
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    """Wait for work another thread finishes on its own (deletions, late uploads); fail naming ``what``."""
+def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0,
+               state: Callable[[], Any] | None = None) -> None:
+    """Wait for work another thread finishes on its own (deletions, late uploads); fail naming
+    ``what`` and showing ``state()``."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}" + (f"; now: {state()}" if state else ""))
         time.sleep(0.02)
+
+
+def wait_for_files(storage: CheckpointStorage, root: str, expected: set[str], what: str,
+                   flush: Callable[[], None] = lambda: None, timeout_s: float = 10.0) -> None:
+    """Wait until the files below ``root`` are exactly ``expected``; fail listing the difference."""
+    def done() -> bool:
+        flush()
+        return relative_files(storage, root) == expected
+
+    def diff() -> str:
+        now = relative_files(storage, root)
+        return f"unexpected {sorted(now - expected)}, missing {sorted(expected - now)}"
+
+    wait_until(done, what, timeout_s, diff)
+
+
+# -- a network that can stall -------------------------------------------------------------------
+
+class GatedProxy:
+    """A loopback TCP proxy to ``target`` that holds every byte while its gate is closed.
+
+    Pointing one daemon's ``s3.endpoint`` at it stalls exactly that daemon's storage calls, for
+    real and for as long as a test needs, without touching the code under test.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.gate = threading.Event()
+        self.gate.set()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="gated-proxy", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                self.gate.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed.set()
+        self.gate.set()
+        self._server.close()
+        for s in self._sockets:
+            s.close()
+
+
+@pytest.fixture
+def gated_s3(s3_bucket: tuple[str, str]) -> Iterator[tuple[GatedProxy, str, str]]:
+    """``(proxy, real endpoint, bucket)``: the proxy forwards to the moto server."""
+    endpoint, bucket = s3_bucket
+    host, port = endpoint.removeprefix("http://").split(":")
+    proxy = GatedProxy((host, int(port)))
+    try:
+        yield proxy, endpoint, bucket
+    finally:
+        proxy.close()
 
 
 # -- clusters on file:// and S3 -------------------------------------------------------------------

@@ -71,6 +71,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_module(module: str, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+def run_module(module: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Run ``python -m module args`` to completion (a daemon that does not exit fails the test)."""
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout_s)

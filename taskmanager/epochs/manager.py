@@ -1,0 +1,161 @@
+"""Exactly-once epoch transactions on a TaskManager: routing epoch-scoped calls, commits and aborts.
+
+Every write a Spark task makes with an ``EpochContext`` is staged per slot under its
+(epoch, partition, attempt). When the driver knows which attempt of each partition won, the
+JobManager sends ``CommitEpoch(job, epoch, winners)`` to every TaskManager of the job: each slot
+applies the winners' staged writes in one atomic ``backend.apply`` that also records the
+committed epoch, and discards everything else staged up to that epoch. A commit of an epoch
+already committed is a no-op, so a retried commit (or a re-run micro-batch) never applies twice,
+and writes for an epoch already committed are refused.
+
+A commit is atomic per slot, not across slots: if one slot fails, the slots before it stay
+committed and a retried commit applies the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+from keyedstate.common._proto.v1 import common_pb2
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.errors import InvalidArgumentError, NotFoundError, Reason, UnavailableError
+from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt
+from keyedstate.taskmanager.epochs.slot import SlotEpochs
+from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions
+from keyedstate.taskmanager.epochs.view import EpochView
+from keyedstate.taskmanager.slots import Slot, SlotTable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    committed_epoch: int
+    """The lowest committed epoch over the job's slots here (every slot has committed at least it)."""
+    applied: int
+    """Mutations applied, over all slots."""
+    slots: int
+
+
+def winners_from_proto(items: Iterable[common_pb2.PartitionAttempt]) -> dict[int, int]:
+    """partition -> winning attempt; one winner per partition."""
+    winners: dict[int, int] = {}
+    for w in items:
+        if w.partition < 0 or w.attempt < 0:
+            raise InvalidArgumentError(f"winner partition {w.partition} attempt {w.attempt}: both must be >= 0")
+        previous = winners.setdefault(w.partition, w.attempt)
+        if previous != w.attempt:
+            raise InvalidArgumentError(
+                f"partition {w.partition} has two winning attempts ({previous} and {w.attempt}); name one winner per partition"
+            )
+    return winners
+
+
+class EpochManager:
+    """The epoch layer of one TaskManager: one :class:`SlotEpochs` per deployed slot.
+
+    Staging belongs to one deployment of a slot. When the slot is released or redeployed
+    (restore, rescale) its staged writes are dropped: found stale on the next call for the same
+    subtask, and swept on every commit.
+    """
+
+    def __init__(
+        self, slots: SlotTable, instance_dir: Callable[[SubtaskId], Path], options: StagingOptions | None = None
+    ) -> None:
+        self._slots = slots
+        self._instance_dir = instance_dir
+        self._options = options
+        self._entries: dict[SubtaskId, SlotEpochs] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- staging calls ------------------------------------------------------------------------
+    def view(self, slot: Slot, context: common_pb2.EpochContext | TaskAttempt) -> EpochView:
+        """The state calls of the task attempt ``context`` on ``slot`` (writes staged, reads merged)."""
+        attempt = context if isinstance(context, TaskAttempt) else TaskAttempt(context.epoch, context.partition, context.attempt)
+        return EpochView(self.slot_epochs(slot), attempt)
+
+    def slot_epochs(self, slot: Slot) -> SlotEpochs:
+        """The epoch state of a running slot (created on first use)."""
+        backend = slot.require_backend()
+        with self._lock:
+            if self._closed:
+                raise UnavailableError("the TaskManager is shutting down; retry against the new owner", reason=Reason.SHUTTING_DOWN)
+            entry = self._entries.get(slot.subtask)
+            if entry is not None and entry.slot is slot and entry.backend is backend:
+                return entry
+            if entry is not None:
+                # The subtask was redeployed: the old deployment's staging is not this one's.
+                del self._entries[slot.subtask]
+                entry.close()
+            self._sweep_locked()
+            entry = SlotEpochs(slot, backend, self._instance_dir(slot.subtask) / STAGING_DIR, self._options)
+            self._entries[slot.subtask] = entry
+            return entry
+
+    # -- commits ------------------------------------------------------------------------------
+    def commit(self, request: tm_pb.EpochCommitRequest) -> tm_pb.EpochCommitResponse:
+        """The ``CommitEpoch`` RPC: commit (or, with ``abort``, discard) an epoch on every slot of the job."""
+        result = self.commit_epoch(request.job_id, request.epoch, winners_from_proto(request.winners), abort=request.abort)
+        return tm_pb.EpochCommitResponse(committed_epoch=result.committed_epoch, applied_entries=result.applied)
+
+    def commit_epoch(self, job_id: str, epoch: int, winners: Mapping[int, int], *, abort: bool = False) -> CommitResult:
+        """Apply the staged writes of ``winners`` (partition -> attempt) of ``epoch`` on every slot of the job."""
+        validate_id("job id", job_id)
+        if epoch < 0:
+            raise InvalidArgumentError(f"epoch must be >= 0 (the Spark micro-batch id), got {epoch}")
+        slots = sorted(self._slots.of_job(job_id), key=lambda s: s.subtask)
+        if not slots:
+            raise NotFoundError(
+                f"this TaskManager hosts no slot of job {job_id!r}; send the commit to the TaskManagers of the job's "
+                "current routing table", reason=Reason.UNKNOWN_JOB,
+            )
+        self.sweep()
+        committed: list[int] = []
+        applied = 0
+        for slot in slots:
+            entry = self.slot_epochs(slot)
+            if abort:
+                committed.append(entry.abort(epoch))
+            else:
+                c, n = entry.commit(epoch, winners)
+                committed.append(c)
+                applied += n
+        result = CommitResult(min(committed), applied, len(slots))
+        logger.info(
+            "%s epoch %d of job %s on %d slots: committed epoch %d, %d mutations applied",
+            "aborted" if abort else "committed", epoch, job_id, len(slots), result.committed_epoch, applied,
+        )
+        return result
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def sweep(self) -> int:
+        """Drop the staging of slots no longer deployed here; returns how many were dropped."""
+        with self._lock:
+            return self._sweep_locked()
+
+    def _sweep_locked(self) -> int:
+        current = {s.subtask: s for s in self._slots.all()}
+        stale = [
+            subtask for subtask, entry in self._entries.items()
+            if current.get(subtask) is not entry.slot or entry.backend.closed
+        ]
+        for subtask in stale:
+            self._entries.pop(subtask).close()
+        return len(stale)
+
+    def close(self) -> None:
+        """Drop every slot's staging (the TaskManager stops). Idempotent."""
+        with self._lock:
+            self._closed = True
+            entries, self._entries = list(self._entries.values()), {}
+        for entry in entries:
+            try:
+                entry.close()
+            except Exception:
+                logger.exception("dropping the epoch staging of %s failed", entry.subtask)

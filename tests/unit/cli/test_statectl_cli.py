@@ -1,0 +1,84 @@
+"""statectl argument handling and the configuration reference (no cluster needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from keyedstate.common.cli import statectl
+from keyedstate.common.config import options
+
+
+def _exit_code(argv: list[str]) -> int:
+    try:
+        return statectl.main(argv)
+    except SystemExit as exc:  # argparse exits by itself on usage errors
+        return int(exc.code or 0)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    ([], "the following arguments are required: command"),
+    (["bogus"], "invalid choice: 'bogus'"),
+    (["cluster", "--bogus"], "unrecognized arguments: --bogus"),
+    (["job", "frob"], "invalid choice: 'frob'"),
+    (["checkpoint", "trigger"], "the following arguments are required: job"),
+    (["cluster", "--timeout", "soon"], "invalid float value: 'soon'"),
+    (["job", "rescale", "j", "--parallelism", "two"], "invalid int value: 'two'"),
+])
+def test_bad_arguments_exit_2_with_usage(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert "usage: statectl" in err and fragment in err
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["checkpoint", "trigger", "bad id"], "invalid job id 'bad id'"),
+    (["savepoint", "../up"], "invalid job id '../up'"),
+])
+def test_invalid_job_id_exits_2_with_usage_before_connecting(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    # No --jobmanager: the id is refused before any connection is attempted.
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert "usage: statectl" in err and fragment in err and "[A-Za-z0-9_.-]" in err
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["job", "info", "--jobmanager", "127.0.0.1:1"], "statectl job info needs a JOB id"),
+    (["job", "rescale", "j", "--jobmanager", "127.0.0.1:1"], "needs --parallelism N"),
+    (["job", "restore", "j", "--jobmanager", "127.0.0.1:1"], "needs --from PATH"),
+    (["cluster", "-D", "no-equals"], "-D 'no-equals': expected key=value"),
+    (["cluster", "-D", "jobmanager.rpc.port=abc"], "jobmanager.rpc.port: expected an integer"),
+    (["cluster", "--config", "/no/such/file.yaml"], "cannot read config file /no/such/file.yaml"),
+])
+def test_bad_values_exit_2_naming_the_fix(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("statectl: ") and fragment in err
+
+
+def test_config_docs_prints_every_key_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit_code(["config", "docs"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    documented = [row.split("`")[1] for row in rows]
+    assert documented == [o.key for o in options.ALL]
+    assert len(set(documented)) == len(documented), "a key is declared twice in options.py"
+    for option in options.ALL:
+        [row] = [r for r in rows if r.startswith(f"| `{option.key}` |")]
+        assert f"| {option.type_name} |" in row and option.description.split(";")[0][:40] in row
+        for legacy in option.fallback_keys:
+            assert f"`{legacy}`" in row
+    # Spot checks of rendered defaults.
+    assert "| `heartbeat.timeout` | duration | `50000 ms` |" in out
+    assert "| `state.limits.max-key-bytes` | memory | `64kb` |" in out
+    assert "| `state.backend.rocksdb.localdir` | string | `<tmp>/keyedstate` |" in out
+
+
+def test_config_docs_through_the_entry_point() -> None:
+    result = subprocess.run([sys.executable, "-m", "keyedstate.common.cli.statectl", "config", "docs"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    for option in options.ALL:
+        assert f"| `{option.key}` |" in result.stdout
