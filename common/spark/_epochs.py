@@ -34,6 +34,7 @@ retried or re-executed task applies its writes again (at-least-once).
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -117,6 +118,10 @@ class KeyedStateRuntime:
         routing = self.client.submit_job(job_id, self.operators, max_parallelism=max_parallelism,
                                          restore_path=restore_path, config=job_config)
         self.max_parallelism = routing.max_parallelism
+        # Spark task attempt ids restart at 0 in a new SparkContext. Folding a random per-driver
+        # number into every attempt id keeps a restarted driver's attempts distinct from
+        # writes an earlier driver staged for the same (uncommitted) epoch.
+        self.driver_nonce = secrets.randbits(30) + 1
         self.batches_run = 0
         self.batches_skipped = 0
         self.batch_attempts = 0
@@ -144,6 +149,7 @@ class KeyedStateRuntime:
         parallelism = self.parallelism(operator_id)
         address = self.jobmanager
         job_id = self.job_id
+        nonce = self.driver_nonce
 
         def run_partitions(df: Any, epoch: int) -> dict[int, int]:
             from pyspark.sql.types import LongType, StructField, StructType, IntegerType
@@ -157,7 +163,7 @@ class KeyedStateRuntime:
                 from pyspark import TaskContext
 
                 ctx = TaskContext.get()
-                partition, attempt = ctx.partitionId(), ctx.taskAttemptId()
+                partition, attempt = ctx.partitionId(), (nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
                 context = pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt) if exactly_once else None
                 state = PartitionState(worker_client(address), job_id, operator_id, context)
                 process(iter(batches), state)
