@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -293,7 +294,7 @@ class CheckpointCluster:
 
 @pytest.fixture
 def checkpoint_cluster(inprocess_cluster: Callable[..., InProcessCluster], request: pytest.FixtureRequest,
-                       tmp_path: Any) -> Iterator[Callable[..., CheckpointCluster]]:
+                       tmp_path: Path) -> Iterator[Callable[..., CheckpointCluster]]:
     """Factory: ``checkpoint_cluster(storage="file"|"s3", backend=..., jm={...}, tm={...})``.
 
     ``storage="s3"`` puts checkpoints in a fresh moto bucket (the ``s3_bucket`` fixture).

@@ -2,7 +2,7 @@
 
 The reference dict is the oracle: after every restore each state holds exactly what it held when
 the checkpoint was taken (writes made after the checkpoint are gone, cleared keys stay gone),
-also when the restore changes the parallelism (2 -> 3 -> 1).
+also when the restore changes the parallelism (2 -> 2, 2 -> 1, 2 -> 3, then 3 -> 1).
 """
 
 from __future__ import annotations
@@ -80,10 +80,12 @@ def test_checkpoint_then_restore_at_parallelism_2_3_and_1(
     work.write(keys[:300] + key_names(200, "late"), "after")
     client.cancel_job(JOB)
 
-    # Same parallelism.
-    client.submit_job(JOB, operators(2), max_parallelism=MAX_P, restore_path=info.path, config=config)
-    assert_state_equals(work.read(), at_checkpoint)
-    client.cancel_job(JOB)
+    # Same parallelism, then scale in to 1.
+    for parallelism in (2, 1):
+        client.submit_job(JOB, operators(parallelism), max_parallelism=MAX_P, restore_path=info.path, config=config)
+        assert client.routing(JOB).operator("sessions").parallelism == parallelism
+        assert_state_equals(work.read(), at_checkpoint)
+        client.cancel_job(JOB)
 
     # Scale out to 3 from the same checkpoint, change state, checkpoint again at 3.
     client.submit_job(JOB, operators(3), max_parallelism=MAX_P, restore_path=info.path, config=config)

@@ -8,6 +8,7 @@ Checkpoint retention never touches a savepoint.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -89,8 +90,14 @@ def test_savepoint_copied_elsewhere_restores_after_the_checkpoints_are_gone(
     # Later checkpoints with num-retained 1 subsume each other, never the savepoint.
     work.write(key_names(100, "c"), "c")
     _checkpoint(client)
-    _checkpoint(client)
+    assert statectl(["checkpoint", "trigger", JOB, "--jobmanager", cc.cluster.address]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("checkpoint 4 completed in ") and out.strip().endswith(f"{cc.job_dir()}/chk-4")
     cc.flush_deletions()
+    assert statectl(["checkpoint", "list", JOB, "--json", "--jobmanager", cc.cluster.address]) == 0
+    listed = {int(c["checkpoint_id"]): c for c in json.loads(capsys.readouterr().out)["checkpoints"]}
+    assert listed[2]["savepoint"] and listed[2]["status"] == "COMPLETED" and listed[2]["path"] == savepoint
+    assert [listed[n]["status"] for n in (1, 3, 4)] == ["COMPLETED"] * 3
     assert relative_files(cc.storage, savepoint) == files
     assert {p.split("/")[0] for p in relative_files(cc.storage, cc.job_dir())} == {"chk-4", "shared"}
 
@@ -101,7 +108,8 @@ def test_savepoint_copied_elsewhere_restores_after_the_checkpoints_are_gone(
     cc.storage.delete_dir(cc.job_dir())
     assert not relative_files(cc.storage, cc.job_dir()) and not relative_files(cc.storage, savepoint)
 
-    client.submit_job(JOB, operators(2), max_parallelism=MAX_P, config=CONFIG, restore_path=copy_dir)
+    assert statectl(["job", "restore", JOB, "--from", copy_dir, "--jobmanager", cc.cluster.address]) == 0
+    assert capsys.readouterr().out.startswith(f"job {JOB} restored from {copy_dir}")
     assert_state_equals(work.read(), at_savepoint)
     # The restored job checkpoints on (ids after the savepoint's); the copy is not claimed.
     work.reference = at_savepoint
