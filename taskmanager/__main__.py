@@ -2,50 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
-import signal
 import sys
 
 from keyedstate.common.config import Configuration
-from keyedstate.common.errors import KeyedStateError
-from keyedstate.common.logs import setup_logging
+from keyedstate.common.daemon_main import run_daemon
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="taskmanager", description="Run a keyedstate TaskManager daemon.")
-    parser.add_argument("--config", "-c", metavar="FILE", help="YAML file with Flink-style keys")
-    parser.add_argument("-D", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (repeatable)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    return parser
+def _create(conf: Configuration) -> object:
+    from keyedstate.taskmanager.daemon import TaskManager
+
+    return TaskManager(conf)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
-    log = logging.getLogger("keyedstate.taskmanager")
-    from keyedstate.taskmanager.daemon import TaskManager
-
-    try:
-        conf = Configuration.load(args.config, args.overrides)
-        tm = TaskManager(conf)
-        tm.start()
-    except KeyedStateError as exc:
-        log.error("taskmanager failed to start: %s", exc)
-        print(f"taskmanager: {exc}", file=sys.stderr)
-        return 2
-
-    def shutdown(signum: int, _frame: object) -> None:
-        log.info("received %s; shutting down", signal.Signals(signum).name)
-        tm.stop()
-
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
-    print(f"taskmanager {tm.id} serving on {tm.address}", flush=True)
-    tm.wait()
-    tm.stop()
-    return 0
+    return run_daemon("taskmanager", "Run a keyedstate TaskManager daemon.", _create, argv)
 
 
 if __name__ == "__main__":

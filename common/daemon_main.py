@@ -1,0 +1,53 @@
+"""The command line shared by the ``jobmanager`` and ``taskmanager`` daemons."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any, Callable
+
+from keyedstate.common.config import Configuration
+from keyedstate.common.errors import KeyedStateError
+from keyedstate.common.logs import setup_logging
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", "-c", metavar="FILE", help="YAML file with Flink-style keys")
+    parser.add_argument("-D", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (repeatable)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def run_daemon(prog: str, description: str, create: Callable[[Configuration], Any], argv: list[str] | None = None) -> int:
+    """Parse the command line, start the daemon, serve until SIGTERM/SIGINT, stop it cleanly.
+
+    Exit codes: 0 after a clean shutdown, 2 when the configuration or start-up fails (the
+    message names the key or the fix). The line ``<prog> ... serving on HOST:PORT`` on stdout
+    tells supervisors and tests that the daemon is ready.
+    """
+    args = build_parser(prog, description).parse_args(argv)
+    setup_logging(args.log_level)
+    log = logging.getLogger(f"keyedstate.{prog}")
+    try:
+        daemon = create(Configuration.load(args.config, args.overrides))
+        daemon.start()
+    except KeyedStateError as exc:
+        log.error("%s failed to start: %s", prog, exc)
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+    def shutdown(signum: int, _frame: object) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    ident = getattr(daemon, "id", None)
+    print(f"{prog}{' ' + ident if ident else ''} serving on {daemon.address}", flush=True)
+    daemon.wait()
+    daemon.stop()
+    return 0
