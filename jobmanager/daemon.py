@@ -29,7 +29,7 @@ class JobManager:
         self.conf = conf
         self.settings = JobManagerSettings.from_config(conf)
         self.clock = clock
-        self.scheduler = scheduler or ThreadScheduler()
+        self.scheduler = scheduler if scheduler is not None else ThreadScheduler()
         self.metrics_registry = CollectorRegistry()
         s = self.settings
         self.registry = TaskManagerRegistry(

@@ -231,11 +231,15 @@ class SnapshotManager:
                 logger.warning("could not delete %s of failed checkpoint %d", remote, barrier.checkpoint_id)
         work.uploaded_remote.clear()
         if work.target_path:
-            # A checkpoint this subtask did not finish can never complete, so its directory is
-            # garbage. The JobManager deletes it when aborting, but an upload still running then
-            # recreates it (an empty directory on file systems that have directories).
+            # The JobManager deletes the directory of an aborted checkpoint, but an upload still
+            # running then recreates it (empty directories, on file systems that have them).
+            # This subtask's own directory goes, and the checkpoint's once nothing else is in it
+            # (a _metadata there is someone else's checkpoint and stays).
+            owner = f"{work.slot.subtask.operator_id}-{work.slot.subtask.subtask_index}"
             try:
-                storage.delete_dir(work.target_path)
+                storage.delete_dir(_join(work.target_path, owner))
+                if not any(True for _ in storage.list(work.target_path)):
+                    storage.delete_dir(work.target_path)
             except Exception:
                 logger.warning("could not delete %s of failed checkpoint %d", work.target_path, barrier.checkpoint_id)
         shutil.rmtree(work.local_dir, ignore_errors=True)

@@ -263,6 +263,12 @@ def gated_s3(s3_bucket: tuple[str, str]) -> Iterator[tuple[GatedProxy, str, str]
 
 # -- clusters on file:// and S3 -------------------------------------------------------------------
 
+PATIENT = {"heartbeat.timeout": "30 s"}
+"""For JobManagers here: every daemon, moto and the client share one process (and its GIL) on a
+2-core machine, so a busy moment can delay heartbeats by seconds. None of these tests is about
+losing a TaskManager; a false loss would fail the job over in the middle of one."""
+
+
 def s3_keys(endpoint: str) -> dict[str, Any]:
     return {"s3.endpoint": endpoint, "s3.access-key": ACCESS_KEY, "s3.secret-key": SECRET_KEY,
             "s3.region": REGION, "s3.path.style.access": True}
@@ -310,7 +316,7 @@ def checkpoint_cluster(inprocess_cluster: Callable[..., InProcessCluster], reque
             config = {}
             checkpoints_dir = (tmp_path / "checkpoints").as_uri()
         cluster = inprocess_cluster(taskmanagers=taskmanagers, slots=slots, backend=backend,
-                                    jm={"state.checkpoints.dir": checkpoints_dir, **config, **(jm or {})},
+                                    jm={"state.checkpoints.dir": checkpoints_dir, **config, **PATIENT, **(jm or {})},
                                     tm={**config, **(tm or {})})
         store = open_storage(checkpoints_dir, Configuration(config))
         return CheckpointCluster(cluster, store, checkpoints_dir, config)

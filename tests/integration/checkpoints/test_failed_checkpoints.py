@@ -6,7 +6,8 @@ other subtask uploads and acknowledges. Expired: the TaskManager reaches S3 thro
 that holds every byte while closed, so its upload is stuck for real; the JobManager runs on a
 manual scheduler and the test moves time past the checkpoint timeout. In both cases the files
 the checkpoint did upload, including the late ones, are deleted, and the next checkpoint and a
-restore from it work.
+restore from it work. The reverse case (slow, opt in with ``-m slow``): an acknowledgement whose
+answer times out may have completed the checkpoint, so its files must stay.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.fixtures.cluster import FAST_HEARTBEATS, InProcessCluster
 from tests.integration.checkpoints.conftest import (
     JOB,
     MAX_P,
+    PATIENT,
     CheckpointCluster,
     GatedProxy,
     Workload,
@@ -120,7 +122,7 @@ def test_expired_checkpoint_leaves_no_files_even_when_the_upload_finishes_late(
     scheduler.schedule(10**12, lambda: None)
     jm = JobManager(Configuration({
         "jobmanager.rpc.port": 0, "metrics.reporter.prom.port": "-1", "rest.port": -1,
-        "state.checkpoints.dir": checkpoints_dir, **s3_keys(endpoint), **FAST_HEARTBEATS,
+        "state.checkpoints.dir": checkpoints_dir, **s3_keys(endpoint), **FAST_HEARTBEATS, **PATIENT,
     }), scheduler=scheduler)
     jm.start()
     cluster = InProcessCluster(tmp_path, jm, tm_config={
@@ -180,7 +182,8 @@ def test_ack_whose_answer_times_out_keeps_the_files_of_the_checkpoint_it_complet
     proxy, endpoint, bucket = gated_s3
     checkpoints_dir = f"s3://{bucket}/checkpoints"
     cluster = inprocess_cluster(taskmanagers=1, slots=2, jm={
-        "state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}")}, tm=s3_keys(endpoint))
+        "state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}"), **PATIENT},
+        tm=s3_keys(endpoint))
     client = cluster.client(timeout_s=30.0)
     client.submit_job(JOB, operators(2), max_parallelism=MAX_P, config={"execution.checkpointing.incremental": "true"})
     work = Workload(client)

@@ -17,6 +17,7 @@ from keyedstate.jobmanager.checkpoint import PendingStatus
 from tests.integration.checkpoints.conftest import (
     JOB,
     MAX_P,
+    PATIENT,
     CheckpointCluster,
     GatedProxy,
     Workload,
@@ -170,7 +171,8 @@ def test_gc_keeps_a_checkpoint_in_progress(
     proxy, endpoint, bucket = gated_s3
     checkpoints_dir = f"s3://{bucket}/checkpoints"
     cluster = inprocess_cluster(taskmanagers=1, slots=2, jm={
-        "state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}")}, tm=s3_keys(endpoint))
+        "state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}"), **PATIENT},
+        tm=s3_keys(endpoint))
     storage = open_storage(checkpoints_dir, Configuration(s3_keys(endpoint)))
     cc = CheckpointCluster(cluster, storage, checkpoints_dir, s3_keys(endpoint))
     client = cc.client()
