@@ -21,7 +21,7 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.common.ids import SubtaskId
-from keyedstate.common.storage import CheckpointStorage, open_storage
+from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
     CheckpointCoordinator,
@@ -85,20 +85,12 @@ class Checkpointing:
     def __init__(self, jm: JobManager) -> None:
         self._jm = jm
         self._d = jm.dispatcher
-        self._storages: dict[str, CheckpointStorage] = {}
-        self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._storages = StorageCache(jm.conf, self._stop)
 
     # -- storage -----------------------------------------------------------------------------
     def storage(self, url: str, job: Job | None = None) -> CheckpointStorage:
-        key = "/".join(url.split("/", 3)[:3])
-        with self._lock:
-            found = self._storages.get(key)
-            if found is None:
-                conf = job.config if job is not None else self._jm.conf
-                found = open_storage(url, conf, waiter=self._stop)
-                self._storages[key] = found
-            return found
+        return self._storages.for_url(url, job.config if job is not None else None)
 
     def _checkpoints_dir(self, job: Job) -> str | None:
         return job.config.get(o.CHECKPOINTS_DIR)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from keyedstate.common.storage._base import CheckpointStorage, FileInfo
+from keyedstate.common.storage._cache import StorageCache
 from keyedstate.common.storage._fsspec import FsspecStorage, join_url
 from keyedstate.common.storage._local import LocalStorage
 from keyedstate.common.storage._registry import open_storage, register_storage, scheme_of, supported_schemes
@@ -22,6 +23,7 @@ __all__ = [
     "LocalStorage",
     "RetryPolicy",
     "S3Storage",
+    "StorageCache",
     "Waiter",
     "join_url",
     "open_storage",

@@ -34,9 +34,8 @@ import grpc
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.config import Configuration
 from keyedstate.common.errors import InvalidArgumentError, KeyedStateError
-from keyedstate.common.storage import CheckpointStorage, open_storage
+from keyedstate.common.storage import StorageCache
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, upload_files
@@ -71,26 +70,6 @@ class _SlotCheckpoint:
     referenced_shared: dict[str, pb.StateFileHandle] = field(default_factory=dict)
     uploaded_remote: list[str] = field(default_factory=list)
     done: bool = False
-
-
-class StorageCache:
-    """One CheckpointStorage per scheme+authority, shared by every slot (they hold connection pools)."""
-
-    def __init__(self, conf: Configuration, stop: threading.Event) -> None:
-        self._conf = conf
-        self._stop = stop
-        self._cache: dict[str, CheckpointStorage] = {}
-        self._lock = threading.Lock()
-
-    def for_url(self, url: str) -> CheckpointStorage:
-        key = url.split("/", 3)[:3]
-        k = "/".join(key)
-        with self._lock:
-            storage = self._cache.get(k)
-            if storage is None:
-                storage = open_storage(url, self._conf, waiter=self._stop)
-                self._cache[k] = storage
-            return storage
 
 
 class SnapshotManager:
