@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import grpc
 
@@ -34,6 +34,19 @@ def _chunk_size(request: pb.ScanRequest) -> int:
     if request.chunk_size < 0 or request.chunk_size > _MAX_CHUNK:
         raise InvalidArgumentError(f"chunk_size must be between 0 (server default) and {_MAX_CHUNK}, got {request.chunk_size}")
     return request.chunk_size or _DEFAULT_CHUNK
+
+
+def _chunks(items: Iterable[tuple[bytes, ...]], size: int, fields: tuple[str, ...]) -> Iterator[pb.ScanChunk]:
+    """Stream ``items`` (tuples of ``len(fields)`` columns) as ScanChunks of ``size`` entries."""
+    columns: list[list[bytes]] = [[] for _ in fields]
+    for item in items:
+        for column, value in zip(columns, item):
+            column.append(value)
+        if len(columns[0]) >= size:
+            yield pb.ScanChunk(**dict(zip(fields, columns)))
+            columns = [[] for _ in fields]
+    if columns[0]:
+        yield pb.ScanChunk(**dict(zip(fields, columns)))
 
 
 class KeyedStateServicer(pb_grpc.KeyedStateServicer):
@@ -109,14 +122,8 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
         chunk = _chunk_size(request)
         if not request.has_key:
             raise InvalidArgumentError("ListScan needs has_key=true and the key whose list to stream")
-        batch: list[bytes] = []
-        for element in backend.list_scan(request.target.state_name, request.key, request.namespace):
-            batch.append(element)
-            if len(batch) >= chunk:
-                yield pb.ScanChunk(values=batch)
-                batch = []
-        if batch:
-            yield pb.ScanChunk(values=batch)
+        elements = backend.list_scan(request.target.state_name, request.key, request.namespace)
+        yield from _chunks(((e,) for e in elements), chunk, ("values",))
 
     # -- map --------------------------------------------------------------------------------
     @rpc_method
@@ -151,30 +158,16 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
         chunk = _chunk_size(request)
         if not request.has_key:
             raise InvalidArgumentError("MapScan needs has_key=true and the key whose map to stream")
-        user_keys: list[bytes] = []
-        values: list[bytes] = []
-        for user_key, value in backend.map_scan(request.target.state_name, request.key, request.namespace, request.keys_only):
-            user_keys.append(user_key)
-            values.append(value)
-            if len(user_keys) >= chunk:
-                yield pb.ScanChunk(user_keys=user_keys, values=[] if request.keys_only else values)
-                user_keys, values = [], []
-        if user_keys:
-            yield pb.ScanChunk(user_keys=user_keys, values=[] if request.keys_only else values)
+        entries = backend.map_scan(request.target.state_name, request.key, request.namespace, request.keys_only)
+        if request.keys_only:
+            yield from _chunks(((user_key,) for user_key, _ in entries), chunk, ("user_keys",))
+        else:
+            yield from _chunks(entries, chunk, ("user_keys", "values"))
 
     @rpc_method
     def ScanKeys(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
         backend = self._backend(request.target, "ScanKeys", 1)
         chunk = _chunk_size(request)
-        keys: list[bytes] = []
-        namespaces: list[bytes] = []
-        for key, namespace in backend.scan_keys(request.target.state_name):
-            keys.append(key)
-            namespaces.append(namespace)
-            if len(keys) >= chunk:
-                yield pb.ScanChunk(keys=keys, namespaces=namespaces)
-                keys, namespaces = [], []
-        if keys:
-            yield pb.ScanChunk(keys=keys, namespaces=namespaces)
+        yield from _chunks(backend.scan_keys(request.target.state_name), chunk, ("keys", "namespaces"))
 
 
