@@ -160,13 +160,14 @@ class MiniCluster:
         self.wait_for_taskmanagers(self.num_taskmanagers)
         return self
 
-    def start_jobmanager(self) -> None:
+    def start_jobmanager(self, env: dict[str, str] | None = None) -> None:
+        """Start the JobManager process; ``env`` adds variables (e.g. a crash point, common/faults.py)."""
         self.jobmanager = DaemonProcess(
             "jobmanager",
             [sys.executable, "-m", "keyedstate.jobmanager", *self._overrides({})],
             self.base_dir / "log" / "jobmanager.log",
         )
-        self.jobmanager.start(self._env())
+        self.jobmanager.start({**self._env(), **(env or {})})
 
     def _taskmanager(self, i: int) -> DaemonProcess:
         extra = {
@@ -188,10 +189,10 @@ class MiniCluster:
         tm.start(self._env())
         self.taskmanagers[i] = tm
 
-    def restart_jobmanager(self) -> None:
+    def restart_jobmanager(self, env: dict[str, str] | None = None) -> None:
         if self.jobmanager is not None and self.jobmanager.alive:
             self.jobmanager.kill()
-        self.start_jobmanager()
+        self.start_jobmanager(env)
 
     def wait_for_taskmanagers(self, count: int, timeout_s: float = 60.0) -> None:
         from keyedstate.common.client import ClientSettings, StateClient

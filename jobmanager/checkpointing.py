@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -29,12 +29,15 @@ from keyedstate.jobmanager.checkpoint import (
     CheckpointFailureReason,
     CheckpointingSettings,
     CheckpointStatsTracker,
+    find_latest_checkpoint,
     load_completed_checkpoint,
     plan_restore,
     verify_files_exist,
 )
 from keyedstate.jobmanager.checkpoint import _paths
-from keyedstate.jobmanager.jobs import Job
+from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
+from keyedstate.jobmanager.ha.job_store import JobRecord
+from keyedstate.jobmanager.jobs import Job, JobSpec, JobStatus
 
 if TYPE_CHECKING:
     from keyedstate.jobmanager.daemon import JobManager
@@ -87,6 +90,7 @@ class Checkpointing:
         self._d = jm.dispatcher
         self._stop = threading.Event()
         self._storages = StorageCache(jm.conf, self._stop)
+        self.ha: HighAvailabilityServices = create_ha_services(jm.conf, self._storages.for_url)
 
     # -- storage -----------------------------------------------------------------------------
     def storage(self, url: str, job: Job | None = None) -> CheckpointStorage:
@@ -100,14 +104,27 @@ class Checkpointing:
         return _paths.join(_paths.normalize(base), job.job_id) if base else ""
 
     # -- job lifecycle -----------------------------------------------------------------------
-    def attach(self, job: Job) -> None:
+    def attach(self, job: Job, recovering: bool = False) -> None:
+        """Give ``job`` its checkpoint coordinator (none without ``state.checkpoints.dir``).
+
+        A fresh submission under a job id used before starts with no completed checkpoints of
+        its own (the old job's checkpoints stay in storage, restorable by path), but its ids
+        continue after every ``chk-<n>`` already in the job directory.
+        """
         base = self._checkpoints_dir(job)
         if not base:
             return
         job_dir = self.job_dir(job)
         settings = CheckpointingSettings.from_config(job.config)
+        storage = self.storage(job_dir, job)
+        store = self.ha.completed_checkpoint_store(job.job_id, settings.num_retained)
+        if not recovering:
+            for pointer in self.ha.checkpoint_pointers(job.job_id):
+                self.ha.remove_checkpoint_pointer(job.job_id, pointer.checkpoint_id)
         job.coordinator = CheckpointCoordinator(
-            job.job_id, settings, self.storage(job_dir, job), job_dir, _JobGateway(self._d, job),
+            job.job_id, settings, storage, job_dir, _JobGateway(self._d, job),
+            id_counter=self.ha.checkpoint_id_counter(job.job_id, floor=_next_unused_checkpoint_id(storage, job_dir)),
+            store=store,
             clock=self._jm.clock, scheduler=self._jm.scheduler,
             operators=lambda: job.spec.operators, max_parallelism=job.spec.max_parallelism,
             tasks=lambda: set(job.assignments), stats=CheckpointStatsTracker(job.job_id, self._jm.metrics_registry),
@@ -313,13 +330,137 @@ class Checkpointing:
 
         fail_over(self._d, self, job_id, cause)
 
-    def recover_jobs(self) -> None:
-        """After a JobManager restart (high availability): resume every job. See jobmanager.ha."""
+    # -- high availability ---------------------------------------------------------------------
+    def persist(self, job: Job, *, strict: bool = False) -> None:
+        """Write the job's record to the HA store (no-op without high availability).
+
+        ``strict`` (submission, cancel, rescale) raises when the record cannot be written, so
+        the caller's change fails visibly; during failover a storage outage is logged instead,
+        because blocking a restart on it would make the outage worse.
+        """
+        if not self.ha.enabled:
+            return
+        record = JobRecord(
+            spec=job.spec.to_dict(), status=job.status.value, routing_version=job.routing_version,
+            restarts=job.restarts, failure_cause=job.failure_cause, restore_path=job.restore_path,
+        )
+        try:
+            self.ha.put_job(record)
+        except KeyedStateError as exc:
+            if strict:
+                raise
+            logger.error("job %s: could not write its high-availability record: %s", job.job_id, exc.message)
+        except OSError as exc:
+            if strict:
+                raise UnavailableError(f"job {job.job_id}: high-availability store unreachable: {exc}") from exc
+            logger.error("job %s: could not write its high-availability record: %s", job.job_id, exc)
+
+    def recover_jobs(self, address: str, on_leadership_lost: Callable[[str], None]) -> list[Job]:
+        """After a JobManager restart: take leadership, load every job and its completed checkpoints.
+
+        Runs before the server accepts calls, so a Spark driver resubmitting its job finds it.
+        Redeployment waits for TaskManagers and runs in the background (:func:`recovery.resume`).
+        """
+        self.ha.start(address, on_leadership_lost)
+        jobs = []
+        for record in self.ha.job_records():
+            try:
+                jobs.append(self._recover_job(record))
+            except KeyedStateError as exc:
+                logger.error("job %s could not be recovered: %s", record.job_id, exc.message)
+        return jobs
+
+    def _recover_job(self, record: JobRecord) -> Job:
+        spec = JobSpec.from_dict(record.spec)
+        job = Job(spec, self._jm.conf.with_values(dict(spec.config)))
+        job.restore_path = record.restore_path
+        job.restarts = record.restarts
+        # Clients keep the newest routing version they saw; the recovered job must look newer.
+        job.routing_version = record.routing_version + 1
+        status = JobStatus(record.status)
+        if status.terminal:
+            job.status, job.failure_cause = status, record.failure_cause
+            self._d.adopt(job)
+            return job
+        job.status = JobStatus.RESTARTING
+        job.failure_cause = "the JobManager restarted; the job resumes from its latest completed checkpoint"
+        self.attach(job, recovering=True)
+        if job.coordinator is not None:
+            job.coordinator.recover(self._completed_checkpoints(job))
+            latest = job.coordinator.latest_completed()
+            logger.info("job %s recovered: latest completed checkpoint %s", job.job_id,
+                        latest.external_path if latest is not None else "none")
+        self._d.adopt(job)
+        self.persist(job)
+        return job
+
+    def _completed_checkpoints(self, job: Job) -> list[Any]:
+        """The checkpoints the HA pointers name, plus one whose ``_metadata`` beat its pointer.
+
+        A JobManager can die after writing ``_metadata`` and before writing the pointer: that
+        checkpoint is complete (``_metadata`` is written only after every acknowledgement), so it
+        is taken back instead of being orphaned. Pointers whose checkpoint no longer loads and
+        verifies are dropped, newest first, so recovery falls back to an older checkpoint.
+        """
+        from keyedstate.common.errors import CorruptCheckpointError
+
+        loaded = []
+        for pointer in self.ha.checkpoint_pointers(job.job_id):
+            try:
+                loaded.append(load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path))
+            except (CheckpointError, OSError) as exc:
+                logger.error("job %s: checkpoint %d (%s) cannot be loaded, falling back: %s", job.job_id,
+                             pointer.checkpoint_id, pointer.external_path, getattr(exc, "message", exc))
+                self.ha.remove_checkpoint_pointer(job.job_id, pointer.checkpoint_id)
+        storage = self.storage(self.job_dir(job), job)
+        newest = find_latest_checkpoint(storage, self.job_dir(job))
+        if newest is not None and all(newest.checkpoint_id > c.checkpoint_id for c in loaded):
+            logger.warning("job %s: checkpoint %d has _metadata but no pointer (the JobManager died in between); "
+                           "taking it back", job.job_id, newest.checkpoint_id)
+            loaded.append(newest)
+        # The newest must be restorable as a whole; an older one is only a fallback.
+        loaded.sort(key=lambda c: c.checkpoint_id)
+        while loaded:
+            latest = loaded[-1]
+            try:
+                verify_files_exist(self.storage(latest.external_path, job), latest.metadata, latest.external_path)
+                break
+            except (CorruptCheckpointError, OSError) as exc:
+                logger.error("job %s: checkpoint %d is missing files, falling back: %s", job.job_id,
+                             latest.checkpoint_id, getattr(exc, "message", exc))
+                self.ha.remove_checkpoint_pointer(job.job_id, latest.checkpoint_id)
+                loaded.pop()
+        return loaded
+
+    def sweep_orphans(self, job: Job) -> list[str]:
+        """Delete what crashed checkpoints left in the job directory (after a JobManager restart)."""
+        from keyedstate.jobmanager.checkpoint.gc import execute, plan_gc
+
+        if job.coordinator is None:
+            return []
+        storage = self.storage(self.job_dir(job), job)
+        plan = plan_gc(storage, self.job_dir(job), job.coordinator.store.all(), job.coordinator.in_progress_ids())
+        if not plan.remove:
+            return []
+        logger.info("job %s: deleting %d leftovers of checkpoints an earlier JobManager never completed",
+                    job.job_id, len(plan.remove))
+        return execute(storage, plan)
 
     def shutdown(self) -> None:
         self._stop.set()
         for job in self._d.jobs():
             self.detach(job)
+        self.ha.close()
+
+
+def _next_unused_checkpoint_id(storage: CheckpointStorage, job_dir: str) -> int:
+    """One past the newest ``chk-<n>`` in ``job_dir``: ids never reuse a directory, whatever the counter says."""
+    newest = 0
+    for info in storage.list(job_dir):
+        cid = _paths.parse_checkpoint_dir_name(_paths.name(info.path))
+        if info.is_dir and cid is not None:
+            newest = max(newest, cid)
+    return newest + 1
 
 
 def _failure(exc: CheckpointException) -> str:

@@ -63,6 +63,10 @@ class JobManager:
             s.bind_host, s.port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
             what="JobManager", port_key="jobmanager.rpc.port",
         )
+        self._server = server
+        # Jobs come back from the HA store before the first call is served, so that a Spark
+        # driver resubmitting its job after the restart finds it instead of creating it anew.
+        recovered = self.dispatcher.checkpointing.recover_jobs(f"{s.address}:{self.port}", self._leadership_lost)
         jm_grpc.add_JobManagerServicer_to_server(JobManagerServicer(self.dispatcher), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -72,9 +76,16 @@ class JobManager:
         self._register_metrics()
         self._metrics_server = MetricsServer(self.metrics_registry, s.metrics_ports, host=s.bind_host)
         self.registry.start()
-        if self.dispatcher.checkpointing is not None:
-            self.dispatcher.checkpointing.recover_jobs()
+        for job in recovered:
+            if not job.status.terminal:
+                self.dispatcher.resume_recovered(job)
         logger.info("jobmanager: serving on %s", self.address)
+
+    def _leadership_lost(self, message: str) -> None:
+        # Fencing: another JobManager owns the HA directory now. Stop serving at once; the
+        # process exits and its supervisor (systemd, Kubernetes) decides what happens next.
+        logger.critical("jobmanager: stopping: %s", message)
+        threading.Thread(target=self.stop, kwargs={"grace_s": 0}, name="jm-fenced", daemon=True).start()
 
     def _register_metrics(self) -> None:
         r = self.metrics_registry

@@ -72,6 +72,11 @@ class Dispatcher:
             raise NotFoundError(f"unknown job {job_id!r} (known jobs: {known}); submit it first", reason=Reason.UNKNOWN_JOB)
         return job
 
+    def adopt(self, job: Job) -> None:
+        """Take over a job recovered from the high-availability store."""
+        with self._lock:
+            self._jobs[job.job_id] = job
+
     def jobs(self) -> list[Job]:
         with self._lock:
             return list(self._jobs.values())
@@ -124,14 +129,27 @@ class Dispatcher:
                 self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} restarted and lost its slots")
         # Slots it still hosts that no job assigns to it any more (the job failed over while the
         # TaskManager was unreachable) are released, so they stop serving stale state.
+        # Until the release is done the slot stays marked as taken, so that nothing is deployed
+        # over it and a recovering job waits (registry.hosts_job) instead of deploying the same
+        # subtask twice on one TaskManager.
         assigned = {
             a.subtask for job in self.jobs() for a in job.assignments.values() if a.taskmanager_id == record.taskmanager_id
         }
-        for subtask in reported:
+        for subtask, slot_index in reported.items():
             if subtask not in assigned:
-                self._pool.submit(self.gateways.release, record.address, tm_pb.ReleaseSlotRequest(
-                    job_id=subtask.job_id, operator_id=subtask.operator_id, subtask_index=subtask.subtask_index,
-                ))
+                self.registry.occupy(record.taskmanager_id, slot_index, subtask)
+                self._pool.submit(self._release_stale, record, slot_index, subtask)
+
+    def _release_stale(self, record: TaskManagerRecord, slot_index: int, subtask: SubtaskId) -> None:
+        try:
+            self.gateways.release(record.address, tm_pb.ReleaseSlotRequest(
+                job_id=subtask.job_id, operator_id=subtask.operator_id, subtask_index=subtask.subtask_index,
+            ))
+        except KeyedStateError as exc:
+            # Unreachable again: the heartbeat timeout removes the TaskManager and its slots.
+            logger.info("releasing stale %s on %s: %s", subtask, record.taskmanager_id, exc.message)
+            return
+        self.registry.free_if(record.taskmanager_id, slot_index, subtask)
 
     # -- job lifecycle -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, restore_path: str = "") -> pb.RoutingTable:
@@ -149,7 +167,7 @@ class Dispatcher:
                     f"job {spec.job_id!r} is already {existing.status.value} with a different definition; "
                     f"cancel it first (statectl job cancel {spec.job_id}) or use another job id"
                 )
-            job = Job(spec, job_conf)
+            job = Job(spec, job_conf, restore_path=restore_path)
             if existing is not None:
                 # Clients keep the newest routing version they saw and ignore older ones, so a job
                 # resubmitted under the same id continues the numbering instead of restarting at 1.
@@ -163,6 +181,7 @@ class Dispatcher:
                 self._deploy_all(job, restores)
                 job.status = JobStatus.RUNNING
                 if self.checkpointing is not None:
+                    self.checkpointing.persist(job, strict=True)
                     self.checkpointing.job_running(job)
                 logger.info(
                     "job %s running: %d subtasks on %d TaskManagers (routing v%d)%s",
@@ -171,6 +190,9 @@ class Dispatcher:
                 )
                 return job.routing_table()
         except BaseException:
+            if job.assignments:  # deployed, then a later step (the HA record) failed
+                self._release(job, list(job.assignments.values()), discard_local=True)
+                job.assignments = {}
             with self._lock:
                 if self._jobs.get(spec.job_id) is job:
                     del self._jobs[spec.job_id]
@@ -243,6 +265,8 @@ class Dispatcher:
             job.assignments = {}
             job.status = JobStatus.CANCELED
             job.routing_version += 1
+            if self.checkpointing is not None:
+                self.checkpointing.persist(job)
             logger.info("job %s canceled", job_id)
             return job.info()
 
@@ -266,10 +290,17 @@ class Dispatcher:
             restores = self.checkpointing.plan_restore(job, path)
             self._deploy_all(job, restores)
             job.status = JobStatus.RUNNING
+            self.checkpointing.persist(job)
             self.checkpointing.job_running(job)
             return job.routing_table()
 
     # -- failures ----------------------------------------------------------------------------
+    def resume_recovered(self, job: Job) -> None:
+        """Redeploy a job recovered after a JobManager restart, in the background."""
+        from keyedstate.jobmanager.recovery import resume
+
+        self._pool.submit(resume, self, self.checkpointing, job)
+
     def _on_taskmanager_lost(self, record: TaskManagerRecord, cause: str) -> None:
         self.gateways.forget(record.address)
         for job in self.jobs():

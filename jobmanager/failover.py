@@ -17,6 +17,7 @@ from keyedstate.jobmanager.jobs import JobStatus
 if TYPE_CHECKING:
     from keyedstate.jobmanager.checkpointing import Checkpointing
     from keyedstate.jobmanager.dispatcher import Dispatcher
+    from keyedstate.jobmanager.jobs import Job
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str,
         job.routing_version += 1
         if job.coordinator is not None:
             job.coordinator.abort_pending(_task_failure(), cause)
+        checkpointing.persist(job)
     while True:
         with job.lock:
             if job.status.terminal:
@@ -65,35 +67,43 @@ def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str,
                 job.status = JobStatus.FAILED
                 job.failure_cause = f"{cause} (restart strategy {strategy.kind}: {job.restarts} of {strategy.attempts} restarts used)"
                 logger.error("job %s FAILED: %s", job_id, job.failure_cause)
+                # A failed job gives its slots back, so that the job can be restored (or another run).
+                dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
+                job.assignments = {}
+                checkpointing.persist(job)
                 return
             job.restarts += 1
-            restart = job.restarts
-        if dispatcher.closed.wait(strategy.delay_for(restart) / 1000.0):
-            logger.info("job %s: restart %d abandoned, the JobManager is shutting down", job_id, restart)
+            number = job.restarts
+        if dispatcher.closed.wait(strategy.delay_for(number) / 1000.0):
+            logger.info("job %s: restart %d abandoned, the JobManager is shutting down", job_id, number)
             return
         with job.lock:
             if job.status.terminal:
                 return
             try:
-                _restart(dispatcher, checkpointing, job)
-                logger.info("job %s restarted (restart %d)", job_id, restart)
+                restart(dispatcher, checkpointing, job)
+                logger.info("job %s restarted (restart %d)", job_id, number)
                 return
             except KeyedStateError as exc:
-                cause = f"restart {restart} failed: {exc.message}"
+                cause = f"restart {number} failed: {exc.message}"
                 logger.warning("job %s: %s", job_id, cause)
                 job.failure_cause = cause
 
 
-def _restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: object) -> None:
-    from keyedstate.jobmanager.jobs import Job
+def restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> None:
+    """Redeploy every subtask of ``job`` from its latest completed checkpoint (caller holds ``job.lock``).
 
-    assert isinstance(job, Job)
+    Before its first checkpoint, a job restores what it was submitted from (a savepoint or an
+    older checkpoint), or starts empty if it was submitted without one.
+    """
     dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
     job.assignments = {}
     latest = job.coordinator.latest_completed() if job.coordinator is not None else None
-    restores = checkpointing.plan_restore(job, latest.external_path) if latest is not None else {}
+    path = latest.external_path if latest is not None else job.restore_path
+    restores = checkpointing.plan_restore(job, path) if path else {}
     dispatcher._deploy_all(job, restores)  # noqa: SLF001
     job.status = JobStatus.RUNNING
+    checkpointing.persist(job)
     checkpointing.job_running(job)
 
 

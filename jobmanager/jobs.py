@@ -88,6 +88,7 @@ class Job:
     failure_cause: str = ""
     restarts: int = 0
     committed_epoch: int = -1
+    restore_path: str = ""  # what the job was submitted from: a failover before its first checkpoint restores it
     coordinator: Any = None
     lock: threading.RLock = field(default_factory=threading.RLock)
 

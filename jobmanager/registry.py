@@ -144,6 +144,18 @@ class TaskManagerRegistry:
             if record is not None and 0 <= slot_index < record.num_slots:
                 record.occupancy[slot_index] = subtask
 
+    def free_if(self, taskmanager_id: str, slot_index: int, subtask: SubtaskId) -> None:
+        """Free a slot if it still holds ``subtask`` (a late release must not free a reused slot)."""
+        with self._lock:
+            record = self._records.get(taskmanager_id)
+            if record is not None and 0 <= slot_index < record.num_slots and record.occupancy[slot_index] == subtask:
+                record.occupancy[slot_index] = None
+
+    def hosts_job(self, job_id: str) -> bool:
+        """True while some registered TaskManager's slot is still marked with a subtask of ``job_id``."""
+        with self._lock:
+            return any(s is not None and s.job_id == job_id for r in self._records.values() for s in r.occupancy)
+
     def free_slot_count(self) -> int:
         with self._lock:
             return sum(len(r.free_slots()) for r in self._records.values())

@@ -166,7 +166,16 @@ HA_TYPE = _opt("high-availability.type", enum_parser("none", "filesystem"), "non
     "high-availability.storageDir so a restarted JobManager resumes every job.",
     fallback_keys=("high-availability",))
 HA_STORAGE_DIR = _opt("high-availability.storageDir", string_parser, None, "string",
-    "Durable directory (any fsspec URL) for JobManager metadata.")
+    "Durable directory (any fsspec URL) for JobManager metadata: job records, completed-checkpoint "
+    "pointers, checkpoint id counters and the leadership lease.")
+HA_CLUSTER_ID = _opt("high-availability.cluster-id", string_parser, "default", "string",
+    "Names this cluster's subdirectory of high-availability.storageDir, so several clusters can share it.")
+HA_LEASE_CHECK_INTERVAL = _opt("high-availability.filesystem.lease-check-interval", duration_parser, 5_000, "duration",
+    "How often a JobManager checks that no newer JobManager took over its high-availability directory; "
+    "one that finds a newer leader stops at once (fencing).")
+SLOT_REQUEST_TIMEOUT = _opt("slot.request.timeout", duration_parser, 300_000, "duration",
+    "How long a recovering job waits for enough free slots (TaskManagers re-registering after a "
+    "JobManager restart) before it falls back to its restart strategy.")
 
 # --- S3 (Flink's s3 filesystem keys; the AWS environment variables also work) -----------------
 S3_ENDPOINT = _opt("s3.endpoint", string_parser, None, "string", "S3 endpoint URL, for MinIO or other S3 APIs.")

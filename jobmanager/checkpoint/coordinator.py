@@ -39,6 +39,7 @@ from keyedstate.common.clock import Cancellable, Clock, Scheduler
 from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError, UnavailableError
+from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.storage import CheckpointStorage
@@ -363,6 +364,10 @@ class CheckpointCoordinator:
                     outcome, late = AckOutcome.DISCARDED, recent
                 else:
                     outcome = AckOutcome.UNKNOWN
+                    if checkpoint_id < self._ids.get() and checkpoint_id > self._latest_success_id:
+                        # A checkpoint an earlier JobManager triggered and never completed (it died
+                        # between barrier and _metadata): what the TaskManager uploaded is garbage.
+                        outcome = AckOutcome.DISCARDED
             else:
                 try:
                     outcome = pending.acknowledge(subtask, handle)
@@ -379,11 +384,16 @@ class CheckpointCoordinator:
             self._discard_late_ack(pending, handle)
             return outcome
         if outcome is AckOutcome.SUCCESS:
+            crash_point("jobmanager.checkpoint.acknowledged")
             self.stats.report_ack(checkpoint_id)
         elif late is not None:
             logger.info("job=%s checkpoint=%d late ack from %s for an aborted checkpoint; deleting its files",
                         self.job_id, checkpoint_id, subtask)
             self._discard_late_ack(late, handle)
+        elif outcome is AckOutcome.DISCARDED:
+            logger.info("job=%s checkpoint=%d ack from %s for a checkpoint of an earlier JobManager; deleting its files",
+                        self.job_id, checkpoint_id, subtask)
+            self._discard_orphan_ack(checkpoint_id, handle)
         elif outcome is not AckOutcome.SUCCESS:
             logger.debug("job=%s checkpoint=%d ack from %s: %s", self.job_id, checkpoint_id, subtask, outcome.value)
         if finalize is not None:
@@ -447,6 +457,7 @@ class CheckpointCoordinator:
                 if problems:
                     raise CheckpointException(R.FINALIZE_CHECKPOINT_FAILURE, "; ".join(problems[:3]))
                 self._storage.create_exclusive(metadata_path, metadata.to_bytes())
+                crash_point("jobmanager.checkpoint.metadata-written")
             except Exception as exc:
                 # An existing _metadata is someone else's completed checkpoint: delete nothing then.
                 self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE, _finalize_message(metadata_path, exc),
@@ -531,7 +542,9 @@ class CheckpointCoordinator:
         self.stats.report_failed(pending.checkpoint_id, reason, message, duration_ms=duration)
         if cleanup:
             self._cleaner.discard(
-                directories=[pending.target_path],
+                # shared/chk-<n>/ holds what TaskManagers uploaded for n, acknowledged or not (a dead one never
+                # acks); no other checkpoint may reference it, since files are reused only after n completes.
+                directories=[pending.target_path],  # TOGGLE-D
                 files=self._registry.unreferenced(candidates),
                 keep=self._keep,
                 what=f"aborted checkpoint {pending.checkpoint_id} of job {self.job_id}",
@@ -567,6 +580,22 @@ class CheckpointCoordinator:
             candidates = self._defer_locked(sorted(shared - others))
         self._cleaner.discard(directories=[pending.target_path], files=self._registry.unreferenced(candidates),
                               keep=self._keep, what=f"late ack of aborted checkpoint {pending.checkpoint_id}")
+
+    def _discard_orphan_ack(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> None:
+        """Delete what an ack of a checkpoint this coordinator never knew uploaded (see :meth:`acknowledge`)."""
+        target = _paths.join(self.job_dir, _paths.checkpoint_dir_name(checkpoint_id))
+        shared: set[str] = set()
+        for f in handle.files:
+            path = f.path if "://" in f.path else _paths.join(target, "../" + f.path if f.path.startswith(
+                _paths.SHARED_DIR + "/") else f.path)
+            path = _paths.normalize(path)
+            if f.shared and _paths.relative_to(path, self.shared_dir) is not None:
+                shared.add(path)
+        with self._lock:
+            others = set().union(*(p.shared_files() for p in self._pending.values()))
+            candidates = self._defer_locked(sorted(shared - others))
+        self._cleaner.discard(directories=[target], files=self._registry.unreferenced(candidates),
+                              keep=self._keep, what=f"ack of checkpoint {checkpoint_id} from an earlier JobManager")
 
     # -- shared-file deletion guard ------------------------------------------------------------
     def _defer_locked(self, files: list[str], exclude: frozenset[int] | set[int] = frozenset()) -> list[str]:
@@ -646,20 +675,34 @@ class CheckpointCoordinator:
         files are reference-counted: once subsumed it is deleted like any other. Without it the
         files stay untouched; TaskManagers must then not reference them from new checkpoints.
         """
-        if self._ids.get() <= checkpoint.checkpoint_id:
-            self._ids.set_count(checkpoint.checkpoint_id + 1)
         if claim:
             if checkpoint.savepoint:
                 raise InvalidArgumentError("a savepoint belongs to the user and cannot be claimed; restore without claim")
+            self.recover([checkpoint])
+        elif self._ids.get() <= checkpoint.checkpoint_id:
+            self._ids.set_count(checkpoint.checkpoint_id + 1)
+        self.stats.report_restored(checkpoint.checkpoint_id, self._clock.now_ms())
+
+    def recover(self, checkpoints: Sequence[CompletedCheckpoint]) -> None:
+        """Take back the completed checkpoints a restarted JobManager found (high availability).
+
+        They join the store in id order (its retention applies as usual) and their shared
+        files are reference-counted again; checkpoint ids continue after every one of them.
+        """
+        for checkpoint in sorted(checkpoints, key=lambda c: c.checkpoint_id):
+            if self._ids.get() <= checkpoint.checkpoint_id:
+                self._ids.set_count(checkpoint.checkpoint_id + 1)
             subsumed = self._store.add_checkpoint(checkpoint)
+            if checkpoint.savepoint:
+                continue  # the user's files: never reference-counted, never deleted
             self._registry.register(checkpoint)
             released = [f for old in subsumed for f in self._registry.unregister(old)]
             with self._lock:
                 self._latest_checkpoint_id = max(self._latest_checkpoint_id, checkpoint.checkpoint_id)
                 self._latest_success_id = max(self._latest_success_id, checkpoint.checkpoint_id)
-            self._cleaner.discard(directories=[s.external_path for s in subsumed], files=released, keep=self._keep,
-                                  what=f"checkpoints subsumed by restored {checkpoint.checkpoint_id}")
-        self.stats.report_restored(checkpoint.checkpoint_id, self._clock.now_ms())
+            if subsumed:
+                self._cleaner.discard(directories=[s.external_path for s in subsumed], files=released, keep=self._keep,
+                                      what=f"checkpoints subsumed by recovered {checkpoint.checkpoint_id}")
 
     def reset_failure_counter(self) -> None:
         """Forget consecutive failures (after the job failed over and restarted)."""

@@ -194,6 +194,7 @@ def make_harness(storage: Any, job_dir: str, clock: ManualClock, scheduler: Manu
         storage_override: Any = None,
         job_dir_override: str | None = None,
         cleaner_executor: Any = None,
+        coordinator_kwargs: dict[str, Any] | None = None,
         **settings: Any,
     ) -> Harness:
         ops = operators or default_operators()
@@ -217,6 +218,7 @@ def make_harness(storage: Any, job_dir: str, clock: ManualClock, scheduler: Manu
             on_failover=lambda reason, message: failovers.append((reason, message)),
             cleaner=CheckpointsCleaner(st, cleaner_executor or InlineExecutor()),
             savepoints_dir=(tmp_path / "savepoints").as_uri(),
+            **(coordinator_kwargs or {}),
         )
         cluster.coordinator = coordinator
         return Harness(coordinator, cluster, st, jd, clock, scheduler, registry, failovers)

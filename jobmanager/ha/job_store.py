@@ -1,0 +1,81 @@
+"""Durable job records (Flink's ``JobGraphStore`` plus its job result store).
+
+A record holds what a restarted JobManager needs to bring a job back: the spec it was
+submitted with (operators, states, max parallelism, per-job config), the path it was first
+restored from, its status, the routing version clients have seen and the restarts used.
+Terminal jobs keep their record so ``statectl job info`` still shows why a job failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from keyedstate.common.errors import CorruptCheckpointError
+from keyedstate.common.storage import CheckpointStorage
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    spec: dict[str, Any]  # JobSpec.to_dict()
+    status: str
+    routing_version: int
+    restarts: int = 0
+    failure_cause: str = ""
+    restore_path: str = ""  # the checkpoint or savepoint the job was first submitted from
+
+    @property
+    def job_id(self) -> str:
+        return str(self.spec["job_id"])
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> JobRecord:
+        try:
+            raw = json.loads(data)
+            version = raw.pop("format_version")
+            if version != FORMAT_VERSION:
+                raise ValueError(f"format_version {version} is not {FORMAT_VERSION}")
+            return cls(**raw)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptCheckpointError(
+                f"job record {where} is unreadable ({exc}); restore the job by hand with "
+                "`statectl job restore` from its latest checkpoint, then delete the record"
+            ) from exc
+
+
+class JobStore:
+    def __init__(self, storage: CheckpointStorage, jobs_dir: str, fence: Callable[[], None]) -> None:
+        self._storage = storage
+        self._dir = jobs_dir.rstrip("/")
+        self._fence = fence
+
+    def job_dir(self, job_id: str) -> str:
+        return f"{self._dir}/{job_id}"
+
+    def put(self, record: JobRecord) -> None:
+        self._fence()
+        self._storage.write_bytes(f"{self.job_dir(record.job_id)}/job.json", record.to_bytes())
+
+    def records(self) -> list[JobRecord]:
+        """Every readable record; an unreadable one is logged and skipped (the others still recover)."""
+        out = []
+        for info in self._storage.list(self._dir):
+            if not info.is_dir:
+                continue
+            path = f"{info.path.rstrip('/')}/job.json"
+            try:
+                out.append(JobRecord.from_bytes(self._storage.read_bytes(path), path))
+            except FileNotFoundError:
+                continue
+            except CorruptCheckpointError as exc:
+                logger.error("high availability: %s", exc.message)
+        return out

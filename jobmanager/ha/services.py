@@ -1,0 +1,137 @@
+"""The JobManager's high-availability services: ``none`` (standalone) or ``filesystem``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Protocol
+
+from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.errors import ConfigError, InvalidArgumentError
+from keyedstate.common.ids import validate_id
+from keyedstate.common.storage import CheckpointStorage
+from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpointStore, StandaloneCompletedCheckpointStore
+from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
+from keyedstate.jobmanager.ha.checkpoint_store import CheckpointPointer, DurableCompletedCheckpointStore
+from keyedstate.jobmanager.ha.id_counter import DurableCheckpointIDCounter
+from keyedstate.jobmanager.ha.job_store import JobRecord, JobStore
+from keyedstate.jobmanager.ha.leader import LeadershipLease
+
+logger = logging.getLogger(__name__)
+
+
+class HighAvailabilityServices(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+    def start(self, address: str, on_lost: Callable[[str], None]) -> None:
+        """Take leadership (``filesystem``: a new session, fencing every older JobManager)."""
+
+    def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter: ...
+
+    def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore: ...
+
+    def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]: ...
+
+    def remove_checkpoint_pointer(self, job_id: str, checkpoint_id: int) -> None: ...
+
+    def put_job(self, record: JobRecord) -> None: ...
+
+    def job_records(self) -> list[JobRecord]: ...
+
+    def close(self) -> None: ...
+
+
+class StandaloneHaServices:
+    """``high-availability.type: none``: everything lives in the JobManager process and dies with it."""
+
+    enabled = False
+
+    def start(self, address: str, on_lost: Callable[[str], None]) -> None:
+        pass
+
+    def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter:
+        return StandaloneCheckpointIDCounter(max(1, floor))
+
+    def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore:
+        return StandaloneCompletedCheckpointStore(num_retained)
+
+    def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]:
+        return []
+
+    def remove_checkpoint_pointer(self, job_id: str, checkpoint_id: int) -> None:
+        pass
+
+    def put_job(self, record: JobRecord) -> None:
+        pass
+
+    def job_records(self) -> list[JobRecord]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class FileSystemHaServices:
+    """``high-availability.type: filesystem``: see :mod:`keyedstate.jobmanager.ha`."""
+
+    enabled = True
+
+    def __init__(self, storage: CheckpointStorage, root: str, lease_check_interval_ms: int) -> None:
+        self.root = root.rstrip("/")
+        self._storage = storage
+        self._interval = lease_check_interval_ms
+        self._lease = LeadershipLease(storage, f"{self.root}/leader", address="")
+        self._jobs = JobStore(storage, f"{self.root}/jobs", self._lease.check)
+
+    def start(self, address: str, on_lost: Callable[[str], None]) -> None:
+        self._lease._address = address  # noqa: SLF001 - the address is known only once the server is bound
+        self._lease.acquire()
+        self._lease.watch(self._interval, on_lost)
+
+    def _job_dir(self, job_id: str) -> str:
+        return self._jobs.job_dir(validate_id("job id", job_id))
+
+    def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter:
+        return DurableCheckpointIDCounter(self._storage, f"{self._job_dir(job_id)}/checkpoint-counter",
+                                          self._lease.check, floor)
+
+    def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore:
+        return self._pointers(job_id, num_retained)
+
+    def _pointers(self, job_id: str, num_retained: int = 1) -> DurableCompletedCheckpointStore:
+        return DurableCompletedCheckpointStore(self._storage, f"{self._job_dir(job_id)}/checkpoints", num_retained,
+                                               self._lease.check)
+
+    def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]:
+        return self._pointers(job_id).pointers()
+
+    def remove_checkpoint_pointer(self, job_id: str, checkpoint_id: int) -> None:
+        self._pointers(job_id).remove_pointer(checkpoint_id)
+
+    def put_job(self, record: JobRecord) -> None:
+        self._jobs.put(record)
+
+    def job_records(self) -> list[JobRecord]:
+        return self._jobs.records()
+
+    def close(self) -> None:
+        self._lease.close()
+
+
+def create_ha_services(conf: Configuration, storage_for: Callable[[str], CheckpointStorage]) -> HighAvailabilityServices:
+    kind = conf.get(o.HA_TYPE)
+    if kind == "none":
+        return StandaloneHaServices()
+    storage_dir = conf.get(o.HA_STORAGE_DIR)
+    if not storage_dir:
+        raise ConfigError(
+            "high-availability.type is filesystem but high-availability.storageDir is not set; set it to a durable "
+            "directory the JobManager can reach after a restart (for example s3://bucket/ha or file:///var/lib/keyedstate/ha)"
+        )
+    try:
+        cluster_id = validate_id("high-availability.cluster-id", conf.get(o.HA_CLUSTER_ID).strip("/"))
+    except InvalidArgumentError as exc:
+        raise ConfigError(exc.message) from exc
+    root = f"{storage_dir.rstrip('/')}/{cluster_id}"
+    logger.info("high availability: filesystem at %s", root)
+    return FileSystemHaServices(storage_for(root), root, conf.get(o.HA_LEASE_CHECK_INTERVAL))

@@ -1,0 +1,118 @@
+"""A Spark-like driver without Spark: epochs of staged writes, committed and checkpointed.
+
+Each epoch adds, per key, a counter (ReducingState SUM) and appends an event (ListState), so a
+lost update shows as a smaller count and a doubled one as a larger count or a repeated event.
+The driver behaves as KeyedStateRuntime.foreach_batch does: a batch whose job restarted in the
+middle is run again under a new attempt id; a batch already committed is skipped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from keyedstate.common._proto.v1 import common_pb2
+from keyedstate.common.client import ClientSettings, ListState, ReducingState, StateClient
+from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
+from keyedstate.common.errors import KeyedStateError
+
+JOB = "ha-job"
+OP = "agg"
+
+
+def operators(parallelism: int) -> list[OperatorSpec]:
+    return [OperatorSpec(OP, parallelism, (
+        StateDescriptor("sums", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
+        StateDescriptor("events", StateKind.LIST),
+    ))]
+
+
+@dataclass
+class EpochDriver:
+    address: str
+    keys: int = 2_000
+    events_per_epoch: int = 3_000
+    seed: int = 7
+    reference: dict[str, list[int]] = field(default_factory=dict)
+    events: dict[str, list[str]] = field(default_factory=dict)
+    attempts: int = 0
+    reruns: int = 0
+    client: StateClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = StateClient(self.address, ClientSettings(timeout_s=20, max_attempts=8, backoff_s=0.1))
+
+    def batch(self, epoch: int) -> list[tuple[str, int]]:
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        return [(f"user-{rng.randrange(self.keys)}", rng.randrange(1, 1000)) for _ in range(self.events_per_epoch)]
+
+    def wait_running(self, timeout_s: float = 120.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                info = self.client.job_info(JOB)
+                if info.status == "RUNNING":
+                    return info
+                if info.status in ("FAILED", "CANCELED"):
+                    raise AssertionError(f"job {info.status}: {info.failure_cause}")
+            except KeyedStateError:
+                pass  # the JobManager is restarting
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job not RUNNING within {timeout_s} s")
+            time.sleep(0.1)
+
+    def run_epoch(self, epoch: int) -> Any:
+        """Run one batch to a committed, checkpointed epoch; returns the CommitEpochResponse."""
+        rows = self.batch(epoch)
+        while True:
+            info = self.wait_running()
+            if info.committed_epoch >= epoch:
+                self._apply_reference(epoch, rows)
+                return None
+            self.attempts += 1
+            ctx = common_pb2.EpochContext(epoch=epoch, partition=0, attempt=self.attempts)
+            try:
+                routing = self.client.routing(JOB, refresh=True)
+                agg: dict[str, list[int]] = {}
+                for key, amount in rows:
+                    a = agg.setdefault(key, [0, 0])
+                    a[0] += 1
+                    a[1] += amount
+                keys = sorted(agg)
+                ReducingState(self.client, JOB, OP, "sums", epoch=ctx).add_many(keys, [agg[k] for k in keys])
+                ListState(self.client, JOB, OP, "events", value_serializer="str", epoch=ctx).append_many(
+                    [k for k, _ in rows], [f"{epoch}:{i}:{amount}" for i, (_, amount) in enumerate(rows)])
+                response = self.client.commit_epoch(JOB, epoch, {0: self.attempts},
+                                                    expected_routing_version=routing.version)
+            except KeyedStateError:
+                self.reruns += 1  # the job restarted under the batch (or the JobManager is away): run it again
+                time.sleep(0.1)
+                continue
+            if response.checkpoint.status not in ("COMPLETED", ""):
+                # Committed, but its checkpoint failed: the next commit (or failover) covers it.
+                pass
+            self._apply_reference(epoch, rows)
+            return response
+
+    def _apply_reference(self, epoch: int, rows: list[tuple[str, int]]) -> None:
+        for i, (key, amount) in enumerate(rows):
+            ref = self.reference.setdefault(key, [0, 0])
+            ref[0] += 1
+            ref[1] += amount
+            self.events.setdefault(key, []).append(f"{epoch}:{i}:{amount}")
+
+    def verify(self) -> None:
+        """Every key equals the plain-Python reference: nothing lost, nothing doubled."""
+        keys = sorted(self.reference)
+        sums = ReducingState(self.client, JOB, OP, "sums").get_many(keys)
+        got = {k: [int(v) for v in s] if s is not None else None for k, s in zip(keys, sums)}
+        wrong = {k: (got[k], self.reference[k]) for k in keys if got[k] != self.reference[k]}
+        assert not wrong, f"{len(wrong)} of {len(keys)} keys differ, e.g. {list(wrong.items())[:3]}"
+        lists = ListState(self.client, JOB, OP, "events", value_serializer="str").get_many(keys)
+        bad = [k for k, values in zip(keys, lists) if values != self.events[k]]
+        assert not bad, f"{len(bad)} event lists differ, e.g. {bad[0]}"
+
+    def close(self) -> None:
+        self.client.close()

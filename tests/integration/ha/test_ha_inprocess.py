@@ -1,0 +1,103 @@
+"""JobManager high availability with in-process daemons: fencing, terminal jobs, resource waits, restore paths."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from keyedstate.common.client import ValueState
+from keyedstate.common.config import Configuration
+from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.jobmanager.daemon import JobManager
+from tests.fixtures.cluster import FAST_HEARTBEATS
+
+OP = "op"
+
+
+def _ops(parallelism: int = 2) -> list[OperatorSpec]:
+    return [OperatorSpec(OP, parallelism, (StateDescriptor("v", StateKind.VALUE),))]
+
+
+def _wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def _ha(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    return {"high-availability.type": "filesystem", "high-availability.storageDir": (tmp_path / "ha").as_uri(),
+            "high-availability.filesystem.lease-check-interval": "100 ms", **extra}
+
+
+def _restart_jobmanager(cluster: Any, tmp_path: Path, **extra: Any) -> JobManager:
+    port = cluster.jobmanager.port
+    cluster.jobmanager.stop(grace_s=0)
+    conf = {"jobmanager.rpc.port": port, "metrics.reporter.prom.port": "-1", "rest.port": -1,
+            "state.checkpoints.dir": (cluster.base / "checkpoints").as_uri(), **FAST_HEARTBEATS, **_ha(tmp_path), **extra}
+    jm = JobManager(Configuration(conf))
+    jm.start()
+    cluster.jobmanager = jm
+    return jm
+
+
+def test_a_second_jobmanager_on_the_same_ha_directory_fences_the_first(inprocess_cluster: Any, tmp_path: Path) -> None:
+    cluster = inprocess_cluster(taskmanagers=0, jm=_ha(tmp_path))
+    first = cluster.jobmanager
+    second = JobManager(Configuration({"jobmanager.rpc.port": 0, "metrics.reporter.prom.port": "-1", "rest.port": -1,
+                                       **_ha(tmp_path)}))
+    second.start()
+    try:
+        _wait_for(first._stopped.is_set, 30, "the older JobManager stepping down")
+        assert not second._stopped.is_set()
+    finally:
+        second.stop(grace_s=0)
+
+
+def test_terminal_jobs_stay_terminal_after_a_restart(inprocess_cluster: Any, tmp_path: Path) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, jm=_ha(tmp_path))
+    client = cluster.client()
+    client.submit_job("gone", _ops())
+    client.submit_job("kept", _ops())
+    client.cancel_job("gone")
+    _restart_jobmanager(cluster, tmp_path)
+    assert client.job_info("gone").status == "CANCELED"
+    _wait_for(lambda: client.job_info("kept").status == "RUNNING", 30, "the running job resuming")
+
+
+def test_a_recovered_job_that_gets_no_slots_fails_naming_the_timeout(inprocess_cluster: Any, tmp_path: Path) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=2, jm=_ha(tmp_path))
+    client = cluster.client()
+    client.submit_job("job", _ops())
+    cluster.taskmanagers[0].stop(grace_s=0)
+    cluster.taskmanagers.clear()
+    _restart_jobmanager(cluster, tmp_path, **{"slot.request.timeout": "500 ms", "restart-strategy.type": "none"})
+    info = _wait_for(lambda: (i := client.job_info("job")).status == "FAILED" and i, 30, "the job failing")
+    assert "slot.request.timeout" in info.failure_cause and "start more TaskManagers" in info.failure_cause
+
+
+def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitted_from(inprocess_cluster: Any, tmp_path: Path) -> None:
+    cluster = inprocess_cluster(taskmanagers=2, slots=2, jm={
+        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "50 ms",
+        "restart-strategy.fixed-delay.attempts": "100", "state.savepoints.dir": (tmp_path / "sp").as_uri()})
+    client = cluster.client()
+    client.submit_job("a", _ops())
+    state = ValueState(client, "a", OP, "v", value_serializer="int")
+    keys = [f"k{i}" for i in range(300)]
+    state.put_many(keys, list(range(300)))
+    savepoint = client.trigger_checkpoint("a", savepoint=True, timeout_s=60)
+    assert savepoint.status == "COMPLETED", savepoint.failure_reason
+    client.submit_job("b", _ops(), restore_path=savepoint.path)
+    restored = ValueState(client, "b", OP, "v", value_serializer="int")
+    assert restored.get_many(keys) == list(range(300))
+    # Lose a TaskManager before job b completed any checkpoint of its own: the restart must
+    # restore the savepoint again, not come back empty.
+    cluster.taskmanagers[1].stop(grace_s=0)
+    cluster.add_taskmanager()
+    _wait_for(lambda: client.job_info("b").restarts >= 1 and client.job_info("b").status == "RUNNING", 60, "job b restarting")
+    assert restored.get_many(keys) == list(range(300))
