@@ -112,6 +112,8 @@ class Dispatcher:
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)
+        if self.settings.connection_loss_detection:
+            self.gateways.watch(record.address, lambda cause: self.registry.mark_lost(record.taskmanager_id, cause, only=record))
         # A TaskManager that comes back (restart, or after a JobManager restart) may still host
         # slots. Keep those that match a current assignment; a restarted process hosts nothing,
         # so the jobs it hosted fail over.

@@ -95,10 +95,11 @@ class TaskManagerRegistry:
     def deregister(self, taskmanager_id: str) -> None:
         self.mark_lost(taskmanager_id, "deregistered (shut down)")
 
-    def mark_lost(self, taskmanager_id: str, cause: str) -> None:
+    def mark_lost(self, taskmanager_id: str, cause: str, only: TaskManagerRecord | None = None) -> None:
+        """Remove the TaskManager and tell the listeners; with ``only``, just if that registration is current."""
         with self._lock:
             record = self._records.get(taskmanager_id)
-            if record is None or record.status is TaskManagerStatus.LOST:
+            if record is None or record.status is TaskManagerStatus.LOST or (only is not None and record is not only):
                 return
             record.status = TaskManagerStatus.LOST
             del self._records[taskmanager_id]

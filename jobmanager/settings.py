@@ -23,6 +23,7 @@ class JobManagerSettings:
     max_message_bytes: int
     ha_type: str
     ha_storage_dir: str | None
+    connection_loss_detection: bool = True
 
     @classmethod
     def from_config(cls, conf: Configuration) -> JobManagerSettings:
@@ -51,4 +52,5 @@ class JobManagerSettings:
             max_message_bytes=conf.get(o.RPC_MAX_MESSAGE),
             ha_type=conf.get(o.HA_TYPE),
             ha_storage_dir=conf.get(o.HA_STORAGE_DIR),
+            connection_loss_detection=conf.get(o.HEARTBEAT_CONNECTION_LOSS),
         )

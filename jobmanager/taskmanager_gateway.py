@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 import grpc
 
@@ -33,6 +34,34 @@ class TaskManagerGateways:
                 entry = (channel, pb_grpc.TaskExecutorStub(channel))
                 self._stubs[address] = entry
             return entry[1]
+
+    def watch(self, address: str, on_broken: Callable[[str], None]) -> None:
+        """Call ``on_broken(cause)`` once when the connection to ``address`` breaks for good.
+
+        A TaskManager killed with SIGKILL sends no goodbye, but the kernel closes its sockets:
+        the channel drops from READY to IDLE at once. The watcher then tries to reconnect, and
+        a refused connection (TRANSIENT_FAILURE) means nothing listens there any more. That
+        detects the loss in milliseconds instead of after ``heartbeat.timeout``; a TaskManager
+        that is merely slow or paused keeps its connection and is left to the heartbeats.
+        """
+        self._stub(address)
+        with self._lock:
+            channel = self._stubs[address][0]
+        state = {"was_ready": False, "fired": False}
+
+        def on_change(connectivity: grpc.ChannelConnectivity) -> None:
+            if connectivity is grpc.ChannelConnectivity.READY:
+                state["was_ready"] = True
+            elif connectivity is grpc.ChannelConnectivity.IDLE and state["was_ready"]:
+                grpc.channel_ready_future(channel)  # kick a reconnect attempt; its outcome arrives here
+            elif connectivity is grpc.ChannelConnectivity.TRANSIENT_FAILURE and state["was_ready"] and not state["fired"]:
+                state["fired"] = True
+                channel.unsubscribe(on_change)
+                # Not on gRPC's callback thread: the listener fails jobs over.
+                threading.Thread(target=on_broken, args=(f"the connection to {address} broke (refused after it was up)",),
+                                 name="jm-tm-broken", daemon=True).start()
+
+        channel.subscribe(on_change, try_to_connect=True)
 
     def forget(self, address: str) -> None:
         with self._lock:

@@ -66,6 +66,9 @@ HEARTBEAT_INTERVAL = _opt("heartbeat.interval", duration_parser, 10_000, "durati
     "How often TaskManagers send heartbeats to the JobManager.")
 HEARTBEAT_TIMEOUT = _opt("heartbeat.timeout", duration_parser, 50_000, "duration",
     "A TaskManager with no heartbeat for this long is declared lost.")
+HEARTBEAT_CONNECTION_LOSS = _opt("heartbeat.connection-loss-detection", bool_parser, True, "bool",
+    "Declare a TaskManager lost as soon as the JobManager's connection to it breaks (reconnecting is "
+    "refused after it was up, as after kill -9), without waiting for heartbeat.timeout.")
 
 # --- State backends ---------------------------------------------------------------------------
 STATE_BACKEND = _opt("state.backend.type", enum_parser("rocksdb", "hashmap"), "rocksdb", "enum",

@@ -78,8 +78,24 @@ def test_sigterm_taskmanager_exits_0_deregisters_and_closes_rocksdb(process_clus
         assert cluster.jobmanager.terminate(timeout_s=10) == 0
 
 
+def test_sigkill_taskmanager_is_lost_at_once_when_its_connection_breaks(process_cluster: Any) -> None:
+    # A 60 s heartbeat timeout: only the broken connection can explain a quick detection.
+    cluster = process_cluster(taskmanagers=2, slots=1, config={"heartbeat.interval": "500 ms", "heartbeat.timeout": "60 s"})
+    with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=10, max_attempts=3)) as client:
+        client.submit_job(JOB, operators(parallelism=2))
+        victim = cluster.taskmanagers[1]
+        victim.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _wait_for(lambda: "tm-1" not in _taskmanagers(client), 30, "loss detection")
+        detected = time.monotonic() - killed
+        print(f"\nTaskManager kill -9 detected through its broken connection in {detected:.2f} s")
+        info = _wait_for(lambda: (i := client.job_info(JOB)).failure_cause and i, 10, "the failover")
+        assert "tm-1" in info.failure_cause and "connection" in info.failure_cause and "broke" in info.failure_cause
+
+
 def test_sigkill_taskmanager_is_lost_after_the_heartbeat_timeout(process_cluster: Any) -> None:
-    cluster = process_cluster(taskmanagers=2, slots=1, config={"heartbeat.interval": "300 ms", "heartbeat.timeout": "3 s"})
+    cluster = process_cluster(taskmanagers=2, slots=1, config={"heartbeat.interval": "300 ms", "heartbeat.timeout": "3 s",
+                                                              "heartbeat.connection-loss-detection": "false"})
     with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=10, max_attempts=3)) as client:
         client.submit_job(JOB, operators(parallelism=2))
         victim = cluster.taskmanagers[1]
