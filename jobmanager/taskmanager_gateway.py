@@ -16,11 +16,16 @@ from keyedstate.common.rpc.status import from_rpc_error
 logger = logging.getLogger(__name__)
 
 
+def _ignore(_connectivity: grpc.ChannelConnectivity) -> None:
+    pass
+
+
 class TaskManagerGateways:
     """A cached channel and stub per TaskManager address; every call maps errors to domain errors."""
 
     def __init__(self, max_message_bytes: int, deploy_timeout_s: float = 600.0, control_timeout_s: float = 30.0) -> None:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TaskExecutorStub]] = {}
+        self._watchers: dict[str, list[Callable[[grpc.ChannelConnectivity], None]]] = {}
         self._lock = threading.Lock()
         self._max_message = max_message_bytes
         self.deploy_timeout_s = deploy_timeout_s
@@ -53,7 +58,10 @@ class TaskManagerGateways:
             if connectivity is grpc.ChannelConnectivity.READY:
                 state["was_ready"] = True
             elif connectivity is grpc.ChannelConnectivity.IDLE and state["was_ready"]:
-                grpc.channel_ready_future(channel)  # kick a reconnect attempt; its outcome arrives here
+                # Kick one reconnect attempt (subscribing with try_to_connect does; the flag
+                # outlives the throwaway subscription); its outcome arrives here.
+                channel.subscribe(_ignore, try_to_connect=True)
+                channel.unsubscribe(_ignore)
             elif connectivity is grpc.ChannelConnectivity.TRANSIENT_FAILURE and state["was_ready"] and not state["fired"]:
                 state["fired"] = True
                 channel.unsubscribe(on_change)
@@ -61,13 +69,29 @@ class TaskManagerGateways:
                 threading.Thread(target=on_broken, args=(f"the connection to {address} broke (refused after it was up)",),
                                  name="jm-tm-broken", daemon=True).start()
 
+        with self._lock:
+            self._watchers.setdefault(address, []).append(on_change)
         channel.subscribe(on_change, try_to_connect=True)
+
+    def _close(self, address: str, channel: grpc.Channel) -> None:
+        with self._lock:
+            watchers = self._watchers.pop(address, [])
+        if not watchers:
+            channel.close()
+            return
+        for callback in watchers:
+            channel.unsubscribe(callback)
+        # gRPC's connectivity poller wakes every 200 ms and fails loudly on a channel closed
+        # under it; it stops by itself once nothing is subscribed, so close after it has.
+        timer = threading.Timer(0.5, channel.close)
+        timer.daemon = True
+        timer.start()
 
     def forget(self, address: str) -> None:
         with self._lock:
             entry = self._stubs.pop(address, None)
         if entry is not None:
-            entry[0].close()
+            self._close(address, entry[0])
 
     def _call(self, address: str, method: str, request: object, timeout: float) -> object:
         try:
@@ -92,7 +116,7 @@ class TaskManagerGateways:
 
     def close(self) -> None:
         with self._lock:
-            entries = list(self._stubs.values())
+            entries = list(self._stubs.items())
             self._stubs.clear()
-        for channel, _ in entries:
-            channel.close()
+        for address, (channel, _) in entries:
+            self._close(address, channel)
