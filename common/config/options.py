@@ -60,6 +60,10 @@ TASKMANAGER_REGISTRATION_TIMEOUT = _opt("taskmanager.registration.timeout", dura
 MANAGED_MEMORY = _opt("taskmanager.memory.managed.size", memory_parser, 256 << 20, "memory",
     "Memory budget for all RocksDB instances of this TaskManager: the shared block cache plus "
     "every memtable (capped by a WriteBufferManager).")
+MALLOC_ARENA_MAX = _opt("taskmanager.memory.malloc-arena-max", int_parser(0), 2, "int",
+    "glibc malloc arenas for the TaskManager process (0 leaves glibc's default of 8 per core). Per-thread "
+    "arenas fragment memory until RSS outgrows taskmanager.memory.managed.size; MALLOC_ARENA_MAX in the "
+    "environment wins over this key.")
 
 # --- Heartbeats -------------------------------------------------------------------------------
 HEARTBEAT_INTERVAL = _opt("heartbeat.interval", duration_parser, 10_000, "duration",
