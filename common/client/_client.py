@@ -44,6 +44,24 @@ _xxh64 = xxhash.xxh64_intdigest
 # Calls whose second application changes nothing: retried after any transport failure.
 IDEMPOTENT = frozenset({"ValueGet", "ValuePut", "Clear", "ListGet", "ListUpdate", "MapPut", "MapGet", "MapRemove",
                         "MapContains", "ListScan", "MapScan", "ScanKeys"})
+READS = frozenset({"ValueGet", "ListGet", "MapGet", "MapContains"})
+# ListUpdate replaces each key's whole list with the values given for it, so one key's values
+# must travel in one request.
+UNSPLITTABLE = frozenset({"ListUpdate"})
+
+Part = list[int] | range | None
+"""The keys of one request: positions in the call's key list, a contiguous range, or None (all)."""
+
+
+@dataclass
+class _Lane:
+    """The requests still to send to one subtask, and how many of its requests are in flight."""
+
+    target: tm_pb.StateTarget
+    address: str
+    call: Any
+    parts: deque[Any]
+    in_flight: int = 0
 
 
 @dataclass(frozen=True)
@@ -231,23 +249,27 @@ class StateClient:
         state: str,
         method: str,
         keys: list[bytes],
-        build: Callable[[tm_pb.StateTarget, list[int] | None], tm_pb.KeyedRequest],
+        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
         epoch: pb.EpochContext | None = None,
-    ) -> list[tuple[list[int] | None, Any]]:
+    ) -> list[tuple[Part, Any]]:
         """Send one logical batch: group keys by owning subtask, split into requests, pipeline them.
 
-        ``build(target, indices)`` makes the request for the keys at ``indices`` (None = all keys,
-        the fast path when every key has the same owner). Returns (indices, response) pairs.
+        ``build(target, indices)`` makes the request for the keys at ``indices``: None = all keys
+        (every key has the same owner), a ``range`` = a contiguous slice, or a list of positions.
+        Returns (indices, response) pairs.
         Idempotent methods are retried on UNAVAILABLE and stale routing; others only when the
         server answered that it applied nothing.
         """
         if not keys:
             return []
         idempotent = method in IDEMPOTENT
+        # Requests of one subtask may overtake each other in flight; that is harmless for reads and
+        # for writes that touch every key once (checked on the whole call, conservatively per key).
+        order_free = method in READS or (len(keys) <= self.settings.batch_size) or len(set(keys)) == len(keys)
         attempts = self.settings.max_attempts
         delay = self.settings.backoff_s
-        pending: list[list[int] | None] | None = None  # None: first round, everything
-        results: list[tuple[list[int] | None, Any]] = []
+        pending: list[Part] | None = None  # None: first round, everything
+        results: list[tuple[Part, Any]] = []
         refresh = False
         for attempt in range(1, attempts + 1):
             routing = self.routing(job_id, refresh=refresh)
@@ -259,7 +281,7 @@ class StateClient:
             else:
                 groups = self._group(routing, operator_id, keys, pending)
                 sent, failed_groups, error = self._send_groups(
-                    routing, operator_id, state, method, groups, build, epoch, idempotent
+                    routing, operator_id, state, method, groups, build, epoch, idempotent, len(keys), order_free
                 )
                 results.extend(sent)
                 if not failed_groups:
@@ -275,12 +297,14 @@ class StateClient:
         raise AssertionError("unreachable")
 
     def _group(
-        self, routing: Routing, operator_id: str, keys: list[bytes], pending: list[list[int] | None] | None
-    ) -> dict[int, list[int] | None]:
+        self, routing: Routing, operator_id: str, keys: list[bytes], pending: list[Part] | None
+    ) -> dict[int, Part]:
         routes = routing.operator(operator_id)
         table = routes.subtask_of
         m = routing.max_parallelism
         if pending is None:
+            if routes.parallelism == 1:
+                return {table[0]: None}  # one owner: no hashing at all
             h = _xxh64
             subs = [table[(h(k, HASH_SEED) & 0xFFFFFFFF) % m] for k in keys]
             first = subs[0]
@@ -301,55 +325,75 @@ class StateClient:
             regrouped.setdefault(s, []).append(i)
         return regrouped  # type: ignore[return-value]
 
+    def _split(self, method: str, indices: Part, n_keys: int) -> list[Part]:
+        """The requests of one subtask: ``batch_size`` keys each (contiguous ranges when possible)."""
+        batch = self.settings.batch_size
+        if method in UNSPLITTABLE:
+            return [indices]
+        if indices is None:
+            if n_keys <= batch:
+                return [None]
+            return [range(a, min(a + batch, n_keys)) for a in range(0, n_keys, batch)]
+        if len(indices) <= batch:
+            return [indices]
+        return [indices[a:a + batch] for a in range(0, len(indices), batch)]
+
     def _send_groups(
         self,
         routing: Routing,
         operator_id: str,
         state: str,
         method: str,
-        groups: dict[int, list[int] | None],
-        build: Callable[[tm_pb.StateTarget, list[int] | None], tm_pb.KeyedRequest],
+        groups: dict[int, Part],
+        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
         epoch: pb.EpochContext | None,
         idempotent: bool,
-    ) -> tuple[list[tuple[list[int] | None, Any]], list[list[int] | None], KeyedStateError]:
+        n_keys: int,
+        order_free: bool,
+    ) -> tuple[list[tuple[Part, Any]], list[Part], KeyedStateError]:
+        """Pipeline the requests of every subtask; returns (answers, parts to retry, last error).
+
+        Each request is built just before it is sent, so encoding the next batch overlaps the
+        TaskManager applying the previous one. Up to ``max_in_flight`` requests per subtask are
+        in flight when their order cannot matter (reads, or writes whose keys are all distinct);
+        otherwise one at a time, so a repeated key's writes apply in the caller's order. After a
+        retryable failure a subtask sends nothing more: its remaining requests are retried in
+        order with the failed one.
+        """
         routes = routing.operator(operator_id)
-        batch = self.settings.batch_size
-        window = self.settings.max_in_flight * max(1, len(groups))
-        requests: deque[tuple[list[int] | None, str, tm_pb.KeyedRequest]] = deque()
+        per_subtask = self.settings.max_in_flight if order_free else 1
+        timeout = self.settings.timeout_s
+        lanes: list[_Lane] = []
         for subtask, indices in groups.items():
             target = tm_pb.StateTarget(
                 job_id=routing.job_id, operator_id=operator_id, subtask_index=subtask, state_name=state,
                 routing_version=routing.version, epoch=epoch,
             )
             address = routes.addresses[subtask]
-            n = len(indices) if indices is not None else -1
-            if indices is None or n <= batch:
-                if indices is None:
-                    requests.append((None, address, build(target, None)))
-                else:
-                    requests.append((indices, address, build(target, indices)))
-            else:
-                for start in range(0, n, batch):
-                    part = indices[start:start + batch]
-                    requests.append((part, address, build(target, part)))
-        sent: list[tuple[list[int] | None, Any]] = []
-        failed: list[list[int] | None] = []
+            lanes.append(_Lane(target, address, getattr(self._stub(address), method),
+                               deque(self._split(method, indices, n_keys))))
+        sent: list[tuple[Part, Any]] = []
+        failed: list[Part] = []
         last_error: KeyedStateError = UnavailableError("no error")
-        in_flight: deque[tuple[list[int] | None, str, Any]] = deque()
-        timeout = self.settings.timeout_s
+        in_flight: deque[tuple[_Lane, Part, Any]] = deque()
 
         def drain_one() -> None:
             nonlocal last_error
-            indices, address, future = in_flight.popleft()
+            lane, indices, future = in_flight.popleft()
+            lane.in_flight -= 1
             try:
                 sent.append((indices, future.result()))
             except grpc.RpcError as exc:
-                error = from_rpc_error(exc, f"{method} on TaskManager {address}")
+                error = from_rpc_error(exc, f"{method} on TaskManager {lane.address}")
                 retryable = isinstance(error, (StaleRoutingError, UnavailableError))
                 if retryable and (idempotent or _not_applied(exc)):
                     failed.append(indices)
+                    failed.extend(lane.parts)  # never sent, so certainly not applied
+                    lane.parts.clear()
                     last_error = error
                     return
+                for _lane, _part, f in in_flight:  # the caller gets the error now; stop the rest
+                    f.cancel()
                 if retryable:
                     raise UnavailableError(
                         f"{error.message}. The outcome of this {method} is unknown (the TaskManager may have applied "
@@ -357,14 +401,15 @@ class StateClient:
                     ) from exc
                 raise error from exc
 
-        for indices, address, request in requests:
-            stub_method = getattr(self._stub(address), method)
-            in_flight.append((indices, address, stub_method.future(request, timeout=timeout)))
-            if len(in_flight) >= window:
-                drain_one()
-        while in_flight:
+        while True:
+            for lane in lanes:
+                while lane.parts and lane.in_flight < per_subtask:
+                    indices = lane.parts.popleft()
+                    in_flight.append((lane, indices, lane.call.future(build(lane.target, indices), timeout=timeout)))
+                    lane.in_flight += 1
+            if not in_flight:
+                return sent, failed, last_error
             drain_one()
-        return sent, failed, last_error
 
     def stream_call(self, job_id: str, operator_id: str, method: str, subtask: int, request: tm_pb.ScanRequest) -> Iterator[tm_pb.ScanChunk]:
         """A server-streaming scan of one subtask (retries before the first chunk only)."""

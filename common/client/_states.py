@@ -10,9 +10,9 @@ from typing import Any, Generic, Iterator, Sequence, TypeVar
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.client._client import StateClient, check_lengths
+from keyedstate.common.client._client import Part, StateClient, check_lengths
 from keyedstate.common.descriptors import StateDescriptor, StateKind
-from keyedstate.common.errors import WrongStateKindError
+from keyedstate.common.errors import KeyedStateError, Reason, WrongStateKindError
 from keyedstate.common.serializers import Serializer, get_serializer
 
 K = TypeVar("K")
@@ -24,11 +24,16 @@ _HANDLE_NAMES = {StateKind.VALUE: "ValueState", StateKind.LIST: "ListState", Sta
                  StateKind.REDUCING: "ReducingState"}
 
 
-def _pick(column: list[Any], indices: list[int] | None) -> list[Any]:
-    return column if indices is None else [column[i] for i in indices]
+def _pick(column: list[Any], indices: Part) -> list[Any]:
+    if indices is None:
+        return column
+    if type(indices) is range:
+        return column[indices.start:indices.stop]
+    return [column[i] for i in indices]
 
 
-def _scatter(n: int, results: list[tuple[list[int] | None, Any]], field: str) -> list[Any]:
+def _scatter(n: int, results: list[tuple[Part, Any]], field: str) -> list[Any]:
+    """Put each response's ``field`` values back at the positions of the keys its request carried."""
     if len(results) == 1 and results[0][0] is None:
         return list(getattr(results[0][1], field))
     out: list[Any] = [None] * n
@@ -36,10 +41,23 @@ def _scatter(n: int, results: list[tuple[list[int] | None, Any]], field: str) ->
         values = getattr(response, field)
         if indices is None:
             out = list(values)
+        elif type(indices) is range:
+            if len(values) != len(indices):
+                raise KeyedStateError(f"a TaskManager answered {len(values)} {field} for {len(indices)} keys",
+                                      reason=Reason.INTERNAL)
+            out[indices.start:indices.stop] = values
         else:
             for j, i in enumerate(indices):
                 out[i] = values[j]
     return out
+
+
+def _loads_found(serializer: Serializer[Any], values: list[bytes], found: list[bool]) -> list[Any]:
+    """Deserialize the values that were found; None where a key had none."""
+    if False not in found:
+        return serializer.loads_many(values)  # the common case: one bulk call, no per-key branch
+    loads = serializer.loads
+    return [loads(v) if f else None for v, f in zip(values, found)]
 
 
 class _Handle(Generic[K]):
@@ -70,11 +88,11 @@ class _Handle(Generic[K]):
             )
         self.descriptor: StateDescriptor = descriptor
 
-    def _call(self, method: str, keys: list[bytes], **columns: list[bytes]) -> list[tuple[list[int] | None, Any]]:
+    def _call(self, method: str, keys: list[bytes], **columns: list[bytes]) -> list[tuple[Part, Any]]:
         check_lengths(method, keys=keys, **columns)
         ns = self.namespace
 
-        def build(target: tm_pb.StateTarget, indices: list[int] | None) -> tm_pb.KeyedRequest:
+        def build(target: tm_pb.StateTarget, indices: Part) -> tm_pb.KeyedRequest:
             request = tm_pb.KeyedRequest(target=target, keys=_pick(keys, indices), namespace=ns)
             for name, column in columns.items():
                 getattr(request, name).extend(_pick(column, indices))
@@ -117,8 +135,7 @@ class ValueState(_Handle[K], Generic[K, V]):
         results = self._call("ValueGet", kb)
         values = _scatter(len(kb), results, "values")
         found = _scatter(len(kb), results, "found")
-        loads = self.value_serializer.loads
-        return [loads(v) if f else None for v, f in zip(values, found)]
+        return _loads_found(self.value_serializer, values, found)
 
     def get(self, key: K) -> V | None:
         return self.get_many([key])[0]
@@ -201,8 +218,7 @@ class MapState(_Handle[K], Generic[K, UK, V]):
         results = self._call("MapGet", kb, user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
         values = _scatter(len(kb), results, "values")
         found = _scatter(len(kb), results, "found")
-        loads = self.value_serializer.loads
-        return [loads(v) if f else None for v, f in zip(values, found)]
+        return _loads_found(self.value_serializer, values, found)
 
     def get(self, key: K, user_key: UK) -> V | None:
         return self.get_many([key], [user_key])[0]
@@ -276,7 +292,7 @@ class ReducingState(_Handle[K]):
         check_lengths("Reduce", keys=kb, operands=encoded)
         ns = self.namespace
 
-        def build(target: tm_pb.StateTarget, indices: list[int] | None) -> tm_pb.KeyedRequest:
+        def build(target: tm_pb.StateTarget, indices: Part) -> tm_pb.KeyedRequest:
             return tm_pb.KeyedRequest(target=target, keys=_pick(kb, indices), values=_pick(encoded, indices),
                                       namespace=ns, return_values=return_values)
 

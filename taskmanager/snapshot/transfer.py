@@ -30,6 +30,21 @@ R = TypeVar("R")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
 _OVERLAP_HASH_BYTES = 8 << 20
+_BACKGROUND_NICE = 10
+"""Niceness of the transfer and hashing threads: checkpoint transfers yield the CPU to serving."""
+
+
+def _background_priority() -> None:
+    """Lower this thread's CPU priority (Linux: per-thread niceness); a no-op where not allowed.
+
+    Hashing releases the GIL, so a low-priority hashing thread never holds the serving threads
+    back; it only gets less of a contended CPU. On an idle machine it costs nothing.
+    """
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), _BACKGROUND_NICE))
+    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
+        pass
 
 
 @dataclass(frozen=True)
@@ -108,7 +123,8 @@ def upload_files(
     items = [(os.fspath(local), remote) for local, remote in files]
     _check_unique("remote path", (remote for _, remote in items))
 
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items))), thread_name_prefix="ks-sha256") as hashers:
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items))), thread_name_prefix="ks-sha256",
+                            initializer=_background_priority) as hashers:
 
         def upload(item: tuple[str, str]) -> UploadedFile:
             uploaded = _upload_one(storage, item[0], item[1], hashers)
@@ -251,7 +267,8 @@ def _run_parallel(
     results: dict[int, R] = {}
     errors: list[tuple[int, BaseException]] = []
     skipped = 0
-    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix=f"ks-{kind}") as pool:
+    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix=f"ks-{kind}",
+                            initializer=_background_priority) as pool:
         futures: dict[Future[R], int] = {pool.submit(guarded, item): i for i, item in enumerate(items)}
         for future in as_completed(futures):
             index = futures[future]

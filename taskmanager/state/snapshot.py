@@ -148,6 +148,11 @@ class LocalSnapshot:
 
     directory: Path
     manifest: SnapshotManifest
+    blocked_ms: float | None = None
+    """How long writes were blocked to take the snapshot, when the backend measured it (None: the
+    whole ``snapshot()`` call blocked them)."""
+    committed_epoch: int | None = None
+    """The committed epoch the snapshot holds, when the backend read it at the cut (None: unknown)."""
     _pending: Callable[[], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _done: bool = field(default=False, repr=False)
