@@ -127,7 +127,8 @@ class Dispatcher:
                     self.registry.occupy(record.taskmanager_id, a.slot_index, a.subtask)
                 else:
                     lost = True
-            if lost and not job.status.terminal:
+            # A job already RESTARTING (the loss was seen when the connection broke) redeploys anyway.
+            if lost and job.status is JobStatus.RUNNING:
                 self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} restarted and lost its slots")
         # Slots it still hosts that no job assigns to it any more (the job failed over while the
         # TaskManager was unreachable) are released, so they stop serving stale state.

@@ -41,7 +41,33 @@ class TaskManagerMetrics:
         self.restore_ms = Gauge(
             "keyedstate_taskmanager_restore_duration_ms", "Duration of the last restore of a slot.", _SLOT_LABELS, registry=registry
         )
+        # What restores read: from checkpoint storage, or from the local copy (local recovery).
+        self.restore_downloaded_files = Counter(
+            "keyedstate_taskmanager_restore_downloaded_files", "Checkpoint files restores downloaded from checkpoint storage.",
+            _SLOT_LABELS, registry=registry,
+        )
+        self.restore_downloaded_bytes = Counter(
+            "keyedstate_taskmanager_restore_downloaded_bytes", "Bytes restores downloaded from checkpoint storage.",
+            _SLOT_LABELS, registry=registry,
+        )
+        self.restore_local_files = Counter(
+            "keyedstate_taskmanager_restore_local_files",
+            "Checkpoint files restores took from the verified local copy instead of downloading them.",
+            _SLOT_LABELS, registry=registry,
+        )
+        self.restore_local_bytes = Counter(
+            "keyedstate_taskmanager_restore_local_bytes", "Bytes restores took from the verified local copy.",
+            _SLOT_LABELS, registry=registry,
+        )
         self._counters: dict[str, tuple[Counter, Counter]] = {}
+
+    def record_restore(self, labels: tuple[str, str, str], downloaded_files: int, downloaded_bytes: int,
+                       local_files: int, local_bytes: int) -> None:
+        """Count one slot restore's reads (``labels``: job, operator, subtask)."""
+        self.restore_downloaded_files.labels(*labels).inc(downloaded_files)
+        self.restore_downloaded_bytes.labels(*labels).inc(downloaded_bytes)
+        self.restore_local_files.labels(*labels).inc(local_files)
+        self.restore_local_bytes.labels(*labels).inc(local_bytes)
 
     def record_request(self, method: str, keys: int) -> None:
         pair = self._counters.get(method)

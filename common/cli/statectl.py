@@ -23,7 +23,7 @@ from typing import Any, Callable
 from google.protobuf import json_format
 
 from keyedstate.common.config import Configuration, options as o
-from keyedstate.common.errors import ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
+from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -110,12 +110,30 @@ def cmd_job(args: argparse.Namespace) -> int:
         elif args.action == "rescale":
             if not args.parallelism:
                 raise InvalidArgumentError("statectl job rescale needs --parallelism N")
+            _check_rescale_capacity(client, args.job, args.parallelism)
             from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 
             table = client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=args.job, parallelism={"": args.parallelism}),
                                     timeout=args.timeout, retry=False)
             print(f"job {args.job} rescaled to parallelism {args.parallelism} (routing v{table.version})")
     return 0
+
+
+def _check_rescale_capacity(client: Any, job_id: str, parallelism: int) -> None:
+    """Refuse a rescale the cluster has no slots for before the JobManager stops the job for it."""
+    overview = client.cluster()
+    job = next((j for j in overview.jobs if j.job_id == job_id), None)
+    if job is None or job.status != "RUNNING":
+        return  # the JobManager gives the precise error
+    held = sum(op.parallelism for op in job.operators)
+    needed = parallelism * len(job.operators)
+    available = overview.free_slots + held
+    if needed > available:
+        raise CapacityError(
+            f"rescaling job {job_id} to parallelism {parallelism} needs {needed} slots but only {available} are "
+            f"available ({overview.free_slots} free and {held} the job holds); start more TaskManagers first. "
+            "The job keeps running at its current parallelism"
+        )
 
 
 def _job_exists(client: Any, job_id: str) -> bool:

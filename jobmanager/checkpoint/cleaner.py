@@ -12,6 +12,9 @@ from keyedstate.jobmanager.checkpoint import _paths
 
 logger = logging.getLogger(__name__)
 
+REVISITS = 2
+"""How many later :meth:`CheckpointsCleaner.revisit` calls delete a ``revisit`` directory again."""
+
 
 class InlineExecutor(Executor):
     """Runs each task in the submitting thread (tests, and the synchronous ``statectl`` paths)."""
@@ -39,6 +42,8 @@ class CheckpointsCleaner:
         self._executor = executor or ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint-cleaner")
         self._futures: set[Future[list[str]]] = set()
         self._lock = threading.Lock()
+        # directory -> visits still due; see discard(revisit=...)
+        self._revisits: dict[str, int] = {}
         self.failures = 0
 
     def discard(
@@ -48,12 +53,23 @@ class CheckpointsCleaner:
         files: Iterable[str] = (),
         keep: Callable[[str], bool] | None = None,
         what: str = "checkpoint files",
+        revisit: Iterable[str] = (),
     ) -> Future[list[str]]:
         """Delete ``directories`` (whole trees) first, then ``files``; the future holds what was deleted.
 
         Directories go first so that a discarded checkpoint loses its ``_metadata`` before any
         file it references: a crash in between leaves orphans, never a broken checkpoint.
+
+        ``revisit`` directories are deleted now and again by the next :data:`REVISITS` calls of
+        :meth:`revisit`: what a dead TaskManager was uploading can still land after the first
+        deletion (its last request bodies were already on the way), so an aborted checkpoint's
+        directories are swept again once later checkpoints complete.
         """
+        revisit = [_paths.normalize(d) for d in revisit]
+        if revisit:
+            with self._lock:
+                self._revisits.update((d, REVISITS) for d in revisit)
+            directories = [*directories, *revisit]
         dirs, paths = [_paths.normalize(d) for d in directories], [_paths.normalize(f) for f in files]
         if not dirs and not paths:
             done: Future[list[str]] = Future()
@@ -64,6 +80,16 @@ class CheckpointsCleaner:
             self._futures.add(future)
         future.add_done_callback(self._forget)
         return future
+
+    def revisit(self, keep: Callable[[str], bool] | None = None, what: str = "late uploads of aborted checkpoints") -> Future[list[str]]:
+        """Delete the directories passed as ``revisit`` to :meth:`discard` again (call when a checkpoint completes)."""
+        with self._lock:
+            due = sorted(self._revisits)
+            for d in due:
+                self._revisits[d] -= 1
+                if self._revisits[d] <= 0:
+                    del self._revisits[d]
+        return self.discard(directories=due, keep=keep, what=what)
 
     def _forget(self, future: Future[list[str]]) -> None:
         with self._lock:

@@ -505,6 +505,7 @@ class CheckpointCoordinator:
             logger.info("job=%s checkpoint=%d subsumed by %d; deleting it", self.job_id, old.checkpoint_id, cid)
         self._cleaner.discard(directories=[s.external_path for s in subsumed], files=released, keep=self._keep,
                               what=f"checkpoints subsumed by {cid} of job {self.job_id}")
+        self._cleaner.revisit(keep=self._keep)
         self._release_deferred()
         self._notify(cid, True)
         pending.release_acks()
@@ -542,12 +543,13 @@ class CheckpointCoordinator:
         self.stats.report_failed(pending.checkpoint_id, reason, message, duration_ms=duration)
         if cleanup:
             self._cleaner.discard(
-                # shared/chk-<n>/ holds what TaskManagers uploaded for n, acknowledged or not (a dead one never
-                # acks); no other checkpoint may reference it, since files are reused only after n completes.
-                directories=[pending.target_path],  # TOGGLE-D
                 files=self._registry.unreferenced(candidates),
                 keep=self._keep,
                 what=f"aborted checkpoint {pending.checkpoint_id} of job {self.job_id}",
+                # shared/chk-<n>/ holds what TaskManagers uploaded for n, acknowledged or not (a dead one never acks);
+                # no other checkpoint references it (files are reused only once n completed). Swept again later:
+                # the last uploads of a dead TaskManager may still land.
+                revisit=[pending.target_path, *([] if pending.savepoint else [_paths.join(self.shared_dir, _paths.checkpoint_dir_name(pending.checkpoint_id))])],
             )
         self._release_deferred()
         self._notify(pending.checkpoint_id, False)

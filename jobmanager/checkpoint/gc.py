@@ -3,8 +3,9 @@
 Garbage is what no valid ``_metadata`` in the job directory references: ``chk-<n>`` directories
 without ``_metadata`` (aborted or crashed before completing), directories of checkpoints that
 were subsumed but not deleted, and ``shared/`` or ``taskowned/`` files no checkpoint uses. The
-plan is conservative: a checkpoint in progress, a valid checkpoint the store does not know, and
-anything an unreadable ``_metadata`` might reference are kept, each with the reason.
+plan is conservative: a checkpoint in progress (with the ``shared/chk-<n>/`` files it uploads), a
+valid checkpoint the store does not know, and anything an unreadable ``_metadata`` might
+reference are kept, each with the reason.
 """
 
 from __future__ import annotations
@@ -124,6 +125,13 @@ def plan_gc(
                                          + (" …" if len(users) > 3 else "")))
             elif unreadable:
                 plan.keep.append(GcEntry(path, f"an unreadable _metadata (chk-{unreadable[0]}) may reference it"))
+            elif (group := _upload_group(pool, path)) is not None:
+                # shared/chk-<n>/ holds what checkpoint n uploaded: only n itself can still claim it.
+                if group in in_progress:
+                    plan.keep.append(GcEntry(path, f"uploaded for checkpoint {group}, which is in progress"))
+                else:
+                    plan.remove.append(GcEntry(path, f"not referenced by any valid _metadata (uploaded for checkpoint "
+                                                     f"{group}, which did not complete or was subsumed)"))
             elif in_progress:
                 plan.keep.append(GcEntry(path, f"checkpoint(s) {sorted(in_progress)} in progress may own it; "
                                          "run gc again when none is in progress"))
@@ -160,3 +168,11 @@ def execute(storage: CheckpointStorage, plan: GcPlan) -> list[str]:
 
 def _is_savepoint(item: CompletedCheckpoint | CheckpointMetadata) -> bool:
     return item.savepoint
+
+
+def _upload_group(pool: str, path: str) -> int | None:
+    """The checkpoint id of a ``shared/chk-<n>/<file>`` path (None for other layouts, such as flat names)."""
+    relative = _paths.relative_to(path, pool)
+    if relative is None or _paths.name(pool) != _paths.SHARED_DIR or "/" not in relative:
+        return None
+    return _paths.parse_checkpoint_dir_name(relative.split("/", 1)[0])

@@ -8,7 +8,7 @@ while the upload runs.
 Where files go (``base`` = ``<state.checkpoints.dir>/<job-id>``, ``target`` = ``base/chk-<n>``):
 
 * incremental checkpoint, RocksDB: SST files not uploaded before go to
-  ``base/shared/<operator>-<subtask>-<uuid>-<name>``; SST files that the last *completed*
+  ``base/shared/chk-<n>/<operator>-<subtask>-<uuid>-<name>``; SST files that the last *completed*
   checkpoint already uploaded are referenced again, not uploaded; everything else (MANIFEST,
   CURRENT, OPTIONS, the snapshot manifest) goes to ``target/<operator>-<subtask>/``.
 * full checkpoint: every file goes to ``target/<operator>-<subtask>/``.
@@ -20,6 +20,7 @@ Handle paths are relative to the directory that will hold ``_metadata``.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -53,6 +54,11 @@ _RESTORE_DIR = "restore"
 
 def _join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+def shared_group(checkpoint_id: int) -> str:
+    """The sub-directory of ``shared/`` holding the files checkpoint ``checkpoint_id`` uploaded first."""
+    return f"chk-{checkpoint_id}"
 
 
 @dataclass
@@ -101,8 +107,6 @@ class SnapshotManager:
             t0 = time.monotonic()
             snapshot = backend.snapshot(local_dir)
             sync_ms = (time.monotonic() - t0) * 1000
-            labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
-            self._tm.metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
             work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir, barrier.target_path)
             started.append(work)
             self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
@@ -134,11 +138,18 @@ class SnapshotManager:
         """Upload; on failure decline (unless cancelled), delete what was uploaded and return None."""
         slot = work.slot
         t0 = time.monotonic()
+        labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
         try:
+            # The synchronous phase is the time the slot's writes were blocked. A RocksDB
+            # snapshot pre-flushes while serving goes on and reports its (short) cut.
+            if snapshot.blocked_ms is not None:
+                logger.debug("checkpoint %d of %s: snapshot call %.0f ms, writes blocked %.1f ms",
+                             barrier.checkpoint_id, slot.subtask, sync_ms, snapshot.blocked_ms)
+                sync_ms = snapshot.blocked_ms
+            self._tm.metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
             handle = self._upload(work, snapshot, barrier)
             handle.sync_duration_ms = int(sync_ms)
             handle.async_duration_ms = int((time.monotonic() - t0) * 1000)
-            labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
             self._tm.metrics.checkpoint_async_ms.labels(*labels).observe(handle.async_duration_ms)
             self._tm.metrics.checkpoint_bytes.labels(*labels).inc(handle.incremental_size)
             return handle
@@ -176,13 +187,17 @@ class SnapshotManager:
                                                       local_name=name, shared=True))
                     work.referenced_shared[name] = reused
                     continue
-                shared_name = f"{owner}-{uuid.uuid4().hex[:12]}-{name}"
+                # Grouped by the checkpoint that uploads it: when that checkpoint never completes (this
+                # TaskManager dies mid-upload), the JobManager deletes shared/chk-<n>/ as a whole.
+                shared_name = f"{shared_group(barrier.checkpoint_id)}/{owner}-{uuid.uuid4().hex[:12]}-{name}"
                 plan.append((str(path), _join(slot.checkpoint_base, "shared", shared_name), f"../shared/{shared_name}", True))
             else:
                 plan.append((str(path), _join(barrier.target_path, owner, name), f"{owner}/{name}", False))
         # Recorded before uploading: when one file fails or the checkpoint is cancelled, the files
         # that did arrive are not reported back, and a discard must still delete every one of them.
         work.uploaded_remote.extend(p[1] for p in plan)
+        logger.info("checkpoint %d of %s: async upload of %d files (%d bytes) started", barrier.checkpoint_id, slot.subtask,
+                    len(plan), sum(os.path.getsize(p[0]) for p in plan))
         uploaded = upload_files(storage, [(p[0], p[1]) for p in plan], self._threads, work.cancel, stats=self.stats)
         incremental_size = 0
         for (local, _remote, relative, shared), up in zip(plan, uploaded):
@@ -197,7 +212,8 @@ class SnapshotManager:
             operator_id=slot.subtask.operator_id, subtask_index=slot.subtask.subtask_index,
             key_groups=pb.KeyGroupRange(start=slot.key_groups.start, end=slot.key_groups.end),
             backend=self._tm.settings.backend, files=handles, incremental_size=incremental_size, full_size=full_size,
-            committed_epoch=_committed_epoch(backend),
+            # Read at the cut when the backend can; the live value may already include a later epoch.
+            committed_epoch=snapshot.committed_epoch if snapshot.committed_epoch is not None else _committed_epoch(backend),
         )
 
     def _discard_uploads(self, work: _SlotCheckpoint, barrier: tm_pb.CheckpointBarrier) -> None:
@@ -272,7 +288,7 @@ class SnapshotManager:
         work_root = instance_dir.parent / f"{instance_dir.name}.{_RESTORE_DIR}"
         shutil.rmtree(work_root, ignore_errors=True)
         snapshot_dirs: list[Path] = []
-        downloaded = 0
+        downloaded = downloaded_files = local_files = local_bytes = 0
         restored_bytes = 0
         for i, handle in enumerate(restore.handles):
             target = work_root / f"{i}-{handle.operator_id}-{handle.subtask_index}"
@@ -282,13 +298,17 @@ class SnapshotManager:
             for f in handle.files:
                 restored_bytes += f.size
                 name = f.local_name or Path(f.path).name
-                if local is not None and (local / name).is_file():
-                    (target / name).hardlink_to(local / name)
+                verified = local.get(name)
+                if verified is not None:
+                    (target / name).hardlink_to(verified)
+                    local_files += 1
+                    local_bytes += f.size
                     continue
                 items.append((f.path, str(target / name), f.size, f.sha256))
             if items:
                 storage = self._storages.for_url(items[0][0])
                 downloaded += download_files(storage, items, self._threads, stats=self.stats)
+                downloaded_files += len(items)
             snapshot_dirs.append(target)
         shutil.rmtree(instance_dir, ignore_errors=True)
         backend = restore_backend(
@@ -296,6 +316,7 @@ class SnapshotManager:
             snapshot_dirs=snapshot_dirs, local_dir=self._tm.deployer.work_dir, limits=self._tm.deployer._limits,  # type: ignore[union-attr]  # noqa: SLF001
             clock=self._tm.clock, resources=self._tm.deployer._resources,  # type: ignore[union-attr]  # noqa: SLF001
         )
+        self._keep_restored_copy(slot, instance_dir, restore, snapshot_dirs)
         shutil.rmtree(work_root, ignore_errors=True)
         # A restored RocksDB keeps the SST names it was restored with, but the next incremental
         # checkpoint uploads them again: the restore may have clipped key groups, and reusing
@@ -303,30 +324,63 @@ class SnapshotManager:
         ms = int((time.monotonic() - t0) * 1000)
         labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
         self._tm.metrics.restore_ms.labels(*labels).set(ms)
-        logger.info("restored %s from checkpoint %d: %d snapshot(s), %d bytes downloaded, %d ms",
-                    slot.subtask, restore.checkpoint_id, len(snapshot_dirs), downloaded, ms)
+        self._tm.metrics.record_restore(labels, downloaded_files, downloaded, local_files, local_bytes)
+        logger.info("restored %s from checkpoint %d: %d snapshot(s), %d files (%d bytes) downloaded, %d files (%d bytes) "
+                    "from the local copy, %d ms", slot.subtask, restore.checkpoint_id, len(snapshot_dirs), downloaded_files,
+                    downloaded, local_files, local_bytes, ms)
         return backend, DeployResult(restore_duration_ms=ms, restored_bytes=restored_bytes, downloaded_bytes=downloaded)
 
-    def _local_copy(self, slot: Slot, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> Path | None:
-        """The local snapshot of the same checkpoint, if local recovery kept one and it still verifies."""
+    def _keep_restored_copy(self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore, snapshot_dirs: list[Path]) -> None:
+        """With local recovery, the snapshot a slot was restored from becomes its local copy.
+
+        A second failure before the next checkpoint completes (a failover right after a
+        failover) then restores from it again instead of downloading it. Only a slot restoring
+        its own snapshot unchanged qualifies; the backend copied the files it modifies.
+        """
+        if not self.local_recovery or restore.checkpoint_id <= 0 or len(restore.handles) != 1:
+            return
+        handle = restore.handles[0]
+        if (handle.operator_id, handle.subtask_index, handle.key_groups.start, handle.key_groups.end) != (
+            slot.subtask.operator_id, slot.subtask.subtask_index, slot.key_groups.start, slot.key_groups.end
+        ):
+            return
+        local = instance_dir / _LOCAL_SNAPSHOTS / f"chk-{restore.checkpoint_id}"
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(snapshot_dirs[0], local)
+        except OSError as exc:  # only a lost optimisation
+            logger.warning("could not keep the restored snapshot of %s as its local copy: %s", slot.subtask, exc)
+
+    def _local_copy(self, slot: Slot, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> dict[str, Path]:
+        """The files of the local snapshot of the same checkpoint that verify, by local name.
+
+        Local recovery keeps the snapshot of the last completed checkpoint next to the slot's
+        state. Each file is checked against the size and sha256 the checkpoint recorded; one that
+        is missing or differs is downloaded instead (and named in the log), the others are used.
+        """
         if not self.local_recovery or checkpoint_id <= 0:
-            return None
+            return {}
         from keyedstate.common.ids import SubtaskId
         from keyedstate.taskmanager.snapshot.transfer import sha256_file
 
         source = SubtaskId(slot.subtask.job_id, handle.operator_id, handle.subtask_index)
         local = self._tm.deployer.instance_dir(source) / _LOCAL_SNAPSHOTS / f"chk-{checkpoint_id}"  # type: ignore[union-attr]
         if not local.is_dir():
-            return None
+            logger.info("no local copy of checkpoint %d of %s at %s; %s downloads it", checkpoint_id, source, local, slot.subtask)
+            return {}
+        verified: dict[str, Path] = {}
         for f in handle.files:
             path = local / (f.local_name or Path(f.path).name)
             if not path.is_file():
-                return None
+                logger.warning("local copy %s is missing; %s downloads %s instead", path, slot.subtask, f.path)
+                continue
             size, digest = sha256_file(str(path))
             if size != f.size or digest != f.sha256:
-                logger.warning("local copy %s does not verify; restoring %s from remote storage", path, slot.subtask)
-                return None
-        return local
+                logger.warning("local copy %s does not verify (%d bytes, sha256 %s; checkpoint %d recorded %d bytes, sha256 %s); "
+                               "%s downloads %s instead", path, size, digest, checkpoint_id, f.size, f.sha256, slot.subtask, f.path)
+                continue
+            verified[path.name] = path
+        return verified
 
     def close(self) -> None:
         with self._lock:
