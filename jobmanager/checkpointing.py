@@ -292,7 +292,7 @@ class Checkpointing:
                 # Some TaskManagers may have applied the epoch and others not: only a restore
                 # from the last checkpoint makes the job consistent again.
                 cause = f"commit of epoch {request.epoch} failed: {errors[0]}"
-                self._d._pool.submit(self._d.fail_over, job.job_id, cause)  # noqa: SLF001
+                self._d._pool.submit(self._d.fail_over, job.job_id, cause, job.routing_version)  # noqa: SLF001
                 raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint")
             job.committed_epoch = request.epoch
             response = jm_pb.CommitEpochResponse(committed_epoch=request.epoch)
@@ -325,10 +325,10 @@ class Checkpointing:
     def _on_checkpoint_failover(self, job_id: str, reason: CheckpointFailureReason, message: str) -> None:
         self._d._pool.submit(self._d.fail_over, job_id, f"too many failed checkpoints ({reason.name}): {message}")  # noqa: SLF001
 
-    def fail_over(self, job_id: str, cause: str) -> None:
+    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None:
         from keyedstate.jobmanager.failover import fail_over
 
-        fail_over(self._d, self, job_id, cause)
+        fail_over(self._d, self, job_id, cause, seen_version)
 
     # -- high availability ---------------------------------------------------------------------
     def persist(self, job: Job, *, strict: bool = False) -> None:

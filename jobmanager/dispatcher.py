@@ -18,6 +18,7 @@ from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.errors import (
     AlreadyExistsError,
+    CapacityError,
     InvalidArgumentError,
     JobStateError,
     KeyedStateError,
@@ -129,7 +130,8 @@ class Dispatcher:
                     lost = True
             # A job already RESTARTING (the loss was seen when the connection broke) redeploys anyway.
             if lost and job.status is JobStatus.RUNNING:
-                self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} restarted and lost its slots")
+                self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} restarted and lost its slots",
+                                  job.routing_version)
         # Slots it still hosts that no job assigns to it any more (the job failed over while the
         # TaskManager was unreachable) are released, so they stop serving stale state.
         # Until the release is done the slot stays marked as taken, so that nothing is deployed
@@ -198,17 +200,26 @@ class Dispatcher:
                 job.assignments = {}
             with self._lock:
                 if self._jobs.get(spec.job_id) is job:
-                    del self._jobs[spec.job_id]
+                    # A failed resubmission leaves the earlier (terminal) job visible, so that
+                    # `statectl job info` and `job restore` still find it.
+                    if existing is not None:
+                        self._jobs[spec.job_id] = existing
+                    else:
+                        del self._jobs[spec.job_id]
             if self.checkpointing is not None:
                 self.checkpointing.detach(job)
             raise
 
     def _deploy_all(
-        self, job: Job, restores: dict[SubtaskId, tm_pb.SlotRestore], avoid: set[str] = frozenset()  # type: ignore[assignment]
+        self, job: Job, restores: dict[SubtaskId, tm_pb.SlotRestore], avoid: set[str] = frozenset(),  # type: ignore[assignment]
+        prefer: dict[SubtaskId, str] | None = None,
     ) -> None:
         subtasks = plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism)
-        assignments = allocate_slots(self.registry, subtasks, avoid)
+        # The version moves before slots are chosen: a loss reported under the old version was
+        # removed from the registry first, so this deployment cannot include it (fail_over's
+        # seen_version relies on that order).
         job.routing_version += 1
+        assignments = allocate_slots(self.registry, subtasks, avoid, prefer)
         checkpoint_base = self.checkpointing.job_dir(job) if self.checkpointing is not None else ""
         incremental = job.config.get(o.CHECKPOINT_INCREMENTAL)
         ops = {op.operator_id: op for op in job.spec.operators}
@@ -285,13 +296,30 @@ class Dispatcher:
         with job.lock:
             if job.status is not JobStatus.RUNNING:
                 raise JobStateError(f"job {job_id!r} is {job.status.value}; it can be rescaled only while RUNNING")
+            needed = len(plan_subtasks(job_id, list(new_spec.operators), new_spec.max_parallelism))
+            available = self.registry.free_slot_count() + len(job.assignments)
+            if needed > available:
+                # Refused before anything is released: the job keeps running as it is.
+                raise CapacityError(
+                    f"rescaling job {job_id!r} needs {needed} slots but at most {available} can be had (its own "
+                    f"{len(job.assignments)} plus {available - len(job.assignments)} free); start more TaskManagers "
+                    "or ask for a lower parallelism"
+                )
             path = self.checkpointing.checkpoint_for_rescale(job)
+            old_spec = job.spec
             self._release(job, list(job.assignments.values()), discard_local=False)
             job.assignments = {}
             job.status = JobStatus.RESTARTING
             job.spec = new_spec
-            restores = self.checkpointing.plan_restore(job, path)
-            self._deploy_all(job, restores)
+            try:
+                restores = self.checkpointing.plan_restore(job, path)
+                self._deploy_all(job, restores)
+            except KeyedStateError as exc:
+                # Back to the old shape, restored from the checkpoint just taken, by the usual failover.
+                job.spec = old_spec
+                self._pool.submit(self.fail_over, job_id, f"rescale to {parallelism} failed: {exc.message}")
+                raise type(exc)(f"rescaling job {job_id!r} failed ({exc.message}); it restarts at its previous "
+                                "parallelism from the checkpoint taken for the rescale", reason=exc.reason) from exc
             job.status = JobStatus.RUNNING
             self.checkpointing.persist(job)
             self.checkpointing.job_running(job)
@@ -308,17 +336,21 @@ class Dispatcher:
         self.gateways.forget(record.address)
         for job in self.jobs():
             if any(a.taskmanager_id == record.taskmanager_id for a in job.assignments.values()):
-                self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} lost: {cause}")
+                self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} lost: {cause}",
+                                  job.routing_version)
 
-    def fail_over(self, job_id: str, cause: str) -> None:
-        """Restart the job from its latest completed checkpoint (after the restart strategy's delay)."""
+    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None:
+        """Restart the job from its latest completed checkpoint (after the restart strategy's delay).
+
+        ``seen_version``: the routing version the failure was observed under (see failover.fail_over).
+        """
         if self.checkpointing is None:
             job = self.job(job_id)
             with job.lock:
                 job.status = JobStatus.FAILED
                 job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
             return
-        self.checkpointing.fail_over(job_id, cause)
+        self.checkpointing.fail_over(job_id, cause, seen_version)
 
     def shutdown(self) -> None:
         self.closed.set()

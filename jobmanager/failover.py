@@ -46,12 +46,39 @@ class RestartStrategy:
         return int(min(self.max_delay_ms, self.delay_ms * self.multiplier ** (restart_number - 1)))
 
 
-def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str, cause: str) -> None:
+def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str, cause: str,
+              seen_version: int | None = None) -> None:
+    """Restart ``job_id`` from its latest completed checkpoint, as the restart strategy allows.
+
+    ``seen_version`` is the routing version the failure was seen under: if the job has been
+    redeployed since (another report of the same loss already restarted it), nothing happens.
+    While a failover of the job is under way, a further failure only updates the cause; the
+    restart under way deploys on whatever TaskManagers are alive by then.
+    """
     job = dispatcher.job(job_id)
     strategy = RestartStrategy.from_config(job.config)
     with job.lock:
         if job.status.terminal:
             return
+        if seen_version is not None and job.routing_version != seen_version:
+            logger.info("job %s: %s (already redeployed since; ignored)", job_id, cause)
+            return
+        if job.failing_over:
+            # The loop under way has not redeployed yet (it clears the flag in the same locked
+            # step that makes the job RUNNING), so its restart already covers this failure.
+            job.failure_cause = cause
+            return
+        job.failing_over = True
+    try:
+        _fail_over(dispatcher, checkpointing, job, strategy, cause)
+    finally:
+        with job.lock:
+            job.failing_over = False
+
+
+def _fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job, strategy: RestartStrategy, cause: str) -> None:
+    job_id = job.job_id
+    with job.lock:
         logger.warning("job %s: failing over: %s", job_id, cause)
         job.status = JobStatus.RESTARTING
         job.failure_cause = cause
@@ -71,6 +98,7 @@ def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str,
                 dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
                 job.assignments = {}
                 checkpointing.persist(job)
+                checkpointing.detach(job)  # no more checkpoints; the store still answers job info
                 return
             job.restarts += 1
             number = job.restarts
@@ -82,11 +110,16 @@ def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str,
                 return
             try:
                 restart(dispatcher, checkpointing, job)
+                job.failing_over = False
                 logger.info("job %s restarted (restart %d)", job_id, number)
                 return
             except KeyedStateError as exc:
                 cause = f"restart {number} failed: {exc.message}"
                 logger.warning("job %s: %s", job_id, cause)
+                job.failure_cause = cause
+            except Exception as exc:  # a bug must not leave the job silently stuck in RESTARTING
+                cause = f"restart {number} failed unexpectedly: {exc!r}"
+                logger.exception("job %s: %s", job_id, cause)
                 job.failure_cause = cause
 
 
@@ -96,12 +129,13 @@ def restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> N
     Before its first checkpoint, a job restores what it was submitted from (a savepoint or an
     older checkpoint), or starts empty if it was submitted without one.
     """
+    previous = {s: a.taskmanager_id for s, a in job.assignments.items()}
     dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
     job.assignments = {}
     latest = job.coordinator.latest_completed() if job.coordinator is not None else None
     path = latest.external_path if latest is not None else job.restore_path
     restores = checkpointing.plan_restore(job, path) if path else {}
-    dispatcher._deploy_all(job, restores)  # noqa: SLF001
+    dispatcher._deploy_all(job, restores, prefer=previous)  # noqa: SLF001
     job.status = JobStatus.RUNNING
     checkpointing.persist(job)
     checkpointing.job_running(job)

@@ -89,6 +89,7 @@ class Job:
     restarts: int = 0
     committed_epoch: int = -1
     restore_path: str = ""  # what the job was submitted from: a failover before its first checkpoint restores it
+    failing_over: bool = False  # a failover loop owns the job's restarts
     coordinator: Any = None
     lock: threading.RLock = field(default_factory=threading.RLock)
 

@@ -33,10 +33,14 @@ def allocate_slots(
     registry: TaskManagerRegistry,
     subtasks: list[tuple[SubtaskId, KeyGroupRange]],
     avoid: set[str] = frozenset(),  # type: ignore[assignment]
+    prefer: dict[SubtaskId, str] | None = None,
 ) -> list[SlotAssignment]:
     """Reserve one free slot per subtask, spreading them over TaskManagers.
 
-    Either every subtask gets a slot or none does (CapacityError naming the shortfall).
+    ``prefer`` maps subtasks to the TaskManager that hosted them before (a restart): a subtask
+    goes back there when it has a free slot, so local recovery finds its local copy (Flink's
+    sticky allocation). Either every subtask gets a slot or none does (CapacityError naming
+    the shortfall).
     """
     with registry.lock:
         records = [r for r in registry.all() if r.taskmanager_id not in avoid]
@@ -51,9 +55,16 @@ def allocate_slots(
             )
         by_id = {r.taskmanager_id: r for r in records}
         assignments: list[SlotAssignment] = []
-        for subtask, key_groups in subtasks:
-            # The TaskManager with the most free slots takes the next subtask: an even spread.
-            tm_id = max(free, key=lambda t: (len(free[t]), t))
+        prefer = prefer or {}
+        # Subtasks returning to their previous TaskManager choose first, then the rest spread.
+        ordered = sorted(subtasks, key=lambda st: 0 if free.get(prefer.get(st[0], ""), []) else 1)
+        for subtask, key_groups in ordered:
+            previous = prefer.get(subtask)
+            if previous is not None and free.get(previous):
+                tm_id = previous
+            else:
+                # The TaskManager with the most free slots takes the next subtask: an even spread.
+                tm_id = max(free, key=lambda t: (len(free[t]), t))
             slot_index = free[tm_id].pop(0)
             record = by_id[tm_id]
             record.occupancy[slot_index] = subtask

@@ -110,8 +110,15 @@ class _Handle(Generic[K]):
         self.clear_many([key])
 
     def keys(self) -> Iterator[K]:
-        """Every key holding state (in the handle's namespace), across all subtasks."""
-        routing = self.client.routing(self.job_id)
+        """Every key holding state (in the handle's namespace), across all subtasks.
+
+        Scans the subtasks of the job's current routing (refreshed first: a rescale changes how
+        many there are). If the job is redeployed while the scan runs, the scan raises
+        StaleRoutingError at the end instead of returning a possibly incomplete key set.
+        """
+        from keyedstate.common.errors import StaleRoutingError
+
+        routing = self.client.routing(self.job_id, refresh=True)
         for subtask in range(routing.operator(self.operator_id).parallelism):
             request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
                 job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name))
@@ -119,6 +126,12 @@ class _Handle(Generic[K]):
                 for key, ns in zip(chunk.keys, chunk.namespaces):
                     if ns == self.namespace:
                         yield self.key_serializer.loads(key)
+        now = self.client.routing(self.job_id, refresh=True)
+        if now.version != routing.version:
+            raise StaleRoutingError(
+                f"job {self.job_id!r} was redeployed (routing v{routing.version} -> v{now.version}) while keys() "
+                "scanned it; the keys seen may be incomplete: call keys() again"
+            )
 
 
 class ValueState(_Handle[K], Generic[K, V]):
