@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench._procs import stop_process
+from keyedstate.common.minicluster import free_port
+
 
 class RedisUnavailable(RuntimeError):
     """redis-server (or the redis Python package) is not installed."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -42,7 +38,7 @@ def redis_server(workdir: Path) -> Iterator[int]:
     except ImportError as exc:  # pragma: no cover - the bench extra has it
         raise RedisUnavailable("the redis package is missing; pip install -e '.[bench]'") from exc
     workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
          "--dir", str(workdir), "--protected-mode", "no"],
@@ -64,9 +60,4 @@ def redis_server(workdir: Path) -> Iterator[int]:
         client.close()
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)

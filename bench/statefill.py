@@ -29,6 +29,7 @@ from typing import Any
 from keyedstate.common.client import ClientSettings, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.minicluster import MiniCluster, free_port
+from bench._procs import stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -104,12 +105,7 @@ def moto_s3(workdir: Path, *, nice: int = 10) -> Iterator[S3Endpoint]:
         endpoint.s3fs().call_s3("create_bucket", Bucket=endpoint.bucket)
         yield endpoint
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 

@@ -33,10 +33,14 @@ class StandaloneCheckpointIDCounter:
         self._next = initial
         self._lock = threading.Lock()
 
+    def _persist(self, next_id: int) -> None:
+        """Make ``next_id`` durable before it takes effect (a no-op here; see ha.id_counter)."""
+
     def get_and_increment(self) -> int:
         with self._lock:
             value = self._next
-            self._next += 1
+            self._persist(value + 1)  # before the id is used: a crash never hands it out twice
+            self._next = value + 1
             return value
 
     def get(self) -> int:
@@ -50,4 +54,6 @@ class StandaloneCheckpointIDCounter:
                     f"cannot move the checkpoint id counter back from {self._next} to {next_id}: "
                     "ids must strictly increase so that no chk-<n> directory is reused"
                 )
-            self._next = next_id
+            if next_id != self._next:
+                self._persist(next_id)
+                self._next = next_id

@@ -8,24 +8,23 @@ reused, and late files a TaskManager uploads for it cannot collide with a new ch
 from __future__ import annotations
 
 import json
-import threading
 from typing import Callable
 
-from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError
+from keyedstate.common.errors import CorruptCheckpointError
 from keyedstate.common.storage import CheckpointStorage
+from keyedstate.jobmanager.checkpoint.id_counter import StandaloneCheckpointIDCounter
 
 
-class DurableCheckpointIDCounter:
+class DurableCheckpointIDCounter(StandaloneCheckpointIDCounter):
     def __init__(self, storage: CheckpointStorage, path: str, fence: Callable[[], None], floor: int = 1) -> None:
         """``floor``: the smallest id the counter may hand out (one past every ``chk-<n>`` seen in storage)."""
         self._storage = storage
         self._path = path
         self._fence = fence
-        self._lock = threading.Lock()
         stored = self._read()
-        self._next = max(stored, floor, 1)
-        if self._next != stored:
-            self._write(self._next)
+        super().__init__(stored)
+        if floor > stored:
+            self.set_count(floor)
 
     def _read(self) -> int:
         try:
@@ -34,6 +33,8 @@ class DurableCheckpointIDCounter:
             return 1
         try:
             value = int(json.loads(raw)["next"])
+            if value < 1:
+                raise ValueError(f"next id {value} is below 1")
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptCheckpointError(
                 f"checkpoint id counter {self._path} is unreadable ({exc}); delete it: the JobManager then "
@@ -41,28 +42,6 @@ class DurableCheckpointIDCounter:
             ) from exc
         return value
 
-    def _write(self, next_id: int) -> None:
+    def _persist(self, next_id: int) -> None:
         self._fence()
         self._storage.write_bytes(self._path, json.dumps({"next": next_id}).encode())
-
-    def get_and_increment(self) -> int:
-        with self._lock:
-            value = self._next
-            self._write(value + 1)  # durable before the id is used
-            self._next = value + 1
-            return value
-
-    def get(self) -> int:
-        with self._lock:
-            return self._next
-
-    def set_count(self, next_id: int) -> None:
-        with self._lock:
-            if next_id < self._next:
-                raise InvalidArgumentError(
-                    f"cannot move the checkpoint id counter back from {self._next} to {next_id}: "
-                    "ids must strictly increase so that no chk-<n> directory is reused"
-                )
-            if next_id != self._next:
-                self._write(next_id)
-                self._next = next_id

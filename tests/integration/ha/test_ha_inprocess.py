@@ -11,6 +11,7 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.jobmanager.daemon import JobManager
 from tests.fixtures.cluster import FAST_HEARTBEATS
+from tests.fixtures.waiting import wait_for
 
 OP = "op"
 
@@ -19,16 +20,7 @@ def _ops(parallelism: int = 2) -> list[OperatorSpec]:
     return [OperatorSpec(OP, parallelism, (StateDescriptor("v", StateKind.VALUE),))]
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.05)
-
+_wait_for = wait_for
 
 def _ha(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {"high-availability.type": "filesystem", "high-availability.storageDir": (tmp_path / "ha").as_uri(),

@@ -18,6 +18,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.client import ListState, ValueState
 from keyedstate.common.errors import UnavailableError
 from tests.integration.serving._support import JOB, OPERATOR, keys_of_subtask, operators
+from tests.fixtures.waiting import wait_for
 
 RESTARTS = {
     "restart-strategy.type": "fixed-delay",
@@ -26,13 +27,7 @@ RESTARTS = {
 }
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.05)
-
+_wait_for = wait_for
 
 @pytest.fixture
 def cluster(inprocess_cluster: Any) -> Any:

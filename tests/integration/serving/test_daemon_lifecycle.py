@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from keyedstate.common.client import ClientSettings, StateClient, ValueState
 from tests.integration.serving._support import JOB, OPERATOR, operators
+from tests.fixtures.waiting import wait_for
 
 # Restarts come quickly and keep coming while no TaskManager is there to take the job.
 RESTARTS = {
@@ -22,16 +23,7 @@ RESTARTS = {
 }
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.05)
-
+_wait_for = wait_for
 
 def _taskmanagers(client: StateClient) -> dict[str, str]:
     return {t.taskmanager_id: t.status for t in client.cluster().taskmanagers}
