@@ -24,9 +24,10 @@ from keyedstate.common.spark._keygroups import (
     subtask_column,
 )
 from keyedstate.common.spark._shipping import package_zip, ship_package
-from keyedstate.common.spark._epochs import KeyedStateRuntime, PartitionState, worker_client
+from keyedstate.common.spark._epochs import BatchTiming, KeyedStateRuntime, PartitionState, worker_client
 
 __all__ = [
+    "BatchTiming",
     "KeyedStateRuntime",
     "PartitionState",
     "worker_client",

@@ -37,6 +37,7 @@ import logging
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
@@ -98,6 +99,21 @@ class PartitionState:
 ProcessFn = Callable[[Iterator[Any], PartitionState], None]
 
 
+@dataclass(frozen=True)
+class BatchTiming:
+    """Where one micro-batch's time went on the driver (seconds), for profiling a pipeline."""
+
+    batch_id: int
+    tasks_s: float
+    """The Spark job: partitioning, ``process`` on every partition, collecting the winners."""
+    commit_s: float
+    """The epoch commit on every TaskManager, and the checkpoint when one is taken (waited for)."""
+    total_s: float
+    """The whole ``foreachBatch`` call, retries and driver-side calls included."""
+    checkpoint_s: float = 0.0
+    """The part of ``commit_s`` the checkpoint took, as the JobManager measured it (0 without one)."""
+
+
 class KeyedStateRuntime:
     """The driver's handle on one job of the runtime: submission, batches, epoch commits."""
 
@@ -126,6 +142,7 @@ class KeyedStateRuntime:
         self.batches_skipped = 0
         self.batch_attempts = 0
         self.last_checkpoint: Any = None
+        self.timings: list[BatchTiming] = []
 
     def committed_epoch(self) -> int:
         return self.client.job_info(self.job_id).committed_epoch
@@ -144,7 +161,10 @@ class KeyedStateRuntime:
         checkpoint: bool = True,
         max_batch_attempts: int = 5,
     ) -> Callable[[Any, int], None]:
-        """A ``foreachBatch`` function that runs ``process`` per partition, one epoch per batch."""
+        """A ``foreachBatch`` function that runs ``process`` per partition, one epoch per batch.
+
+        Per-batch timings are appended to :attr:`timings`.
+        """
         operator_id = operator or self.operators[0].operator_id
         parallelism = self.parallelism(operator_id)
         address = self.jobmanager
@@ -174,6 +194,8 @@ class KeyedStateRuntime:
             return {r.partition: r.attempt for r in parted.mapInArrow(task, schema).collect()}
 
         def on_batch(df: Any, batch_id: int) -> None:
+            started = time.perf_counter()
+            tasks_s = commit_s = checkpoint_s = 0.0
             if exactly_once and batch_id <= self.committed_epoch():
                 logger.info("job %s: batch %d is already committed; skipping it", job_id, batch_id)
                 self.batches_skipped += 1
@@ -183,14 +205,20 @@ class KeyedStateRuntime:
                 self.batch_attempts += 1
                 routing_version = self.client.routing(job_id, refresh=True).version
                 try:
+                    t0 = time.perf_counter()
                     winners = run_partitions(df, batch_id)
+                    t1 = time.perf_counter()
+                    tasks_s += t1 - t0
                     if not exactly_once:
                         break
                     response = self.client.commit_epoch(
                         job_id, batch_id, winners, checkpoint=checkpoint, wait_for_checkpoint=checkpoint,
                         expected_routing_version=routing_version,
                     )
+                    commit_s += time.perf_counter() - t1
                     self.last_checkpoint = response.checkpoint if response.HasField("checkpoint") else None
+                    if self.last_checkpoint is not None:
+                        checkpoint_s += self.last_checkpoint.duration_ms / 1000.0
                     if checkpoint and (self.last_checkpoint is None or self.last_checkpoint.status != "COMPLETED"):
                         reason = self.last_checkpoint.failure_reason if self.last_checkpoint is not None else "none taken"
                         raise UnavailableError(f"the checkpoint of epoch {batch_id} did not complete: {reason}")
@@ -211,6 +239,7 @@ class KeyedStateRuntime:
                                    job_id, batch_id, attempt, cause)
                     self._wait_running()
             self.batches_run += 1
+            self.timings.append(BatchTiming(batch_id, tasks_s, commit_s, time.perf_counter() - started, checkpoint_s))
 
         return on_batch
 

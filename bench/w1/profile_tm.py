@@ -1,0 +1,227 @@
+"""cProfile of one W1 micro-batch on one TaskManager slot, in-process: staged reduces, then the commit.
+
+``python -m bench.w1.profile_tm [keys] [--proposed]`` prints where the slot's CPU goes for
+about ``keys`` distinct users per epoch (a W1 micro-batch puts about 63k on each of two slots).
+The classes are the real TaskManager ones (SlotTable, EpochManager, RocksDB backend in a
+temporary directory); only the gRPC layer is left out, so the figures are the TaskManager's own
+Python work, and the committed state is checked against the operands. ``--proposed`` measures
+the reduce-only commit fast path sketched in :func:`proposed_commit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import io
+import pstats
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from keyedstate.common._proto.v1 import common_pb2
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
+from keyedstate.common.clock import SystemClock
+from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.taskmanager.epochs import EpochManager
+from keyedstate.taskmanager.slots import SlotTable
+from keyedstate.taskmanager.state import StateLimits, create_backend
+
+MP = 128
+STATES = (StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("sum"))),)
+VECTOR = struct.Struct(">qq")
+REQUEST_KEYS = 2000  # the client's batch size
+
+
+@dataclass(frozen=True)
+class SlotProfile:
+    """Per-key CPU of one slot's W1 micro-batch, and the functions that take it (own-time shares)."""
+
+    keys_per_epoch: int
+    stage_us_per_key: float
+    commit_us_per_key: float
+    stage_top: list[tuple[str, float]]
+    commit_top: list[tuple[str, float]]
+    report: str  # the pstats text, when profiled
+
+    def summary(self, top: int = 6) -> str:
+        def fmt(items: list[tuple[str, float]]) -> str:
+            return ", ".join(f"{name} {share:.0%}" for name, share in items[:top])
+
+        return (f"staging {self.stage_us_per_key:.1f} us/key [{fmt(self.stage_top)}]; "
+                f"commit {self.commit_us_per_key:.1f} us/key [{fmt(self.commit_top)}]")
+
+
+def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) -> SlotProfile:
+    """Stage ``epochs`` micro-batches of about ``keys`` reduce operands on one RocksDB slot and commit each."""
+    with tempfile.TemporaryDirectory(prefix="w1-tm-profile-") as tmp:
+        work = Path(tmp)
+        table = SlotTable(1, "tm-profile")
+        subtask = SubtaskId("w1", "w1", 0)
+        manager = EpochManager(table, lambda s: work / s.instance_dir_name())
+        slot = table.reserve(subtask, OperatorSpec("w1", 1, STATES), KeyGroupRange(0, MP - 1), MP, 0, 1, "", False)
+        backend = create_backend("rocksdb", subtask, KeyGroupRange(0, MP - 1), MP, STATES, local_dir=work,
+                                 limits=StateLimits(), clock=SystemClock())
+        table.activate(slot, backend)
+        rng = np.random.default_rng(1)
+        stage = cProfile.Profile()
+        commit = cProfile.Profile()
+        times = {"stage": 0.0, "commit": 0.0}
+        staged_keys = 0
+        expected: dict[bytes, tuple[int, int]] = {}
+        try:
+            for epoch in range(1, epochs + 1):
+                users = np.sort(rng.choice(keys * 3, size=keys, replace=False)).astype(np.int64)
+                raw = users.astype(">i8").tobytes()
+                kb = [raw[i:i + 8] for i in range(0, len(raw), 8)]
+                staged_keys += len(kb)
+                ops = [VECTOR.pack(1, int(u)) for u in users.tolist()]
+                for k, u in zip(kb, users.tolist()):
+                    c, t = expected.get(k, (0, 0))
+                    expected[k] = (c + 1, t + u)
+                view = manager.view(slot, common_pb2.EpochContext(epoch=epoch, partition=0, attempt=1))
+                request = tm_pb.EpochCommitRequest(job_id="w1", epoch=epoch)
+                request.winners.add(partition=0, attempt=1)
+                t0 = time.perf_counter()
+                with _maybe(stage, profiled):
+                    for a in range(0, len(kb), REQUEST_KEYS):
+                        view.reduce("totals", kb[a:a + REQUEST_KEYS], ops[a:a + REQUEST_KEYS], b"", False)
+                t1 = time.perf_counter()
+                with _maybe(commit, profiled):
+                    manager.commit(request)
+                times["stage"] += t1 - t0
+                times["commit"] += time.perf_counter() - t1
+            keys_all = list(expected)
+            got = [VECTOR.unpack(v) if v is not None else None for v in backend.value_get("totals", keys_all, b"")]
+            if got != [expected[k] for k in keys_all]:
+                raise AssertionError("the committed state differs from the staged operands")
+        finally:
+            manager.close()
+            backend.close()
+    out = io.StringIO()
+    if profiled:
+        for label, prof in (("staging (EpochView.reduce)", stage), ("commit (EpochManager.commit)", commit)):
+            out.write(f"\n== {label}: top {top} by own time\n")
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return SlotProfile(
+        staged_keys // epochs, times["stage"] / staged_keys * 1e6, times["commit"] / staged_keys * 1e6,
+        _shares(stage) if profiled else [], _shares(commit) if profiled else [], out.getvalue(),
+    )
+
+
+@contextlib.contextmanager
+def _maybe(prof: cProfile.Profile, enabled: bool) -> Iterator[None]:
+    if enabled:
+        prof.enable()
+    try:
+        yield
+    finally:
+        if enabled:
+            prof.disable()
+
+
+def _shares(prof: cProfile.Profile) -> list[tuple[str, float]]:
+    """(function, share of the profiled own time), largest first."""
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = [((Path(f).stem + "." + fn) if f != "~" else fn.strip("<>").replace("method ", ""), tt)
+            for (f, _, fn), (_, _, tt, _, _) in stats.items()]
+    total = sum(tt for _, tt in rows) or 1.0
+    merged: dict[str, float] = {}
+    for name, tt in rows:
+        merged[name] = merged.get(name, 0.0) + tt / total
+    return sorted(merged.items(), key=lambda kv: -kv[1])
+
+
+def proposed_commit(self, epoch, winners):  # type: ignore[no-untyped-def]
+    """A sketch of the reduce-only commit fast path proposed for ``SlotEpochs.commit`` (``--proposed``).
+
+    Staged reducing records already hold the main database's stored key after the attempt
+    prefix and state id, and were validated when staged, so the commit can fold them straight
+    into one multi-get and one WriteBatch: no Mutation objects, no re-validation, no key
+    re-encoding. Slots with other state kinds, or an epoch already committed, take the
+    existing path. (A sketch for measuring: it keeps the existing locking and discarding.)
+    """
+    import rocksdict
+
+    from keyedstate.common.descriptors import StateKind
+    from keyedstate.taskmanager.epochs import records as r
+    from keyedstate.taskmanager.epochs.slot import read_committed_epoch
+    from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
+    from keyedstate.taskmanager.state.rocksdb import RocksDBKeyedStateBackend
+
+    original = proposed_commit.__wrapped__  # type: ignore[attr-defined]
+    backend = self.backend
+    if (not isinstance(backend, RocksDBKeyedStateBackend) or self._store is None
+            or any(kind is not StateKind.REDUCING for _, kind in self.states)
+            or epoch <= read_committed_epoch(backend)):
+        return original(self, epoch, winners)
+    with self.lock.exclusive():
+        self._check_open()
+        skip = r.ATTEMPT_PREFIX_LEN + r.STATE_ID_BYTES
+        staged: dict[int, tuple[list[bytes], list[bytes]]] = {}
+        for partition in sorted(winners):
+            begin = r.attempt_prefix(epoch, partition, winners[partition])
+            end = r.attempt_prefix(epoch, partition, winners[partition] + 1)
+            for sk, value in self._store.scan(begin, end):
+                keys, values = staged.setdefault(int.from_bytes(sk[r.ATTEMPT_PREFIX_LEN:skip], "big"), ([], []))
+                keys.append(sk[skip:])
+                values.append(value)
+        now = backend.clock.now_ms()
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        applied = 0
+        with backend._op, backend._write_lock:  # noqa: SLF001
+            for sid, (keys, values) in staged.items():
+                st = backend._lookup(self.states[sid][0])  # noqa: SLF001
+                header, handle, decode, combine = st.codec.header(now), st.handle, st.codec.decode, st.reducer.combine
+                latest: dict[bytes, bytes | None] = {}
+                for key, value, current in zip(keys, values, st.store.get(keys)):
+                    tag = value[0]
+                    base = latest[key] if key in latest else decode(current, now)
+                    if tag == r.DELTA_TAG:
+                        new = combine(base, value[1:])
+                    elif tag == r.REPLACE_TAG:
+                        new = value[1:]
+                    else:  # CLEAR
+                        latest[key] = None
+                        wb.delete(key, handle)
+                        continue
+                    latest[key] = new
+                    wb.put(key, header + new, handle)
+                applied += len(keys)
+            wb.put(COMMITTED_EPOCH, str(epoch).encode("ascii"), backend._meta_h)  # noqa: SLF001
+            backend._write(wb)  # noqa: SLF001
+        self.committed_epoch = epoch
+        self._discard(*r.through_epoch(epoch))
+        return epoch, applied
+
+
+@contextlib.contextmanager
+def proposed_path() -> Iterator[None]:
+    """``SlotEpochs.commit`` replaced by :func:`proposed_commit` in this process, for the block only."""
+    from keyedstate.taskmanager.epochs.slot import SlotEpochs
+
+    original = SlotEpochs.commit
+    proposed_commit.__wrapped__ = original  # type: ignore[attr-defined]
+    SlotEpochs.commit = proposed_commit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SlotEpochs.commit = original  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    keys = int(args[0]) if args else 63_000
+    with proposed_path() if "--proposed" in sys.argv else contextlib.nullcontext():
+        plain = measure(keys, profiled=False)
+        print(f"~{plain.keys_per_epoch} keys per epoch: staging {plain.stage_us_per_key:.1f} us/key, "
+              f"commit {plain.commit_us_per_key:.1f} us/key (no profiler)")
+        profiled = measure(keys)
+        print(profiled.summary())
+        print(profiled.report)
