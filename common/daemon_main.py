@@ -48,6 +48,10 @@ def run_daemon(prog: str, description: str, create: Callable[[Configuration], An
     signal.signal(signal.SIGINT, shutdown)
     ident = getattr(daemon, "id", None)
     print(f"{prog}{' ' + ident if ident else ''} serving on {daemon.address}", flush=True)
-    daemon.wait()
+    # Wake up twice a second: CPython runs signal handlers only on the main thread, and a
+    # process-directed SIGTERM that the kernel hands to one of gRPC's or RocksDB's threads does
+    # not interrupt an untimed wait, so the handler would wait for some other wake-up.
+    while not daemon.wait(0.5):
+        pass
     daemon.stop()
     return 0

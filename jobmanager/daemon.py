@@ -109,5 +109,6 @@ class JobManager:
             self._metrics_server.close()
         logger.info("jobmanager: stopped")
 
-    def wait(self) -> None:
-        self._stopped.wait()
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until stopped (True) or ``timeout_s`` passed (False)."""
+        return self._stopped.wait(timeout_s)

@@ -137,8 +137,9 @@ class TaskManager:
             self._lock_file = None
         logger.info("taskmanager %s: stopped", self.id)
 
-    def wait(self) -> None:
-        self._stop.wait()
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until stopped (True) or ``timeout_s`` passed (False)."""
+        return self._stop.wait(timeout_s)
 
     # -- internals ----------------------------------------------------------------------------
     def _prepare_work_dir(self) -> Path:

@@ -92,7 +92,12 @@ def _bracket(host: str) -> str:
 
 
 def wait_ready(channel: grpc.Channel, timeout_s: float, what: str) -> None:
+    ready = grpc.channel_ready_future(channel)
     try:
-        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        ready.result(timeout=timeout_s)
     except grpc.FutureTimeoutError as exc:
         raise UnavailableError(f"{what} did not answer within {timeout_s:.0f} s") from exc
+    finally:
+        # A pending ready-future keeps the channel subscribed; once the channel is closed,
+        # gRPC's connectivity poller would fail in its thread ("Channel closed!").
+        ready.cancel()
