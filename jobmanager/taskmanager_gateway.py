@@ -82,8 +82,9 @@ class TaskManagerGateways:
         for callback in watchers:
             channel.unsubscribe(callback)
         # gRPC's connectivity poller wakes every 200 ms and fails loudly on a channel closed
-        # under it; it stops by itself once nothing is subscribed, so close after it has.
-        timer = threading.Timer(0.5, channel.close)
+        # under it; it stops by itself once nothing is subscribed (within a poll or two, longer
+        # on a loaded machine), so close well after that.
+        timer = threading.Timer(2.0, channel.close)
         timer.daemon = True
         timer.start()
 
