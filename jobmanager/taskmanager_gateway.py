@@ -35,7 +35,9 @@ class TaskManagerGateways:
         with self._lock:
             entry = self._stubs.get(address)
             if entry is None:
-                channel = open_channel(address, self._max_message)
+                # Private: a TaskManager restarted on its old port must not inherit the backoff
+                # of the connection to its dead predecessor (see open_channel).
+                channel = open_channel(address, self._max_message, private=True)
                 entry = (channel, pb_grpc.TaskExecutorStub(channel))
                 self._stubs[address] = entry
             return entry[1]

@@ -43,8 +43,17 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE) -> list[tuple[s
     ]
 
 
-def open_channel(address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+def open_channel(address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE, *, private: bool = False) -> grpc.Channel:
+    """A channel to ``address``.
+
+    ``private``: do not share connections with other channels to the same address. gRPC pools
+    subchannels process-wide; a channel to a dead process that is backing off its reconnects
+    would then fail the first calls of a fresh channel to a new process on the same port.
+    """
+    options = channel_options(max_message_bytes)
+    if private:
+        options = [*options, ("grpc.use_local_subchannel_pool", 1)]
+    return grpc.insecure_channel(address, options=options)
 
 
 def create_server(
