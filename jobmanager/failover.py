@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.jobmanager.jobs import JobStatus
+from keyedstate.jobmanager.scheduling import check_free_slots, plan_subtasks
 
 if TYPE_CHECKING:
     from keyedstate.jobmanager.checkpointing import Checkpointing
@@ -132,6 +133,9 @@ def restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> N
     previous = {s: a.taskmanager_id for s, a in job.assignments.items()}
     dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
     job.assignments = {}
+    # Before reading the checkpoint: a restart that waits for TaskManagers retries every few
+    # hundred ms, and each attempt would otherwise load and verify the checkpoint from storage.
+    check_free_slots(dispatcher.registry, len(plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism)))
     latest = job.coordinator.latest_completed() if job.coordinator is not None else None
     path = latest.external_path if latest is not None else job.restore_path
     restores = checkpointing.plan_restore(job, path) if path else {}

@@ -8,7 +8,7 @@ from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import CapacityError
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
-from keyedstate.jobmanager.registry import TaskManagerRegistry
+from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,21 @@ def plan_subtasks(job_id: str, operators: list[OperatorSpec], max_parallelism: i
     ]
 
 
+def check_free_slots(registry: TaskManagerRegistry, needed: int, avoid: set[str] = frozenset()) -> list[TaskManagerRecord]:  # type: ignore[assignment]
+    """The TaskManagers to allocate from; CapacityError naming the shortfall if they lack ``needed`` free slots."""
+    with registry.lock:
+        records = [r for r in registry.all() if r.taskmanager_id not in avoid]
+        available = sum(len(r.free_slots()) for r in records)
+        if available < needed:
+            total = registry.total_slot_count()
+            raise CapacityError(
+                f"the job needs {needed} slots but only {available} of {total} are free on "
+                f"{len(records)} TaskManager(s); start more TaskManagers, raise taskmanager.numberOfTaskSlots, "
+                "or lower the parallelism"
+            )
+        return records
+
+
 def allocate_slots(
     registry: TaskManagerRegistry,
     subtasks: list[tuple[SubtaskId, KeyGroupRange]],
@@ -43,16 +58,8 @@ def allocate_slots(
     the shortfall).
     """
     with registry.lock:
-        records = [r for r in registry.all() if r.taskmanager_id not in avoid]
+        records = check_free_slots(registry, len(subtasks), avoid)
         free = {r.taskmanager_id: r.free_slots() for r in records}
-        available = sum(len(v) for v in free.values())
-        if available < len(subtasks):
-            total = registry.total_slot_count()
-            raise CapacityError(
-                f"the job needs {len(subtasks)} slots but only {available} of {total} are free on "
-                f"{len(records)} TaskManager(s); start more TaskManagers, raise taskmanager.numberOfTaskSlots, "
-                "or lower the parallelism"
-            )
         by_id = {r.taskmanager_id: r for r in records}
         assignments: list[SlotAssignment] = []
         prefer = prefer or {}

@@ -570,34 +570,35 @@ class CheckpointCoordinator:
 
     def _discard_late_ack(self, pending: PendingCheckpoint, handle: pb.SubtaskStateHandle) -> None:
         """Delete what an ack of an aborted checkpoint uploaded: its directory again, and its unreferenced shared files."""
+        self._discard_ack(pending.target_path, lambda path: pending.relative_path(path, True), handle,
+                          f"late ack of aborted checkpoint {pending.checkpoint_id}")
+
+    def _discard_orphan_ack(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> None:
+        """Delete what an ack of a checkpoint this coordinator never knew uploaded (see :meth:`acknowledge`)."""
+        prefix = _paths.SHARED_DIR + "/"
+        self._discard_ack(_paths.join(self.job_dir, _paths.checkpoint_dir_name(checkpoint_id)),
+                          lambda path: "../" + path if path.startswith(prefix) else path, handle,
+                          f"ack of checkpoint {checkpoint_id} from an earlier JobManager")
+
+    def _discard_ack(self, target: str, relative: Callable[[str], str], handle: pb.SubtaskStateHandle, what: str) -> None:
+        """Delete ``target`` and the shared files ``handle`` names that nothing references.
+
+        ``relative`` maps a path as the TaskManager sent it to one relative to ``target`` (an
+        absolute URL is taken as it is).
+        """
         shared: set[str] = set()
         for f in handle.files:
             if not f.shared:
                 continue
-            path = _paths.join(pending.target_path, pending.relative_path(f.path, True))
+            resolved = relative(f.path)
+            path = _paths.normalize(resolved) if "://" in resolved else _paths.join(target, resolved)
             if _paths.relative_to(path, self.shared_dir) is not None:
                 shared.add(path)
         with self._lock:
             others = set().union(*(p.shared_files() for p in self._pending.values()))
             candidates = self._defer_locked(sorted(shared - others))
-        self._cleaner.discard(directories=[pending.target_path], files=self._registry.unreferenced(candidates),
-                              keep=self._keep, what=f"late ack of aborted checkpoint {pending.checkpoint_id}")
-
-    def _discard_orphan_ack(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> None:
-        """Delete what an ack of a checkpoint this coordinator never knew uploaded (see :meth:`acknowledge`)."""
-        target = _paths.join(self.job_dir, _paths.checkpoint_dir_name(checkpoint_id))
-        shared: set[str] = set()
-        for f in handle.files:
-            path = f.path if "://" in f.path else _paths.join(target, "../" + f.path if f.path.startswith(
-                _paths.SHARED_DIR + "/") else f.path)
-            path = _paths.normalize(path)
-            if f.shared and _paths.relative_to(path, self.shared_dir) is not None:
-                shared.add(path)
-        with self._lock:
-            others = set().union(*(p.shared_files() for p in self._pending.values()))
-            candidates = self._defer_locked(sorted(shared - others))
         self._cleaner.discard(directories=[target], files=self._registry.unreferenced(candidates),
-                              keep=self._keep, what=f"ack of checkpoint {checkpoint_id} from an earlier JobManager")
+                              keep=self._keep, what=what)
 
     # -- shared-file deletion guard ------------------------------------------------------------
     def _defer_locked(self, files: list[str], exclude: frozenset[int] | set[int] = frozenset()) -> list[str]:
