@@ -20,6 +20,7 @@ from keyedstate.common.errors import (
     KeyedStateError,
     UnavailableError,
 )
+from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
@@ -281,6 +282,7 @@ class Checkpointing:
             for w in request.winners:
                 commit.winners.add(partition=w.partition, attempt=w.attempt)
             addresses = sorted({a.address for a in job.assignments.values()})
+            crash_point("jobmanager.epoch.before-commit")
             futures = [self._d._pool.submit(self._d.gateways.commit_epoch, addr, commit) for addr in addresses]  # noqa: SLF001
             errors = []
             for f in futures:
@@ -295,6 +297,7 @@ class Checkpointing:
                 self._d._pool.submit(self._d.fail_over, job.job_id, cause, job.routing_version)  # noqa: SLF001
                 raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint")
             job.committed_epoch = request.epoch
+            crash_point("jobmanager.epoch.committed")
             response = jm_pb.CommitEpochResponse(committed_epoch=request.epoch)
             if not request.checkpoint or job.coordinator is None:
                 return response

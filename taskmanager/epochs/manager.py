@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Mapping
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import InvalidArgumentError, NotFoundError, Reason, UnavailableError
+from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.slot import SlotEpochs
@@ -116,6 +117,7 @@ class EpochManager:
                 "current routing table", reason=Reason.UNKNOWN_JOB,
             )
         self.sweep()
+        crash_point("taskmanager.epoch.before-commit")
         committed: list[int] = []
         applied = 0
         for slot in slots:
@@ -127,6 +129,8 @@ class EpochManager:
                 committed.append(c)
                 applied += n
         result = CommitResult(min(committed), applied, len(slots))
+        if not abort:
+            crash_point("taskmanager.epoch.committed")
         logger.info(
             "%s epoch %d of job %s on %d slots: committed epoch %d, %d mutations applied",
             "aborted" if abort else "committed", epoch, job_id, len(slots), result.committed_epoch, applied,

@@ -36,6 +36,7 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import InvalidArgumentError, KeyedStateError
+from keyedstate.common.faults import crash_point
 from keyedstate.common.storage import StorageCache
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.slots import Slot
@@ -96,6 +97,7 @@ class SnapshotManager:
         """Take the synchronous part for every slot of the job and start the uploads."""
         if barrier.checkpoint_id <= 0 or not barrier.target_path:
             raise InvalidArgumentError("a checkpoint barrier needs a positive checkpoint_id and a target_path")
+        crash_point("taskmanager.checkpoint.barrier")
         slots = self._tm.slots.of_job(barrier.job_id)
         started: list[_SlotCheckpoint] = []
         for slot in slots:
@@ -120,6 +122,7 @@ class SnapshotManager:
             handle = self._finish_snapshot(work, snapshot, barrier, sync_ms)
             if handle is None:
                 return
+            crash_point("taskmanager.checkpoint.before-ack")
             try:
                 self._jm("AcknowledgeCheckpoint", jm_pb.AcknowledgeCheckpointRequest(
                     job_id=barrier.job_id, checkpoint_id=barrier.checkpoint_id, taskmanager_id=self._tm.id, state=handle))
