@@ -6,6 +6,9 @@ import threading
 import time
 from typing import Callable, Protocol
 
+# CLOCK_BOOTTIME counts through suspend (Linux); elsewhere the monotonic clock is the best there is.
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
 
 class Clock(Protocol):
     def now_ms(self) -> int:
@@ -14,6 +17,13 @@ class Clock(Protocol):
     def monotonic_ms(self) -> int:
         """Monotonic milliseconds (durations and timeouts)."""
 
+    def boottime_ms(self) -> int:
+        """Milliseconds that keep counting while the process is stopped or the machine sleeps.
+
+        Lease deadlines use it: a TaskManager frozen in a VM suspend must find its lease expired
+        when it wakes, and Linux's monotonic clock stops during suspend.
+        """
+
 
 class SystemClock:
     def now_ms(self) -> int:
@@ -21,6 +31,9 @@ class SystemClock:
 
     def monotonic_ms(self) -> int:
         return time.monotonic_ns() // 1_000_000
+
+    def boottime_ms(self) -> int:
+        return time.clock_gettime_ns(_BOOTTIME) // 1_000_000
 
 
 class Cancellable(Protocol):

@@ -27,12 +27,15 @@ class Reason(enum.Enum):
     ALREADY_EXISTS = "ALREADY_EXISTS"
     JOB_NOT_RUNNING = "JOB_NOT_RUNNING"
     EPOCH_CONFLICT = "EPOCH_CONFLICT"
+    EPOCH_GAP = "EPOCH_GAP"
     CHECKPOINT_FAILED = "CHECKPOINT_FAILED"
     CORRUPT_CHECKPOINT = "CORRUPT_CHECKPOINT"
     INCOMPATIBLE_CHECKPOINT = "INCOMPATIBLE_CHECKPOINT"
     STORAGE = "STORAGE"
     UNAVAILABLE = "UNAVAILABLE"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     INTERNAL = "INTERNAL"
 
 
@@ -100,7 +103,19 @@ class JobStateError(KeyedStateError):
 
 
 class EpochConflictError(KeyedStateError):
+    """The epoch cannot be applied as asked (the job restarted under it, an attempt is stale): run the batch again."""
+
     reason = Reason.EPOCH_CONFLICT
+
+
+class EpochGapError(KeyedStateError):
+    """The job's state does not hold the batch before this one; applying it would skip epochs.
+
+    Not retryable: restore a checkpoint that holds the previous epoch, or start the query from
+    a new checkpointLocation (see docs/exactly-once.md).
+    """
+
+    reason = Reason.EPOCH_GAP
 
 
 class CheckpointError(KeyedStateError):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -20,11 +21,12 @@ from keyedstate.common.errors import (
     KeyedStateError,
     UnavailableError,
 )
-from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
+    CompletedCheckpoint,
+    EpochCut,
     CheckpointCoordinator,
     CheckpointException,
     CheckpointFailureReason,
@@ -38,7 +40,7 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
 from keyedstate.jobmanager.ha.job_store import JobRecord
-from keyedstate.jobmanager.jobs import Job, JobSpec, JobStatus
+from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
 
 if TYPE_CHECKING:
     from keyedstate.jobmanager.daemon import JobManager
@@ -60,13 +62,14 @@ class _JobGateway:
             counts[a.address] = counts.get(a.address, 0) + 1
         return counts
 
-    def send_barrier(self, barrier: CheckpointBarrier) -> None:
-        # Under the job lock: an epoch commit never interleaves with the synchronous part of a
-        # snapshot, so every slot of one checkpoint holds the same committed epochs.
+    @contextmanager
+    def cut(self) -> Iterator[EpochCut]:
+        # The job's lock keeps epoch commits out while the coordinator records the epoch and
+        # sends the barrier, so every slot of one checkpoint holds exactly that epoch.
         with self._job.lock:
-            self._send_barrier(barrier)
+            yield EpochCut(self._job.committed_epoch, self._job.lineage)
 
-    def _send_barrier(self, barrier: CheckpointBarrier) -> None:
+    def send_barrier(self, barrier: CheckpointBarrier) -> None:
         message = barrier.to_proto()
         for address, expected in self._addresses().items():
             response = self._d.gateways.trigger_checkpoint(address, message)
@@ -152,7 +155,8 @@ class Checkpointing:
         return job.coordinator
 
     # -- restore -----------------------------------------------------------------------------
-    def plan_restore(self, job: Job, path: str) -> dict[SubtaskId, tm_pb.SlotRestore]:
+    def plan_restore(self, job: Job, path: str) -> RestorePlan:
+        """What deploying ``job`` from the checkpoint or savepoint at ``path`` needs (loaded and verified)."""
         storage = self.storage(path, job)
         checkpoint = load_completed_checkpoint(storage, path)
         verify_files_exist(storage, checkpoint.metadata, checkpoint.external_path)
@@ -165,25 +169,30 @@ class Checkpointing:
             already = any(c.checkpoint_id == checkpoint.checkpoint_id and c.external_path == checkpoint.external_path
                           for c in job.coordinator.store.all())
             job.coordinator.restore_from(checkpoint, claim=own and not already)
-        # The job's state is now exactly what the checkpoint holds: epochs after it are replayed.
-        job.committed_epoch = checkpoint.metadata.epoch
-        return {
+        slots = {
             subtask: tm_pb.SlotRestore(
                 checkpoint_path=checkpoint.external_path, handles=handles, checkpoint_id=checkpoint.checkpoint_id
             )
             for subtask, handles in plan.items()
         }
+        # The job's state will be exactly what the checkpoint holds: epochs after it run again.
+        return RestorePlan(slots, checkpoint.metadata.epoch, checkpoint.metadata.lineage, checkpoint.external_path)
 
-    def restored(self, job: Job, results: list[Any]) -> None:
-        total = sum(r.restore_duration_ms for r in results)
-        logger.info("job %s restored %d subtasks (sum of restore times %d ms)", job.job_id, len(results), total)
+    def plan_latest(self, job: Job) -> RestorePlan:
+        """A restart's plan: the latest completed checkpoint; before the first one, what the job was
+        submitted from; else empty state."""
+        latest = job.coordinator.latest_completed() if job.coordinator is not None else None
+        path = latest.external_path if latest is not None else job.restore_path
+        return self.plan_restore(job, path) if path else EMPTY_PLAN
 
     # -- RPC entry points --------------------------------------------------------------------
     def trigger_request(self, request: jm_pb.TriggerCheckpointRequest) -> jm_pb.CheckpointInfo:
         coordinator = self._coordinator(request.job_id)
         try:
-            pending = coordinator.trigger(
-                savepoint=request.savepoint, target_dir=request.target_directory or None,
+            # A checkpoint in flight or the minimum pause is waited out rather than refused.
+            turn_ms = request.timeout_ms or coordinator.settings.timeout_ms
+            pending = coordinator.trigger_waiting(
+                turn_ms, savepoint=request.savepoint, target_dir=request.target_directory or None, closed=self._stop,
             )
         except CheckpointException as exc:
             return jm_pb.CheckpointInfo(status="FAILED", failure_reason=_failure(exc))
@@ -202,18 +211,7 @@ class Checkpointing:
                                         failure_reason=_failure(exc), savepoint=savepoint)
         except CheckpointError as exc:
             return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="IN_PROGRESS", failure_reason=exc.message)
-        return self._info(completed)
-
-    @staticmethod
-    def _info(completed: Any) -> jm_pb.CheckpointInfo:
-        meta = completed.metadata
-        # Wall-clock trigger to completion; 0 for a checkpoint loaded from storage (no completion time).
-        duration = max(0, completed.completion_timestamp_ms - meta.timestamp_ms) if completed.completion_timestamp_ms else 0
-        return jm_pb.CheckpointInfo(
-            checkpoint_id=completed.checkpoint_id, path=completed.external_path, status="COMPLETED", epoch=meta.epoch,
-            trigger_timestamp_ms=meta.timestamp_ms, full_size=meta.full_size, incremental_size=meta.incremental_size,
-            savepoint=meta.savepoint, duration_ms=duration,
-        )
+        return checkpoint_info(completed)
 
     def acknowledge(self, request: jm_pb.AcknowledgeCheckpointRequest) -> str:
         job = self._d.job(request.job_id)
@@ -242,96 +240,16 @@ class Checkpointing:
             ))
         return jm_pb.ListCheckpointsResponse(checkpoints=entries)
 
-    def commit_epoch(self, request: jm_pb.CommitEpochRequest) -> jm_pb.CommitEpochResponse:
-        """Commit a Spark micro-batch on every TaskManager of the job, then checkpoint it.
-
-        Idempotent: an epoch at or below the committed one is acknowledged without effect, so a
-        batch replayed after a driver restart applies nothing twice. While the job restarts the
-        call fails with UNAVAILABLE (retryable); afterwards the job's committed epoch is that of
-        the checkpoint it restored, and the driver replays the batches after it.
-        """
-        from keyedstate.common.errors import JobStateError
-        from keyedstate.jobmanager.jobs import JobStatus
-
-        job = self._d.job(request.job_id)
-        if request.epoch < 0:
-            raise InvalidArgumentError(f"epoch must be >= 0 (the Spark batch id), got {request.epoch}")
-        with job.lock:
-            if job.status is not JobStatus.RUNNING:
-                raise JobStateError(
-                    f"job {job.job_id!r} is {job.status.value}; retry the commit once it is RUNNING "
-                    f"(it will then be at epoch {job.committed_epoch})"
-                )
-            if request.epoch <= job.committed_epoch:
-                response = jm_pb.CommitEpochResponse(committed_epoch=job.committed_epoch, already_committed=True)
-                latest = job.coordinator.latest_completed() if job.coordinator is not None else None
-                if not request.checkpoint or (latest is not None and latest.metadata.epoch >= request.epoch):
-                    if latest is not None:
-                        response.checkpoint.CopyFrom(self._info(latest))
-                    return response
-                # Committed, but its checkpoint failed or is still missing: take it now.
-                return self._checkpoint_epoch(job, request, response)
-            if request.expected_routing_version and request.expected_routing_version != job.routing_version:
-                from keyedstate.common.errors import EpochConflictError
-
-                raise EpochConflictError(
-                    f"job {job.job_id!r} restarted while epoch {request.epoch} ran (routing v{request.expected_routing_version} "
-                    f"-> v{job.routing_version}); its staged writes are gone: run the batch again"
-                )
-            commit = tm_pb.EpochCommitRequest(job_id=job.job_id, epoch=request.epoch)
-            for w in request.winners:
-                commit.winners.add(partition=w.partition, attempt=w.attempt)
-            addresses = sorted({a.address for a in job.assignments.values()})
-            crash_point("jobmanager.epoch.before-commit")
-            futures = [self._d._pool.submit(self._d.gateways.commit_epoch, addr, commit) for addr in addresses]  # noqa: SLF001
-            errors = []
-            for f in futures:
-                try:
-                    f.result()
-                except Exception as exc:
-                    errors.append(exc)
-            if errors:
-                # Some TaskManagers may have applied the epoch and others not: only a restore
-                # from the last checkpoint makes the job consistent again.
-                cause = f"commit of epoch {request.epoch} failed: {errors[0]}"
-                self._d._pool.submit(self._d.fail_over, job.job_id, cause, job.routing_version)  # noqa: SLF001
-                raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint")
-            job.committed_epoch = request.epoch
-            crash_point("jobmanager.epoch.committed")
-            response = jm_pb.CommitEpochResponse(committed_epoch=request.epoch)
-            if not request.checkpoint or job.coordinator is None:
-                return response
-        return self._checkpoint_epoch(job, request, response)
-
-    def _checkpoint_epoch(self, job: Job, request: jm_pb.CommitEpochRequest, response: jm_pb.CommitEpochResponse) -> jm_pb.CommitEpochResponse:
-        if job.coordinator is None:
-            return response
-        with job.lock:
-            try:
-                pending = job.coordinator.trigger(epoch=request.epoch)
-            except CheckpointException as exc:
-                response.checkpoint.CopyFrom(jm_pb.CheckpointInfo(status="FAILED", failure_reason=_failure(exc)))
-                return response
-        if request.wait_for_checkpoint:
-            response.checkpoint.CopyFrom(self._wait(job.coordinator, pending.checkpoint_id, None, False))
-        else:
-            response.checkpoint.CopyFrom(jm_pb.CheckpointInfo(checkpoint_id=pending.checkpoint_id, status="IN_PROGRESS",
-                                                              path=pending.target_path, epoch=request.epoch))
-        return response
-
-    def checkpoint_for_rescale(self, job: Job) -> str:
+    def checkpoint_for_rescale(self, job: Job) -> CompletedCheckpoint:
+        """A completed checkpoint taken now, waiting for one in flight instead of being refused."""
         coordinator = self._coordinator(job.job_id)
-        pending = coordinator.trigger()
-        return coordinator.wait_for(pending.checkpoint_id, 600).external_path
+        timeout_ms = coordinator.settings.timeout_ms
+        pending = coordinator.trigger_waiting(timeout_ms, closed=self._stop)
+        return coordinator.wait_for(pending.checkpoint_id, timeout_ms / 1000.0)
 
     # -- failures ----------------------------------------------------------------------------
     def _on_checkpoint_failover(self, job_id: str, reason: CheckpointFailureReason, message: str) -> None:
-        self._d._pool.submit(self._d.fail_over, job_id, f"too many failed checkpoints ({reason.name}): {message}")  # noqa: SLF001
-
-    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None:
-        from keyedstate.jobmanager.failover import fail_over
-
-        fail_over(self._d, self, job_id, cause, seen_version)
+        self._d.run_in_background(self._d.fail_over, job_id, f"too many failed checkpoints ({reason.name}): {message}")
 
     # -- high availability ---------------------------------------------------------------------
     def persist(self, job: Job, *, strict: bool = False) -> None:
@@ -346,6 +264,7 @@ class Checkpointing:
         record = JobRecord(
             spec=job.spec.to_dict(), status=job.status.value, routing_version=job.routing_version,
             restarts=job.restarts, failure_cause=job.failure_cause, restore_path=job.restore_path,
+            taskmanagers=sorted(job.last_taskmanagers),
         )
         try:
             self.ha.put_job(record)
@@ -378,8 +297,11 @@ class Checkpointing:
         job = Job(spec, self._jm.conf.with_values(dict(spec.config)))
         job.restore_path = record.restore_path
         job.restarts = record.restarts
-        # Clients keep the newest routing version they saw; the recovered job must look newer.
-        job.routing_version = record.routing_version + 1
+        job.last_taskmanagers = frozenset(record.taskmanagers)
+        # Clients keep the newest routing version they saw, and slots refuse calls of another
+        # version: the recovered job's versions continue above every version an earlier leader
+        # could have handed out, even one it deployed but never recorded.
+        job.routing_version = max(record.routing_version + 1, self.ha.leader_session << 32)
         status = JobStatus(record.status)
         if status.terminal:
             job.status, job.failure_cause = status, record.failure_cause
@@ -473,3 +395,15 @@ def _failure(exc: CheckpointException) -> str:
 
 def install(jm: JobManager) -> None:
     jm.dispatcher.checkpointing = Checkpointing(jm)
+
+
+def checkpoint_info(completed: CompletedCheckpoint) -> jm_pb.CheckpointInfo:
+    """A completed checkpoint as the wire's CheckpointInfo (status COMPLETED)."""
+    meta = completed.metadata
+    # Wall-clock trigger to completion; 0 for a checkpoint loaded from storage (no completion time).
+    duration = max(0, completed.completion_timestamp_ms - meta.timestamp_ms) if completed.completion_timestamp_ms else 0
+    return jm_pb.CheckpointInfo(
+        checkpoint_id=completed.checkpoint_id, path=completed.external_path, status="COMPLETED", epoch=meta.epoch,
+        trigger_timestamp_ms=meta.timestamp_ms, full_size=meta.full_size, incremental_size=meta.incremental_size,
+        savepoint=meta.savepoint, duration_ms=duration,
+    )

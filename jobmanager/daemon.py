@@ -14,6 +14,7 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
 from keyedstate.jobmanager.dispatcher import Dispatcher
+from keyedstate.jobmanager.epochs.coordinator import EpochCoordinator
 from keyedstate.jobmanager.registry import TaskManagerRegistry
 from keyedstate.jobmanager.rpc.servicer import JobManagerServicer
 from keyedstate.jobmanager.settings import JobManagerSettings
@@ -33,7 +34,8 @@ class JobManager:
         self.metrics_registry = CollectorRegistry()
         s = self.settings
         self.registry = TaskManagerRegistry(
-            clock, self.scheduler, s.heartbeat_timeout_ms, check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000))
+            clock, self.scheduler, s.heartbeat_timeout_ms, check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000)),
+            lease_bound_ms=s.lease_bound_ms,
         )
         self.gateways = TaskManagerGateways(s.max_message_bytes)
         self.dispatcher = Dispatcher(s, conf, self.registry, self.gateways, clock, self.scheduler)
@@ -67,7 +69,12 @@ class JobManager:
         # Jobs come back from the HA store before the first call is served, so that a Spark
         # driver resubmitting its job after the restart finds it instead of creating it anew.
         recovered = self.dispatcher.checkpointing.recover_jobs(f"{s.address}:{self.port}", self._leadership_lost)
-        jm_grpc.add_JobManagerServicer_to_server(JobManagerServicer(self.dispatcher), server)
+        epochs = EpochCoordinator(
+            jobs=self.dispatcher.job, commit_on=self.gateways.commit_epoch, executor=self.dispatcher.executor,
+            fail_over_now=self.dispatcher.fail_over_now, clock=self.clock, closed=self.dispatcher.closed,
+            default_timeout_ms=s.epoch_commit_timeout_ms,
+        )
+        jm_grpc.add_JobManagerServicer_to_server(JobManagerServicer(self.dispatcher, epochs), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         server.start()

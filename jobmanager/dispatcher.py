@@ -19,6 +19,7 @@ from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.errors import (
     AlreadyExistsError,
     CapacityError,
+    CorruptCheckpointError,
     InvalidArgumentError,
     JobStateError,
     KeyedStateError,
@@ -26,17 +27,13 @@ from keyedstate.common.errors import (
     Reason,
 )
 from keyedstate.common.ids import SubtaskId
-from keyedstate.jobmanager.jobs import Job, JobSpec, JobStatus
+from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
 from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
 from keyedstate.jobmanager.settings import JobManagerSettings
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
 
 logger = logging.getLogger(__name__)
-
-# Restore input for one subtask: (SlotRestore proto) or None; produced by the checkpoint layer.
-RestorePlanner = Callable[[Job, str], dict[SubtaskId, tm_pb.SlotRestore]]
-
 
 class Dispatcher:
     def __init__(
@@ -107,7 +104,14 @@ class Dispatcher:
             total_slots=self.registry.total_slot_count(), free_slots=self.registry.free_slot_count(),
         )
 
-    def register_taskmanager(self, request: jm_pb.RegisterTaskManagerRequest) -> None:
+    def register_taskmanager(self, request: jm_pb.RegisterTaskManagerRequest) -> list[SubtaskId]:
+        """Register (or re-register) a TaskManager; returns the slots it may keep serving.
+
+        A TaskManager that comes back (a restart, a JobManager restart, a partition that healed)
+        may still host slots. Those that match a current assignment are kept; every other one it
+        releases itself before it serves anything (it is fenced while registering). A restarted
+        process hosts nothing, so the jobs it hosted fail over.
+        """
         record, previous = self.registry.register(
             request.taskmanager_id, request.address, request.host, request.num_slots, request.backend, request.metrics_port
         )
@@ -115,88 +119,78 @@ class Dispatcher:
             self.gateways.forget(previous.address)
         if self.settings.connection_loss_detection:
             self.gateways.watch(record.address, lambda cause: self.registry.mark_lost(record.taskmanager_id, cause, only=record))
-        # A TaskManager that comes back (restart, or after a JobManager restart) may still host
-        # slots. Keep those that match a current assignment; a restarted process hosts nothing,
-        # so the jobs it hosted fail over.
         reported = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
+        kept: list[SubtaskId] = []
         for job in self.jobs():
-            lost = False
-            for a in job.assignments.values():
-                if a.taskmanager_id != record.taskmanager_id:
-                    continue
-                if reported.get(a.subtask) == a.slot_index and a.address == record.address:
-                    self.registry.occupy(record.taskmanager_id, a.slot_index, a.subtask)
-                else:
-                    lost = True
-            # A job already RESTARTING (the loss was seen when the connection broke) redeploys anyway.
-            if lost and job.status is JobStatus.RUNNING:
-                self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} restarted and lost its slots",
-                                  job.routing_version)
-        # Slots it still hosts that no job assigns to it any more (the job failed over while the
-        # TaskManager was unreachable) are released, so they stop serving stale state.
-        # Until the release is done the slot stays marked as taken, so that nothing is deployed
-        # over it and a recovering job waits (registry.hosts_job) instead of deploying the same
-        # subtask twice on one TaskManager.
-        assigned = {
-            a.subtask for job in self.jobs() for a in job.assignments.values() if a.taskmanager_id == record.taskmanager_id
-        }
-        for subtask, slot_index in reported.items():
-            if subtask not in assigned:
-                self.registry.occupy(record.taskmanager_id, slot_index, subtask)
-                self._pool.submit(self._release_stale, record, slot_index, subtask)
-
-    def _release_stale(self, record: TaskManagerRecord, slot_index: int, subtask: SubtaskId) -> None:
-        try:
-            self.gateways.release(record.address, tm_pb.ReleaseSlotRequest(
-                job_id=subtask.job_id, operator_id=subtask.operator_id, subtask_index=subtask.subtask_index,
-            ))
-        except KeyedStateError as exc:
-            # Unreachable again: the heartbeat timeout removes the TaskManager and its slots.
-            logger.info("releasing stale %s on %s: %s", subtask, record.taskmanager_id, exc.message)
-            return
-        self.registry.free_if(record.taskmanager_id, slot_index, subtask)
+            with job.lock:
+                lost = False
+                for a in job.assignments.values():
+                    if a.taskmanager_id != record.taskmanager_id:
+                        continue
+                    if reported.get(a.subtask) == a.slot_index and a.address == record.address:
+                        self.registry.occupy(record.taskmanager_id, a.slot_index, a.subtask)
+                        kept.append(a.subtask)
+                    else:
+                        lost = True
+                # A job already RESTARTING (the loss was seen when the connection broke) redeploys anyway.
+                if lost and job.status is JobStatus.RUNNING:
+                    self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} restarted and lost its slots",
+                                      job.routing_version)
+        dropped = sorted(set(reported) - set(kept), key=str)
+        if dropped:
+            logger.info("taskmanager %s re-registered; it releases %d slot(s) no job assigns to it any more: %s",
+                        record.taskmanager_id, len(dropped), ", ".join(str(d) for d in dropped))
+        return kept
 
     # -- job lifecycle -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, restore_path: str = "") -> pb.RoutingTable:
-        """Deploy every subtask of ``spec`` to free slots (restoring from ``restore_path`` if given)."""
+        """Deploy every subtask of ``spec`` to free slots (restoring from ``restore_path`` if given).
+
+        Submitting a job that is already running is idempotent: a restarted Spark driver gets
+        the routing of the job as it is, including a parallelism changed by a rescale since
+        (the driver adopts the job's current definition). A different set of operators or
+        states is refused.
+        """
         job_conf = self.conf.with_values(dict(spec.config))
         job_conf.validate()
         restore_path = restore_path or (job_conf.get(o.STATE_RECOVERY_PATH) or "")
         with self._lock:
             existing = self._jobs.get(spec.job_id)
             if existing is not None and not existing.status.terminal:
-                if existing.spec == spec and not restore_path:
-                    # Idempotent: a restarted Spark driver submits its job again and gets the routing.
+                if not restore_path and existing.spec.same_except_parallelism(spec):
+                    if existing.spec != spec:
+                        logger.info("job %s resubmitted with parallelism %s; it keeps its current definition %s",
+                                    spec.job_id, spec.parallelism_summary(), existing.spec.parallelism_summary())
                     return self.routing(spec.job_id)
                 raise AlreadyExistsError(
-                    f"job {spec.job_id!r} is already {existing.status.value} with a different definition; "
-                    f"cancel it first (statectl job cancel {spec.job_id}) or use another job id"
+                    f"job {spec.job_id!r} is already {existing.status.value} with a different definition "
+                    f"({existing.spec.difference(spec)}); cancel it first (statectl job cancel {spec.job_id}) or use "
+                    "another job id"
                 )
             job = Job(spec, job_conf, restore_path=restore_path)
             if existing is not None:
                 # Clients keep the newest routing version they saw and ignore older ones, so a job
                 # resubmitted under the same id continues the numbering instead of restarting at 1.
                 job.routing_version = existing.routing_version
+                job.predecessor = _predecessor(existing)
             self._jobs[spec.job_id] = job
         try:
             with job.lock:
-                if self.checkpointing is not None:
-                    self.checkpointing.attach(job)
-                restores = self.checkpointing.plan_restore(job, restore_path) if restore_path else {}
-                self._deploy_all(job, restores)
+                self.checkpointing.attach(job)
+                plan = self.checkpointing.plan_restore(job, restore_path) if restore_path else EMPTY_PLAN
+                self.deploy(job, plan)
                 job.status = JobStatus.RUNNING
-                if self.checkpointing is not None:
-                    self.checkpointing.persist(job, strict=True)
-                    self.checkpointing.job_running(job)
+                self.checkpointing.persist(job, strict=True)
+                self.checkpointing.job_running(job)
                 logger.info(
-                    "job %s running: %d subtasks on %d TaskManagers (routing v%d)%s",
+                    "job %s running: %d subtasks on %d TaskManagers (routing v%d, epoch %d)%s",
                     job.job_id, len(job.assignments), len({a.taskmanager_id for a in job.assignments.values()}),
-                    job.routing_version, f", restored from {restore_path}" if restore_path else "",
+                    job.routing_version, job.committed_epoch, f", restored from {restore_path}" if restore_path else "",
                 )
                 return job.routing_table()
         except BaseException:
             if job.assignments:  # deployed, then a later step (the HA record) failed
-                self._release(job, list(job.assignments.values()), discard_local=True)
+                self.release_slots(job, list(job.assignments.values()), discard_local=True)
                 job.assignments = {}
             with self._lock:
                 if self._jobs.get(spec.job_id) is job:
@@ -206,37 +200,53 @@ class Dispatcher:
                         self._jobs[spec.job_id] = existing
                     else:
                         del self._jobs[spec.job_id]
-            if self.checkpointing is not None:
-                self.checkpointing.detach(job)
+            self.checkpointing.detach(job)
             raise
 
-    def _deploy_all(
-        self, job: Job, restores: dict[SubtaskId, tm_pb.SlotRestore], avoid: set[str] = frozenset(),  # type: ignore[assignment]
-        prefer: dict[SubtaskId, str] | None = None,
-    ) -> None:
+    def deploy(self, job: Job, plan: RestorePlan, prefer: dict[SubtaskId, str] | None = None) -> None:
+        """Deploy every subtask of ``job`` from ``plan`` under a new routing version (caller holds ``job.lock``).
+
+        On success the job's assignments are the new slots and its committed epoch and lineage
+        are what the plan restores; every slot must report that epoch back. On failure nothing
+        stays deployed.
+        """
         subtasks = plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism)
         # The version moves before slots are chosen: a loss reported under the old version was
         # removed from the registry first, so this deployment cannot include it (fail_over's
         # seen_version relies on that order).
         job.routing_version += 1
-        assignments = allocate_slots(self.registry, subtasks, avoid, prefer)
-        checkpoint_base = self.checkpointing.job_dir(job) if self.checkpointing is not None else ""
+        assignments = allocate_slots(self.registry, subtasks, prefer=prefer)
+        # Recorded before any slot is deployed: after a JobManager crash, the next one knows
+        # which TaskManagers may hold this deployment and waits until each is fenced.
+        job.last_taskmanagers = frozenset(job.last_taskmanagers | {a.taskmanager_id for a in assignments})
+        try:
+            self.checkpointing.persist(job, strict=True)
+        except BaseException:
+            release_assignments(self.registry, assignments)
+            raise
+        checkpoint_base = self.checkpointing.job_dir(job)
         incremental = job.config.get(o.CHECKPOINT_INCREMENTAL)
         ops = {op.operator_id: op for op in job.spec.operators}
 
-        def deploy(a: SlotAssignment) -> tm_pb.DeploySlotResponse:
+        def deploy_one(a: SlotAssignment) -> tm_pb.DeploySlotResponse:
             request = tm_pb.DeploySlotRequest(
                 job_id=job.job_id, operator=ops[a.subtask.operator_id].to_proto(), subtask_index=a.subtask.subtask_index,
                 key_groups=pb.KeyGroupRange(start=a.key_groups.start, end=a.key_groups.end),
                 max_parallelism=job.spec.max_parallelism, slot_index=a.slot_index, routing_version=job.routing_version,
                 checkpoint_base=checkpoint_base, incremental=incremental,
             )
-            restore = restores.get(a.subtask)
+            restore = plan.slots.get(a.subtask)
             if restore is not None:
                 request.restore.CopyFrom(restore)
-            return self.gateways.deploy(a.address, request)
+            response = self.gateways.deploy(a.address, request)
+            if response.committed_epoch != plan.epoch:
+                raise CorruptCheckpointError(
+                    f"{a.subtask} on {a.taskmanager_id} holds epoch {response.committed_epoch} after its restore, but "
+                    f"{plan.source or 'empty state'} holds epoch {plan.epoch}; restore another checkpoint"
+                )
+            return response
 
-        futures = {a: self._pool.submit(deploy, a) for a in assignments}
+        futures = {a: self._pool.submit(deploy_one, a) for a in assignments}
         errors: list[tuple[SlotAssignment, BaseException]] = []
         deployed: list[SlotAssignment] = []
         results = []
@@ -247,17 +257,27 @@ class Dispatcher:
             except BaseException as exc:
                 errors.append((a, exc))
         if errors:
-            self._release(job, deployed, discard_local=False)
+            self.release_slots(job, deployed, discard_local=False)
             release_assignments(self.registry, assignments)
             first_assignment, first = errors[0]
             if isinstance(first, KeyedStateError):
                 raise type(first)(f"deploying {first_assignment.subtask} to {first_assignment.taskmanager_id} failed: {first.message}", reason=first.reason) from first
             raise first
         job.assignments = {a.subtask: a for a in assignments}
-        if restores and self.checkpointing is not None:
-            self.checkpointing.restored(job, results)
+        job.last_taskmanagers = frozenset(a.taskmanager_id for a in assignments)
+        job.set_epochs(plan.epoch, plan.lineage)
+        if plan.slots:
+            total = sum(r.restore_duration_ms for r in results)
+            logger.info("job %s restored %d subtasks from %s at epoch %d (sum of restore times %d ms)",
+                        job.job_id, len(results), plan.source, plan.epoch, total)
 
-    def _release(self, job: Job, assignments: list[SlotAssignment], discard_local: bool) -> None:
+    def release_slots(self, job: Job, assignments: list[SlotAssignment], discard_local: bool) -> None:
+        """Release ``assignments`` on their TaskManagers.
+
+        A registered TaskManager that cannot be reached to release a slot is declared lost: it
+        may still serve that slot, so nothing it hosted may be deployed elsewhere until its
+        lease is certainly over (see the registry).
+        """
         def release(a: SlotAssignment) -> None:
             try:
                 self.gateways.release(a.address, tm_pb.ReleaseSlotRequest(
@@ -266,64 +286,116 @@ class Dispatcher:
                 ))
             except KeyedStateError as exc:
                 logger.info("releasing %s on %s: %s", a.subtask, a.taskmanager_id, exc.message)
+                self.registry.mark_lost(a.taskmanager_id, f"could not release {a.subtask} ({exc.message})")
 
         list(self._pool.map(release, assignments))
         release_assignments(self.registry, assignments)
 
+    def wait_for_resources(self, job: Job, needed: int, owners: set[str], timeout_ms: int) -> None:
+        """Wait until ``needed`` slots are free and every TaskManager in ``owners`` is fenced.
+
+        Part of one restart: bounded by ``timeout_ms`` (``slot.request.timeout``), after which a
+        CapacityError names what was missing.
+        """
+        deadline = self.clock.monotonic_ms() + timeout_ms
+        while True:
+            now = self.clock.monotonic_ms()
+            free = self.registry.free_slot_count()
+            unfenced = sorted(t for t in owners if self.registry.fenced_at_ms(t) > now)
+            stale = self.registry.hosts_job(job.job_id)
+            if free >= needed and not unfenced and not stale:
+                return
+            if now >= deadline or self.closed.is_set():
+                missing = []
+                if free < needed:
+                    missing.append(f"{needed} free slots (only {free} of {self.registry.total_slot_count()} are free; "
+                                   "start more TaskManagers or lower the parallelism)")
+                if unfenced:
+                    missing.append(f"TaskManager(s) {', '.join(unfenced)} to come back or to reach the end of their "
+                                   "lease (heartbeat.timeout)")
+                if stale:
+                    missing.append("TaskManagers to release slots of the job's previous deployment")
+                raise CapacityError(
+                    f"job {job.job_id!r} waited {timeout_ms} ms (slot.request.timeout) for " + " and ".join(missing)
+                )
+            self.closed.wait(min(0.1, max(0.001, (deadline - now) / 1000.0)))
+
+    def run_in_background(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._pool.submit(fn, *args)
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The pool that runs calls to TaskManagers in parallel."""
+        return self._pool
+
     def cancel(self, job_id: str) -> jm_pb.JobInfo:
         job = self.job(job_id)
         with job.lock:
-            if self.checkpointing is not None:
-                self.checkpointing.detach(job)
-            self._release(job, list(job.assignments.values()), discard_local=True)
+            self.checkpointing.detach(job)
+            self.release_slots(job, list(job.assignments.values()), discard_local=True)
             job.assignments = {}
             job.status = JobStatus.CANCELED
             job.routing_version += 1
-            if self.checkpointing is not None:
-                self.checkpointing.persist(job)
+            self.checkpointing.persist(job)
             logger.info("job %s canceled", job_id)
             return job.info()
 
     def rescale(self, job_id: str, parallelism: dict[str, int]) -> pb.RoutingTable:
-        """Redeploy the job at new parallelism from a fresh savepoint-like checkpoint."""
+        """Redeploy the job at new parallelism from a checkpoint taken for the purpose.
+
+        A checkpoint in flight is waited for (bounded by the checkpoint timeout) rather than
+        refused. The redeploy restores the job's latest completed checkpoint, so nothing that a
+        driver saw made durable is lost; a batch committed after the cut runs again.
+        """
         job = self.job(job_id)
-        if self.checkpointing is None:
-            raise InvalidArgumentError("rescaling needs state.checkpoints.dir: state moves through a checkpoint")
         for op_id in parallelism:
             if op_id and job.spec.operator(op_id) is None:
                 raise NotFoundError(f"job {job_id!r} has no operator {op_id!r}", reason=Reason.UNKNOWN_OPERATOR)
         new_spec = job.spec.with_parallelism(parallelism)
         with job.lock:
-            if job.status is not JobStatus.RUNNING:
-                raise JobStateError(f"job {job_id!r} is {job.status.value}; it can be rescaled only while RUNNING")
-            needed = len(plan_subtasks(job_id, list(new_spec.operators), new_spec.max_parallelism))
-            available = self.registry.free_slot_count() + len(job.assignments)
-            if needed > available:
-                # Refused before anything is released: the job keeps running as it is.
-                raise CapacityError(
-                    f"rescaling job {job_id!r} needs {needed} slots but at most {available} can be had (its own "
-                    f"{len(job.assignments)} plus {available - len(job.assignments)} free); start more TaskManagers "
-                    "or ask for a lower parallelism"
-                )
-            path = self.checkpointing.checkpoint_for_rescale(job)
+            self._check_rescalable(job, new_spec)
+        self.checkpointing.checkpoint_for_rescale(job)
+        with job.lock:
+            self._check_rescalable(job, new_spec)
             old_spec = job.spec
-            self._release(job, list(job.assignments.values()), discard_local=False)
-            job.assignments = {}
+            previous = list(job.assignments.values())
             job.status = JobStatus.RESTARTING
+            self.release_slots(job, previous, discard_local=False)
+            job.assignments = {}
             job.spec = new_spec
             try:
-                restores = self.checkpointing.plan_restore(job, path)
-                self._deploy_all(job, restores)
+                unfenced = sorted(a.taskmanager_id for a in previous if self.registry.fenced_at_ms(a.taskmanager_id) > 0)
+                if unfenced:
+                    raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
+                self.deploy(job, self.checkpointing.plan_latest(job))
             except KeyedStateError as exc:
-                # Back to the old shape, restored from the checkpoint just taken, by the usual failover.
+                # Back to the old shape through the usual failover, which waits for what is missing.
                 job.spec = old_spec
-                self._pool.submit(self.fail_over, job_id, f"rescale to {parallelism} failed: {exc.message}")
+                cause = f"rescale to {parallelism} failed: {exc.message}"
+                self.fail_over_now(job, cause)
                 raise type(exc)(f"rescaling job {job_id!r} failed ({exc.message}); it restarts at its previous "
-                                "parallelism from the checkpoint taken for the rescale", reason=exc.reason) from exc
+                                "parallelism from its latest checkpoint", reason=exc.reason) from exc
             job.status = JobStatus.RUNNING
             self.checkpointing.persist(job)
             self.checkpointing.job_running(job)
+            logger.info("job %s rescaled to %s (routing v%d, epoch %d)", job_id, new_spec.parallelism_summary(),
+                        job.routing_version, job.committed_epoch)
             return job.routing_table()
+
+    def _check_rescalable(self, job: Job, new_spec: JobSpec) -> None:
+        if job.status is not JobStatus.RUNNING:
+            raise JobStateError(f"job {job.job_id!r} is {job.status.value}; it can be rescaled only while RUNNING")
+        if job.coordinator is None:
+            raise InvalidArgumentError("rescaling needs state.checkpoints.dir: state moves through a checkpoint")
+        needed = len(plan_subtasks(job.job_id, list(new_spec.operators), new_spec.max_parallelism))
+        available = self.registry.free_slot_count() + len(job.assignments)
+        if needed > available:
+            # Refused before anything is released: the job keeps running as it is.
+            raise CapacityError(
+                f"rescaling job {job.job_id!r} needs {needed} slots but at most {available} can be had (its own "
+                f"{len(job.assignments)} plus {available - len(job.assignments)} free); start more TaskManagers "
+                "or ask for a lower parallelism"
+            )
 
     # -- failures ----------------------------------------------------------------------------
     def resume_recovered(self, job: Job) -> None:
@@ -344,13 +416,26 @@ class Dispatcher:
 
         ``seen_version``: the routing version the failure was observed under (see failover.fail_over).
         """
-        if self.checkpointing is None:
-            job = self.job(job_id)
+        from keyedstate.jobmanager.failover import fail_over
+
+        job = self.job(job_id)
+        if job.coordinator is None:
             with job.lock:
-                job.status = JobStatus.FAILED
-                job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
+                if not job.status.terminal:
+                    job.status = JobStatus.FAILED
+                    job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
             return
-        self.checkpointing.fail_over(job_id, cause, seen_version)
+        fail_over(self, self.checkpointing, job_id, cause, seen_version)
+
+    def fail_over_now(self, job: Job, cause: str) -> None:
+        """Start a failover before the caller (holding ``job.lock``) releases the lock (see failover.fail_over_now)."""
+        from keyedstate.jobmanager.failover import fail_over_now
+
+        if job.coordinator is None:
+            job.status = JobStatus.FAILED
+            job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
+            return
+        fail_over_now(self, self.checkpointing, job, cause)
 
     def shutdown(self) -> None:
         self.closed.set()
@@ -358,3 +443,14 @@ class Dispatcher:
             self.checkpointing.shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.gateways.close()
+
+
+def _predecessor(previous: Job) -> str:
+    """Where the state of a cancelled or failed job went, for a job resubmitted under its id."""
+    latest = previous.coordinator.latest_completed() if previous.coordinator is not None else None
+    if latest is None:
+        return (f"The previous run of job {previous.job_id!r} ({previous.status.value}) left no completed checkpoint "
+                f"it still knows of (its committed epoch was {previous.committed_epoch})")
+    return (f"The previous run of job {previous.job_id!r} ({previous.status.value}) has its latest checkpoint at "
+            f"{latest.external_path}, holding epoch {latest.metadata.epoch}: statectl job restore {previous.job_id} "
+            f"--from {latest.external_path}")

@@ -2,6 +2,17 @@
 
 The restart strategy (``restart-strategy.*``, as in Flink) decides whether and when; when
 restarts are exhausted the job goes to FAILED with the cause kept for ``statectl``.
+
+One restart (docs/exactly-once.md, "Restarts"):
+
+1. the job is RESTARTING, its routing version moved and its pending checkpoints aborted, all
+   before the job's lock is released (:func:`begin_failover`);
+2. its slots are released; a TaskManager that cannot be reached to release one is declared
+   lost, because it may still serve the slot;
+3. it waits, as part of the same restart and for at most ``slot.request.timeout``, for enough
+   free slots and for every TaskManager that hosted the job to be fenced;
+4. it restores the latest completed checkpoint (or what the job was submitted from, or empty
+   state) and deploys, which also sets the job's committed epoch to what it restored.
 """
 
 from __future__ import annotations
@@ -12,8 +23,9 @@ from typing import TYPE_CHECKING
 
 from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.errors import KeyedStateError
+from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.jobs import JobStatus
-from keyedstate.jobmanager.scheduling import check_free_slots, plan_subtasks
+from keyedstate.jobmanager.scheduling import plan_subtasks
 
 if TYPE_CHECKING:
     from keyedstate.jobmanager.checkpointing import Checkpointing
@@ -57,95 +69,113 @@ def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str,
     restart under way deploys on whatever TaskManagers are alive by then.
     """
     job = dispatcher.job(job_id)
-    strategy = RestartStrategy.from_config(job.config)
     with job.lock:
-        if job.status.terminal:
+        if not begin_failover(checkpointing, job, cause, seen_version):
             return
-        if seen_version is not None and job.routing_version != seen_version:
-            logger.info("job %s: %s (already redeployed since; ignored)", job_id, cause)
-            return
-        if job.failing_over:
-            # The loop under way has not redeployed yet (it clears the flag in the same locked
-            # step that makes the job RUNNING), so its restart already covers this failure.
-            job.failure_cause = cause
-            return
-        job.failing_over = True
+    run_restarts(dispatcher, checkpointing, job)
+
+
+def fail_over_now(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job, cause: str) -> None:
+    """Start a failover now; the caller holds ``job.lock``, and the restarts run in the background.
+
+    The job is RESTARTING (so nothing commits or checkpoints it) before the caller releases the
+    lock: an epoch applied on some TaskManagers and not on others is never cut by a checkpoint.
+    """
+    if begin_failover(checkpointing, job, cause):
+        dispatcher.run_in_background(run_restarts, dispatcher, checkpointing, job)
+
+
+def begin_failover(checkpointing: Checkpointing, job: Job, cause: str, seen_version: int | None = None) -> bool:
+    """Move the job to RESTARTING (caller holds ``job.lock``); False if another failover already owns it."""
+    if job.status.terminal:
+        return False
+    if seen_version is not None and job.routing_version != seen_version:
+        logger.info("job %s: %s (already redeployed since; ignored)", job.job_id, cause)
+        return False
+    if job.failing_over:
+        # The loop under way has not redeployed yet (it clears the flag in the same locked
+        # step that makes the job RUNNING), so its restart already covers this failure.
+        job.failure_cause = cause
+        return False
+    logger.warning("job %s: failing over: %s", job.job_id, cause)
+    job.failing_over = True
+    job.status = JobStatus.RESTARTING
+    job.failure_cause = cause
+    job.routing_version += 1
+    if job.coordinator is not None:
+        job.coordinator.abort_pending(CheckpointFailureReason.TASK_FAILURE, cause)
+    checkpointing.persist(job)
+    return True
+
+
+def run_restarts(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> None:
+    """Restart the job as its restart strategy allows, until it runs, fails, or is cancelled."""
+    strategy = RestartStrategy.from_config(job.config)
     try:
-        _fail_over(dispatcher, checkpointing, job, strategy, cause)
+        while True:
+            with job.lock:
+                if job.status is not JobStatus.RESTARTING:
+                    return  # cancelled, or resubmitted, meanwhile
+                if job.restarts >= strategy.attempts:
+                    job.status = JobStatus.FAILED
+                    job.failure_cause = (f"{job.failure_cause} (restart strategy {strategy.kind}: {job.restarts} of "
+                                         f"{strategy.attempts} restarts used)")
+                    logger.error("job %s FAILED: %s", job.job_id, job.failure_cause)
+                    failed_assignments = list(job.assignments.values())
+                    job.assignments = {}
+                else:
+                    job.restarts += 1
+                    number = job.restarts
+                    failed_assignments = None
+            if failed_assignments is not None:
+                # A failed job gives its slots back, so that the job can be restored (or another run).
+                dispatcher.release_slots(job, failed_assignments, discard_local=False)
+                checkpointing.persist(job)
+                checkpointing.detach(job)  # no more checkpoints; the store still answers job info
+                return
+            if dispatcher.closed.wait(strategy.delay_for(number) / 1000.0):
+                logger.info("job %s: restart %d abandoned, the JobManager is shutting down", job.job_id, number)
+                return
+            try:
+                if restart(dispatcher, checkpointing, job):
+                    logger.info("job %s restarted (restart %d)", job.job_id, number)
+                return
+            except KeyedStateError as exc:
+                cause = f"restart {number} failed: {exc.message}"
+                logger.warning("job %s: %s", job.job_id, cause)
+            except Exception as exc:  # a bug must not leave the job silently stuck in RESTARTING
+                cause = f"restart {number} failed unexpectedly: {exc!r}"
+                logger.exception("job %s: %s", job.job_id, cause)
+            with job.lock:
+                job.failure_cause = cause
     finally:
         with job.lock:
             job.failing_over = False
 
 
-def _fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job, strategy: RestartStrategy, cause: str) -> None:
-    job_id = job.job_id
-    with job.lock:
-        logger.warning("job %s: failing over: %s", job_id, cause)
-        job.status = JobStatus.RESTARTING
-        job.failure_cause = cause
-        job.routing_version += 1
-        if job.coordinator is not None:
-            job.coordinator.abort_pending(_task_failure(), cause)
-        checkpointing.persist(job)
-    while True:
-        with job.lock:
-            if job.status.terminal:
-                return
-            if job.restarts >= strategy.attempts:
-                job.status = JobStatus.FAILED
-                job.failure_cause = f"{cause} (restart strategy {strategy.kind}: {job.restarts} of {strategy.attempts} restarts used)"
-                logger.error("job %s FAILED: %s", job_id, job.failure_cause)
-                # A failed job gives its slots back, so that the job can be restored (or another run).
-                dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
-                job.assignments = {}
-                checkpointing.persist(job)
-                checkpointing.detach(job)  # no more checkpoints; the store still answers job info
-                return
-            job.restarts += 1
-            number = job.restarts
-        if dispatcher.closed.wait(strategy.delay_for(number) / 1000.0):
-            logger.info("job %s: restart %d abandoned, the JobManager is shutting down", job_id, number)
-            return
-        with job.lock:
-            if job.status.terminal:
-                return
-            try:
-                restart(dispatcher, checkpointing, job)
-                job.failing_over = False
-                logger.info("job %s restarted (restart %d)", job_id, number)
-                return
-            except KeyedStateError as exc:
-                cause = f"restart {number} failed: {exc.message}"
-                logger.warning("job %s: %s", job_id, cause)
-                job.failure_cause = cause
-            except Exception as exc:  # a bug must not leave the job silently stuck in RESTARTING
-                cause = f"restart {number} failed unexpectedly: {exc!r}"
-                logger.exception("job %s: %s", job_id, cause)
-                job.failure_cause = cause
+def restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> bool:
+    """One restart of a RESTARTING job (see the module docstring); False if the job stopped restarting meanwhile.
 
-
-def restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> None:
-    """Redeploy every subtask of ``job`` from its latest completed checkpoint (caller holds ``job.lock``).
-
-    Before its first checkpoint, a job restores what it was submitted from (a savepoint or an
-    older checkpoint), or starts empty if it was submitted without one.
+    The lock is held only to take the old deployment apart and to deploy the new one; releasing
+    slots and waiting for resources happen without it, so routing and status queries go on.
     """
-    previous = {s: a.taskmanager_id for s, a in job.assignments.items()}
-    dispatcher._release(job, list(job.assignments.values()), discard_local=False)  # noqa: SLF001
-    job.assignments = {}
-    # Before reading the checkpoint: a restart that waits for TaskManagers retries every few
-    # hundred ms, and each attempt would otherwise load and verify the checkpoint from storage.
-    check_free_slots(dispatcher.registry, len(plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism)))
-    latest = job.coordinator.latest_completed() if job.coordinator is not None else None
-    path = latest.external_path if latest is not None else job.restore_path
-    restores = checkpointing.plan_restore(job, path) if path else {}
-    dispatcher._deploy_all(job, restores, prefer=previous)  # noqa: SLF001
-    job.status = JobStatus.RUNNING
-    checkpointing.persist(job)
-    checkpointing.job_running(job)
-
-
-def _task_failure():  # type: ignore[no-untyped-def]
-    from keyedstate.jobmanager.checkpoint import CheckpointFailureReason
-
-    return CheckpointFailureReason.TASK_FAILURE
+    with job.lock:
+        if job.status is not JobStatus.RESTARTING:
+            return False
+        previous = dict(job.assignments)
+        job.assignments = {}
+        owners = set(job.last_taskmanagers) | {a.taskmanager_id for a in previous.values()}
+        prefer = {s: a.taskmanager_id for s, a in previous.items()}
+    dispatcher.release_slots(job, list(previous.values()), discard_local=False)
+    needed = len(plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism))
+    dispatcher.wait_for_resources(job, needed, owners, job.config.get(o.SLOT_REQUEST_TIMEOUT))
+    with job.lock:
+        if job.status is not JobStatus.RESTARTING:
+            return False
+        plan = checkpointing.plan_latest(job)
+        dispatcher.deploy(job, plan, prefer=prefer)
+        job.status = JobStatus.RUNNING
+        job.failing_over = False
+        checkpointing.persist(job)
+        checkpointing.job_running(job)
+        return True

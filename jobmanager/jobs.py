@@ -14,6 +14,7 @@ from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
+from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
 from keyedstate.jobmanager.scheduling import SlotAssignment
 
 
@@ -60,6 +61,28 @@ class JobSpec:
         )
         return JobSpec(self.job_id, ops, self.max_parallelism, self.config)
 
+    def same_except_parallelism(self, other: JobSpec) -> bool:
+        """Same operators, states, max parallelism and config; parallelism may differ (a rescale)."""
+        return self.with_parallelism({op.operator_id: op.parallelism for op in other.operators}) == other
+
+    def parallelism_summary(self) -> str:
+        return ", ".join(f"{op.operator_id}x{op.parallelism}" for op in self.operators)
+
+    def difference(self, other: JobSpec) -> str:
+        """What differs between two definitions of a job, in words."""
+        if self.max_parallelism != other.max_parallelism:
+            return f"max parallelism {self.max_parallelism} vs {other.max_parallelism}"
+        mine = {op.operator_id: op for op in self.operators}
+        theirs = {op.operator_id: op for op in other.operators}
+        if set(mine) != set(theirs):
+            return f"operators {sorted(mine)} vs {sorted(theirs)}"
+        for op_id, op in mine.items():
+            if op.states != theirs[op_id].states:
+                return f"the states of operator {op_id!r}"
+        if self.config != other.config:
+            return "the job's config"
+        return f"parallelism {self.parallelism_summary()} vs {other.parallelism_summary()}"
+
     def to_dict(self) -> dict[str, Any]:
         from google.protobuf import json_format
 
@@ -88,10 +111,27 @@ class Job:
     failure_cause: str = ""
     restarts: int = 0
     committed_epoch: int = -1
+    """The epoch every slot of the job holds (docs/exactly-once.md); moves back on every restore."""
+    lineage: EpochLineage = EMPTY_LINEAGE
+    """Which Spark query's batches the epochs up to ``committed_epoch`` are."""
     restore_path: str = ""  # what the job was submitted from: a failover before its first checkpoint restores it
     failing_over: bool = False  # a failover loop owns the job's restarts
+    predecessor: str = ""
+    """For a job resubmitted under the id of a cancelled or failed one: where that one's state is."""
+    last_taskmanagers: frozenset[str] = frozenset()
+    """The TaskManagers of the latest deployment: a redeploy waits until each is fenced."""
     coordinator: Any = None
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def set_epochs(self, epoch: int, lineage: EpochLineage) -> None:
+        """What the job's state holds now (after a restore, or a commit)."""
+        self.committed_epoch = epoch
+        self.lineage = lineage.up_to(epoch)
+
+    def durable_epoch(self) -> int:
+        """The epoch of the latest completed checkpoint (-1: none)."""
+        latest = self.coordinator.latest_completed() if self.coordinator is not None else None
+        return latest.metadata.epoch if latest is not None else -1
 
     @property
     def job_id(self) -> str:
@@ -126,4 +166,23 @@ class Job:
             committed_epoch=self.committed_epoch,
             failure_cause=self.failure_cause,
             restarts=self.restarts,
+            routing_version=self.routing_version,
+            durable_epoch=latest.metadata.epoch if latest is not None else -1,
+            lineage=[pb.LineageEntry(query_id=e.query_id, offset=e.offset, first_epoch=e.first_epoch)
+                     for e in self.lineage.entries],
         )
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """What a deployment starts from: per-subtask restore inputs, and the epochs that state holds."""
+
+    slots: dict[SubtaskId, Any] = field(default_factory=dict)
+    """Subtask -> ``SlotRestore`` message (absent: the subtask starts empty)."""
+    epoch: int = -1
+    lineage: EpochLineage = EMPTY_LINEAGE
+    source: str = ""
+    """The checkpoint or savepoint path ("" for empty state)."""
+
+
+EMPTY_PLAN = RestorePlan()

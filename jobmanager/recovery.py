@@ -15,11 +15,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from keyedstate.common.config import options as o
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.jobmanager.failover import restart
 from keyedstate.jobmanager.jobs import Job, JobStatus
-from keyedstate.jobmanager.scheduling import plan_subtasks
 
 if TYPE_CHECKING:
     from keyedstate.jobmanager.checkpointing import Checkpointing
@@ -27,38 +25,36 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_POLL_S = 0.1
-
-
 def resume(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> None:
-    """Bring one recovered job back to RUNNING (runs on the dispatcher's pool)."""
+    """Bring one recovered job back to RUNNING (runs on the dispatcher's pool).
+
+    The restart waits, within ``slot.request.timeout``, for free slots and for every
+    TaskManager that hosted the job's last deployment to be fenced: re-registered with this
+    JobManager, or past the end of any lease an earlier leader could have granted it.
+    """
     started = time.monotonic()
     try:
         checkpointing.sweep_orphans(job)
     except (KeyedStateError, OSError) as exc:
         # Garbage is not a reason to keep a job down; `statectl checkpoint gc` can finish the job.
         logger.warning("job %s: cleaning up after crashed checkpoints failed: %s", job.job_id, exc)
-    needed = len(plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism))
-    timeout_s = job.config.get(o.SLOT_REQUEST_TIMEOUT) / 1000.0
-    while dispatcher.registry.free_slot_count() < needed or dispatcher.registry.hosts_job(job.job_id):
-        if time.monotonic() - started > timeout_s:
-            dispatcher.fail_over(job.job_id, (
-                f"after the JobManager restart only {dispatcher.registry.free_slot_count()} of the {needed} slots the "
-                f"job needs were free within slot.request.timeout ({timeout_s:.0f} s); start more TaskManagers"))
-            return
-        if dispatcher.closed.wait(_POLL_S):
-            return
     with job.lock:
-        if job.status is not JobStatus.RESTARTING:
-            return  # canceled or resubmitted meanwhile
-        try:
-            restart(dispatcher, checkpointing, job)
-        except KeyedStateError as exc:
-            cause = f"resuming after the JobManager restart failed: {exc.message}"
-        else:
-            job.failure_cause = ""
-            checkpointing.persist(job)
-            logger.info("job %s resumed after the JobManager restart in %.2f s (routing v%d)",
-                        job.job_id, time.monotonic() - started, job.routing_version)
-            return
+        if job.status is not JobStatus.RESTARTING or job.failing_over:
+            return  # canceled or resubmitted meanwhile, or a failover owns it already
+        job.failing_over = True  # a TaskManager loss meanwhile only updates the cause
+    try:
+        resumed = restart(dispatcher, checkpointing, job)
+    except KeyedStateError as exc:
+        cause = f"resuming after the JobManager restart failed: {exc.message}"
+    else:
+        if resumed:
+            with job.lock:
+                job.failure_cause = ""
+                checkpointing.persist(job)
+            logger.info("job %s resumed after the JobManager restart in %.2f s (routing v%d, epoch %d)",
+                        job.job_id, time.monotonic() - started, job.routing_version, job.committed_epoch)
+        return
+    finally:
+        with job.lock:
+            job.failing_over = False
     dispatcher.fail_over(job.job_id, cause)

@@ -7,11 +7,12 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.common.lease import lease_bound_ms as lease_bound, lease_duration_ms as lease_duration
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ class TaskManagerRecord:
     backend: str
     metrics_port: int
     last_heartbeat_ms: int
+    lease_until_ms: int = 0
+    """When the lease granted by the last answered heartbeat is certainly over (monotonic, this JobManager)."""
     status: TaskManagerStatus = TaskManagerStatus.ACTIVE
     # slot index -> the subtask the JobManager placed there (None: free)
     occupancy: list[SubtaskId | None] = field(default_factory=list)
@@ -42,15 +45,30 @@ LostListener = Callable[[TaskManagerRecord, str], None]
 
 
 class TaskManagerRegistry:
-    """Tracks TaskManagers. A TaskManager is lost when its heartbeats stop for the timeout."""
+    """Tracks TaskManagers. A TaskManager is lost when its heartbeats stop for the timeout.
 
-    def __init__(self, clock: Clock, scheduler: Scheduler, heartbeat_timeout_ms: int, check_interval_ms: int) -> None:
+    It also knows when a TaskManager is certainly *fenced* (serves nothing it was given before):
+    when it registered again (it revokes its own lease before registering), deregistered after
+    shutting its slots down, or once ``lease_bound_ms`` passed after the last heartbeat this
+    JobManager answered. A TaskManager this JobManager never heard from may hold a lease from a
+    previous JobManager until ``lease_bound_ms`` after this one started.
+    """
+
+    def __init__(
+        self, clock: Clock, scheduler: Scheduler, heartbeat_timeout_ms: int, check_interval_ms: int,
+        lease_bound_ms: int | None = None,
+    ) -> None:
+        """``lease_bound_ms``: see :func:`keyedstate.common.lease.lease_bound_ms` (default: from the timeout alone)."""
         self._clock = clock
         self._scheduler = scheduler
         self._timeout = heartbeat_timeout_ms
         self._check_interval = check_interval_ms
+        self._lease_bound = lease_bound_ms if lease_bound_ms is not None else lease_bound(lease_duration(heartbeat_timeout_ms, heartbeat_timeout_ms))
         self._records: dict[str, TaskManagerRecord] = {}
+        self._fenced_by: dict[str, int] = {}  # lost TaskManagers: when their last lease is certainly over
+        self._started_ms = clock.monotonic_ms()
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._listeners: list[LostListener] = []
         self.session = uuid.uuid4().hex[:12]
         self._stopped = False
@@ -76,11 +94,15 @@ class TaskManagerRegistry:
             raise InvalidArgumentError(f"TaskManager {taskmanager_id} sent address {address!r}; expected host:port")
         with self._lock:
             previous = self._records.get(taskmanager_id)
+            now = self._clock.monotonic_ms()
             record = TaskManagerRecord(
-                taskmanager_id, address, host, num_slots, backend, metrics_port, self._clock.monotonic_ms(),
-                occupancy=[None] * num_slots,
+                taskmanager_id, address, host, num_slots, backend, metrics_port, now,
+                lease_until_ms=now + self._lease_bound, occupancy=[None] * num_slots,
             )
             self._records[taskmanager_id] = record
+            # It fenced itself before registering: whatever it was given before is no longer served.
+            self._fenced_by.pop(taskmanager_id, None)
+            self._changed.notify_all()
         logger.info("registered taskmanager %s at %s with %d slots", taskmanager_id, address, num_slots)
         return record, previous
 
@@ -89,20 +111,30 @@ class TaskManagerRegistry:
             record = self._records.get(taskmanager_id)
             if record is None or record.status is TaskManagerStatus.LOST:
                 return False
-            record.last_heartbeat_ms = self._clock.monotonic_ms()
+            now = self._clock.monotonic_ms()
+            record.last_heartbeat_ms = now
+            record.lease_until_ms = now + self._lease_bound
             return True
 
     def deregister(self, taskmanager_id: str) -> None:
-        self.mark_lost(taskmanager_id, "deregistered (shut down)")
+        # A TaskManager deregisters after it closed its server and slots: fenced.
+        self.mark_lost(taskmanager_id, "deregistered (shut down)", fenced=True)
 
-    def mark_lost(self, taskmanager_id: str, cause: str, only: TaskManagerRecord | None = None) -> None:
-        """Remove the TaskManager and tell the listeners; with ``only``, just if that registration is current."""
+    def mark_lost(self, taskmanager_id: str, cause: str, only: TaskManagerRecord | None = None, fenced: bool = False) -> None:
+        """Remove the TaskManager and tell the listeners; with ``only``, just if that registration is current.
+
+        ``fenced``: it certainly serves nothing any more. Otherwise its slots may be given to
+        others only once its lease is certainly over (:meth:`wait_fenced`).
+        """
         with self._lock:
             record = self._records.get(taskmanager_id)
             if record is None or record.status is TaskManagerStatus.LOST or (only is not None and record is not only):
                 return
             record.status = TaskManagerStatus.LOST
             del self._records[taskmanager_id]
+            if not fenced:
+                self._fenced_by[taskmanager_id] = record.lease_until_ms
+            self._changed.notify_all()
         logger.warning("taskmanager %s at %s lost: %s", taskmanager_id, record.address, cause)
         for listener in self._listeners:
             try:
@@ -129,6 +161,36 @@ class TaskManagerRegistry:
                 self._schedule_check()
 
         self._timer = self._scheduler.schedule(self._check_interval, run)
+
+    # -- fencing -----------------------------------------------------------------------------
+    def fenced_at_ms(self, taskmanager_id: str) -> int:
+        """When ``taskmanager_id`` certainly serves nothing it was given before (monotonic ms; 0: already).
+
+        A registered TaskManager counts as fenced: its previous slots were released by a call it
+        answered, or it registered again since (callers declare a TaskManager lost when a
+        release fails, so this holds).
+        """
+        with self._lock:
+            if taskmanager_id in self._records:
+                return 0
+            bound = self._fenced_by.get(taskmanager_id)
+            if bound is not None:
+                return bound
+            return self._started_ms + self._lease_bound  # maybe leased by an earlier JobManager
+
+    def wait_fenced(self, taskmanager_ids: Iterable[str], timeout_ms: int, closed: threading.Event | None = None) -> list[str]:
+        """Wait until every TaskManager named is fenced; returns those still not fenced at the timeout."""
+        ids = sorted(set(taskmanager_ids))
+        deadline = self._clock.monotonic_ms() + timeout_ms
+        with self._changed:
+            while True:
+                now = self._clock.monotonic_ms()
+                pending = [t for t in ids if self.fenced_at_ms(t) > now]
+                if not pending or now >= deadline or (closed is not None and closed.is_set()):
+                    return pending
+                wake = min(deadline, *(self.fenced_at_ms(t) for t in pending))
+                # Short waits: a manual clock in tests moves without notifying.
+                self._changed.wait(min(0.1, max(0.001, (wake - now) / 1000.0)))
 
     # -- slots -------------------------------------------------------------------------------
     def get(self, taskmanager_id: str) -> TaskManagerRecord | None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.errors import ConfigError
+from keyedstate.common.lease import LEASE_FRACTION, MIN_RENEWALS, lease_bound_ms, lease_duration_ms
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,12 @@ class JobManagerSettings:
     ha_type: str
     ha_storage_dir: str | None
     connection_loss_detection: bool = True
+    lease_duration_ms: int = 0
+    """How long one answered heartbeat lets a TaskManager serve (common.lease)."""
+    lease_bound_ms: int = 0
+    """How long after a heartbeat the JobManager waits before that TaskManager's lease is certainly over."""
+    epoch_commit_timeout_ms: int = 600_000
+    """How long a CommitEpoch call waits for a checkpoint holding the epoch when the caller names no timeout."""
 
     @classmethod
     def from_config(cls, conf: Configuration) -> JobManagerSettings:
@@ -31,11 +40,17 @@ class JobManagerSettings:
         interval = conf.get(o.HEARTBEAT_INTERVAL)
         timeout = conf.get(o.HEARTBEAT_TIMEOUT)
         if timeout <= interval:
-            from keyedstate.common.errors import ConfigError
-
             raise ConfigError(
                 f"heartbeat.timeout ({timeout} ms) must be larger than heartbeat.interval ({interval} ms); "
                 "a common choice is five intervals"
+            )
+        lease = lease_duration_ms(timeout, interval)
+        if lease < MIN_RENEWALS * interval:
+            raise ConfigError(
+                f"heartbeat.timeout ({timeout} ms) is too short for heartbeat.interval ({interval} ms): a TaskManager's "
+                f"lease ({lease} ms, at most {LEASE_FRACTION:.0%} of the timeout) must cover {MIN_RENEWALS} heartbeats, or one "
+                f"late heartbeat stops it serving; raise heartbeat.timeout to at least "
+                f"{math.ceil(MIN_RENEWALS * interval / LEASE_FRACTION)} ms or lower heartbeat.interval"
             )
         return cls(
             address=address,
@@ -53,4 +68,6 @@ class JobManagerSettings:
             ha_type=conf.get(o.HA_TYPE),
             ha_storage_dir=conf.get(o.HA_STORAGE_DIR),
             connection_loss_detection=conf.get(o.HEARTBEAT_CONNECTION_LOSS),
+            lease_duration_ms=lease,
+            lease_bound_ms=lease_bound_ms(lease),
         )

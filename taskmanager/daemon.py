@@ -17,6 +17,8 @@ from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import ConfigError
+from keyedstate.common.ids import SubtaskId
+from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
 from keyedstate.taskmanager.deployment import SlotDeployer
@@ -46,6 +48,8 @@ class TaskManager:
         self.port = 0
         self.address = ""
         self._stop = threading.Event()
+        # Serving needs a lease from the JobManager (granted at registration, renewed by heartbeats).
+        self.lease = Lease(clock.boottime_ms)
         self._lock_file: IO[str] | None = None
         self._server = None
         self._health: health.HealthServicer | None = None
@@ -76,9 +80,9 @@ class TaskManager:
             s.bind_host, s.rpc_port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
             what="TaskManager", port_key="taskmanager.rpc.port",
         )
-        tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics, self.epochs), server)
+        tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs), server)
         tm_grpc.add_TaskExecutorServicer_to_server(
-            TaskExecutorServicer(self.deployer, getattr(self, "checkpoints", None), getattr(self, "epochs", None)), server
+            TaskExecutorServicer(self.deployer, self.lease, getattr(self, "checkpoints", None), self.epochs), server
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -96,7 +100,7 @@ class TaskManager:
         )
         self.connection = JobManagerConnection(
             s.jobmanager_address, self.id, self.address, s.host, s.num_slots, s.backend,
-            self._metrics_server.port or 0, self._slot_reports, self.clock, self._stop,
+            self._metrics_server.port or 0, self._slot_reports, self._retain_slots, self.lease, self.clock, self._stop,
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()
@@ -167,6 +171,11 @@ class TaskManager:
         lock.flush()
         self._lock_file = lock
         return work
+
+    def _retain_slots(self, kept: set[SubtaskId]) -> None:
+        assert self.deployer is not None
+        if self.deployer.retain(kept) and self.epochs is not None:
+            self.epochs.sweep()
 
     def _slot_reports(self) -> list[jm_pb.SlotReport]:
         return [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -47,6 +48,8 @@ class DeployResult:
     restore_duration_ms: int = 0
     restored_bytes: int = 0
     downloaded_bytes: int = 0
+    committed_epoch: int = -1
+    """The epoch the deployed state holds; the JobManager checks it against what it restored."""
 
 
 # Restores a slot's backend from checkpoint storage; provided by the snapshot/restore layer.
@@ -97,6 +100,7 @@ class SlotDeployer:
             self._slots.remove(request.subtask)
             raise
         self._slots.activate(slot, backend)
+        result = dataclasses.replace(result, committed_epoch=backend.committed_epoch())
         logger.info(
             "deployed %s in slot %d key groups %s (%s, %.0f ms)",
             request.subtask, request.slot_index, request.key_groups, "restored" if restore else "empty",
@@ -109,6 +113,14 @@ class SlotDeployer:
             self.backend_kind, slot.subtask, slot.key_groups, slot.max_parallelism, slot.operator.states,
             local_dir=self.work_dir, limits=self._limits, clock=self._clock, resources=self._resources,
         )
+
+    def retain(self, kept: set[SubtaskId]) -> list[SubtaskId]:
+        """Release every slot whose subtask is not in ``kept`` (after a re-registration); returns the released."""
+        released = [slot.subtask for slot in self._slots.all() if slot.subtask not in kept]
+        for subtask in released:
+            logger.warning("releasing %s: the JobManager no longer assigns it to this TaskManager", subtask)
+            self.release(subtask, discard_local_state=False)
+        return released
 
     def release(self, subtask: SubtaskId, discard_local_state: bool) -> bool:
         slot = self._slots.remove(subtask)

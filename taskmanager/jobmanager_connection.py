@@ -1,4 +1,13 @@
-"""The TaskManager's side of the JobManager relationship: registration, heartbeats, re-registration."""
+"""The TaskManager's side of the JobManager relationship: registration, heartbeats, the lease.
+
+A TaskManager serves its slots only under a lease (:class:`~keyedstate.common.lease.Lease`):
+every heartbeat the JobManager answers ``known`` extends it, counted from when the heartbeat was
+sent. A heartbeat answered ``unknown`` (the JobManager restarted, or declared this TaskManager
+lost) revokes it at once, and the TaskManager registers again; the registration answer names
+the slots it may keep, and every other slot is released before the lease is renewed. A
+TaskManager that cannot reach the JobManager keeps heartbeating and stops serving when its
+lease runs out.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +19,10 @@ import grpc
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-
 from keyedstate.common.clock import Clock
 from keyedstate.common.errors import UnavailableError
+from keyedstate.common.ids import SubtaskId
+from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import from_rpc_error
 
@@ -20,13 +30,12 @@ logger = logging.getLogger(__name__)
 
 _RPC_TIMEOUT_S = 10.0
 
+RetainSlots = Callable[[set[SubtaskId]], None]
+"""Release every hosted slot that is not in the given set (called before the lease is renewed)."""
+
 
 class JobManagerConnection:
-    """Registers with the JobManager and keeps the registration alive with heartbeats.
-
-    A JobManager restart shows up as ``known=False`` on a heartbeat (or as UNAVAILABLE while it
-    is down); the connection then registers again by itself, reporting the slots it still hosts.
-    """
+    """Registers with the JobManager and keeps the registration, and with it the lease, alive."""
 
     def __init__(
         self,
@@ -38,6 +47,8 @@ class JobManagerConnection:
         backend: str,
         metrics_port: int,
         slot_reports: Callable[[], list[jm_pb.SlotReport]],
+        retain_slots: RetainSlots,
+        lease: Lease,
         clock: Clock,
         stop: threading.Event,
     ) -> None:
@@ -49,12 +60,15 @@ class JobManagerConnection:
         self._backend = backend
         self._metrics_port = metrics_port
         self._slot_reports = slot_reports
+        self._retain_slots = retain_slots
+        self.lease = lease
         self._clock = clock
         self._stop = stop
         self._channel = open_channel(jobmanager_address)
         self._stub = jm_grpc.JobManagerStub(self._channel)
         self._session = ""
         self.heartbeat_interval_ms = 1000
+        self.lease_duration_ms = 0
         self._thread: threading.Thread | None = None
         self.registrations = 0
 
@@ -85,6 +99,10 @@ class JobManagerConnection:
         ) from last
 
     def _register_once(self) -> None:
+        # Fenced before asking: from the moment the JobManager sees this registration, nothing is
+        # served here except the slots its answer lets us keep.
+        self.lease.revoke("registering with the JobManager")
+        sent_at = self._clock.boottime_ms()
         response = self._stub.RegisterTaskManager(
             jm_pb.RegisterTaskManagerRequest(
                 taskmanager_id=self._tm_id,
@@ -97,31 +115,44 @@ class JobManagerConnection:
             ),
             timeout=_RPC_TIMEOUT_S,
         )
+        kept = {SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in response.kept_slots}
+        self._retain_slots(kept)
         self._session = response.jobmanager_session
         self.heartbeat_interval_ms = max(10, response.heartbeat_interval_ms)
+        self.lease_duration_ms = response.lease_duration_ms
+        self.lease.renew(sent_at, self.lease_duration_ms)
         self.registrations += 1
         logger.info(
-            "taskmanager %s: registered with JobManager %s (session %s)", self._tm_id, self.jobmanager_address, self._session
+            "taskmanager %s: registered with JobManager %s (session %s, lease %d ms, %d slots kept)",
+            self._tm_id, self.jobmanager_address, self._session, self.lease_duration_ms, len(kept),
         )
 
     def start_heartbeats(self) -> None:
         self._thread = threading.Thread(target=self._heartbeat_loop, name="tm-heartbeat", daemon=True)
         self._thread.start()
 
+    def heartbeat_once(self) -> None:
+        """One heartbeat: renew the lease, or revoke it and register again when the JobManager disowns us."""
+        sent_at = self._clock.boottime_ms()
+        response = self._stub.Heartbeat(
+            jm_pb.HeartbeatRequest(taskmanager_id=self._tm_id, slots=self._slot_reports(), jobmanager_session=self._session),
+            timeout=_RPC_TIMEOUT_S,
+        )
+        if response.known:
+            self.lease.renew(sent_at, self.lease_duration_ms)
+            return
+        self.lease.revoke("the JobManager does not know this TaskManager (it restarted, or declared it lost)")
+        logger.warning("taskmanager %s: JobManager does not know us; registering again", self._tm_id)
+        self._register_once()
+
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval_ms / 1000.0):
             try:
-                response = self._stub.Heartbeat(
-                    jm_pb.HeartbeatRequest(
-                        taskmanager_id=self._tm_id, slots=self._slot_reports(), jobmanager_session=self._session
-                    ),
-                    timeout=_RPC_TIMEOUT_S,
-                )
-                if not response.known:
-                    logger.warning("taskmanager %s: JobManager does not know us (restarted?); registering again", self._tm_id)
-                    self._register_once()
+                self.heartbeat_once()
             except grpc.RpcError as exc:
-                logger.warning("taskmanager %s: heartbeat to %s failed: %s", self._tm_id, self.jobmanager_address, exc.code())
+                # The lease runs out by itself if this goes on; nothing else to do but try again.
+                logger.warning("taskmanager %s: heartbeat to %s failed: %s (lease %d ms left)", self._tm_id,
+                               self.jobmanager_address, exc.code(), self.lease.remaining_ms())
             except Exception:  # the loop must survive anything; the next beat retries
                 logger.exception("taskmanager %s: heartbeat failed", self._tm_id)
 

@@ -106,15 +106,35 @@ class SlotTable:
                 slot.status = SlotStatus.RELEASING
             return slot
 
-    def lookup(self, job_id: str, operator_id: str, subtask_index: int) -> Slot:
-        """The slot hosting the subtask; a client that sent a call here has stale routing otherwise."""
+    def lookup(self, job_id: str, operator_id: str, subtask_index: int, routing_version: int | None = None) -> Slot:
+        """The slot hosting the subtask under ``routing_version`` (None: any version).
+
+        A call routed with another version than the slot was deployed under is refused: after a
+        redeploy the same subtask may live elsewhere (or here again, restored), and only the
+        deployment of the caller's version may serve it.
+        """
         slot = self._by_subtask.get(SubtaskId(job_id, operator_id, subtask_index))
         if slot is None:
             raise StaleRoutingError(
                 f"TaskManager {self._tm} hosts no slot for job {job_id!r} operator {operator_id!r} "
                 f"subtask {subtask_index}; refresh the routing table from the JobManager"
             )
+        if routing_version is not None and routing_version != slot.routing_version:
+            if routing_version <= 0:
+                raise StaleRoutingError(
+                    f"the call to {slot.subtask} carries no routing version; every state call must carry the version "
+                    "of the routing table it was routed with (GetRouting)", current_version=slot.routing_version,
+                )
+            raise StaleRoutingError(
+                f"{slot.subtask} on TaskManager {self._tm} is deployed under routing version {slot.routing_version}, "
+                f"the call was routed with version {routing_version}; refresh the routing table from the JobManager",
+                current_version=slot.routing_version,
+            )
         return slot
+
+    def get(self, subtask: SubtaskId) -> Slot | None:
+        with self._lock:
+            return self._by_subtask.get(subtask)
 
     def of_job(self, job_id: str) -> list[Slot]:
         with self._lock:

@@ -13,6 +13,11 @@ large size is at most the time per slot at 1,000).
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
+from keyedstate.jobmanager.checkpoint import EpochCut
+
 import gc
 import logging
 import statistics
@@ -61,6 +66,10 @@ class ImmediateAckTaskManagers:
                 h.full_size = sum(f.size for f in h.files)
                 h.incremental_size = sum(f.size for f in h.files if not f.shared)
                 self.handles.append(h)
+
+    @contextlib.contextmanager
+    def cut(self) -> Iterator[EpochCut]:
+        yield EpochCut(0)  # the simulated snapshots all hold epoch 0
 
     def send_barrier(self, barrier: Any) -> None:
         ack = self.coordinator.acknowledge

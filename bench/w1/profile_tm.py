@@ -76,7 +76,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
         staged_keys = 0
         expected: dict[bytes, tuple[int, int]] = {}
         try:
-            for epoch in range(1, epochs + 1):
+            for epoch in range(epochs):  # epochs are contiguous from 0
                 users = np.sort(rng.choice(keys * 3, size=keys, replace=False)).astype(np.int64)
                 raw = users.astype(">i8").tobytes()
                 kb = [raw[i:i + 8] for i in range(0, len(raw), 8)]
@@ -86,7 +86,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
                     c, t = expected.get(k, (0, 0))
                     expected[k] = (c + 1, t + u)
                 view = manager.view(slot, common_pb2.EpochContext(epoch=epoch, partition=0, attempt=1))
-                request = tm_pb.EpochCommitRequest(job_id="w1", epoch=epoch)
+                request = tm_pb.EpochCommitRequest(job_id="w1", epoch=epoch, routing_version=1)
                 request.winners.add(partition=0, attempt=1)
                 t0 = time.perf_counter()
                 with _maybe(stage, profiled):
@@ -138,7 +138,7 @@ def _shares(prof: cProfile.Profile) -> list[tuple[str, float]]:
     return sorted(merged.items(), key=lambda kv: -kv[1])
 
 
-def proposed_commit(self, epoch, winners):  # type: ignore[no-untyped-def]
+def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no-untyped-def]
     """A sketch of the reduce-only commit fast path proposed for ``SlotEpochs.commit`` (``--proposed``).
 
     Staged reducing records already hold the main database's stored key after the attempt
@@ -160,14 +160,13 @@ def proposed_commit(self, epoch, winners):  # type: ignore[no-untyped-def]
     if (not isinstance(backend, RocksDBKeyedStateBackend) or self._store is None
             or any(kind is not StateKind.REDUCING for _, kind in self.states)
             or epoch <= read_committed_epoch(backend)):
-        return original(self, epoch, winners)
+        return original(self, epoch, winners, routing_version)
     with self.lock.exclusive():
         self._check_open()
         skip = r.ATTEMPT_PREFIX_LEN + r.STATE_ID_BYTES
         staged: dict[int, tuple[list[bytes], list[bytes]]] = {}
         for partition in sorted(winners):
-            begin = r.attempt_prefix(epoch, partition, winners[partition])
-            end = r.attempt_prefix(epoch, partition, winners[partition] + 1)
+            begin, end = r.attempt_data_range(epoch, partition, winners[partition].attempt)
             for sk, value in self._store.scan(begin, end):
                 keys, values = staged.setdefault(int.from_bytes(sk[r.ATTEMPT_PREFIX_LEN:skip], "big"), ([], []))
                 keys.append(sk[skip:])

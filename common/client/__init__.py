@@ -7,7 +7,8 @@
 """
 
 from keyedstate.common.client._client import ClientSettings, StateClient
+from keyedstate.common.client._epoch import EpochScope
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.client._states import ListState, MapState, ReducingState, ValueState
 
-__all__ = ["ClientSettings", "StateClient", "Routing", "ValueState", "ListState", "MapState", "ReducingState"]
+__all__ = ["ClientSettings", "EpochScope", "StateClient", "Routing", "ValueState", "ListState", "MapState", "ReducingState"]

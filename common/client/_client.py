@@ -20,10 +20,12 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
+from keyedstate.common.client._epoch import EpochScope, as_scope
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
 from keyedstate.common.errors import (
+    EpochConflictError,
     InvalidArgumentError,
     KeyedStateError,
     NotFoundError,
@@ -45,12 +47,22 @@ _xxh64 = xxhash.xxh64_intdigest
 IDEMPOTENT = frozenset({"ValueGet", "ValuePut", "Clear", "ListGet", "ListUpdate", "MapPut", "MapGet", "MapRemove",
                         "MapContains", "ListScan", "MapScan", "ScanKeys"})
 READS = frozenset({"ValueGet", "ListGet", "MapGet", "MapContains"})
+WRITES = frozenset({"ValuePut", "Clear", "Reduce", "ListAppend", "ListUpdate", "MapPut", "MapRemove"})
 # ListUpdate replaces each key's whole list with the values given for it, so one key's values
 # must travel in one request.
 UNSPLITTABLE = frozenset({"ListUpdate"})
 
 Part = list[int] | range | None
 """The keys of one request: positions in the call's key list, a contiguous range, or None (all)."""
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One request to send: the owning subtask, its keys, and its sequence number (epoch writes; else 0)."""
+
+    subtask: int
+    part: Part
+    seq: int = 0
 
 
 @dataclass
@@ -60,7 +72,7 @@ class _Lane:
     target: tm_pb.StateTarget
     address: str
     call: Any
-    parts: deque[Any]
+    parts: deque[_Unit]
     in_flight: int = 0
 
 
@@ -92,13 +104,15 @@ class _Retry(Exception):
 def _not_applied(err: grpc.RpcError) -> bool:
     """True when the server guarantees the call changed nothing (it answered with our reason header).
 
-    Our servers validate a whole batch before writing, and only answer with a reason after
-    deciding not to apply it; a bare transport error leaves the outcome unknown.
+    Our servers validate a whole batch before writing, and answer with a reason after deciding
+    not to apply it, except OUTCOME_UNKNOWN (the call may have applied); a bare transport error
+    leaves the outcome unknown.
     """
     try:
-        return any(k == REASON_KEY for k, _ in (err.trailing_metadata() or ()))
+        reasons = [v for k, v in (err.trailing_metadata() or ()) if k == REASON_KEY]
     except Exception:
         return False
+    return bool(reasons) and Reason.OUTCOME_UNKNOWN.value not in reasons
 
 
 class StateClient:
@@ -169,27 +183,45 @@ class StateClient:
             timeout_ms=int(timeout_s * 1000),
         ), timeout=timeout_s + 30, retry=False)
 
+    def begin_batch(self, job_id: str, query_id: str, batch_id: int) -> jm_pb.BeginBatchResponse:
+        """Where batch ``batch_id`` of ``query_id`` stands: its job epoch and what to do (docs/exactly-once.md).
+
+        Raises EpochGapError when the job's state cannot take the batch (it would skip epochs).
+        """
+        response = self._jm_call("BeginBatch", jm_pb.BeginBatchRequest(job_id=job_id, query_id=query_id, batch_id=batch_id))
+        self._store_routing(response.routing)
+        return response
+
     def commit_epoch(
         self,
         job_id: str,
         epoch: int,
-        winners: dict[int, int],
+        winners: dict[int, int] | Sequence[pb.PartitionAttempt],
         *,
+        expected_routing_version: int,
+        query_id: str = "",
+        batch_id: int | None = None,
         checkpoint: bool = True,
         wait_for_checkpoint: bool = True,
-        expected_routing_version: int = 0,
         timeout_s: float = 600.0,
     ) -> jm_pb.CommitEpochResponse:
-        """Commit ``epoch`` with the winning attempt of each partition (``{partition: attempt}``).
+        """Commit job epoch ``epoch`` (batch ``batch_id`` of ``query_id``) with the winning attempt of each partition.
 
-        Safe to call again: an already committed epoch is acknowledged without effect.
+        ``winners`` is ``{partition: attempt}`` (no ledgers checked) or the winners' own
+        ``PartitionAttempt`` messages with their ledgers (``EpochScope.winner()``). With
+        ``wait_for_checkpoint`` the call answers once a completed checkpoint holds the epoch, or
+        raises. Safe to call again: an epoch already committed only waits for durability.
         """
+        if isinstance(winners, dict):
+            attempts = [pb.PartitionAttempt(partition=p, attempt=a) for p, a in sorted(winners.items())]
+        else:
+            attempts = list(winners)
         request = jm_pb.CommitEpochRequest(
             job_id=job_id, epoch=epoch, checkpoint=checkpoint, wait_for_checkpoint=wait_for_checkpoint,
-            expected_routing_version=expected_routing_version,
-            winners=[pb.PartitionAttempt(partition=p, attempt=a) for p, a in sorted(winners.items())],
+            expected_routing_version=expected_routing_version, query_id=query_id,
+            batch_id=epoch if batch_id is None else batch_id, winners=attempts, timeout_ms=int(timeout_s * 1000),
         )
-        return self._jm_call("CommitEpoch", request, timeout=timeout_s)
+        return self._jm_call("CommitEpoch", request, timeout=timeout_s + 30, retry=False)
 
     def routing(self, job_id: str, refresh: bool = False) -> Routing:
         routing = self._routing.get(job_id)
@@ -250,51 +282,92 @@ class StateClient:
         method: str,
         keys: list[bytes],
         build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
-        epoch: pb.EpochContext | None = None,
+        epoch: pb.EpochContext | EpochScope | None = None,
     ) -> list[tuple[Part, Any]]:
         """Send one logical batch: group keys by owning subtask, split into requests, pipeline them.
 
         ``build(target, indices)`` makes the request for the keys at ``indices``: None = all keys
         (every key has the same owner), a ``range`` = a contiguous slice, or a list of positions.
         Returns (indices, response) pairs.
+
         Idempotent methods are retried on UNAVAILABLE and stale routing; others only when the
-        server answered that it applied nothing.
+        server answered that it applied nothing. Inside an epoch scope with a pinned routing
+        version (:class:`EpochScope`) every call goes out under that version, each write request
+        carries a sequence number the slot stages once (so every write is safe to retry), and a
+        routing that moved on fails the call with EpochConflictError: the batch must run again.
         """
         if not keys:
             return []
-        idempotent = method in IDEMPOTENT
+        scope = as_scope(epoch)
+        pinned = scope is not None and scope.routing_version > 0
+        numbered = scope is not None and scope.numbered and method in WRITES
+        idempotent = method in IDEMPOTENT or (numbered and pinned)
         # Requests of one subtask may overtake each other in flight; that is harmless for reads and
         # for writes that touch every key once (checked on the whole call, conservatively per key).
         order_free = method in READS or (len(keys) <= self.settings.batch_size) or len(set(keys)) == len(keys)
         attempts = self.settings.max_attempts
         delay = self.settings.backoff_s
-        pending: list[Part] | None = None  # None: first round, everything
+        pending: list[_Unit] | None = None  # None: first round, everything
+        failed_units: list[_Unit] | None
         results: list[tuple[Part, Any]] = []
         refresh = False
         for attempt in range(1, attempts + 1):
-            routing = self.routing(job_id, refresh=refresh)
+            routing = self._routing_for(job_id, scope if pinned else None, refresh)
             if routing.job_status not in ("RUNNING", ""):
                 if routing.job_status in ("FAILED", "CANCELED"):
                     raise KeyedStateError(f"job {job_id!r} is {routing.job_status}", reason=Reason.JOB_NOT_RUNNING)
-                failed_groups = pending
+                failed_units = pending  # None: nothing was sent yet, everything goes next round
                 error: KeyedStateError = UnavailableError(f"job {job_id!r} is {routing.job_status}")
             else:
-                groups = self._group(routing, operator_id, keys, pending)
-                sent, failed_groups, error = self._send_groups(
-                    routing, operator_id, state, method, groups, build, epoch, idempotent, len(keys), order_free
+                if pending is not None and pinned:
+                    units = pending  # same routing version: same owners, same sequence numbers
+                else:
+                    units = self._units(routing, operator_id, method, keys, pending, scope if numbered else None)
+                sent, failed_units, error = self._send_units(
+                    routing, operator_id, state, method, units, build, scope, numbered, idempotent, order_free, pinned,
                 )
                 results.extend(sent)
-                if not failed_groups:
+                if not failed_units:
                     return results
             if attempt == attempts:
                 raise error
             logger.debug("retrying %s of %s/%s after %s (attempt %d)", method, job_id, operator_id, error.message, attempt)
-            pending = failed_groups
+            pending = failed_units
             refresh = True
             if not isinstance(error, StaleRoutingError):
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
+
+    def _routing_for(self, job_id: str, scope: EpochScope | None, refresh: bool) -> Routing:
+        """The routing to send with: the pinned version inside an epoch scope, else the newest known."""
+        routing = self.routing(job_id, refresh=refresh)
+        if scope is None:
+            return routing
+        if routing.version < scope.routing_version:
+            routing = self.routing(job_id, refresh=True)
+        if routing.version != scope.routing_version:
+            raise EpochConflictError(
+                f"job {job_id!r} was redeployed (routing v{scope.routing_version} -> v{routing.version}) while epoch "
+                f"{scope.epoch} ran; the task's writes cannot be committed, so the batch must run again"
+            )
+        return routing
+
+    def _units(
+        self, routing: Routing, operator_id: str, method: str, keys: list[bytes], pending: list[_Unit] | None,
+        numbering: EpochScope | None,
+    ) -> list[_Unit]:
+        """Requests to send, by owning subtask: all keys on the first round, the failed ones regrouped after."""
+        if pending is None:
+            groups = self._group(routing, operator_id, keys, None)
+        else:
+            groups = self._group(routing, operator_id, keys, [u.part for u in pending])
+        units = []
+        for subtask, indices in groups.items():
+            for part in self._split(method, indices, len(keys)):
+                seq = numbering.next_sequence(operator_id, subtask) if numbering is not None else 0
+                units.append(_Unit(subtask, part, seq))
+        return units
 
     def _group(
         self, routing: Routing, operator_id: str, keys: list[bytes], pending: list[Part] | None
@@ -338,20 +411,21 @@ class StateClient:
             return [indices]
         return [indices[a:a + batch] for a in range(0, len(indices), batch)]
 
-    def _send_groups(
+    def _send_units(
         self,
         routing: Routing,
         operator_id: str,
         state: str,
         method: str,
-        groups: dict[int, Part],
+        units: list[_Unit],
         build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
-        epoch: pb.EpochContext | None,
+        scope: EpochScope | None,
+        numbered: bool,
         idempotent: bool,
-        n_keys: int,
         order_free: bool,
-    ) -> tuple[list[tuple[Part, Any]], list[Part], KeyedStateError]:
-        """Pipeline the requests of every subtask; returns (answers, parts to retry, last error).
+        pinned: bool,
+    ) -> tuple[list[tuple[Part, Any]], list[_Unit], KeyedStateError]:
+        """Pipeline the requests of every subtask; returns (answers, units to retry, last error).
 
         Each request is built just before it is sent, so encoding the next batch overlaps the
         TaskManager applying the previous one. Up to ``max_in_flight`` requests per subtask are
@@ -363,36 +437,57 @@ class StateClient:
         routes = routing.operator(operator_id)
         per_subtask = self.settings.max_in_flight if order_free else 1
         timeout = self.settings.timeout_s
-        lanes: list[_Lane] = []
-        for subtask, indices in groups.items():
-            target = tm_pb.StateTarget(
-                job_id=routing.job_id, operator_id=operator_id, subtask_index=subtask, state_name=state,
-                routing_version=routing.version, epoch=epoch,
-            )
-            address = routes.addresses[subtask]
-            lanes.append(_Lane(target, address, getattr(self._stub(address), method),
-                               deque(self._split(method, indices, n_keys))))
+        context = scope.context if scope is not None else None
+        lanes: dict[int, _Lane] = {}
+        for unit in units:
+            lane = lanes.get(unit.subtask)
+            if lane is None:
+                target = tm_pb.StateTarget(
+                    job_id=routing.job_id, operator_id=operator_id, subtask_index=unit.subtask, state_name=state,
+                    routing_version=routing.version, epoch=context,
+                )
+                address = routes.addresses[unit.subtask]
+                lane = lanes[unit.subtask] = _Lane(target, address, getattr(self._stub(address), method), deque())
+            lane.parts.append(unit)
         sent: list[tuple[Part, Any]] = []
-        failed: list[Part] = []
+        failed: list[_Unit] = []
         last_error: KeyedStateError = UnavailableError("no error")
-        in_flight: deque[tuple[_Lane, Part, Any]] = deque()
+        in_flight: deque[tuple[_Lane, _Unit, Any]] = deque()
+
+        def request_for(lane: _Lane, unit: _Unit) -> tm_pb.KeyedRequest:
+            if not unit.seq:
+                return build(lane.target, unit.part)
+            assert scope is not None
+            target = tm_pb.StateTarget()
+            target.CopyFrom(lane.target)
+            target.epoch.CopyFrom(scope.context_for(unit.seq))
+            return build(target, unit.part)
 
         def drain_one() -> None:
             nonlocal last_error
-            lane, indices, future = in_flight.popleft()
+            lane, unit, future = in_flight.popleft()
             lane.in_flight -= 1
             try:
-                sent.append((indices, future.result()))
+                sent.append((unit.part, future.result()))
+                if unit.seq and scope is not None:
+                    scope.acknowledged(operator_id, unit.subtask, unit.seq)
             except grpc.RpcError as exc:
                 error = from_rpc_error(exc, f"{method} on TaskManager {lane.address}")
+                if pinned and isinstance(error, StaleRoutingError):
+                    for _lane, _unit, f in in_flight:
+                        f.cancel()
+                    raise EpochConflictError(
+                        f"{error.message}. The batch's routing version v{routing.version} is no longer the slot's, so "
+                        "this task's writes cannot be committed; the batch must run again"
+                    ) from exc
                 retryable = isinstance(error, (StaleRoutingError, UnavailableError))
                 if retryable and (idempotent or _not_applied(exc)):
-                    failed.append(indices)
+                    failed.append(unit)
                     failed.extend(lane.parts)  # never sent, so certainly not applied
                     lane.parts.clear()
                     last_error = error
                     return
-                for _lane, _part, f in in_flight:  # the caller gets the error now; stop the rest
+                for _lane, _unit, f in in_flight:  # the caller gets the error now; stop the rest
                     f.cancel()
                 if retryable:
                     raise UnavailableError(
@@ -402,19 +497,26 @@ class StateClient:
                 raise error from exc
 
         while True:
-            for lane in lanes:
+            for lane in lanes.values():
                 while lane.parts and lane.in_flight < per_subtask:
-                    indices = lane.parts.popleft()
-                    in_flight.append((lane, indices, lane.call.future(build(lane.target, indices), timeout=timeout)))
+                    unit = lane.parts.popleft()
+                    in_flight.append((lane, unit, lane.call.future(request_for(lane, unit), timeout=timeout)))
                     lane.in_flight += 1
             if not in_flight:
                 return sent, failed, last_error
             drain_one()
 
-    def stream_call(self, job_id: str, operator_id: str, method: str, subtask: int, request: tm_pb.ScanRequest) -> Iterator[tm_pb.ScanChunk]:
+    def stream_call(
+        self, job_id: str, operator_id: str, method: str, subtask: int, request: tm_pb.ScanRequest,
+        epoch: pb.EpochContext | EpochScope | None = None,
+    ) -> Iterator[tm_pb.ScanChunk]:
         """A server-streaming scan of one subtask (retries before the first chunk only)."""
+        scope = as_scope(epoch)
+        pinned = scope if scope is not None and scope.routing_version > 0 else None
+        if scope is not None:
+            request.target.epoch.CopyFrom(scope.context)
         for attempt in range(1, self.settings.max_attempts + 1):
-            routing = self.routing(job_id, refresh=attempt > 1)
+            routing = self._routing_for(job_id, pinned, refresh=attempt > 1)
             address = routing.operator(operator_id).addresses[subtask]
             request.target.routing_version = routing.version
             try:

@@ -11,6 +11,7 @@ from typing import Any, Generic, Iterator, Sequence, TypeVar
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.client._client import Part, StateClient, check_lengths
+from keyedstate.common.client._epoch import EpochScope, as_scope
 from keyedstate.common.descriptors import StateDescriptor, StateKind
 from keyedstate.common.errors import KeyedStateError, Reason, WrongStateKindError
 from keyedstate.common.serializers import Serializer, get_serializer
@@ -71,7 +72,7 @@ class _Handle(Generic[K]):
         name: str,
         key_serializer: str | Serializer[Any] = "str",
         namespace: bytes = b"",
-        epoch: pb.EpochContext | None = None,
+        epoch: pb.EpochContext | EpochScope | None = None,
     ) -> None:
         self.client = client
         self.job_id = job_id
@@ -79,7 +80,7 @@ class _Handle(Generic[K]):
         self.name = name
         self.key_serializer: Serializer[Any] = get_serializer(key_serializer)
         self.namespace = namespace
-        self.epoch = epoch
+        self.epoch = as_scope(epoch)
         descriptor = client.descriptor(job_id, operator_id, name)
         if descriptor.kind is not self.kind:
             raise WrongStateKindError(
@@ -122,7 +123,7 @@ class _Handle(Generic[K]):
         for subtask in range(routing.operator(self.operator_id).parallelism):
             request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
                 job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name))
-            for chunk in self.client.stream_call(self.job_id, self.operator_id, "ScanKeys", subtask, request):
+            for chunk in self.client.stream_call(self.job_id, self.operator_id, "ScanKeys", subtask, request, self.epoch):
                 for key, ns in zip(chunk.keys, chunk.namespaces):
                     if ns == self.namespace:
                         yield self.key_serializer.loads(key)
@@ -139,7 +140,7 @@ class ValueState(_Handle[K], Generic[K, V]):
 
     def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
                  key_serializer: str | Serializer[Any] = "str", value_serializer: str | Serializer[Any] = "pickle",
-                 namespace: bytes = b"", epoch: pb.EpochContext | None = None) -> None:
+                 namespace: bytes = b"", epoch: pb.EpochContext | EpochScope | None = None) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
 
@@ -168,7 +169,7 @@ class ListState(_Handle[K], Generic[K, V]):
 
     def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
                  key_serializer: str | Serializer[Any] = "str", value_serializer: str | Serializer[Any] = "pickle",
-                 namespace: bytes = b"", epoch: pb.EpochContext | None = None) -> None:
+                 namespace: bytes = b"", epoch: pb.EpochContext | EpochScope | None = None) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
 
@@ -200,10 +201,10 @@ class ListState(_Handle[K], Generic[K, V]):
         kb = self.key_serializer.dumps(key)
         subtask = self.client.subtask_of(self.job_id, self.operator_id, kb)
         request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
-            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name,
-            epoch=self.epoch), has_key=True, key=kb, namespace=self.namespace)
+            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name),
+            has_key=True, key=kb, namespace=self.namespace)
         loads = self.value_serializer.loads
-        for chunk in self.client.stream_call(self.job_id, self.operator_id, "ListScan", subtask, request):
+        for chunk in self.client.stream_call(self.job_id, self.operator_id, "ListScan", subtask, request, self.epoch):
             for e in chunk.values:
                 yield loads(e)
 
@@ -214,7 +215,7 @@ class MapState(_Handle[K], Generic[K, UK, V]):
     def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
                  key_serializer: str | Serializer[Any] = "str", user_key_serializer: str | Serializer[Any] = "str",
                  value_serializer: str | Serializer[Any] = "pickle", namespace: bytes = b"",
-                 epoch: pb.EpochContext | None = None) -> None:
+                 epoch: pb.EpochContext | EpochScope | None = None) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self.user_key_serializer: Serializer[Any] = get_serializer(user_key_serializer)
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
@@ -263,11 +264,11 @@ class MapState(_Handle[K], Generic[K, UK, V]):
         kb = self.key_serializer.dumps(key)
         subtask = self.client.subtask_of(self.job_id, self.operator_id, kb)
         request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
-            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name,
-            epoch=self.epoch), has_key=True, key=kb, namespace=self.namespace, keys_only=keys_only)
+            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name),
+            has_key=True, key=kb, namespace=self.namespace, keys_only=keys_only)
         uk_loads = self.user_key_serializer.loads
         v_loads = self.value_serializer.loads
-        for chunk in self.client.stream_call(self.job_id, self.operator_id, "MapScan", subtask, request):
+        for chunk in self.client.stream_call(self.job_id, self.operator_id, "MapScan", subtask, request, self.epoch):
             if keys_only:
                 for uk in chunk.user_keys:
                     yield uk_loads(uk), None
@@ -286,7 +287,7 @@ class ReducingState(_Handle[K]):
 
     def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
                  key_serializer: str | Serializer[Any] = "str", namespace: bytes = b"",
-                 epoch: pb.EpochContext | None = None) -> None:
+                 epoch: pb.EpochContext | EpochScope | None = None) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self._format = self.descriptor.vector_format
         self.fields = tuple(f.name for f in self.descriptor.reduce_fields)

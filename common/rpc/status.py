@@ -33,12 +33,15 @@ _CODES: dict[e.Reason, grpc.StatusCode] = {
     e.Reason.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     e.Reason.JOB_NOT_RUNNING: grpc.StatusCode.UNAVAILABLE,
     e.Reason.EPOCH_CONFLICT: grpc.StatusCode.ABORTED,
+    e.Reason.EPOCH_GAP: grpc.StatusCode.FAILED_PRECONDITION,
     e.Reason.CHECKPOINT_FAILED: grpc.StatusCode.ABORTED,
     e.Reason.CORRUPT_CHECKPOINT: grpc.StatusCode.DATA_LOSS,
     e.Reason.INCOMPATIBLE_CHECKPOINT: grpc.StatusCode.FAILED_PRECONDITION,
     e.Reason.STORAGE: grpc.StatusCode.UNAVAILABLE,
     e.Reason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     e.Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    e.Reason.LEASE_EXPIRED: grpc.StatusCode.UNAVAILABLE,
+    e.Reason.OUTCOME_UNKNOWN: grpc.StatusCode.UNAVAILABLE,
     e.Reason.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
@@ -55,12 +58,15 @@ _CLASSES: dict[e.Reason, type[e.KeyedStateError]] = {
     e.Reason.ALREADY_EXISTS: e.AlreadyExistsError,
     e.Reason.JOB_NOT_RUNNING: e.JobStateError,
     e.Reason.EPOCH_CONFLICT: e.EpochConflictError,
+    e.Reason.EPOCH_GAP: e.EpochGapError,
     e.Reason.CHECKPOINT_FAILED: e.CheckpointError,
     e.Reason.CORRUPT_CHECKPOINT: e.CorruptCheckpointError,
     e.Reason.INCOMPATIBLE_CHECKPOINT: e.IncompatibleCheckpointError,
     e.Reason.STORAGE: e.StorageError,
     e.Reason.UNAVAILABLE: e.UnavailableError,
     e.Reason.SHUTTING_DOWN: e.UnavailableError,
+    e.Reason.LEASE_EXPIRED: e.UnavailableError,
+    e.Reason.OUTCOME_UNKNOWN: e.UnavailableError,
 }
 
 

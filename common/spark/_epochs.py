@@ -1,4 +1,4 @@
-"""foreachBatch integration: each micro-batch is one epoch, committed exactly once.
+"""foreachBatch integration: each micro-batch is one epoch, applied exactly once.
 
 Driver side::
 
@@ -10,22 +10,28 @@ Driver side::
 ``process(batches, state)`` runs once per Spark partition on an executor: ``batches`` is an
 iterator of ``pyarrow.RecordBatch`` (the partition's rows, Arrow-native: no per-Row conversion)
 and ``state`` a :class:`PartitionState` whose handles stage every write in the task's epoch
-transaction. Reads see the state committed through the previous batch plus the task's own
-writes.
+transaction; ``state.batch_id`` is the Spark batch id. Reads see the state committed through
+the previous batch plus the task's own writes.
 
-How one batch runs (batch id = epoch):
+How one batch runs (docs/exactly-once.md has the whole protocol):
 
-1. If the runtime has already committed the epoch (Spark re-runs a batch after a driver
-   restart), the batch is skipped: its effects are already in the state.
-2. The DataFrame is repartitioned by key group, so Spark partition ``i`` talks to subtask
-   ``i`` only, and ``process`` runs in ``mapInArrow``; each task returns its
-   ``(partition, attempt)``. Spark keeps the result of exactly one successful attempt per
-   partition, so failed, killed and losing speculative attempts are never named.
-3. The driver commits the epoch with those winners: every TaskManager applies the winning
-   attempts' staged writes atomically and drops the rest, and the checkpoint of the epoch is
-   taken right after (waited for, so Spark records the batch as done only once it is durable).
-4. If the job restarted while the batch ran (a TaskManager died), the commit is refused and
-   the batch runs again from the restored state.
+1. The driver asks the JobManager where the batch stands (``BeginBatch``): its job epoch, and
+   whether to run it, only make it durable (the state already holds it: Spark re-runs a batch
+   after a driver restart), wait (the job is restarting), or stop (the job FAILED or was
+   cancelled). A batch the state cannot take next — it would skip epochs, after an older
+   checkpoint was restored or the job was resubmitted empty — is refused with
+   ``EpochGapError``, and nothing is applied.
+2. The DataFrame is repartitioned by key group at the job's *current* parallelism, so Spark
+   partition ``i`` talks to subtask ``i`` only, and ``process`` runs in ``mapInArrow`` under the
+   routing version the batch began with. Each task returns its ``(partition, attempt)`` and its
+   ledger (how many write requests each slot acknowledged). Spark keeps exactly one successful
+   attempt per partition; failed, killed and losing speculative attempts are never named.
+3. The driver commits the epoch with those winners: the JobManager checks every slot, then
+   applies the winners' staged writes on every TaskManager and drops the rest, and answers once a
+   completed checkpoint holds the epoch.
+4. Anything that makes the batch's writes unusable (a failover, a redeploy, a commit refused) runs
+   the batch again, within ``max_batch_attempts`` runs and ``batch_timeout_s``; ``foreachBatch``
+   returns only once a completed checkpoint holds the batch, and otherwise raises with the reason.
 
 Direct mode (``exactly_once=False``) writes straight to the state: lower latency, but a
 retried or re-executed task applies its writes again (at-least-once).
@@ -41,14 +47,29 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common.client import ListState, MapState, ReducingState, StateClient, ValueState
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec
-from keyedstate.common.errors import EpochConflictError, KeyedStateError, UnavailableError
+from keyedstate.common.errors import (
+    CheckpointError,
+    EpochConflictError,
+    EpochGapError,
+    InvalidArgumentError,
+    JobStateError,
+    KeyedStateError,
+    Reason,
+    UnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
 _CLIENTS: dict[str, StateClient] = {}
 _CLIENTS_LOCK = threading.Lock()
+_WAIT_S = 0.2
+
+# Errors raised on executors that mean "the batch's writes cannot be committed; run it again".
+# A Spark job failure carries the executor's traceback as text, so they are recognised by name.
+_STATE_PATH_ERRORS = ("EpochConflictError", "StaleRoutingError", "UnavailableError", "JobStateError", "LEASE_EXPIRED")
 
 
 def worker_client(address: str) -> StateClient:
@@ -64,18 +85,26 @@ def worker_client(address: str) -> StateClient:
 class PartitionState:
     """State handles for one Spark task, bound to its epoch transaction (or direct)."""
 
-    def __init__(self, client: StateClient, job_id: str, operator_id: str, epoch: pb.EpochContext | None) -> None:
+    def __init__(self, client: StateClient, job_id: str, operator_id: str, epoch: EpochScope | pb.EpochContext | None,
+                 batch_id: int = -1) -> None:
         self.client = client
         self.job_id = job_id
         self.operator_id = operator_id
-        self.epoch = epoch
+        self.scope = epoch if isinstance(epoch, EpochScope) or epoch is None else EpochScope(epoch)
+        self.batch_id = batch_id
+        """The Spark batch id this task runs for."""
         self._handles: dict[tuple[Any, ...], Any] = {}
+
+    @property
+    def epoch(self) -> int | None:
+        """The job epoch the task's writes belong to (None in direct mode)."""
+        return self.scope.epoch if self.scope is not None else None
 
     def _get(self, cls: type, name: str, operator: str | None, **kw: Any) -> Any:
         key = (cls, name, operator, tuple(sorted(kw.items())))
         handle = self._handles.get(key)
         if handle is None:
-            handle = cls(self.client, self.job_id, operator or self.operator_id, name, epoch=self.epoch, **kw)
+            handle = cls(self.client, self.job_id, operator or self.operator_id, name, epoch=self.scope, **kw)
             self._handles[key] = handle
         return handle
 
@@ -114,6 +143,25 @@ class BatchTiming:
     """The part of ``commit_s`` the checkpoint took, as the JobManager measured it (0 without one)."""
 
 
+class BatchTimeoutError(KeyedStateError):
+    """A batch could not be made durable within ``batch_timeout_s`` (or ``max_batch_attempts`` runs)."""
+
+    reason = Reason.UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How ``foreach_batch`` runs batches (see :meth:`KeyedStateRuntime.foreach_batch`)."""
+
+    operator_id: str
+    key_col: str
+    key_serializer: str = "str"
+    exactly_once: bool = True
+    checkpoint: bool = True
+    max_batch_attempts: int = 5
+    batch_timeout_s: float = 600.0
+
+
 class KeyedStateRuntime:
     """The driver's handle on one job of the runtime: submission, batches, epoch commits."""
 
@@ -127,6 +175,8 @@ class KeyedStateRuntime:
         job_config: dict[str, str] | None = None,
         restore_path: str = "",
     ) -> None:
+        """Submit (or attach to) the job. A job already running keeps its current definition: a
+        restarted driver adopts a parallelism changed by a rescale."""
         self.jobmanager = jobmanager
         self.job_id = job_id
         self.operators = list(operators)
@@ -139,17 +189,34 @@ class KeyedStateRuntime:
         # writes an earlier driver staged for the same (uncommitted) epoch.
         self.driver_nonce = secrets.randbits(30) + 1
         self.batches_run = 0
+        """Batches applied by this driver."""
         self.batches_skipped = 0
+        """Batches the state already held (a re-run after a driver restart): only made durable."""
         self.batch_attempts = 0
+        """Runs of batches' Spark jobs, re-runs included."""
+        self.last_batch_id = -1
+        """The last batch ``foreachBatch`` returned for (durable)."""
         self.last_checkpoint: Any = None
         self.timings: list[BatchTiming] = []
 
+    # -- queries -------------------------------------------------------------------------------
+    def job_info(self) -> jm_pb.JobInfo:
+        return self.client.job_info(self.job_id)
+
     def committed_epoch(self) -> int:
-        return self.client.job_info(self.job_id).committed_epoch
+        """The epoch the job's state holds."""
+        return self.job_info().committed_epoch
+
+    def durable_epoch(self) -> int:
+        """The epoch of the job's latest completed checkpoint (-1: none)."""
+        return self.job_info().durable_epoch
 
     def parallelism(self, operator_id: str) -> int:
-        return next(o.parallelism for o in self.operators if o.operator_id == operator_id)
+        """The operator's parallelism now (a rescale changes it)."""
+        routing = self.client.routing(self.job_id, refresh=True)
+        return routing.operator(operator_id).parallelism
 
+    # -- batches -------------------------------------------------------------------------------
     def foreach_batch(
         self,
         process: ProcessFn,
@@ -160,113 +227,188 @@ class KeyedStateRuntime:
         exactly_once: bool = True,
         checkpoint: bool = True,
         max_batch_attempts: int = 5,
+        batch_timeout_s: float = 600.0,
     ) -> Callable[[Any, int], None]:
         """A ``foreachBatch`` function that runs ``process`` per partition, one epoch per batch.
 
-        Per-batch timings are appended to :attr:`timings`.
+        ``checkpoint``: take a checkpoint of every batch (True), or return once a periodic one
+        (``execution.checkpointing.interval``) holds it (False). Either way the function returns
+        only when a completed checkpoint holds the batch. ``max_batch_attempts`` bounds how often
+        the batch's Spark job runs (every failover under it costs one) and ``batch_timeout_s`` the
+        whole call; past either, it raises with the last reason. Per-batch timings are appended to
+        :attr:`timings`.
         """
-        operator_id = operator or self.operators[0].operator_id
-        parallelism = self.parallelism(operator_id)
-        address = self.jobmanager
-        job_id = self.job_id
-        nonce = self.driver_nonce
-
-        def run_partitions(df: Any, epoch: int) -> dict[int, int]:
-            from pyspark.sql.types import LongType, StructField, StructType, IntegerType
-
-            from keyedstate.common.spark._keygroups import repartition_by_key_group
-
-            parted = repartition_by_key_group(df, key_col, self.max_parallelism, parallelism, key_serializer)
-
-            def task(batches: Iterable[Any]) -> Iterator[Any]:
-                import pyarrow as pa
-                from pyspark import TaskContext
-
-                ctx = TaskContext.get()
-                partition, attempt = ctx.partitionId(), (nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
-                context = pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt) if exactly_once else None
-                state = PartitionState(worker_client(address), job_id, operator_id, context)
-                process(iter(batches), state)
-                yield pa.RecordBatch.from_pydict({"partition": [partition], "attempt": [attempt]},
-                                                 schema=pa.schema([("partition", pa.int32()), ("attempt", pa.int64())]))
-
-            schema = StructType([StructField("partition", IntegerType()), StructField("attempt", LongType())])
-            return {r.partition: r.attempt for r in parted.mapInArrow(task, schema).collect()}
-
-        def on_batch(df: Any, batch_id: int) -> None:
-            started = time.perf_counter()
-            tasks_s = commit_s = checkpoint_s = 0.0
-            if exactly_once and batch_id <= self.committed_epoch():
-                logger.info("job %s: batch %d is already committed; skipping it", job_id, batch_id)
-                self.batches_skipped += 1
-                self._ensure_checkpoint(batch_id, checkpoint)
-                return
-            for attempt in range(1, max_batch_attempts + 1):
-                self.batch_attempts += 1
-                routing_version = self.client.routing(job_id, refresh=True).version
-                try:
-                    t0 = time.perf_counter()
-                    winners = run_partitions(df, batch_id)
-                    t1 = time.perf_counter()
-                    tasks_s += t1 - t0
-                    if not exactly_once:
-                        break
-                    response = self.client.commit_epoch(
-                        job_id, batch_id, winners, checkpoint=checkpoint, wait_for_checkpoint=checkpoint,
-                        expected_routing_version=routing_version,
-                    )
-                    commit_s += time.perf_counter() - t1
-                    self.last_checkpoint = response.checkpoint if response.HasField("checkpoint") else None
-                    if self.last_checkpoint is not None:
-                        checkpoint_s += self.last_checkpoint.duration_ms / 1000.0
-                    if checkpoint and (self.last_checkpoint is None or self.last_checkpoint.status != "COMPLETED"):
-                        reason = self.last_checkpoint.failure_reason if self.last_checkpoint is not None else "none taken"
-                        raise UnavailableError(f"the checkpoint of epoch {batch_id} did not complete: {reason}")
-                    break
-                except (EpochConflictError, UnavailableError) as exc:
-                    if attempt == max_batch_attempts:
-                        raise
-                    logger.warning("job %s: batch %d attempt %d: %s; running it again", job_id, batch_id, attempt, exc)
-                    self._wait_running()
-                    if batch_id <= self.committed_epoch():
-                        self._ensure_checkpoint(batch_id, checkpoint)
-                        break
-                except Exception as exc:
-                    cause = _keyed_state_cause(exc)
-                    if cause is None or attempt == max_batch_attempts:
-                        raise
-                    logger.warning("job %s: batch %d attempt %d failed in a task: %s; running it again",
-                                   job_id, batch_id, attempt, cause)
-                    self._wait_running()
-            self.batches_run += 1
-            self.timings.append(BatchTiming(batch_id, tasks_s, commit_s, time.perf_counter() - started, checkpoint_s))
-
-        return on_batch
-
-    def _ensure_checkpoint(self, batch_id: int, checkpoint: bool) -> None:
-        response = self.client.commit_epoch(self.job_id, batch_id, {}, checkpoint=checkpoint, wait_for_checkpoint=checkpoint)
-        self.last_checkpoint = response.checkpoint if response.HasField("checkpoint") else None
-
-    def _wait_running(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if self.client.job_info(self.job_id).status == "RUNNING":
-                    self.client.routing(self.job_id, refresh=True)
-                    return
-            except KeyedStateError:
-                pass
-            time.sleep(0.2)
-        raise UnavailableError(f"job {self.job_id} did not return to RUNNING within {timeout_s:.0f} s")
+        if max_batch_attempts < 1 or batch_timeout_s <= 0:
+            raise InvalidArgumentError("max_batch_attempts must be >= 1 and batch_timeout_s > 0")
+        options = BatchOptions(operator or self.operators[0].operator_id, key_col, key_serializer, exactly_once,
+                               checkpoint, max_batch_attempts, batch_timeout_s)
+        return _BatchRunner(self, process, options)
 
     def close(self) -> None:
         self.client.close()
 
 
-def _keyed_state_cause(exc: BaseException) -> str | None:
+class _BatchRunner:
+    """One ``foreachBatch`` function (see :meth:`KeyedStateRuntime.foreach_batch`)."""
+
+    def __init__(self, runtime: KeyedStateRuntime, process: ProcessFn, options: BatchOptions) -> None:
+        self._rt = runtime
+        self._process = process
+        self._o = options
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        if not self._o.exactly_once:
+            self._rt.batch_attempts += 1
+            routing = self._rt.client.routing(self._rt.job_id, refresh=True)
+            self._run_tasks(df, batch_id, None, routing)
+            self._done(batch_id, started, time.perf_counter() - started, 0.0, None)
+            return
+        self._run_exactly_once(df, batch_id, _query_id(df), started)
+
+    def _run_exactly_once(self, df: Any, batch_id: int, query_id: str, started: float) -> None:
+        rt, job_id = self._rt, self._rt.job_id
+        deadline = time.monotonic() + self._o.batch_timeout_s
+        runs = 0
+        tasks_s = commit_s = 0.0
+        last = "none"
+        while True:
+            if time.monotonic() >= deadline:
+                raise BatchTimeoutError(
+                    f"job {job_id!r}: batch {batch_id} did not become durable within {self._o.batch_timeout_s:.0f} s "
+                    f"(batch_timeout_s) after {runs} run(s); the last reason: {last}"
+                )
+            try:
+                start = rt.client.begin_batch(job_id, query_id, batch_id)
+            except (UnavailableError, JobStateError) as exc:
+                last = f"the JobManager did not answer BeginBatch: {exc.message}"
+                time.sleep(_WAIT_S)
+                continue
+            if start.action == jm_pb.STOP:
+                raise JobStateError(
+                    f"job {job_id!r} is {start.job_status}: {start.failure_cause or 'no cause recorded'}; the query stops "
+                    f"at batch {batch_id} (restore the job from its latest checkpoint to go on)"
+                )
+            if start.action == jm_pb.WAIT:
+                last = f"job {start.job_status}: {start.failure_cause}"
+                time.sleep(_WAIT_S)
+                continue
+            if start.action == jm_pb.RUN:
+                if runs >= self._o.max_batch_attempts:
+                    raise BatchTimeoutError(
+                        f"job {job_id!r}: batch {batch_id} ran {runs} times (max_batch_attempts) without becoming "
+                        f"durable; the last reason: {last}"
+                    )
+                runs += 1
+                rt.batch_attempts += 1
+                t0 = time.perf_counter()
+                try:
+                    winners = self._run_tasks(df, batch_id, start, Routing.from_proto(start.routing))
+                except Exception as exc:
+                    cause = _state_path_cause(exc)
+                    if cause is None:
+                        raise  # the user's code failed: Spark reports it as the query's error
+                    last = f"a task failed on the state path ({cause})"
+                    logger.warning("job %s: batch %d run %d: %s; running it again", job_id, batch_id, runs, last)
+                    continue
+                finally:
+                    tasks_s += time.perf_counter() - t0
+            else:
+                winners = []  # the state holds the batch already: only make it durable
+            t1 = time.perf_counter()
+            try:
+                response = rt.client.commit_epoch(
+                    job_id, start.epoch, winners, query_id=query_id, batch_id=batch_id,
+                    expected_routing_version=start.routing.version, checkpoint=self._o.checkpoint,
+                    wait_for_checkpoint=True, timeout_s=max(1.0, deadline - time.monotonic()),
+                )
+            except EpochGapError:
+                raise
+            except (EpochConflictError, JobStateError, UnavailableError, CheckpointError) as exc:
+                last = exc.message
+                logger.warning("job %s: batch %d (epoch %d): %s; trying again", job_id, batch_id, start.epoch, exc.message)
+                continue
+            finally:
+                commit_s += time.perf_counter() - t1
+            cp = response.checkpoint
+            if not response.HasField("checkpoint") or cp.status != "COMPLETED" or cp.epoch < start.epoch:
+                # Defence in depth: the JobManager answers only with a completed checkpoint.
+                last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({cp.status})"
+                logger.error("job %s: batch %d: %s", job_id, batch_id, last)
+                continue
+            skipped = start.action == jm_pb.ALREADY_COMMITTED and runs == 0
+            if skipped:
+                logger.info("job %s: batch %d (epoch %d) was already committed; it is durable", job_id, batch_id, start.epoch)
+            self._done(batch_id, started, tasks_s, commit_s, cp, skipped=skipped)
+            return
+
+    def _done(self, batch_id: int, started: float, tasks_s: float, commit_s: float, checkpoint: Any,
+              skipped: bool = False) -> None:
+        rt = self._rt
+        if skipped:
+            rt.batches_skipped += 1
+        else:
+            rt.batches_run += 1
+        rt.last_batch_id = batch_id
+        rt.last_checkpoint = checkpoint
+        checkpoint_s = checkpoint.duration_ms / 1000.0 if checkpoint is not None else 0.0
+        rt.timings.append(BatchTiming(batch_id, tasks_s, commit_s, time.perf_counter() - started, checkpoint_s))
+
+    def _run_tasks(
+        self, df: Any, batch_id: int, start: jm_pb.BeginBatchResponse | None, routing: Routing
+    ) -> list[pb.PartitionAttempt]:
+        """Run ``process`` on every partition; the winners (with ledgers) in exactly-once mode."""
+        from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
+
+        from keyedstate.common.spark._keygroups import repartition_by_key_group
+
+        o = self._o
+        # The job's current parallelism, read every batch: a rescale changes it.
+        parallelism = routing.operator(o.operator_id).parallelism
+        parted = repartition_by_key_group(df, o.key_col, self._rt.max_parallelism, parallelism, o.key_serializer)
+        address, job_id, operator_id, process, nonce = self._rt.jobmanager, self._rt.job_id, o.operator_id, self._process, self._rt.driver_nonce
+        epoch = start.epoch if start is not None else -1
+        version = start.routing.version if start is not None else 0
+
+        def task(batches: Iterable[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            partition, attempt = ctx.partitionId(), (nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
+            scope = None
+            if epoch >= 0:
+                scope = EpochScope(pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version=version)
+            state = PartitionState(worker_client(address), job_id, operator_id, scope, batch_id=batch_id)
+            process(iter(batches), state)
+            winner = scope.winner().SerializeToString() if scope is not None else b""
+            yield pa.RecordBatch.from_pydict(
+                {"partition": [partition], "attempt": [attempt], "winner": [winner]},
+                schema=pa.schema([("partition", pa.int32()), ("attempt", pa.int64()), ("winner", pa.binary())]),
+            )
+
+        schema = StructType([StructField("partition", IntegerType()), StructField("attempt", LongType()),
+                             StructField("winner", BinaryType())])
+        rows = parted.mapInArrow(task, schema).collect()
+        if start is None:
+            return []
+        return [pb.PartitionAttempt.FromString(bytes(r.winner)) for r in sorted(rows, key=lambda r: r.partition)]
+
+
+def _query_id(df: Any) -> str:
+    """The streaming query's id (stable for its checkpointLocation); "" outside a streaming query."""
+    try:
+        return df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or ""
+    except Exception:  # Spark Connect has no SparkContext; batches then count as one unnamed query
+        return ""
+
+
+def _state_path_cause(exc: BaseException) -> str | None:
     """The runtime error behind a failed Spark job, if the failure came from the state path."""
+    if isinstance(exc, (EpochConflictError, UnavailableError, JobStateError)):
+        return type(exc).__name__
     text = str(exc)
-    for marker in ("UnavailableError", "EpochConflictError", "StaleRoutingError", "JobStateError", "RESTARTING"):
+    for marker in _STATE_PATH_ERRORS:
         if marker in text:
             return marker
     return None

@@ -18,7 +18,7 @@ from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointInProgressError,
     CheckpointNotFoundError,
 )
-from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway
+from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway, EpochCut
 from keyedstate.jobmanager.checkpoint.gc import GcEntry, GcPlan, execute, plan_gc
 from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
 from keyedstate.jobmanager.checkpoint.metadata import (
@@ -47,6 +47,7 @@ __all__ = [
     "CheckpointException",
     "CheckpointFailureReason",
     "CheckpointGateway",
+    "EpochCut",
     "CheckpointIDCounter",
     "CheckpointInProgressError",
     "CheckpointMetadata",

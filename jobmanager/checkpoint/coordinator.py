@@ -29,6 +29,7 @@ run outside it. Finalizations are serialized by a second lock so checkpoints com
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections import OrderedDict
@@ -56,7 +57,7 @@ from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointInProgressError,
     CheckpointNotFoundError,
 )
-from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway
+from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway, EpochCut
 from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
@@ -172,15 +173,16 @@ class CheckpointCoordinator:
             return self._consecutive_failures
 
     # -- triggering ----------------------------------------------------------------------------
-    def trigger(
-        self, savepoint: bool = False, target_dir: str | None = None, epoch: int = -1, periodic: bool = False
-    ) -> PendingCheckpoint:
+    def trigger(self, savepoint: bool = False, target_dir: str | None = None, periodic: bool = False) -> PendingCheckpoint:
         """Start a checkpoint (or savepoint) and send its barrier; returns it while in progress.
 
-        Raises CheckpointException carrying the reason when the trigger is refused (too many in
-        progress, min pause, tasks not running, shutdown) or the barrier cannot be delivered; the
-        failed attempt is cleaned up first. Savepoints, as in Flink, ignore max-concurrent and
-        min-pause. Use :meth:`wait_for` or ``pending.future`` to wait for the outcome.
+        The checkpoint is cut at the epoch the job holds while the barrier goes out (the
+        gateway's :meth:`~.gateway.CheckpointGateway.cut`). Raises CheckpointException carrying
+        the reason when the trigger is refused (too many in progress, min pause, tasks not
+        running, shutdown) or the barrier cannot be delivered; the failed attempt is cleaned up
+        first. Savepoints, as in Flink, ignore max-concurrent and min-pause. Use
+        :meth:`wait_for` or ``pending.future`` to wait for the outcome, and
+        :meth:`trigger_waiting` to wait for a free turn instead of being refused.
         """
         if savepoint:
             target_dir = target_dir or self.savepoints_dir
@@ -190,48 +192,93 @@ class CheckpointCoordinator:
                 )
         elif target_dir is not None:
             raise InvalidArgumentError("target_dir applies to savepoints only; checkpoints go to state.checkpoints.dir")
-        if epoch < -1:
-            raise InvalidArgumentError(f"epoch must be -1 (none) or a committed epoch, got {epoch}")
         # Callbacks into the job model run before taking the lock; they may take locks of their own.
         operators = tuple(self._operators())
         running = frozenset(self._tasks()) if self._tasks is not None else None
-        try:
-            pending = self._create_pending(savepoint, target_dir, epoch, periodic, operators, running)
-        except CheckpointException as exc:
-            quiet = periodic and exc.failure_reason in (R.TOO_MANY_CHECKPOINT_REQUESTS, R.MINIMUM_TIME_BETWEEN_CHECKPOINTS)
-            if not quiet:
-                self.stats.report_rejected(exc.failure_reason, exc.detail)
-                logger.info("job=%s checkpoint not triggered: %s", self.job_id, exc.message)
-            raise
-        self.stats.report_pending(
-            pending.checkpoint_id, pending.trigger_timestamp_ms, savepoint=savepoint,
-            num_subtasks=len(pending.expected), path=pending.target_path, epoch=epoch,
-        )
-        logger.info("job=%s checkpoint=%d triggered (%s, %d subtasks, target %s)", self.job_id, pending.checkpoint_id,
-                    "savepoint" if savepoint else "periodic" if periodic else "checkpoint", len(pending.expected),
-                    pending.target_path)
-        barrier = CheckpointBarrier(
-            self.job_id, pending.checkpoint_id, pending.trigger_timestamp_ms, pending.target_path, savepoint,
-            pending.incremental, epoch,
-        )
-        try:
-            self._gateway.send_barrier(barrier)
-        except Exception as exc:
-            unavailable = isinstance(exc, UnavailableError)
-            reason = R.NOT_ALL_REQUIRED_TASKS_RUNNING if unavailable else R.TRIGGER_CHECKPOINT_FAILURE
-            detail = getattr(exc, "message", None) or repr(exc)
-            message = f"could not deliver the barrier of checkpoint {pending.checkpoint_id}: {detail}"
-            if not unavailable:
-                logger.warning("job=%s checkpoint=%d barrier failed", self.job_id, pending.checkpoint_id, exc_info=True)
-            if self._abort(pending, reason, message):
-                raise CheckpointException(reason, message) from exc
+        with self._gateway.cut() as cut:
+            try:
+                pending = self._create_pending(savepoint, target_dir, cut, periodic, operators, running)
+            except CheckpointException as exc:
+                quiet = periodic and exc.failure_reason in (R.TOO_MANY_CHECKPOINT_REQUESTS, R.MINIMUM_TIME_BETWEEN_CHECKPOINTS)
+                if not quiet:
+                    self.stats.report_rejected(exc.failure_reason, exc.detail)
+                    logger.info("job=%s checkpoint not triggered: %s", self.job_id, exc.message)
+                raise
+            self.stats.report_pending(
+                pending.checkpoint_id, pending.trigger_timestamp_ms, savepoint=savepoint,
+                num_subtasks=len(pending.expected), path=pending.target_path, epoch=cut.epoch,
+            )
+            logger.info("job=%s checkpoint=%d triggered (%s, %d subtasks, epoch %d, target %s)", self.job_id,
+                        pending.checkpoint_id, "savepoint" if savepoint else "periodic" if periodic else "checkpoint",
+                        len(pending.expected), cut.epoch, pending.target_path)
+            barrier = CheckpointBarrier(
+                self.job_id, pending.checkpoint_id, pending.trigger_timestamp_ms, pending.target_path, savepoint,
+                pending.incremental, cut.epoch,
+            )
+            try:
+                self._gateway.send_barrier(barrier)
+            except Exception as exc:
+                unavailable = isinstance(exc, UnavailableError)
+                reason = R.NOT_ALL_REQUIRED_TASKS_RUNNING if unavailable else R.TRIGGER_CHECKPOINT_FAILURE
+                detail = getattr(exc, "message", None) or repr(exc)
+                message = f"could not deliver the barrier of checkpoint {pending.checkpoint_id}: {detail}"
+                if not unavailable:
+                    logger.warning("job=%s checkpoint=%d barrier failed", self.job_id, pending.checkpoint_id, exc_info=True)
+                if self._abort(pending, reason, message):
+                    raise CheckpointException(reason, message) from exc
         return pending
+
+    def trigger_waiting(
+        self, timeout_ms: int, savepoint: bool = False, target_dir: str | None = None, closed: threading.Event | None = None
+    ) -> PendingCheckpoint:
+        """:meth:`trigger`, but wait for a free turn instead of being refused.
+
+        A checkpoint already in flight (``TOO_MANY_CHECKPOINT_REQUESTS``) is waited for, and the
+        minimum pause (``MINIMUM_TIME_BETWEEN_CHECKPOINTS``) waited out, for at most
+        ``timeout_ms``; every other refusal is raised at once. ``closed`` ends the wait early
+        (the JobManager shuts down).
+        """
+        deadline = self._clock.monotonic_ms() + timeout_ms
+        while True:
+            try:
+                return self.trigger(savepoint=savepoint, target_dir=target_dir)
+            except CheckpointException as exc:
+                if exc.failure_reason not in (R.TOO_MANY_CHECKPOINT_REQUESTS, R.MINIMUM_TIME_BETWEEN_CHECKPOINTS):
+                    raise
+                remaining = deadline - self._clock.monotonic_ms()
+                if remaining <= 0 or (closed is not None and closed.is_set()):
+                    raise CheckpointException(
+                        exc.failure_reason, f"{exc.detail} (waited {timeout_ms} ms for a turn)"
+                    ) from exc
+                if exc.failure_reason is R.TOO_MANY_CHECKPOINT_REQUESTS:
+                    self._wait_for_a_finish(remaining)
+                else:
+                    with self._lock:
+                        pause = self._min_pause_remaining_locked()
+                    self._sleep(min(max(1, pause), remaining), closed)
+
+    def _wait_for_a_finish(self, timeout_ms: int) -> None:
+        with self._lock:
+            futures = [p.future for p in self._pending.values() if not p.savepoint]
+        if futures:
+            concurrent.futures.wait(futures, timeout=timeout_ms / 1000.0, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _sleep(self, delay_ms: int, closed: threading.Event | None) -> None:
+        """Sleep on the injected scheduler (so tests advance a manual clock instead of waiting)."""
+        woken = closed if closed is not None else threading.Event()
+        done = threading.Event()
+        handle = self._scheduler.schedule(delay_ms, done.set)
+        try:
+            while not done.is_set() and not woken.is_set() and not self._shutdown:
+                done.wait(0.05)
+        finally:
+            handle.cancel()
 
     def _create_pending(
         self,
         savepoint: bool,
         target_dir: str | None,
-        epoch: int,
+        cut: EpochCut,
         periodic: bool,
         operators: tuple[OperatorSpec, ...],
         running: frozenset[SubtaskId] | None,
@@ -282,7 +329,8 @@ class CheckpointCoordinator:
                 target_path=target,
                 shared_dir=self.shared_dir,
                 savepoint=savepoint,
-                epoch=epoch,
+                epoch=cut.epoch,
+                lineage=cut.lineage,
                 incremental=self.settings.incremental and not savepoint,
                 periodic=periodic,
                 expected=required,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ class CheckpointBarrier:
     incremental: bool
     """Upload only SST files not already confirmed in ``shared/``."""
     epoch: int
-    """The last committed epoch the snapshot must contain (-1: none)."""
+    """The epoch every slot holds at the cut (-1: none); a slot holding another refuses the barrier."""
 
     def to_proto(self) -> tm_pb.CheckpointBarrier:
         return tm_pb.CheckpointBarrier(
@@ -35,8 +37,23 @@ class CheckpointBarrier:
         )
 
 
+@dataclass(frozen=True)
+class EpochCut:
+    """The epoch every slot of the job holds at a checkpoint's cut, and the lineage of those epochs."""
+
+    epoch: int = -1
+    lineage: EpochLineage = EMPTY_LINEAGE
+
+
 class CheckpointGateway(Protocol):
     """How the coordinator reaches the TaskManagers of its job."""
+
+    def cut(self) -> AbstractContextManager[EpochCut]:
+        """Hold the job's epoch commits back and yield the epoch every slot holds now.
+
+        The coordinator creates the checkpoint and sends its barrier inside this block, so no
+        commit can land between the epoch it records and the snapshots the slots take.
+        """
 
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
         """Deliver the barrier to every TaskManager of the job; UnavailableError if one is unreachable."""

@@ -8,7 +8,8 @@ it last, with one create-only write, after every subtask acknowledged. The file 
       "version": 1,                           # bumped on incompatible changes
       "job_id": "orders", "checkpoint_id": 42, "savepoint": false,
       "timestamp_ms": 1718000000000,          # trigger time, wall clock
-      "epoch": 17,                            # last committed Spark epoch it contains (-1: none)
+      "epoch": 17,                            # the job epoch every subtask holds (-1: none)
+      "lineage": [{"query_id": "…", "offset": 0, "first_epoch": 0}],  # Spark queries of those epochs
       "max_parallelism": 128,                 # number of key groups; fixed for the job's life
       "operators": [{
         "operator_id": "counts", "parallelism": 2,
@@ -59,6 +60,7 @@ from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentErro
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
 from keyedstate.jobmanager.checkpoint import _paths
+from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +157,8 @@ class CheckpointMetadata:
     epoch: int
     max_parallelism: int
     operators: tuple[OperatorSnapshot, ...] = field(default_factory=tuple)
+    lineage: EpochLineage = EMPTY_LINEAGE
+    """Which Spark query's batches the epochs up to ``epoch`` are (jobmanager.epochs.lineage)."""
 
     # -- queries -------------------------------------------------------------------------------
     def operator(self, operator_id: str) -> OperatorSnapshot | None:
@@ -233,6 +237,7 @@ class CheckpointMetadata:
             "savepoint": self.savepoint,
             "timestamp_ms": self.timestamp_ms,
             "epoch": self.epoch,
+            "lineage": self.lineage.to_list(),
             "max_parallelism": self.max_parallelism,
             "operators": [
                 {
@@ -375,7 +380,17 @@ class _Reader:
             operators=tuple(
                 self.operator(op, f"operators[{i}]") for i, op in enumerate(self.array(raw, "operators", ""))
             ),
+            # Optional: checkpoints written before epochs had a lineage carry none.
+            lineage=self.lineage(raw) if isinstance(raw, dict) and "lineage" in raw else EMPTY_LINEAGE,
         )
+
+    def lineage(self, raw: Any) -> EpochLineage:
+        entries = []
+        for i, e in enumerate(self.array(raw, "lineage", "")):
+            where = f"lineage[{i}]"
+            entries.append(LineageEntry(self.string(e, "query_id", where), self.integer(e, "offset", where),
+                                        self.integer(e, "first_epoch", where)))
+        return EpochLineage.of(entries)
 
     def operator(self, raw: Any, where: str) -> OperatorSnapshot:
         return OperatorSnapshot(

@@ -13,6 +13,7 @@ from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.jobmanager.checkpoint import _paths
+from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointFailureReason
 from keyedstate.jobmanager.checkpoint.metadata import (
     CheckpointMetadata,
@@ -66,6 +67,7 @@ class PendingCheckpoint:
         shared_dir: str,
         savepoint: bool = False,
         epoch: int = -1,
+        lineage: EpochLineage = EMPTY_LINEAGE,
         incremental: bool = False,
         periodic: bool = False,
         expected: Iterable[SubtaskId] | None = None,
@@ -81,6 +83,7 @@ class PendingCheckpoint:
         self.taskowned_dir = _paths.join(self.shared_dir, "..", _paths.TASKOWNED_DIR)
         self.savepoint = savepoint
         self.epoch = epoch
+        self.lineage = lineage
         self.incremental = incremental
         self.periodic = periodic
         self._ops = {op.operator_id: op for op in self.operators}
@@ -171,21 +174,19 @@ class PendingCheckpoint:
     def build_metadata(self) -> CheckpointMetadata:
         """The ``_metadata`` content; call once fully acknowledged.
 
-        Without a requested epoch, the checkpoint's epoch is the lowest epoch every subtask has
-        committed (what a restore can promise to contain).
+        Its epoch is the cut's: every acknowledgement was checked to hold exactly that epoch.
         """
         by_op: dict[str, list[SubtaskSnapshot]] = {op.operator_id: [] for op in self.operators}
         for subtask, handle in self._acks.items():
             by_op[subtask.operator_id].append(SubtaskSnapshot.from_handle(handle))
         epoch = self.epoch
-        if epoch < 0 and self._acks:
-            epoch = max(-1, min(h.committed_epoch for h in self._acks.values()))
         return CheckpointMetadata(
             job_id=self.job_id,
             checkpoint_id=self.checkpoint_id,
             savepoint=self.savepoint,
             timestamp_ms=self.trigger_timestamp_ms,
             epoch=epoch,
+            lineage=self.lineage.up_to(epoch),
             max_parallelism=self.max_parallelism,
             operators=tuple(
                 OperatorSnapshot(
@@ -212,9 +213,10 @@ class PendingCheckpoint:
             got = KeyGroupRange(handle.key_groups.start, handle.key_groups.end)
             if got != expected:
                 raise self._reject(subtask, f"key groups {got}, but the subtask owns {expected}")
-        if self.epoch >= 0 and handle.committed_epoch < self.epoch:
+        if handle.committed_epoch != self.epoch:
+            # A consistent cut: every slot holds exactly the epoch the barrier was cut at.
             raise self._reject(
-                subtask, f"its committed epoch is {handle.committed_epoch} but the checkpoint must contain epoch {self.epoch}"
+                subtask, f"its committed epoch is {handle.committed_epoch} but the checkpoint was cut at epoch {self.epoch}"
             )
         out = pb.SubtaskStateHandle()
         out.CopyFrom(handle)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from keyedstate.common.errors import CorruptCheckpointError
@@ -29,6 +29,9 @@ class JobRecord:
     restarts: int = 0
     failure_cause: str = ""
     restore_path: str = ""  # the checkpoint or savepoint the job was first submitted from
+    # The TaskManagers that may host the job's latest deployment (recorded before it is deployed):
+    # a new leader redeploys only once each of them is fenced.
+    taskmanagers: list[str] = field(default_factory=list)
 
     @property
     def job_id(self) -> str:

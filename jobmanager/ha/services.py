@@ -23,6 +23,10 @@ class HighAvailabilityServices(Protocol):
     @property
     def enabled(self) -> bool: ...
 
+    @property
+    def leader_session(self) -> int:
+        """The leadership session number (grows with every new leader; 0 without high availability)."""
+
     def start(self, address: str, on_lost: Callable[[str], None]) -> None:
         """Take leadership (``filesystem``: a new session, fencing every older JobManager)."""
 
@@ -45,6 +49,7 @@ class StandaloneHaServices:
     """``high-availability.type: none``: everything lives in the JobManager process and dies with it."""
 
     enabled = False
+    leader_session = 0
 
     def start(self, address: str, on_lost: Callable[[str], None]) -> None:
         pass
@@ -87,6 +92,10 @@ class FileSystemHaServices:
         self._lease._address = address  # noqa: SLF001 - the address is known only once the server is bound
         self._lease.acquire()
         self._lease.watch(self._interval, on_lost)
+
+    @property
+    def leader_session(self) -> int:
+        return self._lease.session
 
     def _job_dir(self, job_id: str) -> str:
         return self._jobs.job_dir(validate_id("job id", job_id))

@@ -11,7 +11,10 @@ from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.rpc.status import rpc_method
+from keyedstate.common.ids import SubtaskId
+from keyedstate.jobmanager.checkpointing import checkpoint_info
 from keyedstate.jobmanager.dispatcher import Dispatcher
+from keyedstate.jobmanager.epochs.coordinator import EpochCommit, EpochCoordinator
 from keyedstate.jobmanager.jobs import JobSpec
 
 
@@ -22,17 +25,21 @@ def _need_checkpointing(dispatcher: Dispatcher) -> object:
 
 
 class JobManagerServicer(jm_grpc.JobManagerServicer):
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, epochs: EpochCoordinator) -> None:
         self._d = dispatcher
+        self._epochs = epochs
 
     # -- TaskManagers ------------------------------------------------------------------------
     @rpc_method
     def RegisterTaskManager(self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.RegisterTaskManagerResponse:
-        self._d.register_taskmanager(request)
+        kept = self._d.register_taskmanager(request)
+        slots = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
         s = self._d.settings
         return jm_pb.RegisterTaskManagerResponse(
             heartbeat_interval_ms=s.heartbeat_interval_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
-            jobmanager_session=self._d.registry.session,
+            jobmanager_session=self._d.registry.session, lease_duration_ms=s.lease_duration_ms,
+            kept_slots=[jm_pb.SlotReport(slot_index=slots[k], job_id=k.job_id, operator_id=k.operator_id,
+                                         subtask_index=k.subtask_index) for k in kept],
         )
 
     @rpc_method
@@ -97,6 +104,25 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     def ListCheckpoints(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.ListCheckpointsResponse:
         return _need_checkpointing(self._d).list_checkpoints(request.job_id)  # type: ignore[attr-defined]
 
+    # -- epochs ------------------------------------------------------------------------------
+    @rpc_method
+    def BeginBatch(self, request: jm_pb.BeginBatchRequest, context: grpc.ServicerContext) -> jm_pb.BeginBatchResponse:
+        start = self._epochs.begin_batch(request.job_id, request.query_id, request.batch_id)
+        return jm_pb.BeginBatchResponse(
+            action=jm_pb.BatchAction.Value(start.action.value), epoch=start.epoch, committed_epoch=start.committed_epoch,
+            durable_epoch=start.durable_epoch, job_status=start.job_status, failure_cause=start.failure_cause,
+            routing=start.routing,
+        )
+
     @rpc_method
     def CommitEpoch(self, request: jm_pb.CommitEpochRequest, context: grpc.ServicerContext) -> jm_pb.CommitEpochResponse:
-        return _need_checkpointing(self._d).commit_epoch(request)  # type: ignore[attr-defined]
+        outcome = self._epochs.commit(EpochCommit(
+            job_id=request.job_id, epoch=request.epoch, query_id=request.query_id, batch_id=request.batch_id,
+            winners=list(request.winners), routing_version=request.expected_routing_version,
+            checkpoint=request.checkpoint, wait_for_checkpoint=request.wait_for_checkpoint, timeout_ms=request.timeout_ms,
+        ))
+        response = jm_pb.CommitEpochResponse(committed_epoch=outcome.committed_epoch,
+                                             already_committed=outcome.already_committed)
+        if outcome.checkpoint is not None:
+            response.checkpoint.CopyFrom(checkpoint_info(outcome.checkpoint))
+        return response

@@ -25,7 +25,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import InvalidArgumentError, NotFoundError, Reason, UnavailableError
 from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import SubtaskId, validate_id
-from keyedstate.taskmanager.epochs.attempt import TaskAttempt
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
 from keyedstate.taskmanager.epochs.slot import SlotEpochs
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions
 from keyedstate.taskmanager.epochs.view import EpochView
@@ -43,18 +43,34 @@ class CommitResult:
     slots: int
 
 
-def winners_from_proto(items: Iterable[common_pb2.PartitionAttempt]) -> dict[int, int]:
-    """partition -> winning attempt; one winner per partition."""
-    winners: dict[int, int] = {}
+def winners_from_proto(items: Iterable[common_pb2.PartitionAttempt]) -> dict[int, Winner]:
+    """partition -> its winning attempt and ledger; one winner per partition."""
+    winners: dict[int, Winner] = {}
     for w in items:
         if w.partition < 0 or w.attempt < 0:
             raise InvalidArgumentError(f"winner partition {w.partition} attempt {w.attempt}: both must be >= 0")
-        previous = winners.setdefault(w.partition, w.attempt)
-        if previous != w.attempt:
+        ledger: dict[tuple[str, int], int] | None = None
+        if w.has_ledger:
+            ledger = {}
+            for entry in w.writes:
+                if entry.requests < 0 or entry.subtask_index < 0:
+                    raise InvalidArgumentError(
+                        f"winner partition {w.partition}: ledger entry {entry.operator_id}/{entry.subtask_index} has "
+                        f"{entry.requests} requests; counts and subtask indexes must be >= 0"
+                    )
+                ledger[(entry.operator_id, entry.subtask_index)] = entry.requests
+        previous = winners.get(w.partition)
+        if previous is not None and previous.attempt != w.attempt:
             raise InvalidArgumentError(
-                f"partition {w.partition} has two winning attempts ({previous} and {w.attempt}); name one winner per partition"
+                f"partition {w.partition} has two winning attempts ({previous.attempt} and {w.attempt}); name one winner per partition"
             )
+        winners[w.partition] = Winner(w.partition, w.attempt, ledger)
     return winners
+
+
+def as_winners(winners: Mapping[int, int | Winner]) -> dict[int, Winner]:
+    """Accept ``{partition: attempt}`` (no ledgers) as well as ``{partition: Winner}``."""
+    return {p: w if isinstance(w, Winner) else Winner(p, w) for p, w in winners.items()}
 
 
 class EpochManager:
@@ -78,8 +94,10 @@ class EpochManager:
     # -- staging calls ------------------------------------------------------------------------
     def view(self, slot: Slot, context: common_pb2.EpochContext | TaskAttempt) -> EpochView:
         """The state calls of the task attempt ``context`` on ``slot`` (writes staged, reads merged)."""
-        attempt = context if isinstance(context, TaskAttempt) else TaskAttempt(context.epoch, context.partition, context.attempt)
-        return EpochView(self.slot_epochs(slot), attempt)
+        if isinstance(context, TaskAttempt):
+            return EpochView(self.slot_epochs(slot), context)
+        attempt = TaskAttempt(context.epoch, context.partition, context.attempt)
+        return EpochView(self.slot_epochs(slot), attempt, context.sequence)
 
     def slot_epochs(self, slot: Slot) -> SlotEpochs:
         """The epoch state of a running slot (created on first use)."""
@@ -101,23 +119,49 @@ class EpochManager:
 
     # -- commits ------------------------------------------------------------------------------
     def commit(self, request: tm_pb.EpochCommitRequest) -> tm_pb.EpochCommitResponse:
-        """The ``CommitEpoch`` RPC: commit (or, with ``abort``, discard) an epoch on every slot of the job."""
-        result = self.commit_epoch(request.job_id, request.epoch, winners_from_proto(request.winners), abort=request.abort)
+        """The ``CommitEpoch`` RPC: prepare, commit or (with ``abort``) discard an epoch on every slot of the job."""
+        winners = winners_from_proto(request.winners)
+        if request.prepare:
+            self.prepare_epoch(request.job_id, request.epoch, winners, request.routing_version)
+            return tm_pb.EpochCommitResponse(committed_epoch=request.epoch - 1)
+        result = self.commit_epoch(request.job_id, request.epoch, winners, abort=request.abort,
+                                   routing_version=request.routing_version)
         return tm_pb.EpochCommitResponse(committed_epoch=result.committed_epoch, applied_entries=result.applied)
 
-    def commit_epoch(self, job_id: str, epoch: int, winners: Mapping[int, int], *, abort: bool = False) -> CommitResult:
-        """Apply the staged writes of ``winners`` (partition -> attempt) of ``epoch`` on every slot of the job."""
+    def _job_slots(self, job_id: str, epoch: int) -> list[Slot]:
         validate_id("job id", job_id)
         if epoch < 0:
-            raise InvalidArgumentError(f"epoch must be >= 0 (the Spark micro-batch id), got {epoch}")
+            raise InvalidArgumentError(f"epoch must be >= 0 (the job epoch of the micro-batch), got {epoch}")
         slots = sorted(self._slots.of_job(job_id), key=lambda s: s.subtask)
         if not slots:
             raise NotFoundError(
                 f"this TaskManager hosts no slot of job {job_id!r}; send the commit to the TaskManagers of the job's "
                 "current routing table", reason=Reason.UNKNOWN_JOB,
             )
+        return slots
+
+    def prepare_epoch(self, job_id: str, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0) -> None:
+        """Check on every slot of the job that ``epoch`` can be committed (see :meth:`SlotEpochs.check_commit`)."""
+        slots = self._job_slots(job_id, epoch)
+        resolved = as_winners(winners)
+        for slot in slots:
+            self.slot_epochs(slot).prepare(epoch, resolved, routing_version)
+
+    def commit_epoch(
+        self, job_id: str, epoch: int, winners: Mapping[int, int | Winner], *, abort: bool = False, routing_version: int = 0
+    ) -> CommitResult:
+        """Apply the staged writes of ``winners`` (partition -> attempt or Winner) of ``epoch`` on every slot of the job.
+
+        Every slot is checked before any applies, so a refusal on this TaskManager applies
+        nothing here; the JobManager's prepare round makes that hold across TaskManagers.
+        """
+        slots = self._job_slots(job_id, epoch)
+        resolved = as_winners(winners)
         self.sweep()
-        crash_point("taskmanager.epoch.before-commit")
+        if not abort:
+            for slot in slots:
+                self.slot_epochs(slot).prepare(epoch, resolved, routing_version)
+            crash_point("taskmanager.epoch.before-commit")
         committed: list[int] = []
         applied = 0
         for slot in slots:
@@ -125,7 +169,7 @@ class EpochManager:
             if abort:
                 committed.append(entry.abort(epoch))
             else:
-                c, n = entry.commit(epoch, winners)
+                c, n = entry.commit(epoch, resolved, routing_version)
                 committed.append(c)
                 applied += n
         result = CommitResult(min(committed), applied, len(slots))

@@ -21,6 +21,12 @@ Per state kind (the first byte of a staged value is its tag):
 
 ``HEAD`` sorts before ``ENTRY``, so a scan meets a list's header or a map's clear marker before
 its entries, and map entries in user-key order (the order of a committed map scan).
+
+Each staged write request also leaves a *request marker* under the reserved state id
+``MARKER_STATE_ID`` (after every real state id, so an attempt's data is the range before its
+markers): ``attempt | 0xFFFF | sequence (8 bytes)`` -> empty. A marker makes a retried request
+with the same sequence number a no-op, and the markers are what a commit counts against the
+winner's ledger.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ ATTEMPT_BYTES = 8
 STATE_ID_BYTES = 2
 SEQ_BYTES = 8
 ATTEMPT_PREFIX_LEN = EPOCH_BYTES + PARTITION_BYTES + ATTEMPT_BYTES
-MAX_STATES = 1 << (8 * STATE_ID_BYTES)
+MARKER_STATE_ID = (1 << (8 * STATE_ID_BYTES)) - 1
+MAX_STATES = MARKER_STATE_ID  # the last id is reserved for request markers
 
 HEAD = b"\x00"
 ENTRY = b"\x01"
@@ -68,6 +75,22 @@ def attempt_prefix(epoch: int, partition: int, attempt: int) -> bytes:
 def state_prefix(attempt: bytes, state_id: int) -> bytes:
     """Where one attempt's staged entries of one state start."""
     return attempt + state_id.to_bytes(STATE_ID_BYTES, "big")
+
+
+def request_marker(attempt: bytes, sequence: int) -> bytes:
+    """The marker of write request ``sequence`` of the attempt whose prefix is ``attempt``."""
+    return state_prefix(attempt, MARKER_STATE_ID) + sequence.to_bytes(SEQ_BYTES, "big")
+
+
+def attempt_data_range(epoch: int, partition: int, attempt: int) -> tuple[bytes, bytes]:
+    """``[begin, end)`` of one attempt's staged data, its request markers excluded."""
+    prefix = attempt_prefix(epoch, partition, attempt)
+    return prefix, state_prefix(prefix, MARKER_STATE_ID)
+
+
+def attempt_markers_range(epoch: int, partition: int, attempt: int) -> tuple[bytes, bytes]:
+    """``[begin, end)`` of one attempt's request markers."""
+    return state_prefix(attempt_prefix(epoch, partition, attempt), MARKER_STATE_ID), attempt_prefix(epoch, partition, attempt + 1)
 
 
 def through_epoch(epoch: int) -> tuple[bytes, bytes]:

@@ -9,9 +9,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError, Reason, UnavailableError
+import rocksdict
+
+from keyedstate.common.errors import (
+    EpochConflictError,
+    EpochGapError,
+    InvalidArgumentError,
+    KeyedStateError,
+    Reason,
+    UnavailableError,
+)
 from keyedstate.taskmanager.epochs import records
-from keyedstate.taskmanager.epochs.attempt import TaskAttempt
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
 from keyedstate.taskmanager.epochs.fold import fold_attempt
 from keyedstate.taskmanager.epochs.locks import SharedExclusiveLock
 from keyedstate.taskmanager.epochs.staging import StagingOptions, StagingStore
@@ -37,16 +46,21 @@ class EpochCommitError(KeyedStateError):
 
 
 def read_committed_epoch(backend: KeyedStateBackend) -> int:
-    """The slot's committed epoch (ASCII digits under ``COMMITTED_EPOCH``, which checkpoints report)."""
-    raw = backend.get_meta(COMMITTED_EPOCH)
-    if not raw:
-        return NO_EPOCH
-    try:
-        return int(raw.decode("ascii"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise KeyedStateError(
-            f"slot {backend.subtask} has a malformed committed epoch {raw[:32]!r} in its metadata", reason=Reason.INTERNAL
-        ) from exc
+    """The slot's committed epoch (kept for callers of the epoch package; see ``KeyedStateBackend.committed_epoch``)."""
+    return backend.committed_epoch()
+
+
+class Stager:
+    """Stages one write request: reads through :attr:`store`, one atomic :meth:`write` with its marker."""
+
+    def __init__(self, store: StagingStore, marker: bytes | None) -> None:
+        self.store = store
+        self._marker = marker
+
+    def write(self, batch: rocksdict.WriteBatch) -> None:
+        if self._marker is not None:
+            batch.put(self._marker, b"")
+        self.store.write(batch)
 
 
 class SlotEpochs:
@@ -103,8 +117,15 @@ class SlotEpochs:
             )
 
     @contextmanager
-    def writing(self, attempt: TaskAttempt) -> Iterator[StagingStore]:
-        """The store to stage ``attempt``'s writes into, with the attempt's other writes and commits kept out."""
+    def writing(self, attempt: TaskAttempt, sequence: int = 0) -> Iterator[Stager | None]:
+        """Stage one write request of ``attempt``, with its other writes and commits kept out.
+
+        Yields a :class:`Stager` (read the staged values through ``.store``, write with
+        ``.write``), or None when request ``sequence`` of this attempt was staged before: a
+        retried request whose first answer was lost, which must not be staged twice.
+        """
+        if sequence < 0:
+            raise InvalidArgumentError(f"EpochContext.sequence must be 0 or more, got {sequence}")
         with self.lock.shared():
             self._check_open()
             self._check_epoch(attempt)
@@ -115,7 +136,12 @@ class SlotEpochs:
                         self._store = StagingStore(self.path, str(self.subtask), self._options)
                     store = self._store
             with self._attempt_locks[hash((attempt.partition, attempt.attempt)) % _ATTEMPT_LOCK_STRIPES]:
-                yield store
+                marker = records.request_marker(attempt.prefix, sequence) if sequence else None
+                if marker is not None and store.get([marker])[0] is not None:
+                    logger.debug("%s: request %d of %s was staged before; not staged again", self.subtask, sequence, attempt)
+                    yield None
+                    return
+                yield Stager(store, marker)
 
     @contextmanager
     def reading(self) -> Iterator[StagingStore | None]:
@@ -124,21 +150,77 @@ class SlotEpochs:
             self._check_open()
             yield self._store
 
+    def staged_requests(self, epoch: int, partition: int, attempt: int) -> int:
+        """How many distinct write requests of the attempt were staged here."""
+        store = self._store
+        if store is None:
+            return 0
+        return sum(1 for _ in store.scan(*records.attempt_markers_range(epoch, partition, attempt)))
+
     # -- commit -------------------------------------------------------------------------------
-    def commit(self, epoch: int, winners: Mapping[int, int]) -> tuple[int, int]:
+    def check_commit(self, epoch: int, winners: Mapping[int, Winner], routing_version: int) -> bool:
+        """Whether ``epoch`` can be applied here; False if it already is. Raises why it cannot.
+
+        The slot must be the deployment of ``routing_version``, hold exactly ``epoch - 1``
+        (epochs are contiguous), and have staged exactly the write requests each winner's
+        ledger says this slot acknowledged. Call with :attr:`lock` held.
+        """
+        self._check_open()
+        if routing_version <= 0:
+            raise InvalidArgumentError(
+                f"the commit of epoch {epoch} names no routing version; a commit must carry the routing version the "
+                "batch ran under"
+            )
+        if routing_version != self.slot.routing_version:
+            raise EpochConflictError(
+                f"{self.subtask} is deployed under routing version {self.slot.routing_version}, the commit of epoch {epoch} "
+                f"is for version {routing_version}: the job was redeployed while the batch ran; run it again"
+            )
+        committed = read_committed_epoch(self.backend)
+        self.committed_epoch = committed
+        if committed == epoch:
+            return False
+        if committed > epoch:
+            raise EpochConflictError(
+                f"{self.subtask} already holds epoch {committed}; epoch {epoch} is stale and must not be applied again"
+            )
+        if committed != epoch - 1:
+            raise EpochGapError(
+                f"{self.subtask} holds epoch {committed}, so epoch {epoch} cannot be applied on top of it: epochs "
+                f"{committed + 1}..{epoch - 1} are missing from its state (an older checkpoint was restored?)"
+            )
+        op, index = self.subtask.operator_id, self.subtask.subtask_index
+        for w in winners.values():
+            expected = w.expected_requests(op, index)
+            if expected is None:
+                continue
+            staged = self.staged_requests(epoch, w.partition, w.attempt)
+            if staged != expected:
+                raise EpochConflictError(
+                    f"partition {w.partition} attempt {w.attempt} of epoch {epoch} had {expected} write request(s) "
+                    f"acknowledged by {self.subtask}, but {staged} are staged here: its writes did not all reach this "
+                    "slot (routed to an old owner, or lost with a restarted slot); the batch must run again"
+                )
+        return True
+
+    def prepare(self, epoch: int, winners: Mapping[int, Winner], routing_version: int) -> None:
+        """Check that :meth:`commit` would apply ``epoch`` (or find it applied); apply nothing."""
+        with self.lock.exclusive():
+            self.check_commit(epoch, winners, routing_version)
+
+    def commit(self, epoch: int, winners: Mapping[int, Winner], routing_version: int = 0) -> tuple[int, int]:
         """Apply the winners' staged writes of ``epoch`` atomically; (committed epoch, mutations applied).
 
         ``winners`` maps partition -> winning attempt. Everything else staged for epochs up to
-        ``epoch`` is discarded. An epoch at or below the committed one changes nothing.
+        ``epoch`` is discarded. An epoch already applied changes nothing; one that does not
+        follow the slot's epoch, or whose winners' ledgers do not match, is refused
+        (:meth:`check_commit`).
         """
         with self.lock.exclusive():
-            self._check_open()
-            committed = read_committed_epoch(self.backend)
-            self.committed_epoch = committed
-            if epoch <= committed:
-                logger.info("epoch %d of %s is already committed (committed epoch %d); nothing to apply", epoch, self.subtask, committed)
-                self._discard(*records.through_epoch(committed))
-                return committed, 0
+            if not self.check_commit(epoch, winners, routing_version):
+                logger.info("epoch %d of %s is already committed; nothing to apply", epoch, self.subtask)
+                self._discard(*records.through_epoch(epoch))
+                return epoch, 0
             t0 = time.monotonic()
             try:
                 mutations = self._winning_mutations(epoch, winners)
@@ -158,17 +240,15 @@ class SlotEpochs:
             )
             return epoch, applied
 
-    def _winning_mutations(self, epoch: int, winners: Mapping[int, int]) -> list[Mutation]:
+    def _winning_mutations(self, epoch: int, winners: Mapping[int, Winner]) -> list[Mutation]:
         # Partition order, so that two partitions writing one key apply in a deterministic order.
         mutations: list[Mutation] = []
         store = self._store
         if store is None:
             return mutations
         for partition in sorted(winners):
-            attempt = winners[partition]
-            begin = records.attempt_prefix(epoch, partition, attempt)
-            end = records.attempt_prefix(epoch, partition, attempt + 1)
-            mutations.extend(fold_attempt(store.scan(begin, end), self.states))
+            w = winners[partition]
+            mutations.extend(fold_attempt(store.scan(*records.attempt_data_range(epoch, partition, w.attempt)), self.states))
         return mutations
 
     def abort(self, epoch: int) -> int:

@@ -23,7 +23,7 @@ import rocksdict
 from keyedstate.common.descriptors import StateKind
 from keyedstate.taskmanager.epochs import records as r
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
-from keyedstate.taskmanager.epochs.slot import SlotEpochs
+from keyedstate.taskmanager.epochs.slot import SlotEpochs, Stager
 from keyedstate.taskmanager.epochs.staging import SCAN_CHUNK
 from keyedstate.taskmanager.state import layout
 from keyedstate.taskmanager.state.backend import StateHandle
@@ -56,10 +56,12 @@ class EpochView:
     backend rejects for its shape.
     """
 
-    def __init__(self, slot_epochs: SlotEpochs, attempt: TaskAttempt) -> None:
+    def __init__(self, slot_epochs: SlotEpochs, attempt: TaskAttempt, sequence: int = 0) -> None:
         self._se = slot_epochs
         self._b = slot_epochs.backend
         self.attempt = attempt
+        self.sequence = sequence
+        """The write request's sequence number (0: unnumbered, as reads are): staged once per attempt."""
 
     def __repr__(self) -> str:
         return f"EpochView({self._se.subtask}, {self.attempt})"
@@ -132,8 +134,9 @@ class EpochView:
         tag = r.PUT
         for k, v in zip(self._staged_keys(st, kgs, keys, ns, max_len), values):
             put(k, tag + v)
-        with self._se.writing(self.attempt) as store:
-            store.write(wb)
+        with self._se.writing(self.attempt, self.sequence) as stager:
+            if stager is not None:
+                stager.write(wb)
 
     def clear(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Stage the removal of every entry of each (key, namespace): a value, a whole list or map."""
@@ -151,8 +154,9 @@ class EpochView:
             # Entries staged before the clear are gone; the head records that committed ones go too.
             wb.delete_range(sk, layout.prefix_end(sk))
             wb.put(sk + r.HEAD, r.list_header(r.REPLACE, 0) if st.kind is StateKind.LIST else r.CLEAR)
-        with self._se.writing(self.attempt) as store:
-            store.write(wb)
+        with self._se.writing(self.attempt, self.sequence) as stager:
+            if stager is not None:
+                stager.write(wb)
 
     def reduce(
         self, state: str, keys: list[bytes], operands: list[bytes], namespaces: bytes | list[bytes], return_values: bool
@@ -169,37 +173,55 @@ class EpochView:
         if not keys:
             return [] if return_values else None
         sks = self._staged_keys(st, kgs, keys, ns, max_len)
+        with self._se.writing(self.attempt, self.sequence) as stager:
+            if stager is None:
+                duplicate = True
+            else:
+                duplicate = False
+                results = self._stage_reduce(stager, state, st, keys, ns, sks, operands, return_values)
+        if duplicate:
+            # Staged before (a retry whose answer was lost): answer with the values as they are now.
+            return self.value_get(state, keys, ns) if return_values else None  # type: ignore[return-value]
+        return results
+
+    def _stage_reduce(
+        self, stager: Stager, state: str, st: StateHandle, keys: list[bytes], ns: bytes | list[bytes], sks: list[bytes],
+        operands: list[bytes], return_values: bool,
+    ) -> list[bytes] | None:
+        b = self._b
+        reducer = st.reducer
+        assert reducer is not None
         combine = reducer.combine
-        with self._se.writing(self.attempt) as store:
-            distinct = list(dict.fromkeys(sks))
-            current = dict(zip(distinct, store.get(distinct)))
-            after: list[bytes] = []
-            for sk, operand in zip(sks, operands):
-                cur = current[sk]
-                if cur is None:
-                    new = r.DELTA + operand
-                elif cur[0] == r.DELTA_TAG or cur[0] == r.REPLACE_TAG:
-                    new = cur[:1] + combine(cur[1:], operand)
-                elif cur[0] == r.CLEAR_TAG:
-                    new = r.REPLACE + operand
-                else:
-                    raise r.corrupt(f"reducing record tagged {cur[:1]!r}")
-                current[sk] = new
-                if return_values:
-                    after.append(new)
-            results: list[bytes] | None = None
+        store = stager.store
+        distinct = list(dict.fromkeys(sks))
+        current = dict(zip(distinct, store.get(distinct)))
+        after: list[bytes] = []
+        for sk, operand in zip(sks, operands):
+            cur = current[sk]
+            if cur is None:
+                new = r.DELTA + operand
+            elif cur[0] == r.DELTA_TAG or cur[0] == r.REPLACE_TAG:
+                new = cur[:1] + combine(cur[1:], operand)
+            elif cur[0] == r.CLEAR_TAG:
+                new = r.REPLACE + operand
+            else:
+                raise r.corrupt(f"reducing record tagged {cur[:1]!r}")
+            current[sk] = new
             if return_values:
-                # Read before staging: a failed read must leave the batch unstaged (so it can be retried).
-                need = [i for i, a in enumerate(after) if a[0] == r.DELTA_TAG]
-                committed = b.value_get(state, *_subset(keys, ns, need)) if need else []
-                results = [a[1:] for a in after]
-                for i, c in zip(need, committed):
-                    if c is not None:
-                        results[i] = combine(c, results[i])
-            wb = rocksdict.WriteBatch(raw_mode=True)
-            for sk in distinct:
-                wb.put(sk, current[sk])
-            store.write(wb)
+                after.append(new)
+        results: list[bytes] | None = None
+        if return_values:
+            # Read before staging: a failed read must leave the batch unstaged (so it can be retried).
+            need = [i for i, a in enumerate(after) if a[0] == r.DELTA_TAG]
+            committed = b.value_get(state, *_subset(keys, ns, need)) if need else []
+            results = [a[1:] for a in after]
+            for i, c in zip(need, committed):
+                if c is not None:
+                    results[i] = combine(c, results[i])
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for sk in distinct:
+            wb.put(sk, current[sk])
+        stager.write(wb)
         return results
 
     # -- list -------------------------------------------------------------------------------
@@ -213,7 +235,10 @@ class EpochView:
         if not keys:
             return
         sks = self._staged_keys(st, kgs, keys, ns, max_len)
-        with self._se.writing(self.attempt) as store:
+        with self._se.writing(self.attempt, self.sequence) as stager:
+            if stager is None:
+                return  # staged before (a retry whose answer was lost)
+            store = stager.store
             distinct = list(dict.fromkeys(sks))
             heads = {
                 sk: r.parse_list_header(h) if h is not None else (r.APPEND_TAG, 0)
@@ -229,7 +254,7 @@ class EpochView:
             for sk in distinct:
                 tag, count = heads[sk]
                 wb.put(sk + r.HEAD, r.list_header(bytes((tag,)), count))
-            store.write(wb)
+            stager.write(wb)
 
     def list_update(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Stage list replacements: each distinct (key, namespace) becomes the values given for it, in order."""
@@ -255,8 +280,9 @@ class EpochView:
             entry_prefix = sk + r.ENTRY
             for i, v in enumerate(vs):
                 wb.put(r.element_key(entry_prefix, i), v)
-        with self._se.writing(self.attempt) as store:
-            store.write(wb)
+        with self._se.writing(self.attempt, self.sequence) as stager:
+            if stager is not None:
+                stager.write(wb)
 
     def list_get(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> list[list[bytes]]:
         b = self._b
@@ -335,8 +361,9 @@ class EpochView:
             tag = r.PUT
             for sk, uk, v in zip(sks, user_keys, values):
                 wb.put(sk + entry + uk, tag + v)
-        with self._se.writing(self.attempt) as store:
-            store.write(wb)
+        with self._se.writing(self.attempt, self.sequence) as stager:
+            if stager is not None:
+                stager.write(wb)
 
     def map_get(
         self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]

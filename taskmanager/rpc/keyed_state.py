@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import functools
+from typing import Any, Callable, Iterable, Iterator
 
 import grpc
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.taskmanager.epochs import EpochManager, EpochView
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
@@ -49,15 +51,39 @@ def _chunks(items: Iterable[tuple[bytes, ...]], size: int, fields: tuple[str, ..
         yield pb.ScanChunk(**dict(zip(fields, columns)))
 
 
+def _served(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Check the lease after the call applied, before answering (see :class:`KeyedStateServicer`)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: KeyedStateServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        response = fn(self, request, context)
+        self._lease.check_after(fn.__name__)
+        return response
+
+    return wrapper
+
+
 class KeyedStateServicer(pb_grpc.KeyedStateServicer):
-    def __init__(self, slots: SlotTable, metrics: TaskManagerMetrics, transactions: EpochManager | None = None) -> None:
+    """Serves state calls only under the TaskManager's lease, and only to callers of the slot's routing version.
+
+    The lease is checked when a call starts and again after it applied, before it is answered:
+    a TaskManager paused in the middle of a call (a stopped process, a long GC, a frozen VM)
+    whose lease ran out meanwhile answers UNAVAILABLE instead of acknowledging a write that a
+    new owner of the key group would never see.
+    """
+
+    def __init__(
+        self, slots: SlotTable, metrics: TaskManagerMetrics, lease: Lease, transactions: EpochManager | None = None
+    ) -> None:
         self._slots = slots
         self._metrics = metrics
+        self._lease = lease
         self._transactions = transactions
 
     def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateBackend | EpochView:
         self._metrics.record_request(method, keys)
-        slot = self._slots.lookup(target.job_id, target.operator_id, target.subtask_index)
+        self._lease.check(method)
+        slot = self._slots.lookup(target.job_id, target.operator_id, target.subtask_index, target.routing_version)
         if target.HasField("epoch"):
             # Epoch-scoped calls go to the task attempt's transaction: writes staged, reads merged.
             if self._transactions is None:
@@ -68,26 +94,35 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
             return self._transactions.view(slot, target.epoch)
         return slot.require_backend()
 
+    def _stream(self, chunks: Iterator[pb.ScanChunk], method: str) -> Iterator[pb.ScanChunk]:
+        for chunk in chunks:
+            self._lease.check(method)
+            yield chunk
+
     # -- value ------------------------------------------------------------------------------
     @rpc_method
+    @_served
     def ValueGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         backend = self._backend(request.target, "ValueGet", len(request.keys))
         values = backend.value_get(request.target.state_name, list(request.keys), _namespaces(request))
         return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
 
     @rpc_method
+    @_served
     def ValuePut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         backend = self._backend(request.target, "ValuePut", len(request.keys))
         backend.value_put(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
 
     @rpc_method
+    @_served
     def Clear(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         backend = self._backend(request.target, "Clear", len(request.keys))
         backend.clear(request.target.state_name, list(request.keys), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
 
     @rpc_method
+    @_served
     def Reduce(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         backend = self._backend(request.target, "Reduce", len(request.keys))
         result = backend.reduce(
@@ -99,18 +134,21 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
 
     # -- list -------------------------------------------------------------------------------
     @rpc_method
+    @_served
     def ListAppend(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         backend = self._backend(request.target, "ListAppend", len(request.keys))
         backend.list_append(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
 
     @rpc_method
+    @_served
     def ListGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ListsResponse:
         backend = self._backend(request.target, "ListGet", len(request.keys))
         lists = backend.list_get(request.target.state_name, list(request.keys), _namespaces(request))
         return pb.ListsResponse(lists=[pb.ListValue(elements=elements) for elements in lists])
 
     @rpc_method
+    @_served
     def ListUpdate(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         backend = self._backend(request.target, "ListUpdate", len(request.keys))
         backend.list_update(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
@@ -123,10 +161,11 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
         if not request.has_key:
             raise InvalidArgumentError("ListScan needs has_key=true and the key whose list to stream")
         elements = backend.list_scan(request.target.state_name, request.key, request.namespace)
-        yield from _chunks(((e,) for e in elements), chunk, ("values",))
+        yield from self._stream(_chunks(((e,) for e in elements), chunk, ("values",)), "ListScan")
 
     # -- map --------------------------------------------------------------------------------
     @rpc_method
+    @_served
     def MapPut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         backend = self._backend(request.target, "MapPut", len(request.keys))
         backend.map_put(
@@ -135,18 +174,21 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
         return pb.WriteResponse(applied=len(request.keys))
 
     @rpc_method
+    @_served
     def MapGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         backend = self._backend(request.target, "MapGet", len(request.keys))
         values = backend.map_get(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
         return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
 
     @rpc_method
+    @_served
     def MapRemove(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         backend = self._backend(request.target, "MapRemove", len(request.keys))
         backend.map_remove(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
 
     @rpc_method
+    @_served
     def MapContains(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         backend = self._backend(request.target, "MapContains", len(request.keys))
         found = backend.map_contains(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
@@ -160,14 +202,14 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
             raise InvalidArgumentError("MapScan needs has_key=true and the key whose map to stream")
         entries = backend.map_scan(request.target.state_name, request.key, request.namespace, request.keys_only)
         if request.keys_only:
-            yield from _chunks(((user_key,) for user_key, _ in entries), chunk, ("user_keys",))
+            yield from self._stream(_chunks(((user_key,) for user_key, _ in entries), chunk, ("user_keys",)), "MapScan")
         else:
-            yield from _chunks(entries, chunk, ("user_keys", "values"))
+            yield from self._stream(_chunks(entries, chunk, ("user_keys", "values")), "MapScan")
 
     @rpc_method
     def ScanKeys(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
         backend = self._backend(request.target, "ScanKeys", 1)
         chunk = _chunk_size(request)
-        yield from _chunks(backend.scan_keys(request.target.state_name), chunk, ("keys", "namespaces"))
+        yield from self._stream(_chunks(backend.scan_keys(request.target.state_name), chunk, ("keys", "namespaces")), "ScanKeys")
 
 

@@ -9,13 +9,17 @@ from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.taskmanager.deployment import DeployRequest, SlotDeployer
 
 
 class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
-    def __init__(self, deployer: SlotDeployer, checkpoints: object | None = None, epochs: object | None = None) -> None:
+    def __init__(
+        self, deployer: SlotDeployer, lease: Lease, checkpoints: object | None = None, epochs: object | None = None
+    ) -> None:
         self._deployer = deployer
+        self._lease = lease
         self._checkpoints = checkpoints
         self._epochs = epochs
 
@@ -38,6 +42,7 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
             restore_duration_ms=result.restore_duration_ms,
             restored_bytes=result.restored_bytes,
             downloaded_bytes=result.downloaded_bytes,
+            committed_epoch=result.committed_epoch,
         )
 
     @rpc_method
@@ -51,6 +56,7 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
     def TriggerCheckpoint(self, request: pb.CheckpointBarrier, context: grpc.ServicerContext) -> pb.TriggerResponse:
         if self._checkpoints is None:
             raise InvalidArgumentError("checkpointing is not configured on this TaskManager")
+        self._lease.check(f"the barrier of checkpoint {request.checkpoint_id}")
         return pb.TriggerResponse(slots=self._checkpoints.trigger(request))  # type: ignore[attr-defined]
 
     @rpc_method
@@ -63,4 +69,5 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
     def CommitEpoch(self, request: pb.EpochCommitRequest, context: grpc.ServicerContext) -> pb.EpochCommitResponse:
         if self._epochs is None:
             raise InvalidArgumentError("epoch transactions are not available on this TaskManager")
+        self._lease.check(f"the commit of epoch {request.epoch}")
         return self._epochs.commit(request)  # type: ignore[attr-defined]

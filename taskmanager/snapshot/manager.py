@@ -35,14 +35,13 @@ import grpc
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.errors import InvalidArgumentError, KeyedStateError
+from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.faults import crash_point
 from keyedstate.common.storage import StorageCache
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, upload_files
 from keyedstate.taskmanager.state import KeyedStateBackend, restore_backend
-from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
 
 if TYPE_CHECKING:
     from keyedstate.taskmanager.daemon import TaskManager
@@ -77,6 +76,7 @@ class _SlotCheckpoint:
     referenced_shared: dict[str, pb.StateFileHandle] = field(default_factory=dict)
     uploaded_remote: list[str] = field(default_factory=list)
     done: bool = False
+    savepoint: bool = False
 
 
 class SnapshotManager:
@@ -99,17 +99,25 @@ class SnapshotManager:
             raise InvalidArgumentError("a checkpoint barrier needs a positive checkpoint_id and a target_path")
         crash_point("taskmanager.checkpoint.barrier")
         slots = self._tm.slots.of_job(barrier.job_id)
+        for slot in slots:
+            # The cut must be consistent: every slot of the job holds the epoch the barrier names.
+            held = slot.require_backend().committed_epoch()
+            if held != barrier.epoch:
+                raise EpochConflictError(
+                    f"{slot.subtask} holds epoch {held}, but the barrier of checkpoint {barrier.checkpoint_id} was cut at "
+                    f"epoch {barrier.epoch}; the checkpoint cannot be consistent and is refused"
+                )
         started: list[_SlotCheckpoint] = []
         for slot in slots:
             backend = slot.require_backend()
-            local_dir = self._tm.deployer.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / f"chk-{barrier.checkpoint_id}"  # type: ignore[union-attr]
+            local_dir = self._tm.deployer.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / _local_name(barrier)  # type: ignore[union-attr]
             if local_dir.exists():
                 shutil.rmtree(local_dir)
             local_dir.parent.mkdir(parents=True, exist_ok=True)
             t0 = time.monotonic()
             snapshot = backend.snapshot(local_dir)
             sync_ms = (time.monotonic() - t0) * 1000
-            work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir, barrier.target_path)
+            work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir, barrier.target_path, savepoint=barrier.savepoint)
             started.append(work)
             self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
         with self._lock:
@@ -216,7 +224,7 @@ class SnapshotManager:
             key_groups=pb.KeyGroupRange(start=slot.key_groups.start, end=slot.key_groups.end),
             backend=self._tm.settings.backend, files=handles, incremental_size=incremental_size, full_size=full_size,
             # Read at the cut when the backend can; the live value may already include a later epoch.
-            committed_epoch=snapshot.committed_epoch if snapshot.committed_epoch is not None else _committed_epoch(backend),
+            committed_epoch=snapshot.committed_epoch if snapshot.committed_epoch is not None else backend.committed_epoch() if backend is not None else -1,
         )
 
     def _discard_uploads(self, work: _SlotCheckpoint, barrier: tm_pb.CheckpointBarrier) -> None:
@@ -245,26 +253,43 @@ class SnapshotManager:
     def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
         with self._lock:
             works = self._inflight.pop((job_id, checkpoint_id), [])
-            # Older in-flight checkpoints of the job are subsumed by a completed one.
-            if completed:
-                for key in [k for k in self._inflight if k[0] == job_id and k[1] < checkpoint_id]:
-                    self._inflight.pop(key)
+        if completed and works and not works[0].savepoint:
+            self._subsume_older(job_id, checkpoint_id)
         for work in works:
             if completed:
-                # The next incremental checkpoint may reference exactly what this one references.
-                work.slot.uploaded_shared = {**work.referenced_shared, **work.new_shared}
+                if not work.savepoint:
+                    # The next incremental checkpoint may reference exactly what this one references.
+                    work.slot.uploaded_shared = {**work.referenced_shared, **work.new_shared}
                 self._keep_local_copy(work)
             else:
-                work.cancel.set()
-                if work.done:
-                    barrier = tm_pb.CheckpointBarrier(job_id=job_id, checkpoint_id=checkpoint_id,
-                                                      target_path=work.slot.checkpoint_base or "file:///")
-                    self._discard_uploads(work, barrier)
+                self._cancel(work)
+
+    def _subsume_older(self, job_id: str, checkpoint_id: int) -> None:
+        """A completed checkpoint subsumes the job's older in-flight *checkpoints*; savepoints carry on."""
+        with self._lock:
+            older = [k for k, works in self._inflight.items()
+                     if k[0] == job_id and k[1] < checkpoint_id and works and not works[0].savepoint]
+            subsumed = [w for k in older for w in self._inflight.pop(k)]
+        for work in subsumed:
+            self._cancel(work)
+
+    def _cancel(self, work: _SlotCheckpoint) -> None:
+        work.cancel.set()
+        if work.done:
+            barrier = tm_pb.CheckpointBarrier(job_id=work.slot.subtask.job_id, checkpoint_id=work.checkpoint_id,
+                                              target_path=work.target_path or work.slot.checkpoint_base or "file:///")
+            self._discard_uploads(work, barrier)
+        # A running upload discards its own files when it sees the cancel (see _finish_snapshot).
 
     def _keep_local_copy(self, work: _SlotCheckpoint) -> None:
-        snapshots = work.local_dir.parent
-        for other in snapshots.glob("chk-*"):
-            if other != work.local_dir:
+        """After completion: a checkpoint's snapshot replaces older local copies (local recovery); a savepoint's goes."""
+        if work.savepoint:
+            shutil.rmtree(work.local_dir, ignore_errors=True)
+            return
+        for other in work.local_dir.parent.glob("chk-*"):
+            # Only older checkpoints: a newer one may be in flight, and savepoints live in savepoint-<n>.
+            other_id = _checkpoint_id(other.name)
+            if other_id is not None and other_id < work.checkpoint_id:
                 shutil.rmtree(other, ignore_errors=True)
         if not self.local_recovery:
             shutil.rmtree(work.local_dir, ignore_errors=True)
@@ -393,11 +418,16 @@ class SnapshotManager:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _committed_epoch(backend: KeyedStateBackend | None) -> int:
-    if backend is None:
-        return -1
-    raw = backend.get_meta(COMMITTED_EPOCH)
-    return int(raw.decode()) if raw else -1
+def _local_name(barrier: tm_pb.CheckpointBarrier) -> str:
+    """Local snapshot directory of one barrier: savepoints apart, so no checkpoint's completion touches them."""
+    return f"{'savepoint' if barrier.savepoint else 'chk'}-{barrier.checkpoint_id}"
+
+
+def _checkpoint_id(name: str) -> int | None:
+    prefix = "chk-"
+    if name.startswith(prefix) and name[len(prefix):].isdigit():
+        return int(name[len(prefix):])
+    return None
 
 
 def install(tm: TaskManager) -> None:

@@ -19,6 +19,7 @@ from keyedstate.common.descriptors import StateDescriptor, StateKind
 from keyedstate.common.errors import (
     IncompatibleCheckpointError,
     InvalidArgumentError,
+    KeyedStateError,
     NotFoundError,
     Reason,
     SizeLimitError,
@@ -29,7 +30,7 @@ from keyedstate.common.errors import (
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_groups as key_groups_of
 from keyedstate.taskmanager.state.limits import StateLimits
-from keyedstate.taskmanager.state.metadata import INTERNAL_META_PREFIX
+from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH, INTERNAL_META_PREFIX
 from keyedstate.taskmanager.state.mutation import Mutation, MutationKind
 from keyedstate.taskmanager.state.reducing import Reducer
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot, SnapshotManifest
@@ -510,6 +511,18 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def get_meta(self, key: bytes) -> bytes | None:
         """A slot metadata value (for example :data:`.metadata.COMMITTED_EPOCH`)."""
+
+    def committed_epoch(self) -> int:
+        """The last epoch committed into this slot (-1: none); written atomically with the epoch's data."""
+        raw = self.get_meta(COMMITTED_EPOCH)
+        if not raw:
+            return -1
+        try:
+            return int(raw.decode("ascii"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise KeyedStateError(
+                f"slot {self.subtask} has a malformed committed epoch {raw[:32]!r} in its metadata", reason=Reason.INTERNAL
+            ) from exc
 
     # -- backend primitives (called after validation, inside the in-flight gate) ------------
     @abstractmethod

@@ -21,6 +21,10 @@ class ManualClock:
         with self._lock:
             return self._mono
 
+    def boottime_ms(self) -> int:
+        with self._lock:
+            return self._mono
+
     def advance(self, ms: int) -> None:
         """Move both clocks forward by ``ms`` (never backwards)."""
         if ms < 0:

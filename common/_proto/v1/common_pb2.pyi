@@ -122,14 +122,16 @@ class RoutingTable(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., max_parallelism: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., job_status: _Optional[str] = ...) -> None: ...
 
 class EpochContext(_message.Message):
-    __slots__ = ("epoch", "partition", "attempt")
+    __slots__ = ("epoch", "partition", "attempt", "sequence")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     partition: int
     attempt: int
-    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    sequence: int
+    def __init__(self, epoch: _Optional[int] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class StateFileHandle(_message.Message):
     __slots__ = ("path", "size", "sha256", "local_name", "shared")
@@ -169,10 +171,34 @@ class SubtaskStateHandle(_message.Message):
     committed_epoch: int
     def __init__(self, operator_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., backend: _Optional[str] = ..., files: _Optional[_Iterable[_Union[StateFileHandle, _Mapping]]] = ..., incremental_size: _Optional[int] = ..., full_size: _Optional[int] = ..., sync_duration_ms: _Optional[int] = ..., async_duration_ms: _Optional[int] = ..., committed_epoch: _Optional[int] = ...) -> None: ...
 
+class SlotWrites(_message.Message):
+    __slots__ = ("operator_id", "subtask_index", "requests")
+    OPERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBTASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    operator_id: str
+    subtask_index: int
+    requests: int
+    def __init__(self, operator_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+
 class PartitionAttempt(_message.Message):
-    __slots__ = ("partition", "attempt")
+    __slots__ = ("partition", "attempt", "writes", "has_ledger")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    HAS_LEDGER_FIELD_NUMBER: _ClassVar[int]
     partition: int
     attempt: int
-    def __init__(self, partition: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    writes: _containers.RepeatedCompositeFieldContainer[SlotWrites]
+    has_ledger: bool
+    def __init__(self, partition: _Optional[int] = ..., attempt: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[SlotWrites, _Mapping]]] = ..., has_ledger: _Optional[bool] = ...) -> None: ...
+
+class LineageEntry(_message.Message):
+    __slots__ = ("query_id", "offset", "first_epoch")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FIRST_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    query_id: str
+    offset: int
+    first_epoch: int
+    def __init__(self, query_id: _Optional[str] = ..., offset: _Optional[int] = ..., first_epoch: _Optional[int] = ...) -> None: ...

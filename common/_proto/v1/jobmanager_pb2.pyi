@@ -1,11 +1,25 @@
 from . import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class BatchAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BATCH_ACTION_UNSPECIFIED: _ClassVar[BatchAction]
+    RUN: _ClassVar[BatchAction]
+    ALREADY_COMMITTED: _ClassVar[BatchAction]
+    WAIT: _ClassVar[BatchAction]
+    STOP: _ClassVar[BatchAction]
+BATCH_ACTION_UNSPECIFIED: BatchAction
+RUN: BatchAction
+ALREADY_COMMITTED: BatchAction
+WAIT: BatchAction
+STOP: BatchAction
 
 class SlotReport(_message.Message):
     __slots__ = ("slot_index", "job_id", "operator_id", "subtask_index")
@@ -38,14 +52,18 @@ class RegisterTaskManagerRequest(_message.Message):
     def __init__(self, taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., num_slots: _Optional[int] = ..., host: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., metrics_port: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class RegisterTaskManagerResponse(_message.Message):
-    __slots__ = ("heartbeat_interval_ms", "heartbeat_timeout_ms", "jobmanager_session")
+    __slots__ = ("heartbeat_interval_ms", "heartbeat_timeout_ms", "jobmanager_session", "lease_duration_ms", "kept_slots")
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     JOBMANAGER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_SLOTS_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_ms: int
     heartbeat_timeout_ms: int
     jobmanager_session: str
-    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., jobmanager_session: _Optional[str] = ...) -> None: ...
+    lease_duration_ms: int
+    kept_slots: _containers.RepeatedCompositeFieldContainer[SlotReport]
+    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., jobmanager_session: _Optional[str] = ..., lease_duration_ms: _Optional[int] = ..., kept_slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("taskmanager_id", "slots", "jobmanager_session")
@@ -129,7 +147,7 @@ class TaskManagerInfo(_message.Message):
     def __init__(self, taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., num_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., status: _Optional[str] = ..., last_heartbeat_age_ms: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "status", "max_parallelism", "operators", "latest_checkpoint_id", "latest_checkpoint_path", "committed_epoch", "failure_cause", "restarts")
+    __slots__ = ("job_id", "status", "max_parallelism", "operators", "latest_checkpoint_id", "latest_checkpoint_path", "committed_epoch", "failure_cause", "restarts", "routing_version", "durable_epoch", "lineage")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MAX_PARALLELISM_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +157,9 @@ class JobInfo(_message.Message):
     COMMITTED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     FAILURE_CAUSE_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     status: str
     max_parallelism: int
@@ -148,7 +169,10 @@ class JobInfo(_message.Message):
     committed_epoch: int
     failure_cause: str
     restarts: int
-    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[str] = ..., max_parallelism: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[_common_pb2.OperatorSpec, _Mapping]]] = ..., latest_checkpoint_id: _Optional[int] = ..., latest_checkpoint_path: _Optional[str] = ..., committed_epoch: _Optional[int] = ..., failure_cause: _Optional[str] = ..., restarts: _Optional[int] = ...) -> None: ...
+    routing_version: int
+    durable_epoch: int
+    lineage: _containers.RepeatedCompositeFieldContainer[_common_pb2.LineageEntry]
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[str] = ..., max_parallelism: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[_common_pb2.OperatorSpec, _Mapping]]] = ..., latest_checkpoint_id: _Optional[int] = ..., latest_checkpoint_path: _Optional[str] = ..., committed_epoch: _Optional[int] = ..., failure_cause: _Optional[str] = ..., restarts: _Optional[int] = ..., routing_version: _Optional[int] = ..., durable_epoch: _Optional[int] = ..., lineage: _Optional[_Iterable[_Union[_common_pb2.LineageEntry, _Mapping]]] = ...) -> None: ...
 
 class ClusterOverview(_message.Message):
     __slots__ = ("taskmanagers", "jobs", "total_slots", "free_slots")
@@ -238,21 +262,55 @@ class AckResponse(_message.Message):
     outcome: str
     def __init__(self, outcome: _Optional[str] = ...) -> None: ...
 
+class BeginBatchRequest(_message.Message):
+    __slots__ = ("job_id", "query_id", "batch_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    query_id: str
+    batch_id: int
+    def __init__(self, job_id: _Optional[str] = ..., query_id: _Optional[str] = ..., batch_id: _Optional[int] = ...) -> None: ...
+
+class BeginBatchResponse(_message.Message):
+    __slots__ = ("action", "epoch", "committed_epoch", "durable_epoch", "job_status", "failure_cause", "routing")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATUS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    action: BatchAction
+    epoch: int
+    committed_epoch: int
+    durable_epoch: int
+    job_status: str
+    failure_cause: str
+    routing: _common_pb2.RoutingTable
+    def __init__(self, action: _Optional[_Union[BatchAction, str]] = ..., epoch: _Optional[int] = ..., committed_epoch: _Optional[int] = ..., durable_epoch: _Optional[int] = ..., job_status: _Optional[str] = ..., failure_cause: _Optional[str] = ..., routing: _Optional[_Union[_common_pb2.RoutingTable, _Mapping]] = ...) -> None: ...
+
 class CommitEpochRequest(_message.Message):
-    __slots__ = ("job_id", "epoch", "winners", "checkpoint", "wait_for_checkpoint", "expected_routing_version")
+    __slots__ = ("job_id", "epoch", "winners", "checkpoint", "wait_for_checkpoint", "expected_routing_version", "query_id", "batch_id", "timeout_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WINNERS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     epoch: int
     winners: _containers.RepeatedCompositeFieldContainer[_common_pb2.PartitionAttempt]
     checkpoint: bool
     wait_for_checkpoint: bool
     expected_routing_version: int
-    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., winners: _Optional[_Iterable[_Union[_common_pb2.PartitionAttempt, _Mapping]]] = ..., checkpoint: _Optional[bool] = ..., wait_for_checkpoint: _Optional[bool] = ..., expected_routing_version: _Optional[int] = ...) -> None: ...
+    query_id: str
+    batch_id: int
+    timeout_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., winners: _Optional[_Iterable[_Union[_common_pb2.PartitionAttempt, _Mapping]]] = ..., checkpoint: _Optional[bool] = ..., wait_for_checkpoint: _Optional[bool] = ..., expected_routing_version: _Optional[int] = ..., query_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class CommitEpochResponse(_message.Message):
     __slots__ = ("committed_epoch", "already_committed", "checkpoint")

@@ -95,6 +95,11 @@ class JobManagerStub:
                 request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.JobRequest.SerializeToString,
                 response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.ListCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.BeginBatch = channel.unary_unary(
+                '/keyedstate.v1.JobManager/BeginBatch',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.BeginBatchRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.BeginBatchResponse.FromString,
+                _registered_method=True)
         self.CommitEpoch = channel.unary_unary(
                 '/keyedstate.v1.JobManager/CommitEpoch',
                 request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.CommitEpochRequest.SerializeToString,
@@ -182,6 +187,12 @@ class JobManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CommitEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -256,6 +267,11 @@ def add_JobManagerServicer_to_server(servicer, server):
                     servicer.ListCheckpoints,
                     request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.JobRequest.FromString,
                     response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'BeginBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginBatch,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.BeginBatchRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.BeginBatchResponse.SerializeToString,
             ),
             'CommitEpoch': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitEpoch,
@@ -592,6 +608,33 @@ class JobManager:
             '/keyedstate.v1.JobManager/ListCheckpoints',
             keyedstate_dot_v1_dot_jobmanager__pb2.JobRequest.SerializeToString,
             keyedstate_dot_v1_dot_jobmanager__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.JobManager/BeginBatch',
+            keyedstate_dot_v1_dot_jobmanager__pb2.BeginBatchRequest.SerializeToString,
+            keyedstate_dot_v1_dot_jobmanager__pb2.BeginBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

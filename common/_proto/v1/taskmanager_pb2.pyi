@@ -132,14 +132,16 @@ class DeploySlotRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., operator: _Optional[_Union[_common_pb2.OperatorSpec, _Mapping]] = ..., subtask_index: _Optional[int] = ..., key_groups: _Optional[_Union[_common_pb2.KeyGroupRange, _Mapping]] = ..., max_parallelism: _Optional[int] = ..., slot_index: _Optional[int] = ..., routing_version: _Optional[int] = ..., restore: _Optional[_Union[SlotRestore, _Mapping]] = ..., checkpoint_base: _Optional[str] = ..., incremental: _Optional[bool] = ...) -> None: ...
 
 class DeploySlotResponse(_message.Message):
-    __slots__ = ("restore_duration_ms", "restored_bytes", "downloaded_bytes")
+    __slots__ = ("restore_duration_ms", "restored_bytes", "downloaded_bytes", "committed_epoch")
     RESTORE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DOWNLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     restore_duration_ms: int
     restored_bytes: int
     downloaded_bytes: int
-    def __init__(self, restore_duration_ms: _Optional[int] = ..., restored_bytes: _Optional[int] = ..., downloaded_bytes: _Optional[int] = ...) -> None: ...
+    committed_epoch: int
+    def __init__(self, restore_duration_ms: _Optional[int] = ..., restored_bytes: _Optional[int] = ..., downloaded_bytes: _Optional[int] = ..., committed_epoch: _Optional[int] = ...) -> None: ...
 
 class ReleaseSlotRequest(_message.Message):
     __slots__ = ("job_id", "operator_id", "subtask_index", "discard_local_state")
@@ -196,16 +198,20 @@ class NotificationResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class EpochCommitRequest(_message.Message):
-    __slots__ = ("job_id", "epoch", "winners", "abort")
+    __slots__ = ("job_id", "epoch", "winners", "abort", "routing_version", "prepare")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WINNERS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     epoch: int
     winners: _containers.RepeatedCompositeFieldContainer[_common_pb2.PartitionAttempt]
     abort: bool
-    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., winners: _Optional[_Iterable[_Union[_common_pb2.PartitionAttempt, _Mapping]]] = ..., abort: _Optional[bool] = ...) -> None: ...
+    routing_version: int
+    prepare: bool
+    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., winners: _Optional[_Iterable[_Union[_common_pb2.PartitionAttempt, _Mapping]]] = ..., abort: _Optional[bool] = ..., routing_version: _Optional[int] = ..., prepare: _Optional[bool] = ...) -> None: ...
 
 class EpochCommitResponse(_message.Message):
     __slots__ = ("committed_epoch", "applied_entries")

@@ -14,7 +14,8 @@ import pytest
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
-from keyedstate.common.client import ListState, MapState, ReducingState, StateClient, ValueState
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import EpochConflictError, Reason
 from keyedstate.common.rpc.status import REASON_KEY
@@ -37,8 +38,10 @@ def _ctx(epoch: int, partition: int, attempt: int) -> common_pb2.EpochContext:
 
 
 def _commit(cluster: InProcessCluster, epoch: int, winners: dict[int, int], abort: bool = False) -> list[tm_pb.EpochCommitResponse]:
+    """CommitEpoch on every TaskManager, as the JobManager sends it (under the job's routing version)."""
+    version = cluster.client().routing(JOB, refresh=True).version
     request = tm_pb.EpochCommitRequest(
-        job_id=JOB, epoch=epoch, abort=abort,
+        job_id=JOB, epoch=epoch, abort=abort, routing_version=version,
         winners=[common_pb2.PartitionAttempt(partition=p, attempt=a) for p, a in sorted(winners.items())],
     )
     responses = []
@@ -68,9 +71,9 @@ def test_staged_writes_become_visible_only_for_the_winners_once_committed(inproc
     committed.events.append_many(keys[:10], ["seed"] * 10)
     committed.sums.add_many(keys[:10], [(1, 1)] * 10)
 
-    winner = _Handles(client, _ctx(1, 0, 100))
-    loser = _Handles(client, _ctx(1, 0, 101))
-    other_partition = _Handles(client, _ctx(1, 1, 102))
+    winner = _Handles(client, _ctx(0, 0, 100))
+    loser = _Handles(client, _ctx(0, 0, 101))
+    other_partition = _Handles(client, _ctx(0, 1, 102))
     winner.total.put_many(keys[:200], [-i for i in range(200)])
     winner.events.append_many(keys[:10], ["e1"] * 10)
     winner.attrs.put_many(keys[:10], ["plan"] * 10, ["pro"] * 10)
@@ -90,9 +93,9 @@ def test_staged_writes_become_visible_only_for_the_winners_once_committed(inproc
     assert committed.total.get_many(keys[:2]) == [0, 1]
     assert committed.attrs.get(keys[0], "plan") is None
 
-    responses = _commit(cluster, 1, {0: 100, 1: 102})
+    responses = _commit(cluster, 0, {0: 100, 1: 102})
 
-    assert [r.committed_epoch for r in responses] == [1, 1]
+    assert [r.committed_epoch for r in responses] == [0, 0]
     assert sum(r.applied_entries for r in responses) == 200 + 10 + 10 + 10 + 100
     assert committed.total.get_many(keys) == [-i for i in range(200)] + [7] * 100 + list(range(300, 400))
     assert committed.events.get_many(keys[:2]) == [["seed", "e1"]] * 2
@@ -100,13 +103,13 @@ def test_staged_writes_become_visible_only_for_the_winners_once_committed(inproc
     assert committed.sums.get_many(keys[:10]) == [(2, 6)] * 10
 
     # The speculative loser comes back late: refused with ABORTED, never applied.
-    with pytest.raises(EpochConflictError, match="already committed epoch 1"):
+    with pytest.raises(EpochConflictError, match="already committed epoch 0"):
         loser.total.put_many(keys[:5], [5] * 5)
     subtask = client.subtask_of(JOB, OP, keys[0].encode())
     address = client.routing(JOB).operator(OP).addresses[subtask]
     request = tm_pb.KeyedRequest(
         target=tm_pb.StateTarget(job_id=JOB, operator_id=OP, subtask_index=subtask, state_name="total",
-                                 routing_version=client.routing(JOB).version, epoch=_ctx(1, 0, 101)),
+                                 routing_version=client.routing(JOB).version, epoch=_ctx(0, 0, 101)),
         keys=[keys[0].encode()], values=[b"x"],
     )
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
@@ -115,16 +118,22 @@ def test_staged_writes_become_visible_only_for_the_winners_once_committed(inproc
     assert dict(info.value.trailing_metadata() or ())[REASON_KEY] == Reason.EPOCH_CONFLICT.value
 
     # A retried commit applies nothing twice.
-    again = _commit(cluster, 1, {0: 100, 1: 102})
-    assert [(r.committed_epoch, r.applied_entries) for r in again] == [(1, 0), (1, 0)]
+    again = _commit(cluster, 0, {0: 100, 1: 102})
+    assert [(r.committed_epoch, r.applied_entries) for r in again] == [(0, 0), (0, 0)]
     assert committed.sums.get_many(keys[:1]) == [(2, 6)]
 
+    # Epochs are contiguous: one that skips an epoch is refused, whatever it staged.
+    with pytest.raises(grpc.RpcError) as gap:
+        _commit(cluster, 5, {})
+    assert gap.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(gap.value.trailing_metadata() or ())[REASON_KEY] == Reason.EPOCH_GAP.value
+
     # An aborted epoch leaves no trace, and the micro-batch can run again.
-    _Handles(client, _ctx(2, 0, 200)).total.put_many(keys[:3], [42] * 3)
-    assert [r.committed_epoch for r in _commit(cluster, 2, {}, abort=True)] == [1, 1]
+    _Handles(client, _ctx(1, 0, 200)).total.put_many(keys[:3], [42] * 3)
+    assert [r.committed_epoch for r in _commit(cluster, 1, {}, abort=True)] == [0, 0]
     assert committed.total.get_many(keys[:3]) == [0, -1, -2]
-    _Handles(client, _ctx(2, 0, 201)).total.put_many(keys[:3], [43] * 3)
-    assert [r.committed_epoch for r in _commit(cluster, 2, {0: 201})] == [2, 2]
+    _Handles(client, _ctx(1, 0, 201)).total.put_many(keys[:3], [43] * 3)
+    assert [r.committed_epoch for r in _commit(cluster, 1, {0: 201})] == [1, 1]
     assert committed.total.get_many(keys[:3]) == [43] * 3
 
 
@@ -133,16 +142,25 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
     client = cluster.client()
     client.submit_job(JOB, OPERATORS)
     keys = [f"k{i}" for i in range(100)]
-    ValueState(client, JOB, OP, "total", value_serializer="int", epoch=_ctx(3, 0, 1)).put_many(keys, list(range(100)))
+    start = client.begin_batch(JOB, "query-1", 0)
+    assert (start.action, start.epoch, start.committed_epoch) == (jm_pb.RUN, 0, -1)
+    scope = EpochScope(_ctx(start.epoch, 0, 1), routing_version=start.routing.version)
+    ValueState(client, JOB, OP, "total", value_serializer="int", epoch=scope).put_many(keys, list(range(100)))
 
-    response = client.commit_epoch(JOB, 3, {0: 1}, checkpoint=True, wait_for_checkpoint=True, timeout_s=60)
+    response = client.commit_epoch(JOB, start.epoch, [scope.winner()], query_id="query-1", batch_id=0,
+                                   expected_routing_version=start.routing.version, timeout_s=60)
 
-    assert response.committed_epoch == 3
+    assert response.committed_epoch == 0
     # Every slot's checkpoint reports the epoch the commit wrote into its metadata.
     assert response.checkpoint.status == "COMPLETED", response.checkpoint
-    assert response.checkpoint.epoch == 3
+    assert response.checkpoint.epoch == 0
     assert ValueState(client, JOB, OP, "total", value_serializer="int").get_many(keys) == list(range(100))
-    assert client.job_info(JOB).committed_epoch == 3
+    info = client.job_info(JOB)
+    assert (info.committed_epoch, info.durable_epoch) == (0, 0)
+    assert [(e.query_id, e.offset, e.first_epoch) for e in info.lineage] == [("query-1", 0, 0)]
+    # The batch again (a restarted driver): the state holds it, so it is only made durable.
+    again = client.begin_batch(JOB, "query-1", 0)
+    assert (again.action, again.epoch) == (jm_pb.ALREADY_COMMITTED, 0)
 
 
 def test_epoch_calls_to_a_slot_that_is_not_here_are_stale_routing(inprocess_cluster: Any) -> None:

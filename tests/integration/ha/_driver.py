@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keyedstate.common._proto.v1 import common_pb2
-from keyedstate.common.client import ClientSettings, ListState, ReducingState, StateClient
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.client import ClientSettings, EpochScope, ListState, ReducingState, StateClient
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
-from keyedstate.common.errors import KeyedStateError
+from keyedstate.common.errors import EpochGapError, KeyedStateError
 
 JOB = "ha-job"
 OP = "agg"
@@ -64,37 +65,59 @@ class EpochDriver:
             time.sleep(0.1)
 
     def run_epoch(self, epoch: int) -> Any:
-        """Run one batch to a committed, checkpointed epoch; returns the CommitEpochResponse."""
+        """Run one batch until a completed checkpoint holds it; returns the CommitEpochResponse.
+
+        As ``foreach_batch`` does: ask where the batch stands, run it (again) when the job lost
+        it, only wait for durability when the state holds it already.
+        """
         rows = self.batch(epoch)
         while True:
-            info = self.wait_running()
-            if info.committed_epoch >= epoch:
-                self._apply_reference(epoch, rows)
-                return None
-            self.attempts += 1
-            ctx = common_pb2.EpochContext(epoch=epoch, partition=0, attempt=self.attempts)
             try:
-                routing = self.client.routing(JOB, refresh=True)
-                agg: dict[str, list[int]] = {}
-                for key, amount in rows:
-                    a = agg.setdefault(key, [0, 0])
-                    a[0] += 1
-                    a[1] += amount
-                keys = sorted(agg)
-                ReducingState(self.client, JOB, OP, "sums", epoch=ctx).add_many(keys, [agg[k] for k in keys])
-                ListState(self.client, JOB, OP, "events", value_serializer="str", epoch=ctx).append_many(
-                    [k for k, _ in rows], [f"{epoch}:{i}:{amount}" for i, (_, amount) in enumerate(rows)])
-                response = self.client.commit_epoch(JOB, epoch, {0: self.attempts},
-                                                    expected_routing_version=routing.version)
+                start = self.client.begin_batch(JOB, "", epoch)
             except KeyedStateError:
-                self.reruns += 1  # the job restarted under the batch (or the JobManager is away): run it again
+                time.sleep(0.1)  # the JobManager is restarting
+                continue
+            if start.action == jm_pb.STOP:
+                raise AssertionError(f"job {start.job_status}: {start.failure_cause}")
+            if start.action == jm_pb.WAIT:
                 time.sleep(0.1)
                 continue
-            if response.checkpoint.status not in ("COMPLETED", ""):
-                # Committed, but its checkpoint failed: the next commit (or failover) covers it.
-                pass
+            winners = []
+            if start.action == jm_pb.RUN:
+                self.attempts += 1
+                scope = EpochScope(common_pb2.EpochContext(epoch=start.epoch, partition=0, attempt=self.attempts),
+                                   routing_version=start.routing.version)
+                try:
+                    self._stage(rows, epoch, scope)
+                except KeyedStateError:
+                    self.reruns += 1  # the job restarted under the batch: run it again
+                    time.sleep(0.1)
+                    continue
+                winners = [scope.winner()]
+            try:
+                response = self.client.commit_epoch(JOB, start.epoch, winners, batch_id=epoch,
+                                                    expected_routing_version=start.routing.version)
+            except EpochGapError:
+                raise
+            except KeyedStateError:
+                if winners:
+                    self.reruns += 1
+                time.sleep(0.1)
+                continue
+            assert response.checkpoint.status == "COMPLETED" and response.checkpoint.epoch >= start.epoch, response
             self._apply_reference(epoch, rows)
             return response
+
+    def _stage(self, rows: list[tuple[str, int]], epoch: int, scope: EpochScope) -> None:
+        agg: dict[str, list[int]] = {}
+        for key, amount in rows:
+            a = agg.setdefault(key, [0, 0])
+            a[0] += 1
+            a[1] += amount
+        keys = sorted(agg)
+        ReducingState(self.client, JOB, OP, "sums", epoch=scope).add_many(keys, [agg[k] for k in keys])
+        ListState(self.client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(
+            [k for k, _ in rows], [f"{epoch}:{i}:{amount}" for i, (_, amount) in enumerate(rows)])
 
     def _apply_reference(self, epoch: int, rows: list[tuple[str, int]]) -> None:
         for i, (key, amount) in enumerate(rows):

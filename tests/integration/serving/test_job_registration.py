@@ -151,9 +151,13 @@ def test_a_different_definition_under_a_running_id_is_already_exists(cluster: An
     client = cluster.client()
     first = client.submit_job(JOB, operators(parallelism=2))
     free = _free_slots(stub)
+    # Only the parallelism differs: a restarted driver adopts the job as it runs (after a rescale).
+    assert cluster.client().submit_job(JOB, operators(parallelism=1)) == first
+    other_states = [OperatorSpec(OPERATOR, 2, (StateDescriptor("renamed", StateKind.VALUE),))]
     with pytest.raises(AlreadyExistsError) as info:
-        cluster.client().submit_job(JOB, operators(parallelism=1))
+        cluster.client().submit_job(JOB, other_states)
     assert info.value.reason is Reason.ALREADY_EXISTS
+    assert f"the states of operator {OPERATOR!r}" in info.value.message
     assert status_code(info.value) is grpc.StatusCode.ALREADY_EXISTS
     assert f"statectl job cancel {JOB}" in info.value.message and "another job id" in info.value.message
     err = rpc_error(lambda: _submit(stub, job_id=JOB, operators=[_op()]))

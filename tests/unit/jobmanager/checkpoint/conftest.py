@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -24,6 +25,7 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
+    EpochCut,
     CheckpointBarrier,
     CheckpointCoordinator,
     CheckpointingSettings,
@@ -58,7 +60,7 @@ class SimulatedTaskManagers:
     write_files: bool = True
     exclusive_files: bool = True
     sst_window: int = 2  # confirmed SSTs each snapshot keeps referencing (older ones are "compacted")
-    committed_epoch: int = 0
+    committed_epoch: int = -1  # a job that never committed an epoch
     coordinator: CheckpointCoordinator | None = None
     barriers: list[CheckpointBarrier] = field(default_factory=list)
     notifications: list[tuple[int, bool]] = field(default_factory=list)
@@ -70,6 +72,10 @@ class SimulatedTaskManagers:
         return [SubtaskId(JOB, op.operator_id, i) for op in self.operators for i in range(op.parallelism)]
 
     # -- CheckpointGateway ---------------------------------------------------------------------
+    @contextmanager
+    def cut(self) -> Iterator[EpochCut]:
+        yield EpochCut(self.committed_epoch)
+
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
         self.barriers.append(barrier)
         if self.mode == "unavailable":

@@ -102,34 +102,31 @@ def test_duration_comes_from_the_injected_clock(make_harness: Any) -> None:
     assert h.metric("lastCheckpointDuration") == 1234
 
 
-def test_epoch_is_carried_by_the_barrier_and_checked_against_acks(make_harness: Any) -> None:
+def test_the_epoch_of_the_cut_is_carried_by_the_barrier_and_recorded(make_harness: Any) -> None:
     h = make_harness(mode="manual")
     h.cluster.committed_epoch = 7
-    h.coordinator.trigger(epoch=7)
+    h.coordinator.trigger()
+    assert h.cluster.barriers[-1].epoch == 7
     h.cluster.ack_all(1)
     assert metadata_of(h, 1)["epoch"] == 7
 
-    # A subtask that has not committed the epoch the checkpoint must contain spoils the checkpoint.
-    h.coordinator.trigger(epoch=9)
-    outcome = h.cluster.ack(h.cluster.subtasks()[0], 2)
-    assert outcome is AckOutcome.DISCARDED
-    with pytest.raises(CheckpointException, match="committed epoch is 7 but the checkpoint must contain epoch 9") as info:
-        h.coordinator.wait_for(2, timeout=0)
-    assert info.value.failure_reason is R.CHECKPOINT_DECLINED
-    assert "chk-2" not in {p.split("/")[0] for p in h.files()}
+
+def test_an_ack_holding_another_epoch_than_the_cut_spoils_the_checkpoint(make_harness: Any) -> None:
+    # A consistent cut: every subtask must hold exactly the epoch the barrier was cut at, neither
+    # less (the checkpoint would claim an epoch it lacks) nor more (a restore would double it).
+    for held in (6, 8):
+        h = make_harness(mode="manual")
+        h.cluster.committed_epoch = 7
+        h.coordinator.trigger()
+        h.cluster.committed_epoch = held
+        outcome = h.cluster.ack(h.cluster.subtasks()[0], 1)
+        assert outcome is AckOutcome.DISCARDED
+        with pytest.raises(CheckpointException, match=f"committed epoch is {held} but the checkpoint was cut at epoch 7") as info:
+            h.coordinator.wait_for(1, timeout=0)
+        assert info.value.failure_reason is R.CHECKPOINT_DECLINED
+        assert "chk-1" not in {p.split("/")[0] for p in h.files()}
 
 
-def test_without_requested_epoch_the_lowest_committed_epoch_is_recorded(make_harness: Any) -> None:
-    h = make_harness(mode="manual")
-    h.coordinator.trigger()
-    subtasks = h.cluster.subtasks()
-    for i, s in enumerate(subtasks):
-        h.cluster.committed_epoch = 5 + i
-        h.cluster.ack(s, 1)
-    assert metadata_of(h, 1)["epoch"] == 5
-
-
-# -- late, duplicate, unknown ----------------------------------------------------------------------
 def test_duplicate_unknown_and_retried_acks_change_nothing(make_harness: Any) -> None:
     h = make_harness(mode="manual")
     h.coordinator.trigger()

@@ -95,7 +95,7 @@ def _pending(savepoint: bool = False, epoch: int = -1) -> PendingCheckpoint:
 def _handle(index: int, *paths: tuple[str, bool]) -> pb.SubtaskStateHandle:
     start, end = (0, 3) if index == 0 else (4, 7)
     handle = pb.SubtaskStateHandle(operator_id="counts", subtask_index=index, backend="rocksdb",
-                                   key_groups=pb.KeyGroupRange(start=start, end=end))
+                                   key_groups=pb.KeyGroupRange(start=start, end=end), committed_epoch=-1)
     for path, shared in paths:
         handle.files.add(path=path, size=10, shared=shared)
     return handle
@@ -149,7 +149,7 @@ def test_pending_builds_metadata_in_operator_and_subtask_order() -> None:
     p.acknowledge(SubtaskId(JOB, "counts", 0), _handle(0, ("shared/x", True)))
     meta = p.build_metadata()
     assert [s.subtask_index for s in meta.operators[0].subtasks] == [0, 1]
-    assert meta.problems() == [] and meta.epoch == 0
+    assert meta.problems() == [] and meta.epoch == -1  # the epoch of the cut
 
 
 # -- store ---------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ MP = 128
 FULL = KeyGroupRange(0, MP - 1)
 JOB = "job-1"
 OP = "op"
+ROUTING_VERSION = 1
 VEC = struct.Struct(">qdq")  # count (sum), max (float), min (int)
 
 STATES = (
@@ -63,7 +64,7 @@ class EpochHarness:
 
     def deploy(self, subtask_index: int = 0, key_groups: KeyGroupRange = FULL, parallelism: int = 1) -> Slot:
         subtask = SubtaskId(JOB, OP, subtask_index)
-        slot = self.table.reserve(subtask, OperatorSpec(OP, parallelism, STATES), key_groups, MP, self._next_slot, 1, "", False)
+        slot = self.table.reserve(subtask, OperatorSpec(OP, parallelism, STATES), key_groups, MP, self._next_slot, ROUTING_VERSION, "", False)
         self._next_slot += 1
         backend = create_backend(
             self.kind, subtask, key_groups, MP, STATES, local_dir=self.work, limits=self.limits, clock=self.clock
@@ -86,10 +87,20 @@ class EpochHarness:
         return self.manager.view(self.slot(subtask_index), common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt))
 
     def commit(self, epoch: int, winners: Mapping[int, int], abort: bool = False) -> tm_pb.EpochCommitResponse:
-        request = tm_pb.EpochCommitRequest(job_id=JOB, epoch=epoch, abort=abort)
+        """Commit ``epoch``; epochs between the slots' committed one and it are committed empty first
+        (the JobManager's epochs are contiguous; these tests start at any epoch)."""
+        if not abort:
+            self.fill_to(epoch - 1)
+        request = tm_pb.EpochCommitRequest(job_id=JOB, epoch=epoch, abort=abort, routing_version=ROUTING_VERSION)
         for partition, attempt in winners.items():
             request.winners.add(partition=partition, attempt=attempt)
         return self.manager.commit(request)
+
+    def fill_to(self, epoch: int) -> None:
+        """Commit empty epochs until every slot of the job holds ``epoch`` (never moves backwards)."""
+        held = min((read_committed_epoch(s.require_backend()) for s in self.table.of_job(JOB)), default=epoch)
+        for e in range(held + 1, epoch + 1):
+            self.manager.commit(tm_pb.EpochCommitRequest(job_id=JOB, epoch=e, routing_version=ROUTING_VERSION))
 
     def committed_epoch(self, subtask_index: int = 0) -> int:
         return read_committed_epoch(self.backend(subtask_index))

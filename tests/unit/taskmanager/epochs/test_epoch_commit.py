@@ -57,10 +57,10 @@ def test_recommitting_an_epoch_applies_nothing_twice(harness: EpochHarness) -> N
     assert harness.commit(5, {0: 1}).committed_epoch == 5
 
     again = harness.commit(5, {0: 1})
-    older = harness.commit(4, {0: 1})
-
     assert (again.committed_epoch, again.applied_entries) == (5, 0)
-    assert (older.committed_epoch, older.applied_entries) == (5, 0)
+    # An epoch older than the one the slot holds is stale: refused, never applied again.
+    with pytest.raises(EpochConflictError, match="already holds epoch 5; epoch 4 is stale"):
+        harness.commit(4, {0: 1})
     b = harness.backend()
     assert [VEC.unpack(x) for x in b.value_get("r", [b"k"], b"")] == [(1, 1.0, 1)]  # type: ignore[arg-type]
     assert b.list_get("l", [b"k"], b"") == [[b"once"]]
@@ -75,8 +75,9 @@ def test_a_commit_keeps_later_epochs_and_discards_earlier_ones(harness: EpochHar
     assert harness.backend().value_get("v", [b"old", b"now", b"next"], b"") == [None, b"epoch-3", None]
     assert harness.view(4, 0, 9).value_get("v", [b"next"], b"") == [b"epoch-4"]
 
-    # Epoch 2's writes were dropped: naming them later applies nothing.
-    assert harness.commit(2, {0: 1}).committed_epoch == 3
+    # Epoch 2's writes were dropped, and naming them later is refused.
+    with pytest.raises(EpochConflictError):
+        harness.commit(2, {0: 1})
     harness.commit(4, {0: 9})
     assert harness.backend().value_get("v", [b"old", b"now", b"next"], b"") == [None, b"epoch-3", b"epoch-4"]
     assert harness.committed_epoch() == 4
@@ -155,7 +156,7 @@ def test_a_failing_mutation_fails_the_commit_with_nothing_applied(make_harness) 
     assert b.value_get("v", [b"k0", b"k99"], b"") == [None, None]
     assert b.value_get("r", [b"sum"], b"") == [None]
     assert b.list_get("l", [b"full"], b"") == [[b"1", b"2"]]
-    assert h.committed_epoch() == -1
+    assert h.committed_epoch() == 0  # still the epoch before it
     # The staged writes are kept (the commit can be retried) until the epoch is aborted.
     assert v.value_get("v", [b"k0"], b"") == [b"x"]
     h.commit(1, {}, abort=True)
@@ -180,7 +181,7 @@ def test_a_corrupt_staged_record_fails_the_commit_cleanly(harness: EpochHarness)
         harness.commit(1, {0: 1})
     assert info.value.reason is Reason.INTERNAL
     assert harness.backend().value_get("v", [b"good"], b"") == [None]
-    assert harness.committed_epoch() == -1
+    assert harness.committed_epoch() == 0  # still the epoch before it
 
 
 def test_commit_reaches_every_slot_of_the_job(make_harness) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,318 @@
+"""The JobManager's side of exactly-once epochs: where a batch stands, commits, durability.
+
+One :class:`EpochCoordinator` serves every job of the JobManager. Its three steps follow
+docs/exactly-once.md:
+
+* :meth:`EpochCoordinator.begin_batch` tells the driver the job epoch of a Spark batch and what
+  to do with it (run it, only make it durable, wait, or stop), or refuses a batch that would
+  skip epochs (``EpochGapError``).
+* :meth:`EpochCoordinator.commit` applies a batch on every TaskManager of the job in two rounds
+  (prepare everywhere, then apply everywhere), under the job's lock so that no checkpoint cut
+  sees half an epoch; a failed apply fails the job over before the lock is released.
+* :meth:`EpochCoordinator.ensure_durable` answers only once a *completed* checkpoint holds the
+  epoch: it triggers one, waits for one in flight or for the minimum pause instead of failing,
+  and retries failed ones until the job rolls back (the batch then runs again) or the deadline
+  passes. Nothing here takes a checkpoint that did not complete as a success.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.clock import Clock
+from keyedstate.common.errors import (
+    CheckpointError,
+    EpochConflictError,
+    EpochGapError,
+    InvalidArgumentError,
+    JobStateError,
+    KeyedStateError,
+    UnavailableError,
+)
+from keyedstate.common.faults import crash_point
+from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
+from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointInProgressError
+from keyedstate.jobmanager.jobs import Job, JobStatus
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.1
+_RETRY_PAUSE_S = 0.2
+
+
+class BatchAction(enum.Enum):
+    RUN = "RUN"
+    """Run the batch as the returned epoch."""
+    ALREADY_COMMITTED = "ALREADY_COMMITTED"
+    """The state holds the batch; only make sure it is durable."""
+    WAIT = "WAIT"
+    """The job is restarting or waiting for slots; ask again."""
+    STOP = "STOP"
+    """The job is FAILED or CANCELED; the query must stop."""
+
+
+@dataclass(frozen=True)
+class BatchStart:
+    """Where one Spark batch stands (the answer to BeginBatch)."""
+
+    action: BatchAction
+    epoch: int
+    committed_epoch: int
+    durable_epoch: int
+    job_status: str
+    failure_cause: str
+    routing: pb.RoutingTable
+
+
+@dataclass(frozen=True)
+class EpochCommit:
+    """One commit request: a batch's epoch, its winners (with ledgers) and what to wait for."""
+
+    job_id: str
+    epoch: int
+    query_id: str
+    batch_id: int
+    winners: Sequence[pb.PartitionAttempt]
+    routing_version: int
+    checkpoint: bool = True
+    """Trigger a checkpoint containing the epoch (False: wait for a periodic one)."""
+    wait_for_checkpoint: bool = True
+    timeout_ms: int = 0
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    committed_epoch: int
+    already_committed: bool
+    checkpoint: CompletedCheckpoint | None
+    """The completed checkpoint holding the epoch (None when not waited for)."""
+
+
+class EpochCoordinator:
+    """Begins, commits and makes durable the epochs of every job (see the module docstring)."""
+
+    def __init__(
+        self,
+        jobs: Callable[[str], Job],
+        commit_on: Callable[[str, tm_pb.EpochCommitRequest], object],
+        executor: Executor,
+        fail_over_now: Callable[[Job, str], None],
+        clock: Clock,
+        closed: threading.Event,
+        default_timeout_ms: int,
+    ) -> None:
+        """``commit_on(address, request)`` sends an EpochCommit to one TaskManager;
+        ``fail_over_now(job, cause)`` starts a failover (the caller holds the job's lock)."""
+        self._jobs = jobs
+        self._commit_on = commit_on
+        self._executor = executor
+        self._fail_over_now = fail_over_now
+        self._clock = clock
+        self._closed = closed
+        self._default_timeout_ms = default_timeout_ms
+
+    # -- begin -------------------------------------------------------------------------------
+    def begin_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchStart:
+        if batch_id < 0:
+            raise InvalidArgumentError(f"batch_id must be >= 0 (the Spark batch id), got {batch_id}")
+        job = self._jobs(job_id)
+        with job.lock:
+            durable = job.durable_epoch()
+
+            def answer(action: BatchAction, epoch: int = -1) -> BatchStart:
+                return BatchStart(action, epoch, job.committed_epoch, durable, job.status.value, job.failure_cause,
+                                  job.routing_table())
+
+            if job.status.terminal:
+                return answer(BatchAction.STOP)
+            if job.status is not JobStatus.RUNNING:
+                return answer(BatchAction.WAIT)
+            epoch = self._epoch_of(job, query_id, batch_id)
+            if epoch <= job.committed_epoch:
+                return answer(BatchAction.ALREADY_COMMITTED, epoch)
+            return answer(BatchAction.RUN, epoch)
+
+    def _epoch_of(self, job: Job, query_id: str, batch_id: int) -> int:
+        """The batch's job epoch; EpochGapError if the state cannot take it next (caller holds the lock)."""
+        try:
+            epoch = job.lineage.epoch_of(query_id, batch_id, job.committed_epoch)
+        except EpochGapError as exc:
+            raise EpochGapError(f"job {job.job_id!r}: {exc.message}{_predecessor_hint(job)}") from None
+        if epoch > job.committed_epoch + 1:
+            raise EpochGapError(
+                f"job {job.job_id!r}: batch {batch_id} is epoch {epoch}, but the job's state holds epoch "
+                f"{job.committed_epoch}, so epochs {job.committed_epoch + 1}..{epoch - 1} are missing from it (an older "
+                "checkpoint or savepoint was restored, or the newest checkpoint was lost). Nothing was applied. Restore a "
+                f"checkpoint that holds epoch {epoch - 1} (statectl checkpoint list; statectl job restore), or start "
+                f"the query from a new checkpointLocation{_predecessor_hint(job)}"
+            )
+        return epoch
+
+    # -- commit ------------------------------------------------------------------------------
+    def commit(self, request: EpochCommit) -> CommitOutcome:
+        """Apply the batch's winners as its epoch (once), then wait for a checkpoint holding it if asked."""
+        if request.epoch < 0:
+            raise InvalidArgumentError(f"epoch must be >= 0 (from BeginBatch), got {request.epoch}")
+        if request.routing_version <= 0:
+            raise InvalidArgumentError(
+                "expected_routing_version is required: send the routing version the batch ran under (BeginBatch)"
+            )
+        job = self._jobs(request.job_id)
+        with job.lock:
+            _require_running(job)
+            epoch = self._epoch_of(job, request.query_id, request.batch_id)
+            if epoch != request.epoch:
+                raise EpochConflictError(
+                    f"job {job.job_id!r}: batch {request.batch_id} is epoch {epoch} now, not {request.epoch} (the job "
+                    "restored a checkpoint since the batch began); run the batch again"
+                )
+            already = epoch <= job.committed_epoch
+            if not already:
+                if request.routing_version != job.routing_version:
+                    raise EpochConflictError(
+                        f"job {job.job_id!r} was redeployed while epoch {epoch} ran (routing v{request.routing_version} -> "
+                        f"v{job.routing_version}); its staged writes are gone: run the batch again"
+                    )
+                self._apply(job, epoch, request.winners, request.routing_version)
+                job.set_epochs(epoch, job.lineage.bind(request.query_id, request.batch_id, epoch))
+                crash_point("jobmanager.epoch.committed")
+                logger.info("job=%s epoch=%d committed (batch %d, %d partitions, routing v%d)", job.job_id, epoch,
+                            request.batch_id, len(request.winners), request.routing_version)
+        if not request.wait_for_checkpoint or job.coordinator is None:
+            if request.checkpoint and job.coordinator is not None:
+                self._trigger_quietly(job)
+            return CommitOutcome(epoch, already, None)
+        timeout = request.timeout_ms or self._default_timeout_ms
+        completed = self.ensure_durable(job, epoch, request.query_id, request.batch_id, request.checkpoint, timeout)
+        return CommitOutcome(epoch, already, completed)
+
+    def _apply(self, job: Job, epoch: int, winners: Sequence[pb.PartitionAttempt], routing_version: int) -> None:
+        """Prepare on every TaskManager, then apply on every one (caller holds the job's lock)."""
+        addresses = sorted({a.address for a in job.assignments.values()})
+        request = tm_pb.EpochCommitRequest(job_id=job.job_id, epoch=epoch, winners=winners, routing_version=routing_version)
+        prepare = tm_pb.EpochCommitRequest()
+        prepare.CopyFrom(request)
+        prepare.prepare = True
+        refused = self._on_all(addresses, prepare)
+        if refused:
+            address, error = refused[0]
+            if all(isinstance(e, (EpochConflictError, UnavailableError)) for _, e in refused):
+                raise EpochConflictError(
+                    f"job {job.job_id!r}: epoch {epoch} was refused by TaskManager {address} before anything was applied "
+                    f"({error.message}); run the batch again"
+                ) from error
+            # The slots disagree with the JobManager about the job's epochs: only a restore makes them agree.
+            cause = f"preparing epoch {epoch} failed on TaskManager {address}: {error.message}"
+            self._fail_over_now(job, cause)
+            raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint") from error
+        crash_point("jobmanager.epoch.before-commit")
+        failed = self._on_all(addresses, request)
+        if failed:
+            # Some TaskManagers may have applied the epoch and others not. The failover starts
+            # before the job's lock is released, so no checkpoint can cut this state.
+            address, error = failed[0]
+            cause = f"commit of epoch {epoch} failed on TaskManager {address}: {error.message}"
+            self._fail_over_now(job, cause)
+            raise JobStateError(
+                f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint and the batch runs again"
+            ) from error
+
+    def _on_all(self, addresses: list[str], request: tm_pb.EpochCommitRequest) -> list[tuple[str, KeyedStateError]]:
+        futures = [(a, self._executor.submit(self._commit_on, a, request)) for a in addresses]
+        errors: list[tuple[str, KeyedStateError]] = []
+        for address, future in futures:
+            try:
+                future.result()
+            except KeyedStateError as exc:
+                errors.append((address, exc))
+            except Exception as exc:  # a bug in the gateway must not pass for a commit
+                errors.append((address, KeyedStateError(repr(exc))))
+        return errors
+
+    # -- durability --------------------------------------------------------------------------
+    def ensure_durable(
+        self, job: Job, epoch: int, query_id: str, batch_id: int, trigger: bool, timeout_ms: int
+    ) -> CompletedCheckpoint:
+        """Return a completed checkpoint holding ``epoch``; trigger one (``trigger``) or wait for a periodic one.
+
+        Raises EpochConflictError when the job rolled back below the epoch meanwhile (the batch
+        must run again), JobStateError when it stopped, and CheckpointError (retryable, the epoch
+        stays committed) when the deadline passes first.
+        """
+        deadline = self._clock.monotonic_ms() + timeout_ms
+        last_failure = "none yet"
+        while True:
+            with job.lock:
+                if job.status.terminal:
+                    raise JobStateError(f"job {job.job_id!r} is {job.status.value}: {job.failure_cause}")
+                if job.committed_epoch < epoch or job.lineage.epoch_of(query_id, batch_id, job.committed_epoch) != epoch:
+                    raise EpochConflictError(
+                        f"job {job.job_id!r} restored a checkpoint that holds epoch {job.committed_epoch}, from before "
+                        f"epoch {epoch} was durable ({job.failure_cause or 'failover'}); run the batch again"
+                    )
+                latest = job.coordinator.latest_completed() if job.coordinator is not None else None
+                if latest is not None and _holds(latest, epoch, query_id, batch_id):
+                    return latest
+                running = job.status is JobStatus.RUNNING
+                coordinator = job.coordinator
+            remaining = deadline - self._clock.monotonic_ms()
+            if remaining <= 0 or self._closed.is_set():
+                raise CheckpointError(
+                    f"job {job.job_id!r}: epoch {epoch} is committed but no checkpoint holding it completed within "
+                    f"{timeout_ms} ms (last failure: {last_failure}); call again to keep waiting"
+                )
+            if coordinator is None:
+                raise InvalidArgumentError(f"job {job.job_id!r} has no checkpoint storage; set state.checkpoints.dir")
+            if not running or not trigger:
+                self._closed.wait(_POLL_S)
+                continue
+            try:
+                pending = coordinator.trigger_waiting(remaining, closed=self._closed)
+                coordinator.wait_for(pending.checkpoint_id, max(0.001, (deadline - self._clock.monotonic_ms()) / 1000.0))
+            except CheckpointInProgressError:
+                continue  # the deadline check above decides
+            except CheckpointException as exc:
+                last_failure = f"{exc.failure_reason.name}: {exc.detail}"
+                logger.warning("job=%s epoch=%d checkpoint failed (%s); trying again", job.job_id, epoch, last_failure)
+                self._closed.wait(_RETRY_PAUSE_S)
+
+    def _trigger_quietly(self, job: Job) -> None:
+        try:
+            job.coordinator.trigger()
+        except CheckpointException as exc:
+            logger.info("job=%s checkpoint after commit not triggered: %s", job.job_id, exc.detail)
+
+
+def _holds(checkpoint: CompletedCheckpoint, epoch: int, query_id: str, batch_id: int) -> bool:
+    """Whether ``checkpoint`` holds ``epoch`` as batch ``batch_id`` of ``query_id``."""
+    meta = checkpoint.metadata
+    if meta.epoch < epoch:
+        return False
+    try:
+        return meta.lineage.epoch_of(query_id, batch_id, meta.epoch) == epoch
+    except EpochGapError:
+        return False
+
+
+def _require_running(job: Job) -> None:
+    if job.status is JobStatus.RUNNING:
+        return
+    if job.status.terminal:
+        raise JobStateError(f"job {job.job_id!r} is {job.status.value}: {job.failure_cause or 'no cause recorded'}")
+    raise JobStateError(
+        f"job {job.job_id!r} is {job.status.value} ({job.failure_cause or 'starting'}); run the batch again once it "
+        f"is RUNNING (it will hold epoch {job.committed_epoch} or the epoch of the checkpoint it restores)"
+    )
+
+
+def _predecessor_hint(job: Job) -> str:
+    if not job.predecessor:
+        return ""
+    return f". {job.predecessor}"
