@@ -151,3 +151,31 @@ def test_teardown_leaves_nothing_and_start_removes_dead_runs_leftovers() -> None
     finally:
         subprocess.run([ip, "netns", "del", dead_ns], capture_output=True)
         subprocess.run([ip, "link", "del", dead_bridge], capture_output=True)
+
+
+def test_minicluster_daemons_run_in_their_hosts_and_pause_like_a_stalled_host(netns: VirtualNetwork, tmp_path: Path) -> None:
+    from keyedstate.common.client import ClientSettings, StateClient
+    from tests.fixtures.waiting import wait_for
+
+    jm, tm0, tm1 = (netns.add_host(n) for n in ("jm", "tm0", "tm1"))
+    cluster = netns.minicluster(tmp_path, jm_host=jm, tm_hosts=[tm0, tm1], slots=1,
+                                config={"heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s"})
+    assert cluster.jobmanager_address == f"{jm.ip}:{cluster.jobmanager_port}"
+    for daemon, host in ((cluster.jobmanager, jm), (cluster.taskmanagers[0], tm0), (cluster.taskmanagers[1], tm1)):
+        assert daemon is not None and daemon.process is not None
+        identified = subprocess.run(["ip", "netns", "identify", str(daemon.process.pid)], capture_output=True, text=True)
+        assert identified.stdout.strip() == host.netns, f"{daemon.name} runs in {identified.stdout!r}, not {host.netns}"
+        assert daemon.address.startswith(f"{host.ip}:"), f"{daemon.name} serves on {daemon.address}"
+
+    with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=2)) as client:
+        def status(tm_id: str) -> str:
+            """ACTIVE, or "gone" once the JobManager dropped it from the overview (a lost TaskManager)."""
+            return next((t.status for t in client.cluster().taskmanagers if t.taskmanager_id == tm_id), "gone")
+
+        registered = {t.taskmanager_id: t.address.split(":")[0] for t in client.cluster().taskmanagers}
+        assert registered == {"tm-0": tm0.ip, "tm-1": tm1.ip}
+        # A paused TaskManager misses its heartbeats like a hung host; resumed, it registers again.
+        with cluster.taskmanagers[1].paused():
+            wait_for(lambda: status("tm-1") != "ACTIVE", 15, "the paused TaskManager to be declared lost")
+        wait_for(lambda: status("tm-1") == "ACTIVE", 15, "the resumed TaskManager to register again")
+        assert status("tm-0") == "ACTIVE"
