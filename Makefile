@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-all bench bench-quick bench-deps proto clean
+.PHONY: setup run test test-all test-deps bench bench-quick bench-deps proto clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -20,12 +20,17 @@ run: $(STAMP)
 	$(PY) -m keyedstate.examples.main_job
 
 ## The default test suite (what CI runs).
-test: $(STAMP) bench-deps
+test: $(STAMP) test-deps bench-deps
 	$(PY) -m pytest -q
 
 ## Everything, including soak runs marked slow.
-test-all: $(STAMP) bench-deps
+test-all: $(STAMP) test-deps bench-deps
 	$(PY) -m pytest -q -m ''
+
+## iptables makes the network partitions of the netns tests (tests/fixtures/netns.py); Debian's package.
+test-deps:
+	@command -v iptables >/dev/null 2>&1 || (apt-get install -y -qq iptables >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq iptables)) \
+		|| echo "test-deps: iptables could not be installed; the netns partition tests will be skipped"
 
 ## Redis is a baseline in the benchmarks; Debian's package, started by the benchmark itself.
 bench-deps:

@@ -1,22 +1,30 @@
 """A local cluster of real processes: one JobManager and N TaskManagers on 127.0.0.1.
 
 Used by the main job, the multi-process tests and the benchmarks, like Flink's MiniCluster,
-except that every daemon is its own OS process, so it can be killed with SIGKILL.
+except that every daemon is its own OS process, so it can be killed with SIGKILL (or paused
+with SIGSTOP: :meth:`DaemonProcess.pause`).
+
+A ``placement`` hook puts daemons elsewhere than 127.0.0.1: called with a daemon's name
+(``"jobmanager"``, ``"taskmanager-0"``, ...), it returns a :class:`Placement`, the command prefix
+to start it under (such as ``ip netns exec NS``) and the address it binds and advertises. The
+network-partition tests use it to run each daemon in its own network namespace
+(``tests/fixtures/netns.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-
+import signal as signals
 import socket
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable, Iterator
 
 from keyedstate.common.errors import UnavailableError
 
@@ -27,6 +35,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one daemon of a :class:`MiniCluster` runs."""
+
+    host: str = "127.0.0.1"
+    """The address the daemon binds and advertises (``jobmanager.rpc.address`` and
+    ``jobmanager.bind-host``, or ``taskmanager.host`` and ``taskmanager.bind-host``)."""
+    command_prefix: tuple[str, ...] = ()
+    """Prepended to the daemon's command line, e.g. ``("ip", "netns", "exec", "ns1")``; the
+    prefix must exec the daemon (keep its pid), so that signals reach the daemon itself."""
+
+
+PlacementFn = Callable[[str], Placement]
+"""Maps a daemon name (``"jobmanager"``, ``"taskmanager-<i>"``) to its :class:`Placement`."""
 
 
 @dataclass
@@ -79,6 +103,23 @@ class DaemonProcess:
             assert self.process is not None
             os.kill(self.process.pid, sig)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process hangs (as on a stalled host) until :meth:`resume`; a pause is not a crash."""
+        self.signal(signals.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self.signal(signals.SIGCONT)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Paused inside the ``with`` block, resumed on leaving it (also on an error)."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
     def kill(self) -> None:
         """SIGKILL: no clean-up, as a crash."""
         if self.process is not None:
@@ -119,19 +160,27 @@ class MiniCluster:
         backend: str = "rocksdb",
         config: dict[str, Any] | None = None,
         jobmanager_port: int | None = None,
+        placement: PlacementFn | None = None,
     ) -> None:
+        """``placement`` (optional) says where each daemon runs; without it all run on 127.0.0.1."""
         self.base_dir = Path(base_dir)
         self.num_taskmanagers = num_taskmanagers
         self.slots = slots_per_taskmanager
         self.backend = backend
         self.config = {str(k): str(v) for k, v in (config or {}).items()}
+        # In another network namespace the port is free anyway; 127.0.0.1's answer does no harm.
         self.jobmanager_port = jobmanager_port or free_port()
+        self.placement = placement
         self.jobmanager: DaemonProcess | None = None
         self.taskmanagers: list[DaemonProcess] = []
 
+    def placement_of(self, daemon: str) -> Placement:
+        """The :class:`Placement` of daemon ``daemon`` (``"jobmanager"``, ``"taskmanager-<i>"``)."""
+        return self.placement(daemon) if self.placement is not None else Placement()
+
     @property
     def jobmanager_address(self) -> str:
-        return f"127.0.0.1:{self.jobmanager_port}"
+        return f"{self.placement_of('jobmanager').host}:{self.jobmanager_port}"
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -140,7 +189,7 @@ class MiniCluster:
 
     def _overrides(self, extra: dict[str, str]) -> list[str]:
         merged = {
-            "jobmanager.rpc.address": "127.0.0.1",
+            "jobmanager.rpc.address": self.placement_of("jobmanager").host,
             "jobmanager.rpc.port": str(self.jobmanager_port),
             "metrics.reporter.prom.port": "0",
             "rest.port": "-1",
@@ -162,25 +211,31 @@ class MiniCluster:
 
     def start_jobmanager(self, env: dict[str, str] | None = None) -> None:
         """Start the JobManager process; ``env`` adds variables (e.g. a crash point, common/faults.py)."""
+        where = self.placement_of("jobmanager")
+        # Bound to its own address only with a placement, so the default command line is unchanged.
+        extra = {"jobmanager.bind-host": where.host} if self.placement is not None else {}
         self.jobmanager = DaemonProcess(
             "jobmanager",
-            [sys.executable, "-m", "keyedstate.jobmanager", *self._overrides({})],
+            [*where.command_prefix, sys.executable, "-m", "keyedstate.jobmanager", *self._overrides(extra)],
             self.base_dir / "log" / "jobmanager.log",
         )
         self.jobmanager.start({**self._env(), **(env or {})})
 
     def _taskmanager(self, i: int) -> DaemonProcess:
+        where = self.placement_of(f"taskmanager-{i}")
         extra = {
-            "taskmanager.host": "127.0.0.1",
+            "taskmanager.host": where.host,
             "taskmanager.rpc.port": "0",
             "taskmanager.numberOfTaskSlots": str(self.slots),
             "taskmanager.resource-id": f"tm-{i}",
             "state.backend.type": self.backend,
             "state.backend.rocksdb.localdir": str(self.base_dir / f"tm-{i}"),
         }
+        if self.placement is not None:
+            extra["taskmanager.bind-host"] = where.host
         return DaemonProcess(
             f"taskmanager-{i}",
-            [sys.executable, "-m", "keyedstate.taskmanager", *self._overrides(extra)],
+            [*where.command_prefix, sys.executable, "-m", "keyedstate.taskmanager", *self._overrides(extra)],
             self.base_dir / "log" / f"taskmanager-{i}.log",
         )
 

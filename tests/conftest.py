@@ -1,3 +1,3 @@
 """Shared fixtures, one plugin module per external system (tests/fixtures/)."""
 
-pytest_plugins = ["tests.fixtures.spark", "tests.fixtures.s3", "tests.fixtures.cluster"]
+pytest_plugins = ["tests.fixtures.spark", "tests.fixtures.s3", "tests.fixtures.cluster", "tests.fixtures.netns"]
