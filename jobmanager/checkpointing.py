@@ -58,16 +58,21 @@ class _JobGateway:
 
     def _addresses(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for a in self._job.assignments.values():
+        with self._job.lock:
+            assignments = list(self._job.assignments.values())
+        for a in assignments:
             counts[a.address] = counts.get(a.address, 0) + 1
         return counts
 
     @contextmanager
     def cut(self) -> Iterator[EpochCut]:
-        # The job's lock keeps epoch commits out while the coordinator records the epoch and
-        # sends the barrier, so every slot of one checkpoint holds exactly that epoch.
-        with self._job.lock:
-            yield EpochCut(self._job.committed_epoch, self._job.lineage)
+        # The epoch lock keeps epoch commits out while the coordinator records the epoch and
+        # sends the barrier, so every slot of one checkpoint holds exactly that epoch (and a
+        # slot that does not refuses the barrier).
+        with self._job.epoch_lock:
+            with self._job.lock:
+                cut = EpochCut(self._job.committed_epoch, self._job.lineage)
+            yield cut
 
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
         message = barrier.to_proto()
@@ -80,6 +85,11 @@ class _JobGateway:
                 )
 
     def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+        # Best effort and in the background: an unreachable TaskManager must not hold up the
+        # caller (a failover aborting checkpoints holds the job's lock).
+        self._d.run_in_background(self._notify_all, job_id, checkpoint_id, completed)
+
+    def _notify_all(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
         request = tm_pb.CheckpointNotification(job_id=job_id, checkpoint_id=checkpoint_id, completed=completed)
         for address in self._addresses():
             try:

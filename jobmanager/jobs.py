@@ -122,6 +122,14 @@ class Job:
     """The TaskManagers of the latest deployment: a redeploy waits until each is fenced."""
     coordinator: Any = None
     lock: threading.RLock = field(default_factory=threading.RLock)
+    """Guards the job's fields; held only briefly (never across a call to a TaskManager)."""
+    epoch_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Serializes epoch commits with checkpoint cuts (taken before ``lock``, never while holding it).
+
+    A commit holds it from its prepare round to recording the epoch, and a checkpoint from
+    reading the epoch to sending its barrier, so no barrier meets half an epoch. It is separate
+    from ``lock`` so that a call hanging on an unreachable TaskManager never holds up a failover.
+    """
 
     def set_epochs(self, epoch: int, lineage: EpochLineage) -> None:
         """What the job's state holds now (after a restore, or a commit)."""

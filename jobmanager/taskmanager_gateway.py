@@ -23,13 +23,19 @@ def _ignore(_connectivity: grpc.ChannelConnectivity) -> None:
 class TaskManagerGateways:
     """A cached channel and stub per TaskManager address; every call maps errors to domain errors."""
 
-    def __init__(self, max_message_bytes: int, deploy_timeout_s: float = 600.0, control_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, max_message_bytes: int, deploy_timeout_s: float = 600.0, control_timeout_s: float = 30.0,
+        barrier_timeout_s: float = 10.0,
+    ) -> None:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TaskExecutorStub]] = {}
         self._watchers: dict[str, list[Callable[[grpc.ChannelConnectivity], None]]] = {}
         self._lock = threading.Lock()
         self._max_message = max_message_bytes
         self.deploy_timeout_s = deploy_timeout_s
         self.control_timeout_s = control_timeout_s
+        # A barrier only starts the synchronous part of a snapshot; a TaskManager that does not
+        # answer within seconds is not going to take part in this checkpoint.
+        self.barrier_timeout_s = barrier_timeout_s
 
     def _stub(self, address: str) -> pb_grpc.TaskExecutorStub:
         with self._lock:
@@ -109,13 +115,15 @@ class TaskManagerGateways:
         self._call(address, "ReleaseSlot", request, self.control_timeout_s)
 
     def trigger_checkpoint(self, address: str, barrier: pb.CheckpointBarrier) -> pb.TriggerResponse:
-        return self._call(address, "TriggerCheckpoint", barrier, self.control_timeout_s)  # type: ignore[return-value]
+        return self._call(address, "TriggerCheckpoint", barrier, self.barrier_timeout_s)  # type: ignore[return-value]
 
     def notify_checkpoint(self, address: str, request: pb.CheckpointNotification) -> None:
         self._call(address, "NotifyCheckpoint", request, self.control_timeout_s)
 
     def commit_epoch(self, address: str, request: pb.EpochCommitRequest) -> pb.EpochCommitResponse:
-        return self._call(address, "CommitEpoch", request, self.deploy_timeout_s)  # type: ignore[return-value]
+        # A prepare only checks; an apply writes the whole epoch and may take long.
+        timeout = self.control_timeout_s if request.prepare else self.deploy_timeout_s
+        return self._call(address, "CommitEpoch", request, timeout)  # type: ignore[return-value]
 
     def close(self) -> None:
         with self._lock:

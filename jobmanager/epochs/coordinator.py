@@ -165,26 +165,24 @@ class EpochCoordinator:
                 "expected_routing_version is required: send the routing version the batch ran under (BeginBatch)"
             )
         job = self._jobs(request.job_id)
-        with job.lock:
-            _require_running(job)
-            epoch = self._epoch_of(job, request.query_id, request.batch_id)
-            if epoch != request.epoch:
-                raise EpochConflictError(
-                    f"job {job.job_id!r}: batch {request.batch_id} is epoch {epoch} now, not {request.epoch} (the job "
-                    "restored a checkpoint since the batch began); run the batch again"
-                )
-            already = epoch <= job.committed_epoch
-            if not already:
-                if request.routing_version != job.routing_version:
+        with job.epoch_lock:
+            with job.lock:
+                _require_running(job)
+                epoch = self._epoch_of(job, request.query_id, request.batch_id)
+                if epoch != request.epoch:
                     raise EpochConflictError(
-                        f"job {job.job_id!r} was redeployed while epoch {epoch} ran (routing v{request.routing_version} -> "
-                        f"v{job.routing_version}); its staged writes are gone: run the batch again"
+                        f"job {job.job_id!r}: batch {request.batch_id} is epoch {epoch} now, not {request.epoch} (the "
+                        "job restored a checkpoint since the batch began); run the batch again"
                     )
-                self._apply(job, epoch, request.winners, request.routing_version)
-                job.set_epochs(epoch, job.lineage.bind(request.query_id, request.batch_id, epoch))
-                crash_point("jobmanager.epoch.committed")
-                logger.info("job=%s epoch=%d committed (batch %d, %d partitions, routing v%d)", job.job_id, epoch,
-                            request.batch_id, len(request.winners), request.routing_version)
+                already = epoch <= job.committed_epoch
+                if not already and request.routing_version != job.routing_version:
+                    raise EpochConflictError(
+                        f"job {job.job_id!r} was redeployed while epoch {epoch} ran (routing v{request.routing_version} "
+                        f"-> v{job.routing_version}); its staged writes are gone: run the batch again"
+                    )
+                addresses = sorted({a.address for a in job.assignments.values()})
+            if not already:
+                self._apply(job, addresses, epoch, request)
         if not request.wait_for_checkpoint or job.coordinator is None:
             if request.checkpoint and job.coordinator is not None:
                 self._trigger_quietly(job)
@@ -193,36 +191,59 @@ class EpochCoordinator:
         completed = self.ensure_durable(job, epoch, request.query_id, request.batch_id, request.checkpoint, timeout)
         return CommitOutcome(epoch, already, completed)
 
-    def _apply(self, job: Job, epoch: int, winners: Sequence[pb.PartitionAttempt], routing_version: int) -> None:
-        """Prepare on every TaskManager, then apply on every one (caller holds the job's lock)."""
-        addresses = sorted({a.address for a in job.assignments.values()})
-        request = tm_pb.EpochCommitRequest(job_id=job.job_id, epoch=epoch, winners=winners, routing_version=routing_version)
+    def _apply(self, job: Job, addresses: list[str], epoch: int, commit: EpochCommit) -> None:
+        """Prepare on every TaskManager, then apply on every one, then record the epoch.
+
+        The caller holds ``job.epoch_lock`` (no checkpoint is cut meanwhile) but not ``job.lock``:
+        a TaskManager that hangs holds up this commit, never a failover. Each step re-checks that
+        the job was not redeployed meanwhile.
+        """
+        version = commit.routing_version
+        request = tm_pb.EpochCommitRequest(job_id=job.job_id, epoch=epoch, winners=commit.winners, routing_version=version)
         prepare = tm_pb.EpochCommitRequest()
         prepare.CopyFrom(request)
         prepare.prepare = True
         refused = self._on_all(addresses, prepare)
-        if refused:
-            address, error = refused[0]
-            if all(isinstance(e, (EpochConflictError, UnavailableError)) for _, e in refused):
-                raise EpochConflictError(
-                    f"job {job.job_id!r}: epoch {epoch} was refused by TaskManager {address} before anything was applied "
-                    f"({error.message}); run the batch again"
-                ) from error
-            # The slots disagree with the JobManager about the job's epochs: only a restore makes them agree.
-            cause = f"preparing epoch {epoch} failed on TaskManager {address}: {error.message}"
-            self._fail_over_now(job, cause)
-            raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint") from error
+        with job.lock:
+            self._still_current(job, epoch, version)
+            if refused:
+                address, error = refused[0]
+                if all(isinstance(e, (EpochConflictError, UnavailableError)) for _, e in refused):
+                    raise EpochConflictError(
+                        f"job {job.job_id!r}: epoch {epoch} was refused by TaskManager {address} before anything was "
+                        f"applied ({error.message}); run the batch again"
+                    ) from error
+                # The slots disagree with the JobManager about the job's epochs: only a restore makes them agree.
+                cause = f"preparing epoch {epoch} failed on TaskManager {address}: {error.message}"
+                self._fail_over_now(job, cause)
+                raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint") from error
         crash_point("jobmanager.epoch.before-commit")
         failed = self._on_all(addresses, request)
-        if failed:
-            # Some TaskManagers may have applied the epoch and others not. The failover starts
-            # before the job's lock is released, so no checkpoint can cut this state.
-            address, error = failed[0]
-            cause = f"commit of epoch {epoch} failed on TaskManager {address}: {error.message}"
-            self._fail_over_now(job, cause)
-            raise JobStateError(
-                f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint and the batch runs again"
-            ) from error
+        with job.lock:
+            if failed:
+                # Some TaskManagers may have applied the epoch and others not. The failover starts
+                # before the epoch lock is released, so no checkpoint can cut this state.
+                address, error = failed[0]
+                cause = f"commit of epoch {epoch} failed on TaskManager {address}: {error.message}"
+                if job.status is JobStatus.RUNNING and job.routing_version == version:
+                    self._fail_over_now(job, cause)
+                raise JobStateError(
+                    f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint and the batch runs again"
+                ) from error
+            self._still_current(job, epoch, version)
+            job.set_epochs(epoch, job.lineage.bind(commit.query_id, commit.batch_id, epoch))
+            crash_point("jobmanager.epoch.committed")
+        logger.info("job=%s epoch=%d committed (batch %d, %d partitions, routing v%d)", job.job_id, epoch,
+                    commit.batch_id, len(commit.winners), version)
+
+    @staticmethod
+    def _still_current(job: Job, epoch: int, version: int) -> None:
+        """Raise when the job was redeployed (or stopped) since the commit read it (caller holds ``job.lock``)."""
+        if job.routing_version != version or job.status is not JobStatus.RUNNING:
+            raise EpochConflictError(
+                f"job {job.job_id!r} is {job.status.value} under routing v{job.routing_version} since the commit of epoch "
+                f"{epoch} began (v{version}): {job.failure_cause or 'redeployed'}; run the batch again"
+            )
 
     def _on_all(self, addresses: list[str], request: tm_pb.EpochCommitRequest) -> list[tuple[str, KeyedStateError]]:
         futures = [(a, self._executor.submit(self._commit_on, a, request)) for a in addresses]

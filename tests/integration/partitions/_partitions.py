@@ -102,7 +102,9 @@ class JobMonitor:
             try:
                 info = self.client.job_info(self.job_id)
                 routing = self.client.routing(self.job_id, refresh=True)
-                ob = Observation(time.monotonic(), info.status, info.restarts, routing.version,
+                # The status comes with the table it belongs to: job_info and the routing are two
+                # calls, and a failover can start between them.
+                ob = Observation(time.monotonic(), routing.job_status, info.restarts, routing.version,
                                  routing.operator(OPERATOR).addresses)
                 last = self.observations[-1] if self.observations else None
                 # Only changes are kept: the first sighting of each state is the moment that matters.
