@@ -85,9 +85,13 @@ class _JobGateway:
                 )
 
     def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
-        # Best effort and in the background: an unreachable TaskManager must not hold up the
-        # caller (a failover aborting checkpoints holds the job's lock).
-        self._d.run_in_background(self._notify_all, job_id, checkpoint_id, completed)
+        # Best effort. A completion is told before anyone learns of it (the next incremental
+        # checkpoint builds on it); an abort goes out in the background, because a failover
+        # aborts checkpoints while it holds the job's lock and a TaskManager may be unreachable.
+        if completed:
+            self._notify_all(job_id, checkpoint_id, completed)
+        else:
+            self._d.run_in_background(self._notify_all, job_id, checkpoint_id, completed)
 
     def _notify_all(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
         request = tm_pb.CheckpointNotification(job_id=job_id, checkpoint_id=checkpoint_id, completed=completed)

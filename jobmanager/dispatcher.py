@@ -52,6 +52,7 @@ class Dispatcher:
         self.clock = clock
         self.scheduler = scheduler
         self._jobs: dict[str, Job] = {}
+        self._deploying: set[tuple[str, int]] = set()  # (TaskManager, slot) of deployments under way
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jm-deploy")
         # Set by shutdown(); restart loops wait on it so that they end with the JobManager
@@ -140,7 +141,56 @@ class Dispatcher:
         if dropped:
             logger.info("taskmanager %s re-registered; it releases %d slot(s) no job assigns to it any more: %s",
                         record.taskmanager_id, len(dropped), ", ".join(str(d) for d in dropped))
+            # Taken until its heartbeats show them gone: nothing is deployed over a slot the
+            # TaskManager has not released yet.
+            for subtask in dropped:
+                self.registry.occupy(record.taskmanager_id, reported[subtask], subtask)
         return kept
+
+    def heartbeat(self, request: jm_pb.HeartbeatRequest) -> bool:
+        """Record a heartbeat; False when the TaskManager must register again (unknown, or another session)."""
+        if request.jobmanager_session != self.registry.session or not self.registry.heartbeat(request.taskmanager_id):
+            return False
+        reported = {s.slot_index: SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in request.slots if s.job_id}
+        record = self.registry.get(request.taskmanager_id)
+        if record is None:
+            return True
+        for index, subtask in enumerate(list(record.occupancy)):
+            if subtask is None or reported.get(index) == subtask:
+                continue
+            # The slot is marked with a subtask this TaskManager no longer reports: a stale slot it
+            # has released, unless the mark is a current assignment on its way (being deployed).
+            if not self._assigned(subtask, request.taskmanager_id, index):
+                self.registry.free_if(request.taskmanager_id, index, subtask)
+        for index, subtask in reported.items():
+            # A slot no job assigns here (a deploy whose answer was lost): it must not serve.
+            if index < len(record.occupancy) and record.occupancy[index] is None and not self._assigned(
+                    subtask, request.taskmanager_id, index):
+                self.registry.occupy(request.taskmanager_id, index, subtask)
+                self._pool.submit(self._release_orphan, record, index, subtask)
+        return True
+
+    def _release_orphan(self, record: TaskManagerRecord, slot_index: int, subtask: SubtaskId) -> None:
+        logger.warning("taskmanager %s hosts %s in slot %d, which no job assigns there; releasing it",
+                       record.taskmanager_id, subtask, slot_index)
+        try:
+            self.gateways.release(record.address, tm_pb.ReleaseSlotRequest(
+                job_id=subtask.job_id, operator_id=subtask.operator_id, subtask_index=subtask.subtask_index))
+        except KeyedStateError as exc:
+            # Marked until its heartbeats show it gone; a TaskManager that cannot be reached loses its lease.
+            logger.info("releasing %s on %s: %s", subtask, record.taskmanager_id, exc.message)
+            return
+        self.registry.free_if(record.taskmanager_id, slot_index, subtask)
+
+    def _assigned(self, subtask: SubtaskId, taskmanager_id: str, slot_index: int) -> bool:
+        with self._lock:
+            if (taskmanager_id, slot_index) in self._deploying:
+                return True
+            job = self._jobs.get(subtask.job_id)
+        if job is None:
+            return False
+        a = job.assignments.get(subtask)
+        return a is not None and a.taskmanager_id == taskmanager_id and a.slot_index == slot_index
 
     # -- job lifecycle -----------------------------------------------------------------------
     def submit(self, spec: JobSpec, restore_path: str = "") -> pb.RoutingTable:
@@ -246,6 +296,19 @@ class Dispatcher:
                 )
             return response
 
+        slots = {(a.taskmanager_id, a.slot_index) for a in assignments}
+        with self._lock:
+            self._deploying |= slots
+        try:
+            self._deploy_assignments(job, plan, assignments, deploy_one)
+        finally:
+            with self._lock:
+                self._deploying -= slots
+
+    def _deploy_assignments(
+        self, job: Job, plan: RestorePlan, assignments: list[SlotAssignment],
+        deploy_one: Callable[[SlotAssignment], tm_pb.DeploySlotResponse],
+    ) -> None:
         futures = {a: self._pool.submit(deploy_one, a) for a in assignments}
         errors: list[tuple[SlotAssignment, BaseException]] = []
         deployed: list[SlotAssignment] = []

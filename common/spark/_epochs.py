@@ -351,6 +351,8 @@ class _BatchRunner:
             rt.batches_run += 1
         rt.last_batch_id = batch_id
         rt.last_checkpoint = checkpoint
+        if skipped:
+            return  # a replayed batch did no work worth timing
         checkpoint_s = checkpoint.duration_ms / 1000.0 if checkpoint is not None else 0.0
         rt.timings.append(BatchTiming(batch_id, tasks_s, commit_s, time.perf_counter() - started, checkpoint_s))
 

@@ -44,8 +44,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
 
     @rpc_method
     def Heartbeat(self, request: jm_pb.HeartbeatRequest, context: grpc.ServicerContext) -> jm_pb.HeartbeatResponse:
-        known = request.jobmanager_session == self._d.registry.session and self._d.registry.heartbeat(request.taskmanager_id)
-        return jm_pb.HeartbeatResponse(known=known)
+        return jm_pb.HeartbeatResponse(known=self._d.heartbeat(request))
 
     @rpc_method
     def DeregisterTaskManager(self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.DeregisterTaskManagerResponse:
