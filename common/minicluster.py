@@ -252,18 +252,8 @@ class MiniCluster:
     def wait_for_taskmanagers(self, count: int, timeout_s: float = 60.0) -> None:
         from keyedstate.common.client import ClientSettings, StateClient
 
-        deadline = time.monotonic() + timeout_s
         with StateClient(self.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=1)) as client:
-            while True:
-                try:
-                    active = [t for t in client.cluster().taskmanagers if t.status == "ACTIVE"]
-                    if len(active) >= count:
-                        return
-                except Exception:
-                    pass
-                if time.monotonic() > deadline:
-                    raise UnavailableError(f"only some of {count} TaskManagers registered within {timeout_s:.0f} s")
-                time.sleep(0.1)
+            client.wait_for_taskmanagers(count, timeout_s=timeout_s)
 
     def stop(self) -> None:
         for tm in self.taskmanagers:

@@ -1,6 +1,6 @@
 """``statectl``: operate a keyedstate cluster from the shell.
 
-    statectl cluster [--json]                       TaskManagers, slots, free slots and jobs
+    statectl cluster [--json] [--wait N]            TaskManagers, slots, free slots and jobs (--wait: until N registered)
     statectl job list|info|cancel JOB
     statectl job restore JOB --from PATH            resubmit JOB restoring a checkpoint or savepoint
     statectl job rescale JOB --parallelism N
@@ -10,7 +10,8 @@
     statectl config docs                            the configuration reference (Markdown)
 
 Every command takes --jobmanager HOST:PORT (default from --config / -D jobmanager.rpc.*).
-Exit codes: 0 success, 1 the operation failed, 2 bad arguments or configuration.
+Exit codes: 0 success, 1 the operation failed (a checkpoint or savepoint that did not complete, or
+is still running when --timeout passes, is a failure), 2 bad arguments or configuration.
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        overview = client.cluster()
+        if args.wait:
+            # Ready means registered: scripts start jobs only after this returns 0.
+            overview = client.wait_for_taskmanagers(args.wait, timeout_s=args.timeout)
+        else:
+            overview = client.cluster()
     if args.json:
         _print_json(overview)
         return 0
@@ -148,7 +153,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if args.action == "trigger":
             info = client.trigger_checkpoint(args.job, wait=not args.no_wait, timeout_s=args.timeout)
-            return _report_checkpoint(info, args.json)
+            return _report_checkpoint(info, args.json, waited=not args.no_wait)
         if args.action == "list":
             from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 
@@ -169,15 +174,24 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     return _report_checkpoint(info, args.json)
 
 
-def _report_checkpoint(info: Any, as_json: bool) -> int:
+def _report_checkpoint(info: Any, as_json: bool, waited: bool = True) -> int:
+    """Print the outcome; exit 0 only for a completed one (or, without waiting, one that started)."""
+    kind = "savepoint" if info.savepoint else "checkpoint"
     if as_json:
         _print_json(info)
     elif info.status == "COMPLETED":
-        kind = "savepoint" if info.savepoint else "checkpoint"
         print(f"{kind} {info.checkpoint_id} completed in {info.duration_ms} ms: {info.path}")
+    elif info.status == "IN_PROGRESS" and waited:
+        print(f"statectl: {kind} {info.checkpoint_id} did not complete within --timeout; it may still complete "
+              f"(statectl checkpoint list shows it): {info.failure_reason or info.path}", file=sys.stderr)
+    elif info.status == "IN_PROGRESS":
+        print(f"{kind} {info.checkpoint_id} triggered: {info.path}")
     else:
-        print(f"checkpoint {info.checkpoint_id} {info.status}: {info.failure_reason or info.path}")
-    return 0 if info.status in ("COMPLETED", "IN_PROGRESS") else 1
+        print(f"statectl: {kind} {info.checkpoint_id or ''} {info.status}: {info.failure_reason or info.path}",
+              file=sys.stderr)
+    if info.status == "COMPLETED" or (info.status == "IN_PROGRESS" and not waited):
+        return 0
+    return 1
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -196,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("cluster", parents=[common], help="TaskManagers, slots and jobs")
+    p.add_argument("--wait", type=int, metavar="N", default=0,
+                   help="first wait (up to --timeout) until N TaskManagers are registered; exit 1 if they are not")
     p.set_defaults(fn=cmd_cluster)
 
     p = sub.add_parser("job", parents=[common], help="list, inspect, cancel, restore or rescale jobs")

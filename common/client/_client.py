@@ -176,6 +176,28 @@ class StateClient:
     def cluster(self) -> jm_pb.ClusterOverview:
         return self._jm_call("GetClusterOverview", jm_pb.ClusterOverviewRequest())
 
+    def wait_for_taskmanagers(self, count: int, *, slots: int = 0, timeout_s: float = 60.0) -> jm_pb.ClusterOverview:
+        """Wait until ``count`` TaskManagers (and at least ``slots`` slots) are registered; the cluster then.
+
+        The documented way for a program or script to know a cluster is ready before it submits
+        a job (``statectl cluster --wait N`` does the same from a shell). Raises UnavailableError
+        naming what is missing after ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        last = "the JobManager did not answer"
+        while True:
+            try:
+                overview = self._jm_call("GetClusterOverview", jm_pb.ClusterOverviewRequest(), retry=False)
+                active = [t for t in overview.taskmanagers if t.status == "ACTIVE"]
+                if len(active) >= count and overview.total_slots >= slots:
+                    return overview
+                last = f"{len(active)} of {count} TaskManagers and {overview.total_slots} of {slots} slots are registered"
+            except UnavailableError as exc:
+                last = exc.message
+            if time.monotonic() >= deadline:
+                raise UnavailableError(f"the cluster at {self.jobmanager_address} was not ready within {timeout_s:.0f} s: {last}")
+            time.sleep(0.1)
+
     def trigger_checkpoint(self, job_id: str, *, savepoint: bool = False, target_directory: str = "",
                            wait: bool = True, timeout_s: float = 600.0) -> jm_pb.CheckpointInfo:
         return self._jm_call("TriggerCheckpoint", jm_pb.TriggerCheckpointRequest(

@@ -291,6 +291,11 @@ class EpochCoordinator:
                 )
             if coordinator is None:
                 raise InvalidArgumentError(f"job {job.job_id!r} has no checkpoint storage; set state.checkpoints.dir")
+            if not trigger and not coordinator.settings.periodic:
+                raise InvalidArgumentError(
+                    f"job {job.job_id!r} takes no periodic checkpoints, so a batch committed without a checkpoint of its "
+                    "own never becomes durable: set execution.checkpointing.interval, or let each batch take its checkpoint"
+                )
             if not running or not trigger:
                 self._closed.wait(_POLL_S)
                 continue
