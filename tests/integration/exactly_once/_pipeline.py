@@ -197,9 +197,10 @@ def essence(text: str) -> str:
     """What an error text says happened, without the Python and Java stack traces: Spark's error
     class, then the runtime's own exception (class and message) if the text holds one."""
     lines = []
-    spark = re.search(r"\[(\w+)\] An error occurred in the user provided function|\[(STREAM_FAILED)\]", text)
+    spark = (re.search(r"\[(\w+)\] An error occurred in the user provided function", text)
+             or re.search(r"\[(STREAM_FAILED)\]", text))
     if spark:
-        lines.append(next(g for g in spark.groups() if g))
+        lines.append(spark.group(1))
     matches = _ERROR_LINE.findall(text)
     ours = [m for m in matches if m[0].startswith("keyedstate.")] or [m for m in matches if "." not in m[0]] or matches
     if ours:
