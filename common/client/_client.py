@@ -211,7 +211,7 @@ class StateClient:
         Raises EpochGapError when the job's state cannot take the batch (it would skip epochs).
         """
         response = self._jm_call("BeginBatch", jm_pb.BeginBatchRequest(job_id=job_id, query_id=query_id, batch_id=batch_id))
-        self._store_routing(response.routing)
+        self._store_routing(response.routing, fetched=True)
         return response
 
     def commit_epoch(
@@ -246,17 +246,21 @@ class StateClient:
         return self._jm_call("CommitEpoch", request, timeout=timeout_s + 30, retry=False)
 
     def routing(self, job_id: str, refresh: bool = False) -> Routing:
+        """The job's routing table: cached, or fetched from the JobManager with ``refresh``."""
         routing = self._routing.get(job_id)
         if routing is None or refresh:
             table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
-            routing = self._store_routing(table)
+            routing = self._store_routing(table, fetched=True)
         return routing
 
-    def _store_routing(self, table: pb.RoutingTable) -> Routing:
+    def _store_routing(self, table: pb.RoutingTable, fetched: bool = False) -> Routing:
+        """Cache ``table``. A table just fetched is the JobManager's word and replaces any other (even
+        a higher version: a JobManager restarted without high availability numbers from 1 again);
+        one that arrived with another answer (a submission) replaces only an older one."""
         routing = Routing.from_proto(table)
         with self._lock:
             current = self._routing.get(routing.job_id)
-            if current is None or routing.version >= current.version or routing.job_status != current.job_status:
+            if fetched or current is None or routing.version >= current.version or routing.job_status != current.job_status:
                 self._routing[routing.job_id] = routing
         return self._routing[routing.job_id]
 

@@ -100,7 +100,7 @@ def make_process(report_dir: str | None = None) -> Callable[[Iterator[Any], Any]
             ctx = TaskContext.get()
             routing = state.client.routing(state.job_id)
             report = {
-                "epoch": state.epoch.epoch if state.epoch is not None else -1,
+                "epoch": state.batch_id,  # the Spark batch id (state.epoch is the job epoch)
                 "partition": ctx.partitionId(),
                 "attempt": ctx.attemptNumber(),
                 "max_parallelism": routing.max_parallelism,
