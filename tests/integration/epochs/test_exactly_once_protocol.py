@@ -233,17 +233,19 @@ def test_a_winner_whose_ledger_the_slots_disagree_with_is_applied_nowhere(cluste
 class ServingClock:
     """The system clock, whose boot-time reading the test can move for the threads that serve calls.
 
-    ``jump_after_next(ms)``: the next read on a serving thread returns the current time, every read
-    after it sees time ``ms`` later (a process paused in the middle of a call). ``skew(ms)``:
-    serving threads see time ``ms`` ahead (a lease that ran out); the heartbeat thread never does,
-    so its renewals keep real time.
+    ``jump_after_next(ms)``: the next read on a serving thread returns the current time, the one
+    after it (the call's second lease check) time ``ms`` later, as if the process had been paused
+    in the middle of the call; the heartbeat thread sees the jump only from then on, so no renewal
+    can slip in between. ``skew(ms)``: serving threads see time ``ms`` ahead (a lease that ran
+    out); the heartbeat thread never does, so its renewals keep real time.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jump = 0
+        self._jump = 0  # armed: applied after the next serving read
+        self._paused = 0  # seen by serving threads only, until their next read
         self._skew = 0
-        self._offset = 0
+        self._offset = 0  # seen by every thread
 
     def now_ms(self) -> int:
         return SYSTEM_CLOCK.now_ms()
@@ -256,9 +258,11 @@ class ServingClock:
         with self._lock:
             if threading.current_thread().name == "tm-heartbeat":
                 return base + self._offset
-            value = base + self._offset + self._skew
+            value = base + self._offset + self._paused + self._skew
+            if self._paused:
+                self._offset, self._paused = self._offset + self._paused, 0
             if self._jump:
-                self._offset, self._jump = self._offset + self._jump, 0
+                self._paused, self._jump = self._jump, 0
             return value
 
     def jump_after_next(self, ms: int) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from keyedstate.common.cli.statectl import main
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.errors import UnavailableError
 from tests.fixtures.cluster import InProcessCluster
 
 JOB = "cli-job"
@@ -40,6 +41,17 @@ def test_cluster_wait_exits_1_naming_what_is_missing(inprocess_cluster: Any, cap
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"statectl: the cluster at {cluster.address} was not ready within 1 s: 2 of 3 TaskManagers" in captured.err
+
+
+def test_wait_for_taskmanagers_also_waits_for_slots(inprocess_cluster: Any) -> None:
+    cluster = inprocess_cluster(taskmanagers=2, slots=2)
+    client = cluster.client()
+    assert client.wait_for_taskmanagers(2, slots=4, timeout_s=5).total_slots == 4
+    with pytest.raises(UnavailableError) as info:
+        client.wait_for_taskmanagers(2, slots=5, timeout_s=1)
+    assert info.value.message == (
+        f"the cluster at {cluster.address} was not ready within 1 s: 2 of 2 TaskManagers and 4 of 5 slots are registered"
+    )
 
 
 @pytest.mark.xfail(strict=True, reason=(

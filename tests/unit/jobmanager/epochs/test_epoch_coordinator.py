@@ -42,7 +42,7 @@ from keyedstate.jobmanager.checkpoint import (
     InlineExecutor,
 )
 from keyedstate.jobmanager.epochs.coordinator import BatchAction, EpochCommit, EpochCoordinator
-from keyedstate.jobmanager.epochs.lineage import EpochLineage, LineageEntry
+from keyedstate.jobmanager.epochs.lineage import LineageEntry
 from keyedstate.jobmanager.jobs import Job, JobSpec, JobStatus
 from keyedstate.jobmanager.scheduling import SlotAssignment
 from tests.fakes.clock import ManualClock
@@ -475,3 +475,54 @@ def test_an_in_flight_checkpoint_holding_the_epoch_answers_without_waiting_the_m
     finally:
         h.closed.set()
         h.scheduler.advance(60_000)
+
+
+def test_two_drivers_committing_one_batch_apply_it_once(make: Callable[..., Harness]) -> None:
+    h = make()
+    release = threading.Event()
+    h.tms.during[(TM_A, "prepare")] = lambda: release.wait(10) and None  # the first commit holds the epoch lock
+    first = Call(lambda: h.commit(0))
+    wait_for(lambda: (TM_A, "prepare", 0) in h.tms.calls, 10, "the first commit's prepare round")
+    second = Call(lambda: h.epochs.commit(EpochCommit(
+        job_id=JOB, epoch=0, query_id="q1", batch_id=0, winners=[pb.PartitionAttempt(partition=0, attempt=2)],
+        routing_version=VERSION, checkpoint=False, wait_for_checkpoint=False,
+    )))
+    h.tms.during.clear()
+    release.set()
+    outcomes = sorted([first.outcome(), second.outcome()], key=lambda o: o.already_committed)
+    assert [(o.committed_epoch, o.already_committed) for o in outcomes] == [(0, False), (0, True)]
+    assert sorted(c for c in h.tms.calls if c[1] == "apply") == [(TM_A, "apply", 0), (TM_B, "apply", 0)]
+
+
+def test_a_batch_committed_without_its_own_checkpoint_needs_periodic_checkpoints(make: Callable[..., Harness]) -> None:
+    h = make()
+    with pytest.raises(InvalidArgumentError) as info:
+        h.commit(0, wait=True, checkpoint=False)
+    assert info.value.message == (
+        "job 'job-1' takes no periodic checkpoints, so a batch committed without a checkpoint of its own never becomes "
+        "durable: set execution.checkpointing.interval, or let each batch take its checkpoint"
+    )
+    assert h.job.committed_epoch == 0 and h.cluster.barriers == []  # committed, just not durable yet
+
+
+def test_a_batch_committed_without_its_own_checkpoint_is_answered_by_the_next_periodic_one(make: Callable[..., Harness]) -> None:
+    h = make(interval_ms=1_000)
+    assert h.coordinator.start_periodic()
+    call = Call(lambda: h.commit(0, wait=True, checkpoint=False))
+    wait_for(lambda: h.job.committed_epoch == 0, 10, "the commit")
+    assert h.cluster.barriers == []
+    h.scheduler.advance(1_000)  # the periodic checkpoint, cut after the commit
+    outcome = call.outcome()
+    assert outcome.checkpoint.checkpoint_id == 1 and outcome.checkpoint.metadata.epoch == 0
+    assert len(h.cluster.barriers) == 1
+
+
+def test_a_commit_that_does_not_wait_still_triggers_its_checkpoint(make: Callable[..., Harness]) -> None:
+    h = make(mode="manual")
+    outcome = h.commit(0, wait=False, checkpoint=True)
+    assert outcome.checkpoint is None
+    assert [b.epoch for b in h.cluster.barriers] == [0]
+    # A second one while it is in flight is not an error.
+    h.commit_epochs(1)
+    assert h.commit(2, wait=False, checkpoint=True).committed_epoch == 2
+    assert len(h.cluster.barriers) == 1

@@ -12,9 +12,9 @@ import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.errors import EpochConflictError, EpochGapError, InvalidArgumentError, Reason
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.errors import EpochConflictError, EpochGapError, InvalidArgumentError, Reason, WrongStateKindError
 from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group
 from keyedstate.taskmanager.epochs import EpochView, Winner
 from keyedstate.taskmanager.slots import Slot
@@ -89,7 +89,8 @@ def _reduced(r: Any) -> Any:
     return reduced(r.value_get("r", [b"k"], b""))
 
 
-CASES: dict[str, tuple[list[tuple[int, Callable[[EpochView], Any]]], tuple[int, Callable[[EpochView], Any]], Callable[[Any], Any], Any]] = {
+Request = tuple[int, Callable[[EpochView], Any]]
+CASES: dict[str, tuple[list[Request], Request, Callable[[Any], Any], Any]] = {
     "ValuePut": (
         [(1, lambda v: _value_put(v, b"first")), (2, lambda v: _value_put(v, b"second"))],
         (1, lambda v: _value_put(v, b"first")),
@@ -183,8 +184,6 @@ def test_sequence_numbers_belong_to_one_attempt_of_one_epoch(harness: EpochHarne
 
 
 def test_a_refused_request_leaves_no_mark_so_its_retry_is_staged(harness: EpochHarness) -> None:
-    from keyedstate.common.errors import WrongStateKindError
-
     with pytest.raises(WrongStateKindError):
         numbered(harness, 1).value_put("l", [b"k"], [b"x"], b"")  # a list state: refused before staging
     assert staged(harness) == 0
