@@ -1,0 +1,194 @@
+"""trigger_waiting (a turn instead of a refusal), the epoch of acks, and the lineage in ``_metadata``.
+
+Time only moves when a test advances the manual scheduler; a caller waiting for its turn runs on
+a thread of its own, and the test waits until its wake-up is scheduled before moving time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from keyedstate.common.errors import CorruptCheckpointError
+from keyedstate.jobmanager.checkpoint import AckOutcome, CheckpointException, CheckpointFailureReason as R, EpochCut
+from keyedstate.jobmanager.checkpoint import load_completed_checkpoint
+from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
+from tests.fixtures.waiting import wait_for
+
+LINEAGE = EpochLineage.of([LineageEntry("q1", 0, 0), LineageEntry("q2", 3, 5)])
+
+
+class Call(threading.Thread):
+    """Run ``fn`` on a thread; ``outcome()`` returns its result or raises its exception."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self._fn = fn
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._result = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            self._error = exc
+
+    def outcome(self, timeout_s: float = 10.0) -> Any:
+        self.join(timeout_s)
+        assert not self.is_alive(), "the call did not return"
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def completed_one(h: Any) -> None:
+    h.coordinator.trigger()
+    h.coordinator.wait_for(1, timeout=0)
+
+
+def test_trigger_waiting_waits_out_the_minimum_pause_on_the_scheduler(make_harness: Any) -> None:
+    h = make_harness(min_pause_ms=5_000)
+    completed_one(h)
+    h.scheduler.advance(1_000)
+    start = h.clock.monotonic_ms()
+    call = Call(lambda: h.coordinator.trigger_waiting(60_000))
+    wait_for(lambda: h.scheduler.pending() == [4_000], 10, "the wait for the rest of the minimum pause")
+    assert len(h.cluster.barriers) == 1
+    h.scheduler.advance(3_999)
+    assert call.is_alive()
+    h.scheduler.advance(1)
+    pending = call.outcome()
+    assert pending.checkpoint_id == 2 and h.clock.monotonic_ms() - start == 4_000
+    assert h.coordinator.wait_for(2, timeout=0).checkpoint_id == 2
+
+
+def test_trigger_waiting_waits_for_the_checkpoint_in_flight(make_harness: Any) -> None:
+    h = make_harness(mode="manual")
+    h.coordinator.trigger()
+    call = Call(lambda: h.coordinator.trigger_waiting(60_000))
+    wait_for(lambda: h.coordinator.stats.history()[0].status == "IN_PROGRESS", 10, "checkpoint 1 in flight")
+    assert len(h.cluster.barriers) == 1
+    h.cluster.ack_all(1)  # checkpoint 1 completes: the waiting caller gets the next turn
+    pending = call.outcome()
+    assert pending.checkpoint_id == 2 and [b.checkpoint_id for b in h.cluster.barriers] == [1, 2]
+
+
+def test_trigger_waiting_gives_up_at_its_deadline_naming_the_refusal(make_harness: Any) -> None:
+    h = make_harness(min_pause_ms=10_000)
+    completed_one(h)
+    call = Call(lambda: h.coordinator.trigger_waiting(3_000))
+    wait_for(lambda: h.scheduler.pending() == [3_000], 10, "the wait for a turn")
+    h.scheduler.advance(3_000)
+    with pytest.raises(CheckpointException) as info:
+        call.outcome()
+    assert info.value.failure_reason is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS
+    assert info.value.detail == (
+        "the last checkpoint completed 3000 ms ago and execution.checkpointing.min-pause is 10000 ms; retry in 7000 ms "
+        "(waited 3000 ms for a turn)"
+    )
+    assert len(h.cluster.barriers) == 1
+
+
+def test_trigger_waiting_raises_other_refusals_at_once(make_harness: Any) -> None:
+    h = make_harness(tasks=lambda: [])
+    with pytest.raises(CheckpointException) as info:
+        h.coordinator.trigger_waiting(60_000)
+    assert info.value.failure_reason is R.NOT_ALL_REQUIRED_TASKS_RUNNING
+    assert h.scheduler.pending() == [] and h.cluster.barriers == []
+
+
+def test_trigger_waiting_stops_waiting_when_the_jobmanager_closes(make_harness: Any) -> None:
+    h = make_harness(min_pause_ms=10_000)
+    completed_one(h)
+    closed = threading.Event()
+    call = Call(lambda: h.coordinator.trigger_waiting(60_000, closed=closed))
+    wait_for(lambda: h.scheduler.pending() == [10_000], 10, "the wait for a turn")
+    closed.set()
+    with pytest.raises(CheckpointException, match=r"\(waited 60000 ms for a turn\)") as info:
+        call.outcome()
+    assert info.value.failure_reason is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS
+
+
+def test_a_savepoint_never_waits_for_a_turn(make_harness: Any) -> None:
+    h = make_harness(mode="manual", min_pause_ms=10_000)
+    h.coordinator.trigger()
+    pending = h.coordinator.trigger_waiting(0, savepoint=True)
+    assert pending.savepoint and pending.checkpoint_id == 2
+
+
+# -- acks must hold the cut's epoch ---------------------------------------------------------------
+def test_an_ack_from_a_slot_that_committed_after_the_cut_is_refused(make_harness: Any) -> None:
+    h = make_harness(mode="manual")
+    h.coordinator.trigger()  # cut at -1: nothing committed yet
+    assert h.cluster.barriers[0].epoch == -1
+    first, *rest = h.cluster.subtasks()
+    assert h.cluster.ack(first, 1) is AckOutcome.SUCCESS
+    h.cluster.committed_epoch = 0  # a commit slipped in: the other slots now hold epoch 0
+    assert h.cluster.ack(rest[0], 1) is AckOutcome.DISCARDED
+    with pytest.raises(CheckpointException) as info:
+        h.coordinator.wait_for(1, timeout=0)
+    assert info.value.failure_reason is R.CHECKPOINT_DECLINED
+    assert info.value.detail == (
+        f"subtask {rest[0]} sent an unusable acknowledgement for checkpoint 1: its committed epoch is 0 but the "
+        "checkpoint was cut at epoch -1"
+    )
+    assert h.coordinator.latest_completed() is None
+    # Late acks of the spoiled checkpoint change nothing.
+    assert h.cluster.ack(rest[-1], 1) is AckOutcome.DISCARDED
+
+
+# -- the lineage in _metadata ---------------------------------------------------------------------
+@contextmanager
+def _cut(epoch: int, lineage: EpochLineage) -> Iterator[EpochCut]:
+    yield EpochCut(epoch, lineage)
+
+
+def test_a_completed_checkpoint_records_the_cuts_lineage_up_to_its_epoch(make_harness: Any, tmp_path: Path) -> None:
+    h = make_harness()
+    h.cluster.committed_epoch = 6
+    full = EpochLineage.of([*LINEAGE.entries, LineageEntry("q3", 7, 7)])  # a binding past the cut is not held
+    h.cluster.cut = lambda: _cut(6, full)  # type: ignore[method-assign]
+    h.coordinator.trigger()
+    completed = h.coordinator.wait_for(1, timeout=0)
+    assert completed.metadata.epoch == 6 and completed.metadata.lineage == LINEAGE
+    raw = json.loads((Path(h.job_dir[len("file://"):]) / "chk-1" / "_metadata").read_text())
+    assert raw["epoch"] == 6
+    assert raw["lineage"] == [{"query_id": "q1", "offset": 0, "first_epoch": 0}, {"query_id": "q2", "offset": 3, "first_epoch": 5}]
+    assert load_completed_checkpoint(h.storage, completed.external_path).metadata.lineage == LINEAGE
+
+
+def _metadata_dict(h: Any) -> dict[str, Any]:
+    h.coordinator.trigger()
+    return json.loads(h.coordinator.wait_for(1, timeout=0).metadata.to_json())
+
+
+def test_metadata_without_a_lineage_reads_as_empty_and_out_of_order_bindings_are_sorted(make_harness: Any) -> None:
+    raw = _metadata_dict(make_harness())
+    del raw["lineage"]
+    assert CheckpointMetadata.from_json(json.dumps(raw)).lineage == EMPTY_LINEAGE
+    raw["lineage"] = [{"query_id": "q2", "offset": 3, "first_epoch": 5}, {"query_id": "q1", "offset": 0, "first_epoch": 0}]
+    assert CheckpointMetadata.from_json(json.dumps(raw)).lineage == LINEAGE
+
+
+@pytest.mark.parametrize("lineage, problem", [
+    ({"query_id": "q1"}, "field 'lineage' must be a list"),
+    ([{"query_id": "q1", "first_epoch": 0}], "missing field 'lineage[0].offset'"),
+    ([{"query_id": 7, "offset": 0, "first_epoch": 0}], "field 'lineage[0].query_id' must be a string, got 7"),
+    ([{"query_id": "q", "offset": 0, "first_epoch": True}], "field 'lineage[0].first_epoch' must be an integer, got True"),
+])
+def test_a_damaged_lineage_is_reported_naming_the_field(make_harness: Any, lineage: Any, problem: str) -> None:
+    raw = _metadata_dict(make_harness())
+    raw["lineage"] = lineage
+    with pytest.raises(CorruptCheckpointError) as info:
+        CheckpointMetadata.from_json(json.dumps(raw), source="chk-1/_metadata")
+    assert info.value.message == (
+        f"checkpoint metadata chk-1/_metadata is unusable: {problem}. Restore from another checkpoint or savepoint "
+        "(statectl checkpoint list shows the retained ones)"
+    )
