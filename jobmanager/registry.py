@@ -132,8 +132,7 @@ class TaskManagerRegistry:
                 return
             record.status = TaskManagerStatus.LOST
             del self._records[taskmanager_id]
-            if not fenced:
-                self._fenced_by[taskmanager_id] = record.lease_until_ms
+            self._fenced_by[taskmanager_id] = 0 if fenced else record.lease_until_ms
             self._changed.notify_all()
         logger.warning("taskmanager %s at %s lost: %s", taskmanager_id, record.address, cause)
         for listener in self._listeners:

@@ -60,7 +60,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if args.wait:
             # Ready means registered: scripts start jobs only after this returns 0.
-            overview = client.wait_for_taskmanagers(args.wait, timeout_s=args.timeout)
+            try:
+                overview = client.wait_for_taskmanagers(args.wait, timeout_s=args.timeout)
+            except UnavailableError as exc:
+                print(f"statectl: {exc.message} (--timeout {args.timeout:g} s)", file=sys.stderr)  # names its own fix
+                return 1
         else:
             overview = client.cluster()
     if args.json:

@@ -185,17 +185,23 @@ class StateClient:
         """
         deadline = time.monotonic() + timeout_s
         last = "the JobManager did not answer"
+        fix = f"check that a JobManager runs at {self.jobmanager_address}"
         while True:
             try:
                 overview = self._jm_call("GetClusterOverview", jm_pb.ClusterOverviewRequest(), retry=False)
                 active = [t for t in overview.taskmanagers if t.status == "ACTIVE"]
                 if len(active) >= count and overview.total_slots >= slots:
                     return overview
-                last = f"{len(active)} of {count} TaskManagers and {overview.total_slots} of {slots} slots are registered"
+                last = f"{len(active)} of {count} TaskManagers are registered"
+                if slots:
+                    last += f", with {overview.total_slots} of {slots} slots"
+                fix = "start more TaskManagers (pointed at this JobManager), or wait longer"
             except UnavailableError as exc:
                 last = exc.message
             if time.monotonic() >= deadline:
-                raise UnavailableError(f"the cluster at {self.jobmanager_address} was not ready within {timeout_s:.0f} s: {last}")
+                raise UnavailableError(
+                    f"the cluster at {self.jobmanager_address} was not ready within {timeout_s:.0f} s: {last}; {fix}"
+                )
             time.sleep(0.1)
 
     def trigger_checkpoint(self, job_id: str, *, savepoint: bool = False, target_directory: str = "",
@@ -337,6 +343,7 @@ class StateClient:
         failed_units: list[_Unit] | None
         results: list[tuple[Part, Any]] = []
         refresh = False
+        sent_under = -1  # the routing version the pending units were built for
         for attempt in range(1, attempts + 1):
             routing = self._routing_for(job_id, scope if pinned else None, refresh)
             if routing.job_status not in ("RUNNING", ""):
@@ -345,10 +352,13 @@ class StateClient:
                 failed_units = pending  # None: nothing was sent yet, everything goes next round
                 error: KeyedStateError = UnavailableError(f"job {job_id!r} is {routing.job_status}")
             else:
-                if pending is not None and pinned:
-                    units = pending  # same routing version: same owners, same sequence numbers
+                if pending is not None and (pinned or (numbered and routing.version == sent_under)):
+                    # Same routing version: same owners, and the same sequence numbers, so a slot that
+                    # applied a request whose answer was lost does not stage it twice.
+                    units = pending
                 else:
                     units = self._units(routing, operator_id, method, keys, pending, scope if numbered else None)
+                sent_under = routing.version
                 sent, failed_units, error = self._send_units(
                     routing, operator_id, state, method, units, build, scope, numbered, idempotent, order_free, pinned,
                 )

@@ -243,19 +243,29 @@ class CheckpointCoordinator:
             try:
                 return self.trigger(savepoint=savepoint, target_dir=target_dir)
             except CheckpointException as exc:
-                if exc.failure_reason not in (R.TOO_MANY_CHECKPOINT_REQUESTS, R.MINIMUM_TIME_BETWEEN_CHECKPOINTS):
-                    raise
                 remaining = deadline - self._clock.monotonic_ms()
-                if remaining <= 0 or (closed is not None and closed.is_set()):
+                if not self.wait_for_turn(exc, remaining, closed):
                     raise CheckpointException(
                         exc.failure_reason, f"{exc.detail} (waited {timeout_ms} ms for a turn)"
                     ) from exc
-                if exc.failure_reason is R.TOO_MANY_CHECKPOINT_REQUESTS:
-                    self._wait_for_a_finish(remaining)
-                else:
-                    with self._lock:
-                        pause = self._min_pause_remaining_locked()
-                    self._sleep(min(max(1, pause), remaining), closed)
+
+    def wait_for_turn(self, refused: CheckpointException, timeout_ms: int, closed: threading.Event | None = None) -> bool:
+        """After a trigger was refused for want of a turn, wait (at most ``timeout_ms``) until one may come.
+
+        A checkpoint in flight is waited for until one finishes, the minimum pause until it
+        passed. Returns False, without waiting, for any other refusal or when no time is left.
+        """
+        if refused.failure_reason not in (R.TOO_MANY_CHECKPOINT_REQUESTS, R.MINIMUM_TIME_BETWEEN_CHECKPOINTS):
+            return False
+        if timeout_ms <= 0 or (closed is not None and closed.is_set()):
+            return False
+        if refused.failure_reason is R.TOO_MANY_CHECKPOINT_REQUESTS:
+            self._wait_for_a_finish(timeout_ms)
+        else:
+            with self._lock:
+                pause = self._min_pause_remaining_locked()
+            self._sleep(min(max(1, pause), timeout_ms), closed)
+        return True
 
     def _wait_for_a_finish(self, timeout_ms: int) -> None:
         with self._lock:

@@ -60,7 +60,7 @@ from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentErro
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
 from keyedstate.jobmanager.checkpoint import _paths
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
+from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, LEGACY_QUERY, EpochLineage, LineageEntry
 
 logger = logging.getLogger(__name__)
 
@@ -380,11 +380,15 @@ class _Reader:
             operators=tuple(
                 self.operator(op, f"operators[{i}]") for i, op in enumerate(self.array(raw, "operators", ""))
             ),
-            # Optional: checkpoints written before epochs had a lineage carry none.
-            lineage=self.lineage(raw) if isinstance(raw, dict) and "lineage" in raw else EMPTY_LINEAGE,
+            lineage=self.lineage(raw),
         )
 
     def lineage(self, raw: Any) -> EpochLineage:
+        if isinstance(raw, dict) and "lineage" not in raw:
+            # Written before epochs had a lineage, when an epoch was the Spark batch id: the first
+            # query to commit on top of it carries on from there.
+            epoch = self.integer(raw, "epoch", "")
+            return EpochLineage((LineageEntry(LEGACY_QUERY, 0, 0),)) if epoch >= 0 else EMPTY_LINEAGE
         entries = []
         for i, e in enumerate(self.array(raw, "lineage", "")):
             where = f"lineage[{i}]"

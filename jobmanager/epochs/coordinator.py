@@ -300,7 +300,17 @@ class EpochCoordinator:
                 self._closed.wait(_POLL_S)
                 continue
             try:
-                pending = coordinator.trigger_waiting(remaining, closed=self._closed)
+                pending = coordinator.trigger()
+            except CheckpointException as exc:
+                # One in flight, or the minimum pause: wait for a turn, then look again (the one in
+                # flight, or a periodic one, may hold the epoch already).
+                if coordinator.wait_for_turn(exc, remaining, self._closed):
+                    continue
+                last_failure = f"{exc.failure_reason.name}: {exc.detail}"
+                logger.warning("job=%s epoch=%d checkpoint not triggered (%s); trying again", job.job_id, epoch, last_failure)
+                self._closed.wait(_RETRY_PAUSE_S)
+                continue
+            try:
                 coordinator.wait_for(pending.checkpoint_id, max(0.001, (deadline - self._clock.monotonic_ms()) / 1000.0))
             except CheckpointInProgressError:
                 continue  # the deadline check above decides

@@ -33,6 +33,12 @@ class LineageEntry:
         return {"query_id": self.query_id, "offset": self.offset, "first_epoch": self.first_epoch}
 
 
+LEGACY_QUERY = "\x00legacy"
+"""Binds the epochs of a checkpoint written before lineages existed, when epoch = Spark batch id of
+whatever query ran: the first query to commit on top of it continues with offset 0 and takes the
+binding over."""
+
+
 def _query(query_id: str) -> str:
     return f"query {query_id}" if query_id else "the unnamed query (batches run outside a streaming query)"
 
@@ -54,7 +60,7 @@ class EpochLineage:
         superseded by another one, or a new query does not start at batch 0.
         """
         current = self.current
-        if current is not None and current.query_id == query_id:
+        if current is not None and current.query_id in (query_id, LEGACY_QUERY):
             return batch_id + current.offset
         if any(e.query_id == query_id for e in self.entries):
             assert current is not None
@@ -65,11 +71,12 @@ class EpochLineage:
         if batch_id != 0:
             held = f"holds epoch {committed_epoch}" if committed_epoch >= 0 else "is empty"
             of = f" (of {_query(current.query_id)})" if current is not None else ""
+            other_way = "start the query from a new checkpointLocation" if query_id else "start again from batch 0"
             raise EpochGapError(
                 f"{_query(query_id)} is at batch {batch_id}, but the job's state {held}{of} and has none of this "
                 f"query's batches 0..{batch_id - 1}: the job was resubmitted empty, or restored from a checkpoint of "
                 "another query. Restore a checkpoint that holds this query's batch "
-                f"{batch_id - 1} (statectl job restore JOB --from PATH), or start the query from a new checkpointLocation"
+                f"{batch_id - 1} (statectl job restore JOB --from PATH), or {other_way}"
             )
         return committed_epoch + 1
 
@@ -78,6 +85,9 @@ class EpochLineage:
         current = self.current
         if current is not None and current.query_id == query_id:
             return self
+        if current is not None and current.query_id == LEGACY_QUERY:
+            logger.info("epoch lineage: %s takes over the epochs of a checkpoint without a lineage", _query(query_id))
+            return EpochLineage((*self.entries[:-1], LineageEntry(query_id, current.offset, current.first_epoch)))
         logger.info("epoch lineage: %s binds at epoch %d", _query(query_id), epoch)
         return EpochLineage((*self.entries, LineageEntry(query_id, epoch - batch_id, epoch)))
 

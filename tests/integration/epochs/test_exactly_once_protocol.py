@@ -366,12 +366,6 @@ def test_a_numbered_write_with_an_unknown_outcome_is_retried_and_staged_once(lea
     assert ReducingState(client, JOB, OP, "sums").get_many(["a"]) == [(2, 15)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "client bug: in an EpochScope without a pinned routing version (routing_version=0, numbered: what PartitionState "
-    "builds from a bare EpochContext) keyed_call regroups a retried request and gives it a NEW sequence number "
-    "(_units -> next_sequence), so a write whose first answer was lost (OUTCOME_UNKNOWN, a transport error) is staged "
-    "twice while the ledger counts one acknowledgement, and the commit refuses the winner forever. Fix: reuse the "
-    "units' sequence numbers when a retried request goes to the same subtask (or refuse unpinned numbered scopes)"))
 def test_an_unpinned_numbered_write_with_an_unknown_outcome_is_still_committed(leased: Any) -> None:
     cluster, tm, clock = leased
     client = cluster.client(max_attempts=10)

@@ -143,11 +143,6 @@ def test_a_stale_registrations_loss_does_not_touch_the_current_one(registry: Tas
     assert registry.get("tm-a") is not None and registry.fenced_at_ms("tm-a") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "registry bug: deregister() -> mark_lost(fenced=True) records no tombstone, so fenced_at_ms falls back to the "
-    "never-seen answer (registry start + lease_bound): a TaskManager that shut down cleanly within lease_bound of the "
-    "JobManager's start holds up every restart of its jobs for up to lease_bound (49 s with the default heartbeats). "
-    "Fix: record a tombstone of 0 (fenced now) for fenced losses"))
 def test_a_deregistered_taskmanager_is_fenced_at_once(registry: TaskManagerRegistry, clock: ManualClock) -> None:
     register(registry, "tm-a")
     clock.advance(10)

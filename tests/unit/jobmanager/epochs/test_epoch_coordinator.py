@@ -457,11 +457,6 @@ def test_a_checkpoint_in_flight_from_before_the_commit_is_waited_for_then_one_ho
     assert call.outcome().checkpoint_id == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "EpochCoordinator.ensure_durable bug: it waits for an in-flight checkpoint through trigger_waiting, which, once "
-    "that checkpoint completed, tries to trigger another one and waits out execution.checkpointing.min-pause before "
-    "looking at what completed; a batch whose epoch the in-flight checkpoint already holds waits min-pause (and a "
-    "whole extra checkpoint) for nothing. Fix: re-check latest_completed() after every wait for a finished checkpoint"))
 def test_an_in_flight_checkpoint_holding_the_epoch_answers_without_waiting_the_minimum_pause(make: Callable[..., Harness]) -> None:
     h = make(mode="manual", min_pause_ms=60_000)
     h.commit(0)
