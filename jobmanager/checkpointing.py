@@ -55,6 +55,8 @@ class _JobGateway:
     def __init__(self, dispatcher: Dispatcher, job: Job) -> None:
         self._d = dispatcher
         self._job = job
+        # The TaskManagers of the deployment the current cut saw (set and used under the epoch lock).
+        self._cut_addresses: dict[str, int] = {}
 
     def _addresses(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -68,15 +70,30 @@ class _JobGateway:
     def cut(self) -> Iterator[EpochCut]:
         # The epoch lock keeps epoch commits out while the coordinator records the epoch and
         # sends the barrier, so every slot of one checkpoint holds exactly that epoch (and a
-        # slot that does not refuses the barrier).
+        # slot that does not refuses the barrier). The deployment is read with the epoch: a job
+        # that is not RUNNING has nothing to checkpoint, and the barrier goes to exactly the
+        # TaskManagers whose subtasks the coordinator counted.
         with self._job.epoch_lock:
             with self._job.lock:
-                cut = EpochCut(self._job.committed_epoch, self._job.lineage)
-            yield cut
+                job = self._job
+                running = job.status is JobStatus.RUNNING
+                assignments = list(job.assignments.values()) if running else []
+                cut = EpochCut(job.committed_epoch, job.lineage, frozenset(a.subtask for a in assignments))
+            counts: dict[str, int] = {}
+            for a in assignments:
+                counts[a.address] = counts.get(a.address, 0) + 1
+            self._cut_addresses = counts
+            try:
+                yield cut
+            finally:
+                self._cut_addresses = {}
 
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
         message = barrier.to_proto()
-        for address, expected in self._addresses().items():
+        targets = self._cut_addresses
+        if not targets:
+            raise UnavailableError(f"job {self._job.job_id} runs no subtask to take checkpoint {barrier.checkpoint_id}")
+        for address, expected in targets.items():
             response = self._d.gateways.trigger_checkpoint(address, message)
             if response.slots != expected:
                 raise UnavailableError(

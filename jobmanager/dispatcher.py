@@ -27,6 +27,7 @@ from keyedstate.common.errors import (
     Reason,
 )
 from keyedstate.common.ids import SubtaskId
+from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
 from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
@@ -261,6 +262,10 @@ class Dispatcher:
         stays deployed.
         """
         subtasks = plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism)
+        if job.coordinator is not None:
+            # No checkpoint of an earlier deployment can complete any more (its slots are gone);
+            # one still pending would only hold up the new deployment's checkpoints.
+            job.coordinator.abort_pending(CheckpointFailureReason.TASK_FAILURE, "the job is being redeployed")
         # The version moves before slots are chosen: a loss reported under the old version was
         # removed from the registry first, so this deployment cannot include it (fail_over's
         # seen_version relies on that order).

@@ -194,8 +194,10 @@ class CheckpointCoordinator:
             raise InvalidArgumentError("target_dir applies to savepoints only; checkpoints go to state.checkpoints.dir")
         # Callbacks into the job model run before taking the lock; they may take locks of their own.
         operators = tuple(self._operators())
-        running = frozenset(self._tasks()) if self._tasks is not None else None
         with self._gateway.cut() as cut:
+            # What runs at the cut is what gets the barrier: read with the epoch, not before it.
+            running = cut.running if cut.running is not None else (
+                frozenset(self._tasks()) if self._tasks is not None else None)
             try:
                 pending = self._create_pending(savepoint, target_dir, cut, periodic, operators, running)
             except CheckpointException as exc:

@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.ids import SubtaskId
 from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class EpochCut:
 
     epoch: int = -1
     lineage: EpochLineage = EMPTY_LINEAGE
+    running: frozenset[SubtaskId] | None = None
+    """The subtasks running at the cut, whose TaskManagers get the barrier (None: the coordinator asks its
+    ``tasks`` callback). Empty while the job is not RUNNING, so nothing is checkpointed mid-restart."""
 
 
 class CheckpointGateway(Protocol):

@@ -48,7 +48,7 @@ from tests.integration.partitions._partitions import (
     write_parquet_files,
 )
 
-pytestmark = [pytest.mark.netns, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
 
 def _three_hosts(netns: VirtualNetwork, tmp_path: Path) -> tuple[MiniCluster, Host, list[Host]]:
