@@ -6,6 +6,7 @@ and testable without a network.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -270,7 +271,8 @@ class Dispatcher:
         # removed from the registry first, so this deployment cannot include it (fail_over's
         # seen_version relies on that order).
         job.routing_version += 1
-        assignments = allocate_slots(self.registry, subtasks, prefer=prefer)
+        assignments = [dataclasses.replace(a, routing_version=job.routing_version)
+                       for a in allocate_slots(self.registry, subtasks, prefer=prefer)]
         # Recorded before any slot is deployed: after a JobManager crash, the next one knows
         # which TaskManagers may hold this deployment and waits until each is fenced.
         job.last_taskmanagers = frozenset(job.last_taskmanagers | {a.taskmanager_id for a in assignments})
@@ -350,7 +352,7 @@ class Dispatcher:
             try:
                 self.gateways.release(a.address, tm_pb.ReleaseSlotRequest(
                     job_id=job.job_id, operator_id=a.subtask.operator_id, subtask_index=a.subtask.subtask_index,
-                    discard_local_state=discard_local,
+                    discard_local_state=discard_local, routing_version=a.routing_version,
                 ))
             except KeyedStateError as exc:
                 logger.info("releasing %s on %s: %s", a.subtask, a.taskmanager_id, exc.message)

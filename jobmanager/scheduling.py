@@ -18,6 +18,8 @@ class SlotAssignment:
     taskmanager_id: str
     address: str
     slot_index: int
+    routing_version: int = 0
+    """The routing version the slot is deployed under (set when the deployment is made)."""
 
 
 def plan_subtasks(job_id: str, operators: list[OperatorSpec], max_parallelism: int) -> list[tuple[SubtaskId, KeyGroupRange]]:

@@ -176,6 +176,8 @@ class TaskManager:
         assert self.deployer is not None
         if self.deployer.retain(kept) and self.epochs is not None:
             self.epochs.sweep()
+        # A JobManager that lost its jobs numbers their deployments from 1 again.
+        self.slots.forget_versions({s.job_id for s in kept})
 
     def _slot_reports(self) -> list[jm_pb.SlotReport]:
         return [

@@ -122,8 +122,9 @@ class SlotDeployer:
             self.release(subtask, discard_local_state=False)
         return released
 
-    def release(self, subtask: SubtaskId, discard_local_state: bool) -> bool:
-        slot = self._slots.remove(subtask)
+    def release(self, subtask: SubtaskId, discard_local_state: bool, up_to_version: int | None = None) -> bool:
+        """Release the slot of ``subtask`` (only a deployment of ``up_to_version`` or older, when given)."""
+        slot = self._slots.remove(subtask, up_to_version)
         if slot is None:
             return False
         if slot.backend is not None:

@@ -59,6 +59,8 @@ class SlotTable:
     def __init__(self, num_slots: int, taskmanager_id: str) -> None:
         self._slots: list[Slot | None] = [None] * num_slots
         self._by_subtask: dict[SubtaskId, Slot] = {}
+        # Per job, the highest routing version deployed here: older deploys are late, and refused.
+        self._version_floor: dict[str, int] = {}
         self._lock = threading.Lock()
         self._tm = taskmanager_id
 
@@ -83,6 +85,13 @@ class SlotTable:
                 raise InvalidArgumentError(
                     f"slot index {slot_index} does not exist on TaskManager {self._tm} (it has {len(self._slots)} slots)"
                 )
+            floor = self._version_floor.get(subtask.job_id, 0)
+            if routing_version < floor:
+                # A deploy that arrives late: a newer deployment of the job was made here since.
+                raise StaleRoutingError(
+                    f"{subtask} would be deployed under routing v{routing_version}, but job {subtask.job_id!r} has been "
+                    f"deployed here under v{floor} since; the deploy is stale", current_version=floor,
+                )
             existing = self._by_subtask.get(subtask)
             if existing is not None:
                 raise AlreadyExistsError(f"{subtask} is already deployed in slot {existing.index} of {self._tm}")
@@ -91,19 +100,32 @@ class SlotTable:
             slot = Slot(slot_index, subtask, operator, key_groups, max_parallelism, routing_version, checkpoint_base, incremental)
             self._slots[slot_index] = slot
             self._by_subtask[subtask] = slot
+            self._version_floor[subtask.job_id] = max(floor, routing_version)
             return slot
+
+    def forget_versions(self, keep_jobs: set[str]) -> None:
+        """Forget the version floors of jobs other than ``keep_jobs`` (a new JobManager numbers them anew)."""
+        with self._lock:
+            self._version_floor = {j: v for j, v in self._version_floor.items() if j in keep_jobs}
 
     def activate(self, slot: Slot, backend: KeyedStateBackend) -> None:
         with self._lock:
             slot.backend = backend
             slot.status = SlotStatus.RUNNING
 
-    def remove(self, subtask: SubtaskId) -> Slot | None:
+    def remove(self, subtask: SubtaskId, up_to_version: int | None = None) -> Slot | None:
+        """Take ``subtask``'s slot out of the table (only a deployment of ``up_to_version`` or older, when given)."""
         with self._lock:
-            slot = self._by_subtask.pop(subtask, None)
-            if slot is not None:
-                self._slots[slot.index] = None
-                slot.status = SlotStatus.RELEASING
+            slot = self._by_subtask.get(subtask)
+            if slot is None:
+                return None
+            if up_to_version is not None and slot.routing_version > up_to_version:
+                logger.info("not releasing %s: it is deployed under routing v%d, the release is for v%d (late)",
+                            subtask, slot.routing_version, up_to_version)
+                return None
+            del self._by_subtask[subtask]
+            self._slots[slot.index] = None
+            slot.status = SlotStatus.RELEASING
             return slot
 
     def lookup(self, job_id: str, operator_id: str, subtask_index: int, routing_version: int | None = None) -> Slot:

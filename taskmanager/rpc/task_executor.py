@@ -48,7 +48,8 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
     @rpc_method
     def ReleaseSlot(self, request: pb.ReleaseSlotRequest, context: grpc.ServicerContext) -> pb.ReleaseSlotResponse:
         self._deployer.release(
-            SubtaskId(request.job_id, request.operator_id, request.subtask_index), request.discard_local_state
+            SubtaskId(request.job_id, request.operator_id, request.subtask_index), request.discard_local_state,
+            up_to_version=request.routing_version or None,
         )
         return pb.ReleaseSlotResponse()
 

@@ -144,16 +144,18 @@ class DeploySlotResponse(_message.Message):
     def __init__(self, restore_duration_ms: _Optional[int] = ..., restored_bytes: _Optional[int] = ..., downloaded_bytes: _Optional[int] = ..., committed_epoch: _Optional[int] = ...) -> None: ...
 
 class ReleaseSlotRequest(_message.Message):
-    __slots__ = ("job_id", "operator_id", "subtask_index", "discard_local_state")
+    __slots__ = ("job_id", "operator_id", "subtask_index", "discard_local_state", "routing_version")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     SUBTASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     DISCARD_LOCAL_STATE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     operator_id: str
     subtask_index: int
     discard_local_state: bool
-    def __init__(self, job_id: _Optional[str] = ..., operator_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., discard_local_state: _Optional[bool] = ...) -> None: ...
+    routing_version: int
+    def __init__(self, job_id: _Optional[str] = ..., operator_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., discard_local_state: _Optional[bool] = ..., routing_version: _Optional[int] = ...) -> None: ...
 
 class ReleaseSlotResponse(_message.Message):
     __slots__ = ()

@@ -55,3 +55,29 @@ def test_a_redeployed_subtask_serves_only_its_new_version(table: SlotTable) -> N
     with pytest.raises(StaleRoutingError) as info:
         table.lookup("job", "op", 0, 7)
     assert info.value.current_version == 9
+
+
+def test_a_late_deploy_of_an_older_version_is_refused(table: SlotTable) -> None:
+    # Version 7 of the job is deployed here; a deploy of version 5 that was delayed must not land.
+    with pytest.raises(StaleRoutingError, match=r"deployed here under v7 since; the deploy is stale") as info:
+        table.reserve(SubtaskId("job", "op", 1), OPERATOR, KeyGroupRange(64, 127), 128, 1, 5, "", False)
+    assert info.value.current_version == 7
+    assert table.free_count() == 1
+    # The same version and newer ones are fine; another job is not affected.
+    table.reserve(SubtaskId("job", "op", 1), OPERATOR, KeyGroupRange(64, 127), 128, 1, 7, "", False)
+    table.remove(SubtaskId("job", "op", 1))
+    table.reserve(SubtaskId("other", "op", 1), OPERATOR, KeyGroupRange(64, 127), 128, 1, 1, "", False)
+
+
+def test_a_new_jobmanager_may_number_again_once_the_floor_is_forgotten(table: SlotTable) -> None:
+    table.remove(SubtaskId("job", "op", 0))
+    table.forget_versions(set())
+    assert table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 1, "", False).routing_version == 1
+
+
+def test_a_late_release_of_an_older_version_leaves_the_newer_deployment(table: SlotTable) -> None:
+    subtask = SubtaskId("job", "op", 0)
+    assert table.remove(subtask, up_to_version=6) is None  # the slot is v7: a release for v6 is late
+    assert table.lookup("job", "op", 0, 7).routing_version == 7
+    assert table.remove(subtask, up_to_version=7) is not None
+    assert table.get(subtask) is None
