@@ -172,12 +172,13 @@ class TaskManager:
         self._lock_file = lock
         return work
 
-    def _retain_slots(self, kept: set[SubtaskId]) -> None:
+    def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[str, int]) -> None:
         assert self.deployer is not None
+        # The JobManager's word on the jobs' versions replaces what this TaskManager saw (a
+        # JobManager that lost its jobs numbers their deployments from 1 again).
+        self.slots.set_version_floors(routing_versions)
         if self.deployer.retain(kept) and self.epochs is not None:
             self.epochs.sweep()
-        # A JobManager that lost its jobs numbers their deployments from 1 again.
-        self.slots.forget_versions({s.job_id for s in kept})
 
     def _slot_reports(self) -> list[jm_pb.SlotReport]:
         return [

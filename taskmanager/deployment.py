@@ -124,6 +124,8 @@ class SlotDeployer:
 
     def release(self, subtask: SubtaskId, discard_local_state: bool, up_to_version: int | None = None) -> bool:
         """Release the slot of ``subtask`` (only a deployment of ``up_to_version`` or older, when given)."""
+        if up_to_version is not None:
+            self._slots.raise_version_floor(subtask.job_id, up_to_version)
         slot = self._slots.remove(subtask, up_to_version)
         if slot is None:
             return False

@@ -30,8 +30,9 @@ logger = logging.getLogger(__name__)
 
 _RPC_TIMEOUT_S = 10.0
 
-RetainSlots = Callable[[set[SubtaskId]], None]
-"""Release every hosted slot that is not in the given set (called before the lease is renewed)."""
+RetainSlots = Callable[[set[SubtaskId], dict[str, int]], None]
+"""Release every hosted slot that is not in the given set, and take the jobs' routing versions as
+the floor for later deploys (called before the lease is renewed)."""
 
 
 class JobManagerConnection:
@@ -116,7 +117,7 @@ class JobManagerConnection:
             timeout=_RPC_TIMEOUT_S,
         )
         kept = {SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in response.kept_slots}
-        self._retain_slots(kept)
+        self._retain_slots(kept, dict(response.routing_versions))
         self._session = response.jobmanager_session
         self.heartbeat_interval_ms = max(10, response.heartbeat_interval_ms)
         self.lease_duration_ms = response.lease_duration_ms

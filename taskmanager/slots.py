@@ -89,8 +89,9 @@ class SlotTable:
             if routing_version < floor:
                 # A deploy that arrives late: a newer deployment of the job was made here since.
                 raise StaleRoutingError(
-                    f"{subtask} would be deployed under routing v{routing_version}, but job {subtask.job_id!r} has been "
-                    f"deployed here under v{floor} since; the deploy is stale", current_version=floor,
+                    f"{subtask} would be deployed under routing v{routing_version}, but this TaskManager takes deployments "
+                    f"of job {subtask.job_id!r} only from v{floor} on (a newer one was made or an older one released "
+                    "since); the deploy arrived late and is refused", current_version=floor,
                 )
             existing = self._by_subtask.get(subtask)
             if existing is not None:
@@ -103,10 +104,15 @@ class SlotTable:
             self._version_floor[subtask.job_id] = max(floor, routing_version)
             return slot
 
-    def forget_versions(self, keep_jobs: set[str]) -> None:
-        """Forget the version floors of jobs other than ``keep_jobs`` (a new JobManager numbers them anew)."""
+    def set_version_floors(self, versions: dict[str, int]) -> None:
+        """Take the JobManager's current routing version of each job as its floor (at registration)."""
         with self._lock:
-            self._version_floor = {j: v for j, v in self._version_floor.items() if j in keep_jobs}
+            self._version_floor = dict(versions)
+
+    def raise_version_floor(self, job_id: str, version: int) -> None:
+        """Deployments of ``job_id`` up to ``version`` are over (released): later deploys of them are late."""
+        with self._lock:
+            self._version_floor[job_id] = max(self._version_floor.get(job_id, 0), version + 1)
 
     def activate(self, slot: Slot, backend: KeyedStateBackend) -> None:
         with self._lock:

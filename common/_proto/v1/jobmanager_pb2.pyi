@@ -52,18 +52,27 @@ class RegisterTaskManagerRequest(_message.Message):
     def __init__(self, taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., num_slots: _Optional[int] = ..., host: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., metrics_port: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class RegisterTaskManagerResponse(_message.Message):
-    __slots__ = ("heartbeat_interval_ms", "heartbeat_timeout_ms", "jobmanager_session", "lease_duration_ms", "kept_slots")
+    __slots__ = ("heartbeat_interval_ms", "heartbeat_timeout_ms", "jobmanager_session", "lease_duration_ms", "kept_slots", "routing_versions")
+    class RoutingVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     JOBMANAGER_SESSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     KEPT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_ms: int
     heartbeat_timeout_ms: int
     jobmanager_session: str
     lease_duration_ms: int
     kept_slots: _containers.RepeatedCompositeFieldContainer[SlotReport]
-    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., jobmanager_session: _Optional[str] = ..., lease_duration_ms: _Optional[int] = ..., kept_slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ...) -> None: ...
+    routing_versions: _containers.ScalarMap[str, int]
+    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., jobmanager_session: _Optional[str] = ..., lease_duration_ms: _Optional[int] = ..., kept_slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., routing_versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("taskmanager_id", "slots", "jobmanager_session")

@@ -72,7 +72,7 @@ def harness() -> Iterator[Harness]:
     connection = JobManagerConnection(
         f"127.0.0.1:{port}", "tm-a", "127.0.0.1:7001", "127.0.0.1", 2, "rocksdb", 0,
         slot_reports=lambda: list(hosted),
-        retain_slots=lambda kept: retained.append((set(kept), lease.valid())),
+        retain_slots=lambda kept, versions: retained.append((set(kept), lease.valid())),
         lease=lease, clock=clock, stop=threading.Event(),
     )
     yield Harness(clock, lease, jm, connection, retained)

@@ -59,7 +59,7 @@ def test_a_redeployed_subtask_serves_only_its_new_version(table: SlotTable) -> N
 
 def test_a_late_deploy_of_an_older_version_is_refused(table: SlotTable) -> None:
     # Version 7 of the job is deployed here; a deploy of version 5 that was delayed must not land.
-    with pytest.raises(StaleRoutingError, match=r"deployed here under v7 since; the deploy is stale") as info:
+    with pytest.raises(StaleRoutingError, match=r"takes deployments of job 'job' only from v7 on") as info:
         table.reserve(SubtaskId("job", "op", 1), OPERATOR, KeyGroupRange(64, 127), 128, 1, 5, "", False)
     assert info.value.current_version == 7
     assert table.free_count() == 1
@@ -69,10 +69,23 @@ def test_a_late_deploy_of_an_older_version_is_refused(table: SlotTable) -> None:
     table.reserve(SubtaskId("other", "op", 1), OPERATOR, KeyGroupRange(64, 127), 128, 1, 1, "", False)
 
 
-def test_a_new_jobmanager_may_number_again_once_the_floor_is_forgotten(table: SlotTable) -> None:
+def test_the_jobmanagers_versions_at_registration_replace_the_floors(table: SlotTable) -> None:
+    # A JobManager restarted without high availability numbers the job's deployments from 1 again.
     table.remove(SubtaskId("job", "op", 0))
-    table.forget_versions(set())
+    table.set_version_floors({"job": 1})
     assert table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 1, "", False).routing_version == 1
+    # And one that is ahead of what was deployed here raises the floor.
+    table.remove(SubtaskId("job", "op", 0))
+    table.set_version_floors({"job": 9})
+    with pytest.raises(StaleRoutingError):
+        table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 8, "", False)
+
+
+def test_a_release_makes_a_late_deploy_of_that_version_stale(table: SlotTable) -> None:
+    table.raise_version_floor("job", 7)  # the JobManager released deployment 7
+    table.remove(SubtaskId("job", "op", 0), up_to_version=7)
+    with pytest.raises(StaleRoutingError, match="only from v8 on"):
+        table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 7, "", False)
 
 
 def test_a_late_release_of_an_older_version_leaves_the_newer_deployment(table: SlotTable) -> None:
