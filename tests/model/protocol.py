@@ -125,11 +125,11 @@ class Protections:
     """A slot refuses a barrier of another epoch; the coordinator refuses an ack of another epoch."""
     retry_job_state_errors: bool = True
     """The driver waits for a RESTARTING job and runs the batch again instead of raising."""
-    taskmanager_version_floor: bool = False
-    """(A fix proposed by the model, not in the document.) A TaskManager remembers the highest
-    routing version it was told of (by a Release, a Deploy or its registration answer) and
-    ignores a Deploy below it, so a Deploy that arrives after a newer Release cannot bring a
-    deposed slot back."""
+    taskmanager_version_floor: bool = True
+    """A TaskManager remembers the highest routing version it was told of (by a Release, a
+    Deploy or its registration answer) and refuses a Deploy below it, so a Deploy that arrives
+    after a newer Release cannot bring a deposed slot back. (This model found the hole it
+    closes; the document and the product have it since.)"""
 
     def without(self, *names: str) -> Protections:
         """These protections, with the named ones switched off."""
