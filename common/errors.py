@@ -53,6 +53,13 @@ class KeyedStateError(Exception):
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
 
+    def with_message(self, message: str) -> KeyedStateError:
+        """The same error (class, reason and details) with another message, to add context when re-raising."""
+        clone = type(self).__new__(type(self), message)
+        clone.__dict__.update(self.__dict__)
+        clone.args = (message,)
+        return clone
+
 
 class InvalidArgumentError(KeyedStateError):
     reason = Reason.INVALID_ARGUMENT

@@ -54,6 +54,9 @@ class Dispatcher:
         self.clock = clock
         self.scheduler = scheduler
         self._jobs: dict[str, Job] = {}
+        # The highest routing version a failed submission used, per job id: its deploys and
+        # releases raised the TaskManagers' version floors, so the next submission must start above.
+        self._abandoned_versions: dict[str, int] = {}
         self._deploying: set[tuple[str, int]] = set()  # (TaskManager, slot) of deployments under way
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jm-deploy")
@@ -81,6 +84,14 @@ class Dispatcher:
     def jobs(self) -> list[Job]:
         with self._lock:
             return list(self._jobs.values())
+
+    def routing_versions(self) -> dict[str, int]:
+        """The newest routing version handed out per job id (a registering TaskManager's floors)."""
+        with self._lock:
+            versions = dict(self._abandoned_versions)
+            versions.update({job.job_id: max(job.routing_version, versions.get(job.job_id, 0))
+                             for job in self._jobs.values()})
+            return versions
 
     def routing(self, job_id: str) -> pb.RoutingTable:
         job = self.job(job_id)
@@ -220,10 +231,12 @@ class Dispatcher:
                     "another job id"
                 )
             job = Job(spec, job_conf, restore_path=restore_path)
+            # Clients keep the newest routing version they saw and ignore older ones, and
+            # TaskManagers refuse deploys below their floor, so a job resubmitted under the same
+            # id continues the numbering instead of restarting at 1.
+            job.routing_version = max(existing.routing_version if existing is not None else 0,
+                                      self._abandoned_versions.get(spec.job_id, 0))
             if existing is not None:
-                # Clients keep the newest routing version they saw and ignore older ones, so a job
-                # resubmitted under the same id continues the numbering instead of restarting at 1.
-                job.routing_version = existing.routing_version
                 job.predecessor = _predecessor(existing)
             self._jobs[spec.job_id] = job
         try:
@@ -246,6 +259,7 @@ class Dispatcher:
                 job.assignments = {}
             with self._lock:
                 if self._jobs.get(spec.job_id) is job:
+                    self._abandoned_versions[spec.job_id] = job.routing_version
                     # A failed resubmission leaves the earlier (terminal) job visible, so that
                     # `statectl job info` and `job restore` still find it.
                     if existing is not None:
@@ -331,7 +345,9 @@ class Dispatcher:
             release_assignments(self.registry, assignments)
             first_assignment, first = errors[0]
             if isinstance(first, KeyedStateError):
-                raise type(first)(f"deploying {first_assignment.subtask} to {first_assignment.taskmanager_id} failed: {first.message}", reason=first.reason) from first
+                raise first.with_message(
+                    f"deploying {first_assignment.subtask} to {first_assignment.taskmanager_id} failed: {first.message}"
+                ) from first
             raise first
         job.assignments = {a.subtask: a for a in assignments}
         job.last_taskmanagers = frozenset(a.taskmanager_id for a in assignments)
@@ -443,8 +459,8 @@ class Dispatcher:
                 job.spec = old_spec
                 cause = f"rescale to {parallelism} failed: {exc.message}"
                 self.fail_over_now(job, cause)
-                raise type(exc)(f"rescaling job {job_id!r} failed ({exc.message}); it restarts at its previous "
-                                "parallelism from its latest checkpoint", reason=exc.reason) from exc
+                raise exc.with_message(f"rescaling job {job_id!r} failed ({exc.message}); it restarts at its previous "
+                                       "parallelism from its latest checkpoint") from exc
             job.status = JobStatus.RUNNING
             self.checkpointing.persist(job)
             self.checkpointing.job_running(job)

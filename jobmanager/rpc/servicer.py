@@ -40,7 +40,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
             jobmanager_session=self._d.registry.session, lease_duration_ms=s.lease_duration_ms,
             kept_slots=[jm_pb.SlotReport(slot_index=slots[k], job_id=k.job_id, operator_id=k.operator_id,
                                          subtask_index=k.subtask_index) for k in kept],
-            routing_versions={job.job_id: job.routing_version for job in self._d.jobs()},
+            routing_versions=self._d.routing_versions(),
         )
 
     @rpc_method

@@ -468,7 +468,7 @@ class KeyedStateBackend(ABC):
             try:
                 ops.append(self._mutation_op(m))
             except (InvalidArgumentError, NotFoundError, WrongStateKindError, SizeLimitError, StaleRoutingError) as exc:
-                raise type(exc)(f"mutation #{i} ({m.kind.value} on {m.state!r}): {exc.message}", **_reason_kw(exc)) from exc
+                raise exc.with_message(f"mutation #{i} ({m.kind.value} on {m.state!r}): {exc.message}") from exc
         checked_meta = self._check_meta(meta)
         self._run(ops, checked_meta)
         return len(ops)
@@ -602,11 +602,3 @@ class KeyedStateBackend(ABC):
             states=tuple(h.descriptor for h in self._all_handles()),
             created_ms=self.clock.now_ms(),
         )
-
-
-def _reason_kw(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, StaleRoutingError):
-        return {"current_version": exc.current_version}
-    if isinstance(exc, NotFoundError):
-        return {"reason": exc.reason}
-    return {}
