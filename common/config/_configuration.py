@@ -275,6 +275,19 @@ def memory_parser(key: str, value: Any) -> int:
     return parse_memory_bytes(value, key)
 
 
+def memory_at_least(minimum: int) -> Callable[[str, Any], int]:
+    """A memory size of at least ``minimum`` bytes (a limit of 0 would refuse everything)."""
+
+    def parse(key: str, value: Any) -> int:
+        size = parse_memory_bytes(value, key)
+        if size < minimum:
+            raise ConfigError(f"{key}: must be at least {minimum} byte{'s' if minimum != 1 else ''}, got {value!r}; "
+                              f"set a size such as '64kb' or '16mb', or remove {key} for the default")
+        return size
+
+    return parse
+
+
 def port_parser(key: str, value: Any) -> int:
     return int_parser(0, 65535)(key, value)
 

@@ -16,6 +16,7 @@ from keyedstate.common.config._configuration import (
     enum_parser,
     float_parser,
     int_parser,
+    memory_at_least,
     memory_parser,
     optional_duration_parser,
     port_parser,
@@ -99,11 +100,11 @@ ROCKSDB_TRANSFER_THREADS = _opt("state.backend.rocksdb.checkpoint.transfer.threa
     "Parallel file uploads and downloads per slot during checkpoints and restores.")
 
 # --- Limits (this runtime's own keys; Flink has none) -----------------------------------------
-MAX_KEY_BYTES = _opt("state.limits.max-key-bytes", memory_parser, 64 << 10, "memory",
+MAX_KEY_BYTES = _opt("state.limits.max-key-bytes", memory_at_least(1), 64 << 10, "memory",
     "Largest accepted key (and map user key); larger ones are refused with INVALID_ARGUMENT.")
-MAX_VALUE_BYTES = _opt("state.limits.max-value-bytes", memory_parser, 16 << 20, "memory",
+MAX_VALUE_BYTES = _opt("state.limits.max-value-bytes", memory_at_least(1), 16 << 20, "memory",
     "Largest accepted value or list element; larger ones are refused with INVALID_ARGUMENT.")
-MAX_LIST_RESPONSE_BYTES = _opt("state.limits.list.max-response-bytes", memory_parser, 64 << 20, "memory",
+MAX_LIST_RESPONSE_BYTES = _opt("state.limits.list.max-response-bytes", memory_at_least(1), 64 << 20, "memory",
     "ListGet refuses lists larger than this and names ListScan, which streams a list of any size.")
 MAX_LIST_ELEMENTS = _opt("state.limits.list.max-elements", int_parser(1), 10_000_000, "int",
     "Appends that would grow one list past this many elements are refused with RESOURCE_EXHAUSTED.")

@@ -8,6 +8,15 @@ from keyedstate.common.config import Configuration, options
 from keyedstate.common.errors import ConfigError
 
 
+_KEYS = {
+    "max_key_bytes": options.MAX_KEY_BYTES.key,
+    "max_value_bytes": options.MAX_VALUE_BYTES.key,
+    "max_list_response_bytes": options.MAX_LIST_RESPONSE_BYTES.key,
+    "max_list_elements": options.MAX_LIST_ELEMENTS.key,
+}
+"""The configuration key of each limit, for messages."""
+
+
 @dataclass(frozen=True)
 class StateLimits:
     max_key_bytes: int = 64 << 10
@@ -20,9 +29,9 @@ class StateLimits:
     """Most elements one list may hold (``state.limits.list.max-elements``)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_key_bytes", "max_value_bytes", "max_list_response_bytes", "max_list_elements"):
+        for name, key in _KEYS.items():
             if getattr(self, name) < 1:
-                raise ConfigError(f"StateLimits.{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{key}: must be at least 1, got {getattr(self, name)}")
 
     @classmethod
     def from_config(cls, conf: Configuration) -> StateLimits:

@@ -57,6 +57,7 @@ def _assert_exit_2(result: object, *fragments: str) -> None:
     (TM, "state.backend.type=cassandra", ["state.backend.type", "rocksdb, hashmap"]),
     (TM, "taskmanager.memory.managed.size=lots", ["taskmanager.memory.managed.size", "256mb"]),
     (TM, "taskmanager.rpc.port=70000", ["taskmanager.rpc.port", "at most 65535"]),
+    (TM, "state.limits.max-value-bytes=0", ["state.limits.max-value-bytes", "at least 1"]),
     (TM, "no-equals-sign", ["-D 'no-equals-sign'", "key=value"]),
     (JM, "heartbeat.timeout=5parsecs", ["jobmanager:", "heartbeat.timeout", "'5parsecs'"]),
     (JM, "heartbeat.interval=60 s", ["heartbeat.timeout (50000 ms)", "heartbeat.interval (60000 ms)", "must be larger"]),

@@ -286,6 +286,25 @@ def test_override_with_a_bad_value_is_refused_at_load() -> None:
         Configuration.load(overrides=["taskmanager.numberOfTaskSlots=abc"])
 
 
+@pytest.mark.parametrize("key,raw", [
+    *((key, raw) for key in ("state.limits.max-key-bytes", "state.limits.max-value-bytes",
+                             "state.limits.list.max-response-bytes") for raw in ("0", "0 kb", "0.5")),
+    ("state.limits.list.max-elements", "0"),
+])
+def test_a_zero_limit_is_refused_naming_the_config_key(key: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Configuration.load(overrides=[f"{key}={raw}"])
+    assert info.value.message.startswith(f"{key}: must be at least 1"), info.value.message
+    assert "StateLimits" not in info.value.message and "max_" not in info.value.message
+
+
+def test_state_limits_name_the_config_key() -> None:
+    from keyedstate.taskmanager.state import StateLimits
+
+    with pytest.raises(ConfigError, match="^state.limits.max-value-bytes: must be at least 1, got 0$"):
+        StateLimits(max_value_bytes=0)
+
+
 def test_every_option_default_passes_its_own_parser() -> None:
     for option in o.ALL:
         if option.default is None:

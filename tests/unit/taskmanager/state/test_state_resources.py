@@ -90,5 +90,5 @@ def test_state_limits_from_config_and_validation() -> None:
     })
     assert StateLimits.from_config(conf) == StateLimits(1024, 2 << 20, 3 << 20, 5)
     assert StateLimits.from_config(Configuration()) == StateLimits()
-    with pytest.raises(ConfigError, match="max_list_elements"):
+    with pytest.raises(ConfigError, match="^state.limits.list.max-elements: must be at least 1"):
         StateLimits(max_list_elements=0)
