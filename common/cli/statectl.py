@@ -9,7 +9,8 @@
     statectl savepoint JOB [--dir PATH]
     statectl config docs                            the configuration reference (Markdown)
 
-Every command takes --jobmanager HOST:PORT (default from --config / -D jobmanager.rpc.*).
+Every command takes --jobmanager/-m HOST:PORT (default from --config / -D jobmanager.rpc.*), --config,
+-D, --json and --timeout, before the command (statectl -m HOST:PORT cluster) or after it.
 Exit codes: 0 success, 1 the operation failed (a checkpoint or savepoint that did not complete, or
 is still running when --timeout passes, is a failure), 2 bad arguments or configuration.
 """
@@ -203,14 +204,45 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+_DEFAULT_TIMEOUT_S = 30.0
+_COMMAND_TIMEOUT_S = {"savepoint": 600.0}  # a savepoint copies the whole state
+
+
+def _add_common_options(parser: argparse.ArgumentParser, overrides_dest: str) -> None:
+    """The options every command takes, accepted before the command as well as after it.
+
+    Their defaults are suppressed so that a value given before the command is not overwritten
+    by the command's parser; :func:`_apply_common_defaults` fills in what neither place set.
+    """
+    s = argparse.SUPPRESS
+    parser.add_argument("--jobmanager", "-m", metavar="HOST:PORT", default=s, help="JobManager address")
+    parser.add_argument("--config", "-c", metavar="FILE", default=s,
+                        help="YAML config (for jobmanager.rpc.* and storage keys)")
+    parser.add_argument("-D", dest=overrides_dest, action="append", default=s, metavar="KEY=VALUE")
+    parser.add_argument("--json", action="store_true", default=s, help="print JSON instead of tables")
+    parser.add_argument("--timeout", type=float, default=s,
+                        help=f"seconds to wait for the JobManager (default {_DEFAULT_TIMEOUT_S:g}; savepoint: "
+                             f"{_COMMAND_TIMEOUT_S['savepoint']:g})")
+
+
+def _apply_common_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Defaults for the common options; -D given before and after the command both apply (after wins)."""
+    for name, default in (("jobmanager", None), ("config", None), ("json", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    if not hasattr(args, "timeout"):
+        args.timeout = _COMMAND_TIMEOUT_S.get(args.command, _DEFAULT_TIMEOUT_S)
+    args.overrides = [*getattr(args, "global_overrides", []), *getattr(args, "overrides", [])]
+    if hasattr(args, "global_overrides"):
+        del args.global_overrides
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statectl", description="Operate a keyedstate cluster.")
+    _add_common_options(parser, "global_overrides")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--jobmanager", "-m", metavar="HOST:PORT", help="JobManager address")
-    common.add_argument("--config", "-c", metavar="FILE", help="YAML config (for jobmanager.rpc.* and storage keys)")
-    common.add_argument("-D", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    common.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the JobManager")
+    _add_common_options(common, "overrides")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("cluster", parents=[common], help="TaskManagers, slots and jobs")
@@ -236,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("savepoint", parents=[common], help="write a self-contained, relocatable savepoint")
     p.add_argument("job")
     p.add_argument("--dir", help="target directory (default state.savepoints.dir)")
-    p.set_defaults(fn=cmd_savepoint, timeout=600.0)
+    p.set_defaults(fn=cmd_savepoint)
 
     p = sub.add_parser("config", parents=[common], help="configuration reference")
     p.add_argument("action", choices=["docs"])
@@ -246,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _apply_common_defaults(parser.parse_args(argv))
     if getattr(args, "job", None) is not None and args.command != "job":
         from keyedstate.common.ids import validate_id
 

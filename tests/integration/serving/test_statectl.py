@@ -54,6 +54,17 @@ def test_cluster_json_is_machine_readable(cluster: Any) -> None:
     assert job["job_id"] == JOB and job["status"] == "RUNNING" and job["max_parallelism"] == 128
 
 
+@pytest.mark.parametrize("argv", [
+    ["-m", "{address}", "cluster", "--json"],
+    ["--jobmanager", "{address}", "--json", "job", "list"],
+    ["--json", "cluster", "-m", "{address}"],
+])
+def test_options_before_the_command_are_accepted(cluster: Any, argv: list[str]) -> None:
+    result = run_module(STATECTL, *(a.format(address=cluster.address) for a in argv))
+    assert result.returncode == 0, result.stderr
+    assert JOB in {j["job_id"] for j in json.loads(result.stdout)["jobs"]}
+
+
 def test_jobmanager_address_from_config_overrides(cluster: Any) -> None:
     host, port = cluster.address.rsplit(":", 1)
     result = run_module(STATECTL, "job", "list", "--json", "-D", f"jobmanager.rpc.address={host}", "-D", f"jobmanager.rpc.port={port}")

@@ -82,3 +82,28 @@ def test_config_docs_through_the_entry_point() -> None:
     assert result.returncode == 0, result.stderr
     for option in options.ALL:
         assert f"| `{option.key}` |" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "10.0.0.1:6123", "cluster"],
+    ["cluster", "-m", "10.0.0.1:6123"],
+    ["--jobmanager", "10.0.0.1:6123", "--json", "--timeout", "5", "job", "list"],
+    ["-D", "a=1", "job", "list", "-m", "10.0.0.1:6123", "-D", "b=2"],
+])
+def test_common_options_are_accepted_before_or_after_the_command(argv: list[str]) -> None:
+    args = statectl._apply_common_defaults(statectl.build_parser().parse_args(argv))
+    assert args.jobmanager == "10.0.0.1:6123"
+    if "--timeout" in argv:
+        assert args.timeout == 5.0 and args.json is True
+    else:
+        assert args.timeout == 30.0 and args.json is False
+    if "-D" in argv:
+        assert args.overrides == ["a=1", "b=2"]  # both places apply, the later one last
+
+
+def test_an_option_after_the_command_wins_and_defaults_follow_the_command() -> None:
+    parser = statectl.build_parser()
+    args = statectl._apply_common_defaults(parser.parse_args(["-m", "a:1", "--timeout", "5", "cluster", "-m", "b:2"]))
+    assert (args.jobmanager, args.timeout, args.overrides, args.config) == ("b:2", 5.0, [], None)
+    assert statectl._apply_common_defaults(parser.parse_args(["savepoint", "j"])).timeout == 600.0
+    assert statectl._apply_common_defaults(parser.parse_args(["--timeout", "9", "savepoint", "j"])).timeout == 9.0
