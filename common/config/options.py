@@ -105,7 +105,7 @@ MAX_KEY_BYTES = _opt("state.limits.max-key-bytes", memory_at_least(1), 64 << 10,
 MAX_VALUE_BYTES = _opt("state.limits.max-value-bytes", memory_at_least(1), 16 << 20, "memory",
     "Largest accepted value or list element; larger ones are refused with INVALID_ARGUMENT.")
 MAX_LIST_RESPONSE_BYTES = _opt("state.limits.list.max-response-bytes", memory_at_least(1), 64 << 20, "memory",
-    "ListGet refuses lists larger than this and names ListScan, which streams a list of any size.")
+    "ListGet (ListState.get) refuses lists larger than this and names ListState.scan(), which streams a list of any size.")
 MAX_LIST_ELEMENTS = _opt("state.limits.list.max-elements", int_parser(1), 10_000_000, "int",
     "Appends that would grow one list past this many elements are refused with RESOURCE_EXHAUSTED.")
 RPC_MAX_MESSAGE = _opt("rpc.max-message-size", memory_parser, 256 << 20, "memory",

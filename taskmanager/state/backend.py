@@ -298,7 +298,7 @@ class KeyedStateBackend(ABC):
         return SizeLimitError(
             f"ListGet of state {state!r} would return more than {total} bytes, past "
             f"state.limits.list.max-response-bytes ({self.limits.max_list_response_bytes}); "
-            "read large lists with ListScan (list_scan), which streams a list of any size"
+            "read such a list with ListState.scan(key), which streams a list of any size (the ListScan call), or raise the limit"
         )
 
     @staticmethod

@@ -24,7 +24,7 @@ class StateLimits:
     max_value_bytes: int = 16 << 20
     """Largest value, list element or reduce operand (``state.limits.max-value-bytes``)."""
     max_list_response_bytes: int = 64 << 20
-    """Largest total of one list_get answer (``state.limits.list.max-response-bytes``)."""
+    """Largest total of one ListGet answer (``state.limits.list.max-response-bytes``)."""
     max_list_elements: int = 10_000_000
     """Most elements one list may hold (``state.limits.list.max-elements``)."""
 

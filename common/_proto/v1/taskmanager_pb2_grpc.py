@@ -143,7 +143,7 @@ class KeyedStateServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListGet(self, request, context):
-        """LIST: whole lists, bounded by state.list.max-response-bytes (use ListScan past it).
+        """LIST: whole lists, bounded by state.limits.list.max-response-bytes (past it use ListScan: ListState.scan()).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

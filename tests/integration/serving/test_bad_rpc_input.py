@@ -29,7 +29,9 @@ from tests.integration.serving._support import JOB, OPERATOR, key_of_subtask, ke
 
 MAX_KEY = 64
 MAX_VALUE = 128
-LIMITS = {"state.limits.max-key-bytes": str(MAX_KEY), "state.limits.max-value-bytes": str(MAX_VALUE)}
+MAX_LIST_RESPONSE = 1024
+LIMITS = {"state.limits.max-key-bytes": str(MAX_KEY), "state.limits.max-value-bytes": str(MAX_VALUE),
+          "state.limits.list.max-response-bytes": str(MAX_LIST_RESPONSE)}
 
 
 @dataclass
@@ -158,6 +160,21 @@ def test_oversized_key_and_value_through_the_client(serving: Serving) -> None:
     assert events.get_many([s.key0, other]) == [[], []]
     events.append_many([s.key0, other, s.key1], [b"a", b"b", b"c"])
     assert events.get_many([s.key0, other, s.key1]) == [[b"a"], [b"b"], [b"c"]]
+    s.assert_still_serving()
+
+
+def test_list_too_large_for_get_names_the_client_method_that_streams_it(serving: Serving) -> None:
+    s = serving
+    events = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
+    elements = [b"%03d" % i + b"x" * 97 for i in range(2 * MAX_LIST_RESPONSE // 100)]
+    events.append_many([s.key0] * len(elements), elements)
+    with pytest.raises(SizeLimitError) as info:
+        events.get(s.key0)
+    message = info.value.message
+    assert "state.limits.list.max-response-bytes" in message and "ListState.scan(key)" in message, message
+    assert "list_scan" not in message
+    assert status_code(info.value) is grpc.StatusCode.INVALID_ARGUMENT
+    assert list(events.scan(s.key0)) == elements  # the method the message names does read it
     s.assert_still_serving()
 
 

@@ -117,7 +117,7 @@ def test_list_get_refuses_a_merged_list_over_the_response_limit(make_harness) ->
     v.list_append("l", [b"a"], [b"789"], b"")
     assert v.list_get("l", [b"a"], b"") == [[b"123456", b"789"]]
     v.list_append("l", [b"a"], [b"0ab"], b"")
-    with pytest.raises(SizeLimitError, match="list_scan"):
+    with pytest.raises(SizeLimitError, match=r"ListState\.scan\(key\)"):
         v.list_get("l", [b"a"], b"")
     # The stream has no response limit.
     assert list(v.list_scan("l", b"a", b"")) == [b"123456", b"789", b"0ab"]
