@@ -62,6 +62,17 @@ def check_parallelism(parallelism: int, max_parallelism: int) -> None:
         )
 
 
+def past_max_parallelism(job_id: str, parallelism: int, max_parallelism: int) -> str:
+    """Why a job cannot run at ``parallelism`` above its max parallelism, and what to do instead."""
+    return (
+        f"job {job_id!r} cannot run at parallelism {parallelism}: its max parallelism is {max_parallelism} (the number "
+        f"of key groups, pipeline.max-parallelism), which bounds the parallelism and is fixed for the job's life; more "
+        f"TaskManagers would not help. Ask for a parallelism of at most {max_parallelism}; going higher takes a new job "
+        "with a larger pipeline.max-parallelism, which starts from empty state (checkpoints cannot change it). The job "
+        "keeps running at its current parallelism"
+    )
+
+
 def key_group_range_for_subtask(max_parallelism: int, parallelism: int, subtask_index: int) -> KeyGroupRange:
     """The contiguous key-group range subtask ``subtask_index`` of ``parallelism`` owns."""
     check_parallelism(parallelism, max_parallelism)

@@ -29,6 +29,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import SubtaskId
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
+from keyedstate.common.keygroups import past_max_parallelism
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
 from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
@@ -434,9 +435,13 @@ class Dispatcher:
         driver saw made durable is lost; a batch committed after the cut runs again.
         """
         job = self.job(job_id)
-        for op_id in parallelism:
+        for op_id, p in parallelism.items():
             if op_id and job.spec.operator(op_id) is None:
                 raise NotFoundError(f"job {job_id!r} has no operator {op_id!r}", reason=Reason.UNKNOWN_OPERATOR)
+            if p > job.spec.max_parallelism:
+                raise InvalidArgumentError(past_max_parallelism(job_id, p, job.spec.max_parallelism))
+            if p < 1:
+                raise InvalidArgumentError(f"job {job_id!r} cannot run at parallelism {p}: ask for at least 1")
         new_spec = job.spec.with_parallelism(parallelism)
         with job.lock:
             self._check_rescalable(job, new_spec)

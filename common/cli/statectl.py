@@ -26,6 +26,7 @@ from google.protobuf import json_format
 
 from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
+from keyedstate.common.keygroups import past_max_parallelism
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -135,6 +136,8 @@ def _check_rescale_capacity(client: Any, job_id: str, parallelism: int) -> None:
     job = next((j for j in overview.jobs if j.job_id == job_id), None)
     if job is None or job.status != "RUNNING":
         return  # the JobManager gives the precise error
+    if parallelism > job.max_parallelism:
+        raise InvalidArgumentError(past_max_parallelism(job_id, parallelism, job.max_parallelism))
     held = sum(op.parallelism for op in job.operators)
     needed = parallelism * len(job.operators)
     available = overview.free_slots + held

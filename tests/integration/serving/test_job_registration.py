@@ -192,6 +192,17 @@ def test_a_canceled_job_id_can_be_reused_and_cached_routing_moves_on(cluster: An
     assert client.routing(JOB).version == new.version
 
 
+def test_rescale_past_the_max_parallelism_is_refused_naming_that_limit(cluster: Any, stub: jm_grpc.JobManagerStub) -> None:
+    # Enough free slots for the parallelism asked: the max parallelism is the only obstacle.
+    client = cluster.client()
+    first = client.submit_job(JOB, operators(parallelism=1), max_parallelism=2)
+    err = rpc_error(lambda: stub.RescaleJob(jm_pb.RescaleJobRequest(job_id=JOB, parallelism={"": 3}), timeout=60))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and reason(err) == "INVALID_ARGUMENT"
+    assert "max parallelism is 2" in err.details() and "at most 2" in err.details(), err.details()
+    assert "TaskManagers would not help" in err.details() and "keeps running" in err.details()
+    assert client.routing(JOB, refresh=True) == first
+
+
 def test_unknown_job_calls_are_not_found_naming_the_fix(stub: jm_grpc.JobManagerStub, cluster: Any) -> None:
     for call in (stub.GetJob, stub.CancelJob):
         err = rpc_error(lambda: call(jm_pb.JobRequest(job_id="ghost"), timeout=10))

@@ -65,6 +65,15 @@ def test_options_before_the_command_are_accepted(cluster: Any, argv: list[str]) 
     assert JOB in {j["job_id"] for j in json.loads(result.stdout)["jobs"]}
 
 
+def test_rescale_past_the_max_parallelism_names_that_limit_not_taskmanagers(cluster: Any) -> None:
+    result = run_module(STATECTL, "job", "rescale", JOB, "--parallelism", "200", "--jobmanager", cluster.address)
+    assert result.returncode == 2, result.stderr
+    assert "max parallelism is 128" in result.stderr and "at most 128" in result.stderr, result.stderr
+    assert "pipeline.max-parallelism" in result.stderr and "start more TaskManagers" not in result.stderr
+    info = json.loads(run_module(STATECTL, "job", "info", JOB, "--jobmanager", cluster.address).stdout)
+    assert info["status"] == "RUNNING" and info["operators"][0]["parallelism"] == 2
+
+
 def test_jobmanager_address_from_config_overrides(cluster: Any) -> None:
     host, port = cluster.address.rsplit(":", 1)
     result = run_module(STATECTL, "job", "list", "--json", "-D", f"jobmanager.rpc.address={host}", "-D", f"jobmanager.rpc.port={port}")
