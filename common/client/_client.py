@@ -46,6 +46,7 @@ _xxh64 = xxhash.xxh64_intdigest
 # Calls whose second application changes nothing: retried after any transport failure.
 IDEMPOTENT = frozenset({"ValueGet", "ValuePut", "Clear", "ListGet", "ListUpdate", "MapPut", "MapGet", "MapRemove",
                         "MapContains", "ListScan", "MapScan", "ScanKeys"})
+_TERMINAL = frozenset({"FAILED", "CANCELED"})
 READS = frozenset({"ValueGet", "ListGet", "MapGet", "MapContains"})
 WRITES = frozenset({"ValuePut", "Clear", "Reduce", "ListAppend", "ListUpdate", "MapPut", "MapRemove"})
 # ListUpdate replaces each key's whole list with the values given for it, so one key's values
@@ -252,9 +253,13 @@ class StateClient:
         return self._jm_call("CommitEpoch", request, timeout=timeout_s + 30, retry=False)
 
     def routing(self, job_id: str, refresh: bool = False) -> Routing:
-        """The job's routing table: cached, or fetched from the JobManager with ``refresh``."""
+        """The job's routing table: cached, or fetched from the JobManager with ``refresh``.
+
+        A cached table of a FAILED or CANCELED job is never trusted: the job may have been
+        restored or resubmitted since (by another client or statectl), so it is fetched again.
+        """
         routing = self._routing.get(job_id)
-        if routing is None or refresh:
+        if routing is None or refresh or routing.job_status in _TERMINAL:
             table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
             routing = self._store_routing(table, fetched=True)
         return routing
@@ -347,8 +352,7 @@ class StateClient:
         for attempt in range(1, attempts + 1):
             routing = self._routing_for(job_id, scope if pinned else None, refresh)
             if routing.job_status not in ("RUNNING", ""):
-                if routing.job_status in ("FAILED", "CANCELED"):
-                    raise KeyedStateError(f"job {job_id!r} is {routing.job_status}", reason=Reason.JOB_NOT_RUNNING)
+                _refuse_stopped(routing)
                 failed_units = pending  # None: nothing was sent yet, everything goes next round
                 error: KeyedStateError = UnavailableError(f"job {job_id!r} is {routing.job_status}")
             else:
@@ -553,6 +557,7 @@ class StateClient:
             request.target.epoch.CopyFrom(scope.context)
         for attempt in range(1, self.settings.max_attempts + 1):
             routing = self._routing_for(job_id, pinned, refresh=attempt > 1)
+            _refuse_stopped(routing)
             address = routing.operator(operator_id).addresses[subtask]
             request.target.routing_version = routing.version
             try:
@@ -571,6 +576,7 @@ class StateClient:
 
     def subtask_of(self, job_id: str, operator_id: str, key: bytes) -> int:
         routing = self.routing(job_id)
+        _refuse_stopped(routing)
         routes = routing.operator(operator_id)
         return routes.subtask_of[(_xxh64(key, HASH_SEED) & 0xFFFFFFFF) % routing.max_parallelism]
 
@@ -588,6 +594,21 @@ class StateClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _refuse_stopped(routing: Routing) -> None:
+    """Raise if the job is FAILED or CANCELED (a status routing() fetched just now, never a cached one).
+
+    Not retried, and not a JobStateError (which callers retry): the job stays stopped until
+    someone restores or resubmits it.
+    """
+    if routing.job_status in _TERMINAL:
+        job_id = routing.job_id
+        raise KeyedStateError(
+            f"job {job_id!r} is {routing.job_status}; restore it (statectl job restore {job_id} --from PATH) or "
+            f"submit it again, then retry (statectl job info {job_id} shows why it stopped)",
+            reason=Reason.JOB_NOT_RUNNING,
+        )
 
 
 def check_lengths(what: str, **columns: Iterable[Any]) -> None:

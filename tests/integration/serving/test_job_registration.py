@@ -15,7 +15,14 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.client import ListState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
-from keyedstate.common.errors import AlreadyExistsError, CapacityError, InvalidArgumentError, NotFoundError, Reason
+from keyedstate.common.errors import (
+    AlreadyExistsError,
+    CapacityError,
+    InvalidArgumentError,
+    KeyedStateError,
+    NotFoundError,
+    Reason,
+)
 from keyedstate.common.rpc.status import status_code
 from tests.integration.serving._support import JOB, OPERATOR, keys_of_subtask, operators, reason, rpc_error
 
@@ -201,6 +208,34 @@ def test_rescale_past_the_max_parallelism_is_refused_naming_that_limit(cluster: 
     assert "max parallelism is 2" in err.details() and "at most 2" in err.details(), err.details()
     assert "TaskManagers would not help" in err.details() and "keeps running" in err.details()
     assert client.routing(JOB, refresh=True) == first
+
+
+def test_a_client_that_saw_the_job_canceled_follows_its_restore(cluster: Any) -> None:
+    """A long-lived client refreshes a cached CANCELED (or FAILED) status before it believes it."""
+    client = cluster.client()
+    client.submit_job(JOB, operators(parallelism=2))
+    last = ValueState(client, JOB, OPERATOR, "last", value_serializer="int")
+    keys = keys_of_subtask(client.routing(JOB), 0, 2) + keys_of_subtask(client.routing(JOB), 1, 2)
+    last.put_many(keys, [1, 2, 3, 4])
+    checkpoint = client.trigger_checkpoint(JOB, timeout_s=60)
+    assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+
+    operator = cluster.client()
+    operator.cancel_job(JOB)
+    with pytest.raises(KeyedStateError, match="is CANCELED") as refused:
+        last.get_many(keys)
+    assert refused.value.reason is Reason.JOB_NOT_RUNNING
+    assert client.routing(JOB).job_status == "CANCELED"  # the long-lived client has cached it
+    events = ListState(client, JOB, OPERATOR, "events")
+    with pytest.raises(KeyedStateError, match="is CANCELED; restore it"):
+        list(events.scan(keys[0]))
+
+    operator.submit_job(JOB, operators(parallelism=2), restore_path=checkpoint.path)
+    assert last.get_many(keys) == [1, 2, 3, 4]
+    assert list(events.scan(keys[0])) == []
+    last.put(keys[0], 10)
+    assert last.get(keys[0]) == 10
+    assert client.routing(JOB).job_status == "RUNNING"
 
 
 def test_unknown_job_calls_are_not_found_naming_the_fix(stub: jm_grpc.JobManagerStub, cluster: Any) -> None:
