@@ -9,6 +9,7 @@ errors and gRPC meet.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class Reason(enum.Enum):
@@ -39,10 +40,27 @@ class Reason(enum.Enum):
     INTERNAL = "INTERNAL"
 
 
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What a multi-key write that failed part-way did, by position of the key in the call.
+
+    Attached to the error as ``error.outcome``: resend the keys at ``not_applied`` once the
+    cause is fixed; read back the ones at ``unknown`` first (their requests got no answer, so
+    they may have been applied).
+    """
+
+    method: str
+    applied: tuple[int, ...]
+    not_applied: tuple[int, ...]
+    unknown: tuple[int, ...]
+
+
 class KeyedStateError(Exception):
     """Root of every error the runtime raises on purpose."""
 
     reason: Reason = Reason.INTERNAL
+    outcome: BatchOutcome | None = None
+    """Set on the error of a direct write that failed after part of it was sent (see BatchOutcome)."""
 
     def __init__(self, message: str, *, reason: Reason | None = None) -> None:
         super().__init__(message)

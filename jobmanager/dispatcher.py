@@ -128,7 +128,8 @@ class Dispatcher:
         process hosts nothing, so the jobs it hosted fail over.
         """
         record, previous = self.registry.register(
-            request.taskmanager_id, request.address, request.host, request.num_slots, request.backend, request.metrics_port
+            request.taskmanager_id, request.address, request.host, request.num_slots, request.backend, request.metrics_port,
+            limits=request.limits if request.HasField("limits") else None,
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)

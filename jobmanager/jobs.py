@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
@@ -159,7 +159,7 @@ class Job:
         ]
         return pb.RoutingTable(
             job_id=self.job_id, version=self.routing_version, max_parallelism=self.spec.max_parallelism,
-            routes=routes, job_status=self.status.value,
+            routes=routes, job_status=self.status.value, limits=strictest_limits(a.limits for a in self.assignments.values()),
         )
 
     def info(self) -> jm_pb.JobInfo:
@@ -179,6 +179,19 @@ class Job:
             lineage=[pb.LineageEntry(query_id=e.query_id, offset=e.offset, first_epoch=e.first_epoch)
                      for e in self.lineage.entries],
         )
+
+
+def strictest_limits(reported: Iterable[pb.StateLimits | None]) -> pb.StateLimits:
+    """The smallest of each limit over the TaskManagers that reported it (0: none did)."""
+    out = pb.StateLimits()
+    for limits in reported:
+        if limits is None:
+            continue
+        for name in ("max_key_bytes", "max_value_bytes", "max_list_elements"):
+            value = getattr(limits, name)
+            if value > 0 and (getattr(out, name) == 0 or value < getattr(out, name)):
+                setattr(out, name, value)
+    return out
 
 
 @dataclass(frozen=True)

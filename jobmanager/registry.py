@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
@@ -36,6 +37,8 @@ class TaskManagerRecord:
     status: TaskManagerStatus = TaskManagerStatus.ACTIVE
     # slot index -> the subtask the JobManager placed there (None: free)
     occupancy: list[SubtaskId | None] = field(default_factory=list)
+    limits: pb.StateLimits | None = None
+    """The size limits it enforces (None: it did not say)."""
 
     def free_slots(self) -> list[int]:
         return [i for i, s in enumerate(self.occupancy) if s is None]
@@ -85,7 +88,8 @@ class TaskManagerRegistry:
         if self._timer is not None:
             self._timer.cancel()
 
-    def register(self, taskmanager_id: str, address: str, host: str, num_slots: int, backend: str, metrics_port: int) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
+    def register(self, taskmanager_id: str, address: str, host: str, num_slots: int, backend: str, metrics_port: int,
+                 limits: pb.StateLimits | None = None) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
         """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
         validate_id("taskmanager id", taskmanager_id)
         if num_slots < 1:
@@ -97,7 +101,7 @@ class TaskManagerRegistry:
             now = self._clock.monotonic_ms()
             record = TaskManagerRecord(
                 taskmanager_id, address, host, num_slots, backend, metrics_port, now,
-                lease_until_ms=now + self._lease_bound, occupancy=[None] * num_slots,
+                lease_until_ms=now + self._lease_bound, occupancy=[None] * num_slots, limits=limits,
             )
             self._records[taskmanager_id] = record
             # It fenced itself before registering: whatever it was given before is no longer served.

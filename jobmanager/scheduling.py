@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import CapacityError
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
@@ -20,6 +21,8 @@ class SlotAssignment:
     slot_index: int
     routing_version: int = 0
     """The routing version the slot is deployed under (set when the deployment is made)."""
+    limits: pb.StateLimits | None = field(default=None, compare=False)
+    """The size limits of its TaskManager (None: not reported); not part of the assignment's identity."""
 
 
 def plan_subtasks(job_id: str, operators: list[OperatorSpec], max_parallelism: int) -> list[tuple[SubtaskId, KeyGroupRange]]:
@@ -77,7 +80,7 @@ def allocate_slots(
             slot_index = free[tm_id].pop(0)
             record = by_id[tm_id]
             record.occupancy[slot_index] = subtask
-            assignments.append(SlotAssignment(subtask, key_groups, tm_id, record.address, slot_index))
+            assignments.append(SlotAssignment(subtask, key_groups, tm_id, record.address, slot_index, limits=record.limits))
         return assignments
 
 

@@ -73,7 +73,8 @@ class TaskManager:
     def _start(self, work: Path) -> None:
         s = self.settings
         resources = RocksDBResources.from_config(self.conf) if s.backend == "rocksdb" else None
-        self.deployer = SlotDeployer(self.slots, s.backend, work, StateLimits.from_config(self.conf), resources, self.clock)
+        limits = StateLimits.from_config(self.conf)
+        self.deployer = SlotDeployer(self.slots, s.backend, work, limits, resources, self.clock)
         self._install_snapshots()
         self.epochs = EpochManager(self.slots, self.deployer.instance_dir)
         server, self.port = create_server(
@@ -101,6 +102,7 @@ class TaskManager:
         self.connection = JobManagerConnection(
             s.jobmanager_address, self.id, self.address, s.host, s.num_slots, s.backend,
             self._metrics_server.port or 0, self._slot_reports, self._retain_slots, self.lease, self.clock, self._stop,
+            limits=limits.to_proto(),
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()

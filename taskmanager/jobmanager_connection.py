@@ -17,6 +17,7 @@ from typing import Callable
 
 import grpc
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.clock import Clock
@@ -52,6 +53,8 @@ class JobManagerConnection:
         lease: Lease,
         clock: Clock,
         stop: threading.Event,
+        *,
+        limits: pb.StateLimits | None = None,
     ) -> None:
         self.jobmanager_address = jobmanager_address
         self._tm_id = taskmanager_id
@@ -65,6 +68,7 @@ class JobManagerConnection:
         self.lease = lease
         self._clock = clock
         self._stop = stop
+        self._limits = limits
         self._channel = open_channel(jobmanager_address)
         self._stub = jm_grpc.JobManagerStub(self._channel)
         self._session = ""
@@ -113,6 +117,7 @@ class JobManagerConnection:
                 slots=self._slot_reports(),
                 metrics_port=self._metrics_port,
                 backend=self._backend,
+                limits=self._limits,
             ),
             timeout=_RPC_TIMEOUT_S,
         )

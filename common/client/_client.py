@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -21,15 +21,17 @@ from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.client._epoch import EpochScope, as_scope
-from keyedstate.common.client._routing import Routing
+from keyedstate.common.client._routing import Limits, Routing
 from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
 from keyedstate.common.errors import (
+    BatchOutcome,
     EpochConflictError,
     InvalidArgumentError,
     KeyedStateError,
     NotFoundError,
     Reason,
+    SizeLimitError,
     StaleRoutingError,
     UnavailableError,
 )
@@ -75,6 +77,17 @@ class _Lane:
     call: Any
     parts: deque[_Unit]
     in_flight: int = 0
+
+
+@dataclass
+class _Ledger:
+    """What became of the requests of one direct write call, across its rounds of retries."""
+
+    applied: list[_Unit] = field(default_factory=list)
+    unknown: list[_Unit] = field(default_factory=list)
+    """Requests that got no answer (or one that did not rule out having applied them)."""
+    sent: bool = False
+    requests: int = 0
 
 
 @dataclass(frozen=True)
@@ -320,6 +333,9 @@ class StateClient:
         keys: list[bytes],
         build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
         epoch: pb.EpochContext | EpochScope | None = None,
+        *,
+        columns: Mapping[str, Sequence[bytes]] | None = None,
+        namespace: bytes = b"",
     ) -> list[tuple[Part, Any]]:
         """Send one logical batch: group keys by owning subtask, split into requests, pipeline them.
 
@@ -327,11 +343,17 @@ class StateClient:
         (every key has the same owner), a ``range`` = a contiguous slice, or a list of positions.
         Returns (indices, response) pairs.
 
+        Before anything is sent, the whole call (``keys``, ``namespace`` and the ``columns`` the
+        requests carry: ``values``, ``user_keys``) is checked against the size limits of the
+        TaskManagers serving the job, so a call refused for one bad key changes nothing anywhere.
+
         Idempotent methods are retried on UNAVAILABLE and stale routing; others only when the
         server answered that it applied nothing. Inside an epoch scope with a pinned routing
         version (:class:`EpochScope`) every call goes out under that version, each write request
         carries a sequence number the slot stages once (so every write is safe to retry), and a
         routing that moved on fails the call with EpochConflictError: the batch must run again.
+        A direct write that fails after part of it was sent says in its error (and its
+        ``outcome``) which keys were applied on which subtasks, which were not, and which are unknown.
         """
         if not keys:
             return []
@@ -342,6 +364,9 @@ class StateClient:
         # Requests of one subtask may overtake each other in flight; that is harmless for reads and
         # for writes that touch every key once (checked on the whole call, conservatively per key).
         order_free = method in READS or (len(keys) <= self.settings.batch_size) or len(set(keys)) == len(keys)
+        # Direct writes account for every request, to say exactly what a failure left applied. (Epoch
+        # writes are only staged: a failed task's attempt is never committed.)
+        ledger = _Ledger() if scope is None and method in WRITES else None
         attempts = self.settings.max_attempts
         delay = self.settings.backoff_s
         pending: list[_Unit] | None = None  # None: first round, everything
@@ -349,34 +374,43 @@ class StateClient:
         results: list[tuple[Part, Any]] = []
         refresh = False
         sent_under = -1  # the routing version the pending units were built for
-        for attempt in range(1, attempts + 1):
-            routing = self._routing_for(job_id, scope if pinned else None, refresh)
-            if routing.job_status not in ("RUNNING", ""):
-                _refuse_stopped(routing)
-                failed_units = pending  # None: nothing was sent yet, everything goes next round
-                error: KeyedStateError = UnavailableError(f"job {job_id!r} is {routing.job_status}")
-            else:
-                if pending is not None and (pinned or (numbered and routing.version == sent_under)):
-                    # Same routing version: same owners, and the same sequence numbers, so a slot that
-                    # applied a request whose answer was lost does not stage it twice.
-                    units = pending
+        sent_with: Routing | None = None  # the routing the latest requests were sent under
+        try:
+            for attempt in range(1, attempts + 1):
+                routing = self._routing_for(job_id, scope if pinned else None, refresh)
+                if routing.job_status not in ("RUNNING", ""):
+                    _refuse_stopped(routing)
+                    failed_units = pending  # None: nothing was sent yet, everything goes next round
+                    error: KeyedStateError = UnavailableError(f"job {job_id!r} is {routing.job_status}")
                 else:
-                    units = self._units(routing, operator_id, method, keys, pending, scope if numbered else None)
-                sent_under = routing.version
-                sent, failed_units, error = self._send_units(
-                    routing, operator_id, state, method, units, build, scope, numbered, idempotent, order_free, pinned,
-                )
-                results.extend(sent)
-                if not failed_units:
-                    return results
-            if attempt == attempts:
-                raise error
-            logger.debug("retrying %s of %s/%s after %s (attempt %d)", method, job_id, operator_id, error.message, attempt)
-            pending = failed_units
-            refresh = True
-            if not isinstance(error, StaleRoutingError):
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                    if pending is None:
+                        check_limits(routing, method, keys, columns or {}, namespace)
+                    if pending is not None and (pinned or (numbered and routing.version == sent_under)):
+                        # Same routing version: same owners, and the same sequence numbers, so a slot that
+                        # applied a request whose answer was lost does not stage it twice.
+                        units = pending
+                    else:
+                        units = self._units(routing, operator_id, method, keys, pending, scope if numbered else None)
+                    sent_under, sent_with = routing.version, routing
+                    sent, failed_units, error = self._send_units(
+                        routing, operator_id, state, method, units, build, scope, numbered, idempotent, order_free, pinned,
+                        ledger,
+                    )
+                    results.extend(sent)
+                    if not failed_units:
+                        return results
+                if attempt == attempts:
+                    raise error
+                logger.debug("retrying %s of %s/%s after %s (attempt %d)", method, job_id, operator_id, error.message, attempt)
+                pending = failed_units
+                refresh = True
+                if not isinstance(error, StaleRoutingError):
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+        except KeyedStateError as exc:
+            if ledger is None or not ledger.sent or sent_with is None:
+                raise
+            raise _with_outcome(exc, ledger, method, keys, sent_with, operator_id) from exc
         raise AssertionError("unreachable")
 
     def _routing_for(self, job_id: str, scope: EpochScope | None, refresh: bool) -> Routing:
@@ -464,6 +498,7 @@ class StateClient:
         idempotent: bool,
         order_free: bool,
         pinned: bool,
+        ledger: _Ledger | None = None,
     ) -> tuple[list[tuple[Part, Any]], list[_Unit], KeyedStateError]:
         """Pipeline the requests of every subtask; returns (answers, units to retry, last error).
 
@@ -473,6 +508,10 @@ class StateClient:
         otherwise one at a time, so a repeated key's writes apply in the caller's order. After a
         retryable failure a subtask sends nothing more: its remaining requests are retried in
         order with the failed one.
+
+        With a ``ledger`` (direct writes) a failure that ends the call stops sending, but the
+        requests already in flight are waited for instead of cancelled: the ledger then knows
+        which were applied, and the error raised at the end can say so.
         """
         routes = routing.operator(operator_id)
         per_subtask = self.settings.max_in_flight if order_free else 1
@@ -492,6 +531,7 @@ class StateClient:
         sent: list[tuple[Part, Any]] = []
         failed: list[_Unit] = []
         last_error: KeyedStateError = UnavailableError("no error")
+        fatal: list[tuple[KeyedStateError, grpc.RpcError]] = []  # the failure that ends the call (ledger only)
         in_flight: deque[tuple[_Lane, _Unit, Any]] = deque()
 
         def request_for(lane: _Lane, unit: _Unit) -> tm_pb.KeyedRequest:
@@ -507,8 +547,12 @@ class StateClient:
             nonlocal last_error
             lane, unit, future = in_flight.popleft()
             lane.in_flight -= 1
+            if ledger is not None:
+                ledger.sent = True
             try:
                 sent.append((unit.part, future.result()))
+                if ledger is not None:
+                    ledger.applied.append(unit)
                 if unit.seq and scope is not None:
                     scope.acknowledged(operator_id, unit.subtask, unit.seq)
             except grpc.RpcError as exc:
@@ -520,21 +564,28 @@ class StateClient:
                         f"{error.message}. The batch's routing version v{routing.version} is no longer the slot's, so "
                         "this task's writes cannot be committed; the batch must run again"
                     ) from exc
+                if ledger is not None and not _not_applied(exc):
+                    ledger.unknown.append(unit)  # until a retry applies it
                 retryable = isinstance(error, (StaleRoutingError, UnavailableError))
-                if retryable and (idempotent or _not_applied(exc)):
+                if not fatal and retryable and (idempotent or _not_applied(exc)):
                     failed.append(unit)
                     failed.extend(lane.parts)  # never sent, so certainly not applied
                     lane.parts.clear()
                     last_error = error
                     return
-                for _lane, _unit, f in in_flight:  # the caller gets the error now; stop the rest
-                    f.cancel()
                 if retryable:
-                    raise UnavailableError(
+                    error = UnavailableError(
                         f"{error.message}. The outcome of this {method} is unknown (the TaskManager may have applied "
                         "it), so it was not retried; use epoch transactions for exactly-once updates"
-                    ) from exc
-                raise error from exc
+                    )
+                if ledger is None:
+                    for _lane, _unit, f in in_flight:  # the caller gets the error now; stop the rest
+                        f.cancel()
+                    raise error from exc
+                if not fatal:
+                    fatal.append((error, exc))
+                    for other in lanes.values():  # send nothing more; learn what the requests in flight did
+                        other.parts.clear()
 
         while True:
             for lane in lanes.values():
@@ -542,7 +593,12 @@ class StateClient:
                     unit = lane.parts.popleft()
                     in_flight.append((lane, unit, lane.call.future(request_for(lane, unit), timeout=timeout)))
                     lane.in_flight += 1
+                    if ledger is not None:
+                        ledger.requests += 1
             if not in_flight:
+                if fatal:
+                    error, cause = fatal[0]
+                    raise error from cause
                 return sent, failed, last_error
             drain_one()
 
@@ -609,6 +665,122 @@ def _refuse_stopped(routing: Routing) -> None:
             f"submit it again, then retry (statectl job info {job_id} shows why it stopped)",
             reason=Reason.JOB_NOT_RUNNING,
         )
+
+
+def _positions(part: Part, n_keys: int) -> Iterable[int]:
+    return range(n_keys) if part is None else part
+
+
+def _with_outcome(
+    error: KeyedStateError, ledger: _Ledger, method: str, keys: list[bytes], routing: Routing, operator_id: str,
+) -> KeyedStateError:
+    """``error`` again, its message saying which keys of the failed call were applied on which subtasks."""
+    n = len(keys)
+    applied: dict[int, set[int]] = {}
+    for unit in ledger.applied:
+        applied.setdefault(unit.subtask, set()).update(_positions(unit.part, n))
+    done = set().union(*applied.values()) if applied else set()
+    unknown: dict[int, set[int]] = {}
+    for unit in ledger.unknown:
+        left = set(_positions(unit.part, n)) - done
+        if left:
+            unknown.setdefault(unit.subtask, set()).update(left)
+    maybe = set().union(*unknown.values()) if unknown else set()
+    not_applied: dict[int, set[int]] = {}
+    table, m = routing.operator(operator_id).subtask_of, routing.max_parallelism
+    for i in range(n):
+        if i not in done and i not in maybe:
+            not_applied.setdefault(table[(_xxh64(keys[i], HASH_SEED) & 0xFFFFFFFF) % m], set()).add(i)
+
+    def groups(by_subtask: dict[int, set[int]]) -> str:
+        return ", ".join(f"subtask {s} ({len(p)} key{'s' if len(p) != 1 else ''})" for s, p in sorted(by_subtask.items()))
+
+    if not done and not maybe:
+        if ledger.requests <= 1 and len(not_applied) <= 1:
+            return error  # one request, refused whole: the TaskManager's error says it all
+        detail = f"nothing of this {method} of {n} keys was applied on any subtask; send it again once the cause is fixed"
+    else:
+        said = []
+        if done:
+            said.append(f"applied on {groups(applied)}")
+        if maybe:
+            said.append(f"outcome unknown on {groups(unknown)} (no answer came back: the TaskManager may have "
+                        "applied them; read them back before sending them again)")
+        if not_applied:
+            said.append(f"not applied on {groups(not_applied)}")
+        detail = (f"this {method} of {n} keys was applied in part: {'; '.join(said)}. Send again only the keys not "
+                  "applied (error.outcome holds the positions of each group in the call), or a list append or reduce "
+                  "counts twice")
+    message = f"{error.message}. {detail[0].upper()}{detail[1:]}"
+    restated = error.with_message(message)
+    restated.outcome = BatchOutcome(
+        method, tuple(sorted(done)), tuple(sorted(set().union(*not_applied.values()) if not_applied else ())),
+        tuple(sorted(maybe)),
+    )
+    return restated
+
+
+def _first_over(items: Sequence[bytes], limit: int) -> int:
+    """The position of the first item longer than ``limit`` (-1: none); C loops when none is."""
+    if not items or max(map(len, items)) <= limit:
+        return -1
+    return next(i for i, item in enumerate(items) if len(item) > limit)
+
+
+def _shown(item: bytes) -> str:
+    return repr(item[:24]) + ("..." if len(item) > 24 else "")
+
+
+def check_limits(
+    routing: Routing, method: str, keys: Sequence[bytes], columns: Mapping[str, Sequence[bytes]], namespace: bytes,
+) -> None:
+    """Refuse a whole call that a TaskManager of the job would refuse in part (SizeLimitError), before sending any of it.
+
+    The limits are those the TaskManagers reported (``state.limits.*``); one they did not report is not checked.
+    """
+    limits: Limits = routing.limits
+    where = f"the TaskManagers of job {routing.job_id!r}"
+    tail = "; nothing of the call was sent"
+    key_limit = limits.max_key_bytes
+    if key_limit:
+        i = _first_over(keys, key_limit)
+        if i >= 0:
+            raise SizeLimitError(
+                f"{method}: key #{i} of the call ({_shown(keys[i])}) has {len(keys[i])} bytes, more than "
+                f"state.limits.max-key-bytes ({key_limit}) of {where}; use shorter keys (for example a hash of a long "
+                f"key) or raise the limit{tail}"
+            )
+        if len(namespace) > key_limit:
+            raise SizeLimitError(
+                f"{method}: the namespace has {len(namespace)} bytes, more than state.limits.max-key-bytes "
+                f"({key_limit}) of {where}; use a shorter namespace{tail}"
+            )
+        user_keys = columns.get("user_keys")
+        i = _first_over(user_keys or (), key_limit)
+        if user_keys and i >= 0:
+            raise SizeLimitError(
+                f"{method}: user key #{i} of the call ({_shown(user_keys[i])}) has {len(user_keys[i])} bytes, more "
+                f"than state.limits.max-key-bytes ({key_limit}) of {where}; use shorter map keys or raise the limit{tail}"
+            )
+    value_limit = limits.max_value_bytes
+    values = columns.get("values")
+    if value_limit and values:
+        i = _first_over(values, value_limit)
+        if i >= 0:
+            what = "list element" if method.startswith("List") else "operand" if method == "Reduce" else "value"
+            raise SizeLimitError(
+                f"{method}: the {what} of key #{i} ({_shown(keys[i])}) has {len(values[i])} bytes, more than "
+                f"state.limits.max-value-bytes ({value_limit}) of {where}; split it (a list state stores elements "
+                f"separately) or raise the limit{tail}"
+            )
+    elements = limits.max_list_elements
+    if elements and method in ("ListAppend", "ListUpdate") and len(keys) > elements:
+        key, count = Counter(keys).most_common(1)[0]
+        if count > elements:
+            raise SizeLimitError(
+                f"{method}: {count} elements for key {_shown(key)} in one call, more than "
+                f"state.limits.list.max-elements ({elements}) of {where}; clear or trim the list, or raise the limit{tail}"
+            )
 
 
 def check_lengths(what: str, **columns: Iterable[Any]) -> None:

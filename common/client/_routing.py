@@ -18,12 +18,27 @@ class OperatorRoutes:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The size limits (``state.limits.*``) of the TaskManagers serving a job; 0 where none is known."""
+
+    max_key_bytes: int = 0
+    max_value_bytes: int = 0
+    max_list_elements: int = 0
+
+    @classmethod
+    def from_proto(cls, limits: pb.StateLimits) -> Limits:
+        return cls(limits.max_key_bytes, limits.max_value_bytes, limits.max_list_elements)
+
+
+@dataclass(frozen=True)
 class Routing:
     job_id: str
     version: int
     max_parallelism: int
     job_status: str
     operators: dict[str, OperatorRoutes]
+    limits: Limits = Limits()
+    """What the client checks a call against before sending any of it."""
 
     @classmethod
     def from_proto(cls, table: pb.RoutingTable) -> Routing:
@@ -39,7 +54,7 @@ class Routing:
                 for g in range(r.key_groups.start, r.key_groups.end + 1):
                     subtask_of[g] = r.subtask_index
             operators[op_id] = OperatorRoutes(op_id, len(routes), tuple(subtask_of), tuple(r.address for r in routes))
-        return cls(table.job_id, table.version, m, table.job_status, operators)
+        return cls(table.job_id, table.version, m, table.job_status, operators, Limits.from_proto(table.limits))
 
     def operator(self, operator_id: str) -> OperatorRoutes:
         routes = self.operators.get(operator_id)

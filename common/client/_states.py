@@ -99,7 +99,8 @@ class _Handle(Generic[K]):
                 getattr(request, name).extend(_pick(column, indices))
             return request
 
-        return self.client.keyed_call(self.job_id, self.operator_id, self.name, method, keys, build, self.epoch)
+        return self.client.keyed_call(self.job_id, self.operator_id, self.name, method, keys, build, self.epoch,
+                                      columns=columns, namespace=ns)
 
     def _keys(self, keys: Sequence[Any]) -> list[bytes]:
         return self.key_serializer.dumps_many(list(keys))
@@ -310,7 +311,8 @@ class ReducingState(_Handle[K]):
             return tm_pb.KeyedRequest(target=target, keys=_pick(kb, indices), values=_pick(encoded, indices),
                                       namespace=ns, return_values=return_values)
 
-        results = self.client.keyed_call(self.job_id, self.operator_id, self.name, "Reduce", kb, build, self.epoch)
+        results = self.client.keyed_call(self.job_id, self.operator_id, self.name, "Reduce", kb, build, self.epoch,
+                                         columns={"values": encoded}, namespace=ns)
         if not return_values:
             return None
         unpack = self._format.unpack

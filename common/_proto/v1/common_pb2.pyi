@@ -107,19 +107,31 @@ class Route(_message.Message):
     slot_index: int
     def __init__(self, operator_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., slot_index: _Optional[int] = ...) -> None: ...
 
+class StateLimits(_message.Message):
+    __slots__ = ("max_key_bytes", "max_value_bytes", "max_list_elements")
+    MAX_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_LIST_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    max_key_bytes: int
+    max_value_bytes: int
+    max_list_elements: int
+    def __init__(self, max_key_bytes: _Optional[int] = ..., max_value_bytes: _Optional[int] = ..., max_list_elements: _Optional[int] = ...) -> None: ...
+
 class RoutingTable(_message.Message):
-    __slots__ = ("job_id", "version", "max_parallelism", "routes", "job_status")
+    __slots__ = ("job_id", "version", "max_parallelism", "routes", "job_status", "limits")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_PARALLELISM_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     JOB_STATUS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     version: int
     max_parallelism: int
     routes: _containers.RepeatedCompositeFieldContainer[Route]
     job_status: str
-    def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., max_parallelism: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., job_status: _Optional[str] = ...) -> None: ...
+    limits: StateLimits
+    def __init__(self, job_id: _Optional[str] = ..., version: _Optional[int] = ..., max_parallelism: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., job_status: _Optional[str] = ..., limits: _Optional[_Union[StateLimits, _Mapping]] = ...) -> None: ...
 
 class EpochContext(_message.Message):
     __slots__ = ("epoch", "partition", "attempt", "sequence")

@@ -163,6 +163,61 @@ def test_oversized_key_and_value_through_the_client(serving: Serving) -> None:
     s.assert_still_serving()
 
 
+@pytest.mark.parametrize("case", ["key", "value", "user key", "namespace"])
+def test_a_call_over_several_subtasks_with_one_bad_entry_is_refused_before_anything_is_sent(
+    serving: Serving, case: str
+) -> None:
+    """The client checks the whole call against the TaskManagers' limits: one bad entry changes nothing anywhere."""
+    s = serving
+    good = keys_of_subtask(s.routing, 0, 3, prefix="ok0") + keys_of_subtask(s.routing, 1, 3, prefix="ok1")
+    keys = [k.encode() for k in good]
+    values = [b"v%d" % i for i in range(len(keys))]
+    user_keys = [b"u%d" % i for i in range(len(keys))]
+    bad = 4  # a key of subtask 1; subtask 0's part of the call would be fine on its own
+    namespace = b""
+    if case == "key":
+        keys[bad] = key_of_subtask(s.routing, 1, prefix="long", length=MAX_KEY + 1)
+    elif case == "value":
+        values[bad] = b"x" * (MAX_VALUE + 1)
+    elif case == "user key":
+        user_keys[bad] = b"u" * (MAX_KEY + 1)
+    else:
+        namespace = b"n" * (MAX_KEY + 1)
+    events = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes",
+                       namespace=namespace)
+    attrs = MapState(s.client, JOB, OPERATOR, "attrs", key_serializer="bytes", user_key_serializer="bytes",
+                     value_serializer="bytes", namespace=namespace)
+    with pytest.raises(SizeLimitError) as info:
+        if case == "user key":
+            attrs.put_many(keys, user_keys, values)
+        else:
+            events.append_many(keys, values)
+    message = info.value.message
+    limit = "state.limits.max-value-bytes" if case == "value" else "state.limits.max-key-bytes"
+    assert limit in message and "nothing of the call was sent" in message, message
+    if case != "namespace":
+        assert f"#{bad} of the call" in message or f"of key #{bad}" in message, message
+    assert status_code(info.value) is grpc.StatusCode.INVALID_ARGUMENT
+
+    # Nothing was applied on either subtask, so resending the fixed call applies it exactly once.
+    plain = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
+    plain_map = MapState(s.client, JOB, OPERATOR, "attrs", key_serializer="bytes", user_key_serializer="bytes",
+                         value_serializer="bytes")
+    fixed = [k for i, k in enumerate(keys) if i != bad]
+    assert plain.get_many(fixed) == [[]] * len(fixed)
+    assert plain_map.get_many(fixed, [uk for i, uk in enumerate(user_keys) if i != bad]) == [None] * len(fixed)
+    if case == "user key":
+        user_keys[bad] = b"u-fixed"
+        plain_map.put_many(keys, user_keys, values)
+        assert plain_map.get_many(keys, user_keys) == values
+    else:
+        keys[bad] = key_of_subtask(s.routing, 1, prefix="fixed")
+        values[bad] = b"fixed"
+        plain.append_many(keys, values)
+        assert plain.get_many(keys) == [[v] for v in values]
+    s.assert_still_serving()
+
+
 def test_list_too_large_for_get_names_the_client_method_that_streams_it(serving: Serving) -> None:
     s = serving
     events = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")

@@ -207,3 +207,13 @@ def test_wait_fenced_ends_early_when_closed(registry: TaskManagerRegistry) -> No
     closed.set()
     w.join(5)
     assert not w.is_alive() and w.result == ["tm-a"]
+
+
+def test_routing_tables_carry_the_strictest_limits_the_taskmanagers_reported() -> None:
+    from keyedstate.common._proto.v1 import common_pb2 as pb
+    from keyedstate.jobmanager.jobs import strictest_limits
+
+    a = pb.StateLimits(max_key_bytes=100, max_value_bytes=1000, max_list_elements=10)
+    b = pb.StateLimits(max_key_bytes=200, max_value_bytes=500)  # no list limit reported
+    assert strictest_limits([a, b, None]) == pb.StateLimits(max_key_bytes=100, max_value_bytes=500, max_list_elements=10)
+    assert strictest_limits([None]) == pb.StateLimits()  # nothing known: the client checks nothing
