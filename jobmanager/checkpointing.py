@@ -35,6 +35,7 @@ from keyedstate.jobmanager.checkpoint import (
     find_latest_checkpoint,
     load_completed_checkpoint,
     plan_restore,
+    verify_checksums,
     verify_files_exist,
 )
 from keyedstate.jobmanager.checkpoint import _paths
@@ -191,15 +192,50 @@ class Checkpointing:
         storage = self.storage(path, job)
         checkpoint = load_completed_checkpoint(storage, path)
         verify_files_exist(storage, checkpoint.metadata, checkpoint.external_path)
-        plan = plan_restore(
-            checkpoint.metadata, list(job.spec.operators), job.spec.max_parallelism,
-            checkpoint_dir=checkpoint.external_path, job_id=job.job_id,
-        )
+        plan = self.restore_plan(job, checkpoint)
+        self._restored_from(job, checkpoint)
+        return plan
+
+    def verify_restore(self, job: Job, path: str) -> CompletedCheckpoint:
+        """Everything a restore of ``job`` from ``path`` can check before it changes anything.
+
+        ``_metadata`` loads and validates, the checkpoint fits the job (max parallelism,
+        operators, states), and every file exists with its recorded size and SHA-256 (each is
+        read once). Raises the CheckpointError that names what is wrong.
+        """
+        storage = self.storage(path, job)
+        checkpoint = load_completed_checkpoint(storage, path)
+        self.restore_plan(job, checkpoint)  # compatibility: cheap, so before reading every file
+        verify_files_exist(storage, checkpoint.metadata, checkpoint.external_path)
+        verify_checksums(storage, checkpoint.metadata, checkpoint.external_path,
+                         threads=job.config.get(o.ROCKSDB_TRANSFER_THREADS))
+        return checkpoint
+
+    def adopt_restore(self, job: Job, checkpoint: CompletedCheckpoint) -> None:
+        """After ``job`` was redeployed from ``checkpoint`` in place: its checkpoints start over from it.
+
+        The job gets a new coordinator, as a resubmitted job would: the checkpoints taken before
+        the restore stay in storage but are no longer the job's, so a later failover restores
+        ``checkpoint`` or a newer one, never the state the restore replaced.
+        """
+        self.detach(job)
+        job.coordinator = None
+        self.attach(job)
+        self._restored_from(job, checkpoint)
+
+    def _restored_from(self, job: Job, checkpoint: CompletedCheckpoint) -> None:
         if job.coordinator is not None:
             own = checkpoint.external_path.startswith(self.job_dir(job) + "/") and not checkpoint.metadata.savepoint
             already = any(c.checkpoint_id == checkpoint.checkpoint_id and c.external_path == checkpoint.external_path
                           for c in job.coordinator.store.all())
             job.coordinator.restore_from(checkpoint, claim=own and not already)
+
+    def restore_plan(self, job: Job, checkpoint: CompletedCheckpoint) -> RestorePlan:
+        """Which subtask of ``job`` restores what from ``checkpoint``; IncompatibleCheckpointError if it does not fit."""
+        plan = plan_restore(
+            checkpoint.metadata, list(job.spec.operators), job.spec.max_parallelism,
+            checkpoint_dir=checkpoint.external_path, job_id=job.job_id,
+        )
         slots = {
             subtask: tm_pb.SlotRestore(
                 checkpoint_path=checkpoint.external_path, handles=handles, checkpoint_id=checkpoint.checkpoint_id
@@ -271,8 +307,9 @@ class Checkpointing:
             ))
         return jm_pb.ListCheckpointsResponse(checkpoints=entries)
 
-    def checkpoint_for_rescale(self, job: Job) -> CompletedCheckpoint:
-        """A completed checkpoint taken now, waiting for one in flight instead of being refused."""
+    def checkpoint_now(self, job: Job) -> CompletedCheckpoint:
+        """A completed checkpoint taken now (before a rescale or a restore redeploys the job), waiting
+        for one in flight instead of being refused."""
         coordinator = self._coordinator(job.job_id)
         timeout_ms = coordinator.settings.timeout_ms
         pending = coordinator.trigger_waiting(timeout_ms, closed=self._stop)

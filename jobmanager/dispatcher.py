@@ -428,6 +428,108 @@ class Dispatcher:
             logger.info("job %s canceled", job_id)
             return job.info()
 
+    def restore(self, job_id: str, path: str) -> pb.RoutingTable:
+        """Replace the state of job ``job_id`` with the checkpoint or savepoint at ``path``.
+
+        The source is verified in full first (``_metadata``, every file's size and SHA-256, and
+        that it fits the job); until then nothing about the job changes, and a refused restore
+        leaves it as it was. A FAILED or CANCELED job is then submitted again from ``path`` with
+        its own definition. A RUNNING job is first checkpointed (so that it can come back), then
+        redeployed from ``path`` in place. If that deploy fails, the job is redeployed from the
+        checkpoint just taken, so it runs as it was before the restore; if even that fails, it
+        fails over from that checkpoint as after any failure (its restart strategy applies).
+        """
+        if not path:
+            raise InvalidArgumentError(f"restoring job {job_id!r} needs the path of a chk-<n> or savepoint directory")
+        with self._lock:
+            known = job_id in self._jobs
+        if not known:
+            raise NotFoundError(
+                f"job {job_id!r} is unknown to the JobManager, so there is no job to restore; submit it with "
+                f"restore_path / execution.state-recovery.path={path}", reason=Reason.UNKNOWN_JOB,
+            )
+        job = self.job(job_id)
+        with job.lock:
+            status, spec, coordinator, version = job.status, job.spec, job.coordinator, job.routing_version
+        if status in (JobStatus.CREATED, JobStatus.RESTARTING):
+            raise JobStateError(
+                f"job {job_id!r} is {status.value} ({job.failure_cause or 'being deployed'}); restore it once it is "
+                f"RUNNING, FAILED or CANCELED (statectl job info {job_id}), or cancel it first (statectl job cancel "
+                f"{job_id}: its checkpoints stay) and restore then"
+            )
+        checkpoint = self.checkpointing.verify_restore(job, path)
+        if status.terminal:
+            # Nothing runs: a submission from the verified source, which leaves the stopped job as it was if it fails.
+            return self.submit(spec, restore_path=checkpoint.external_path)
+        if coordinator is None:
+            raise InvalidArgumentError(
+                f"job {job_id!r} has no checkpoint storage (state.checkpoints.dir), so a failed restore could not bring "
+                f"it back; set state.checkpoints.dir for the job, or cancel it first (its state is then lost) and restore"
+            )
+        # The checkpoint taken next may subsume the source (a checkpoint of this job): it must stay until deployed.
+        release_source = coordinator.protect(checkpoint)
+        try:
+            return self._restore_running(job, path, checkpoint, coordinator, version)
+        except BaseException:
+            release_source()
+            raise
+
+    def _restore_running(self, job: Job, path: str, checkpoint: Any, coordinator: Any, version: int) -> pb.RoutingTable:
+        """:meth:`restore` of a RUNNING job from a verified ``checkpoint``."""
+        job_id = job.job_id
+        try:
+            before = self.checkpointing.checkpoint_now(job)
+        except KeyedStateError as exc:
+            raise exc.with_message(f"job {job_id!r} was not restored: the checkpoint a restore takes first (so that the job "
+                               f"can come back if the restore fails) did not complete: {exc.message}. The job keeps "
+                               "running as it was") from exc
+        with job.lock:
+            if job.status is not JobStatus.RUNNING or job.coordinator is not coordinator or job.routing_version != version:
+                raise JobStateError(
+                    f"job {job_id!r} changed while its restore was being prepared (it is {job.status.value} at routing "
+                    f"v{job.routing_version}: a failover, rescale or another restore); nothing was restored, try again"
+                )
+            previous = list(job.assignments.values())
+            job.status = JobStatus.RESTARTING
+            self.release_slots(job, previous, discard_local=False)
+            job.assignments = {}
+            try:
+                unfenced = sorted(a.taskmanager_id for a in previous if self.registry.fenced_at_ms(a.taskmanager_id) > 0)
+                if unfenced:
+                    raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
+                self.deploy(job, self.checkpointing.restore_plan(job, checkpoint), prefer={
+                    a.subtask: a.taskmanager_id for a in previous})
+            except KeyedStateError as exc:
+                raise self._restore_failed(job, path, before.external_path, exc) from exc
+            self.checkpointing.adopt_restore(job, checkpoint)
+            job.restore_path = checkpoint.external_path
+            job.restarts = 0
+            job.failure_cause = ""
+            job.predecessor = ""  # its state is the source's now, not a cancelled run's
+            job.status = JobStatus.RUNNING
+            self.checkpointing.persist(job)
+            self.checkpointing.job_running(job)
+            logger.info("job %s restored in place from %s (routing v%d, epoch %d)", job_id, checkpoint.external_path,
+                        job.routing_version, job.committed_epoch)
+            return job.routing_table()
+
+    def _restore_failed(self, job: Job, path: str, before: str, exc: KeyedStateError) -> KeyedStateError:
+        """Bring ``job`` back from ``before`` (the checkpoint its restore took first); the error to raise (caller holds ``job.lock``)."""
+        try:
+            self.deploy(job, self.checkpointing.plan_latest(job))
+        except KeyedStateError as again:
+            self.fail_over_now(job, f"restore from {path} failed ({exc.message}), and so did redeploying the job as it "
+                                    f"was ({again.message})")
+            return exc.with_message(f"restoring job {job.job_id!r} from {path} failed: {exc.message}. Redeploying it as it "
+                                f"was failed too ({again.message}), so it fails over from {before}, the checkpoint taken "
+                                f"just before the restore (statectl job info {job.job_id} shows its progress)")
+        job.status = JobStatus.RUNNING
+        self.checkpointing.persist(job)
+        self.checkpointing.job_running(job)
+        logger.warning("job %s: restore from %s failed (%s); running again from %s", job.job_id, path, exc.message, before)
+        return exc.with_message(f"restoring job {job.job_id!r} from {path} failed: {exc.message}. The job runs again as it "
+                            f"was before the restore (redeployed from {before}, the checkpoint taken just before it)")
+
     def rescale(self, job_id: str, parallelism: dict[str, int]) -> pb.RoutingTable:
         """Redeploy the job at new parallelism from a checkpoint taken for the purpose.
 
@@ -446,7 +548,7 @@ class Dispatcher:
         new_spec = job.spec.with_parallelism(parallelism)
         with job.lock:
             self._check_rescalable(job, new_spec)
-        self.checkpointing.checkpoint_for_rescale(job)
+        self.checkpointing.checkpoint_now(job)
         with job.lock:
             self._check_rescalable(job, new_spec)
             old_spec = job.spec

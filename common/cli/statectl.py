@@ -2,7 +2,7 @@
 
     statectl cluster [--json] [--wait N]            TaskManagers, slots, free slots and jobs (--wait: until N registered)
     statectl job list|info|cancel JOB
-    statectl job restore JOB --from PATH            resubmit JOB restoring a checkpoint or savepoint
+    statectl job restore JOB --from PATH            replace JOB's state with a checkpoint or savepoint (verified first)
     statectl job rescale JOB --parallelism N
     statectl checkpoint trigger|list JOB
     statectl checkpoint gc JOB [--dry-run]          remove orphaned checkpoint files
@@ -106,17 +106,8 @@ def cmd_job(args: argparse.Namespace) -> int:
         elif args.action == "restore":
             if not args.source:
                 raise InvalidArgumentError("statectl job restore needs --from PATH (a chk-<n> or savepoint directory)")
-            info = client.job_info(args.job) if _job_exists(client, args.job) else None
-            if info is None:
-                raise InvalidArgumentError(
-                    f"job {args.job!r} is unknown to the JobManager; submit it with execution.state-recovery.path={args.source}"
-                )
-            from keyedstate.common.descriptors import OperatorSpec
-
-            ops = [OperatorSpec.from_proto(op) for op in info.operators]
-            if info.status not in ("CANCELED", "FAILED"):
-                client.cancel_job(args.job)
-            routing = client.submit_job(args.job, ops, max_parallelism=info.max_parallelism, restore_path=args.source)
+            # One call: the JobManager verifies the source before it touches the job (never cancel-then-submit).
+            routing = client.restore_job(args.job, args.source)
             print(f"job {args.job} restored from {args.source} (routing v{routing.version})")
         elif args.action == "rescale":
             if not args.parallelism:
@@ -147,10 +138,6 @@ def _check_rescale_capacity(client: Any, job_id: str, parallelism: int) -> None:
             f"available ({overview.free_slots} free and {held} the job holds); start more TaskManagers first. "
             "The job keeps running at its current parallelism"
         )
-
-
-def _job_exists(client: Any, job_id: str) -> bool:
-    return any(j.job_id == job_id for j in client.cluster().jobs)
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:

@@ -181,6 +181,17 @@ class StateClient:
         ), timeout=max(self.settings.timeout_s, 600.0))
         return self._store_routing(table)
 
+    def restore_job(self, job_id: str, restore_path: str) -> Routing:
+        """Replace the state of job ``job_id`` with the checkpoint or savepoint at ``restore_path``.
+
+        The JobManager verifies the source in full before it touches the job, so a bad path or a
+        damaged checkpoint leaves the job as it was; a running job whose redeploy fails comes back
+        as it was (see ``statectl job restore`` in the README). Not retried: the answer says what happened.
+        """
+        table = self._jm_call("RestoreJob", jm_pb.RestoreJobRequest(job_id=job_id, restore_path=restore_path),
+                              timeout=max(self.settings.timeout_s, 600.0), retry=False)
+        return self._store_routing(table, fetched=True)
+
     def cancel_job(self, job_id: str) -> jm_pb.JobInfo:
         return self._jm_call("CancelJob", jm_pb.JobRequest(job_id=job_id))
 

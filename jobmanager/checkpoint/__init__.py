@@ -34,6 +34,7 @@ from keyedstate.jobmanager.checkpoint.restore import (
     load_checkpoint,
     load_completed_checkpoint,
     plan_restore,
+    verify_checksums,
     verify_files_exist,
 )
 from keyedstate.jobmanager.checkpoint.settings import CheckpointingSettings
@@ -76,5 +77,6 @@ __all__ = [
     "load_completed_checkpoint",
     "plan_gc",
     "plan_restore",
+    "verify_checksums",
     "verify_files_exist",
 ]

@@ -139,6 +139,9 @@ class CheckpointCoordinator:
         self._periodic_running = False
         self._periodic_handle: Cancellable | None = None
         self._shutdown = False
+        # Checkpoints no deletion may touch while a restore reads them: directory -> the files they reference.
+        self._protected: dict[str, frozenset[str]] = {}
+        self._protected_lock = threading.Lock()  # not _lock: deletions may run inline under it
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -687,15 +690,35 @@ class CheckpointCoordinator:
                                   what=f"released shared files of job {self.job_id}")
 
     def _keep(self, path: str) -> bool:
-        """True for anything a retained checkpoint still needs (checked again just before deleting)."""
+        """True for anything a retained or protected checkpoint still needs (checked again just before deleting)."""
         path = _paths.normalize(path)
         if self._registry.is_referenced(path):
             return True
-        for c in self._store.all():
-            base = c.external_path
+        with self._protected_lock:
+            protected = list(self._protected.items())
+        bases = [c.external_path for c in self._store.all()] + [base for base, _ in protected]
+        for base in bases:
             if path == base or path.startswith(base + "/") or base.startswith(path + "/"):
                 return True
-        return False
+        return any(path in files for _, files in protected)
+
+    def protect(self, checkpoint: CompletedCheckpoint) -> Callable[[], None]:
+        """Keep ``checkpoint`` (its directory and every file it references) from being deleted, even
+        once newer checkpoints subsume it, until the returned function is called.
+
+        A restore holds it from before the checkpoint it takes of the running job (which may
+        subsume its source) until the job runs from the source.
+        """
+        base = _paths.normalize(checkpoint.external_path)
+        files = frozenset(_paths.join(base, f.path) for _, _, f in checkpoint.metadata.files())
+        with self._protected_lock:
+            self._protected[base] = files
+
+        def release() -> None:
+            with self._protected_lock:
+                self._protected.pop(base, None)
+
+        return release
 
     # -- waiting, restore, shutdown ------------------------------------------------------------
     def wait_for(self, checkpoint_id: int, timeout: float | None = None) -> CompletedCheckpoint:

@@ -6,7 +6,11 @@ key-group range overlaps its own, and keeps only the key groups it now owns whil
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
@@ -106,6 +110,53 @@ def verify_files_exist(storage: CheckpointStorage, metadata: CheckpointMetadata,
                 f"checkpoint {metadata.checkpoint_id} at {base}: {path} has {size} bytes but _metadata records "
                 f"{f.size} (operator {operator_id!r} subtask {subtask_index}); the file was changed or truncated"
             )
+
+
+def verify_checksums(storage: CheckpointStorage, metadata: CheckpointMetadata, base: str, threads: int = 4) -> None:
+    """Read every file of the checkpoint and check its SHA-256 where ``_metadata`` records one.
+
+    Raises CorruptCheckpointError naming a file whose content changed (same size, other bytes:
+    :func:`verify_files_exist` cannot see it). Each file is downloaded to a temporary file and
+    hashed from there, so memory stays flat whatever the file sizes; ``threads`` files at a time.
+    """
+    base = _paths.normalize(base)
+    wanted: dict[str, tuple[str, int, str]] = {}
+    for operator_id, subtask_index, f in metadata.files():
+        if f.sha256:
+            wanted.setdefault(_paths.join(base, f.path), (operator_id, subtask_index, f.sha256.lower()))
+    if not wanted:
+        return
+
+    def digest(path: str, scratch: str) -> str:
+        local = os.path.join(scratch, hashlib.sha256(path.encode()).hexdigest())
+        try:
+            storage.get_file(path, local)
+        except FileNotFoundError:
+            operator_id, subtask_index, _ = wanted[path]
+            raise CorruptCheckpointError(
+                f"checkpoint {metadata.checkpoint_id} at {base} is missing {path} (operator {operator_id!r} subtask "
+                f"{subtask_index}); it cannot be restored: use an older checkpoint or a savepoint"
+            ) from None
+        try:
+            h = hashlib.sha256()
+            with open(local, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+            return h.hexdigest()
+        finally:
+            os.remove(local)
+
+    with tempfile.TemporaryDirectory(prefix="keyedstate-verify-") as scratch, \
+            ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted))), thread_name_prefix="verify") as pool:
+        paths = sorted(wanted)
+        for path, actual in zip(paths, pool.map(lambda p: digest(p, scratch), paths)):
+            operator_id, subtask_index, expected = wanted[path]
+            if actual != expected:
+                raise CorruptCheckpointError(
+                    f"checkpoint {metadata.checkpoint_id} at {base}: {path} is damaged: its sha256 {actual} does not "
+                    f"match the {expected} _metadata records (operator {operator_id!r} subtask {subtask_index}); it "
+                    "cannot be restored: use an older checkpoint or a savepoint"
+                )
 
 
 def plan_restore(

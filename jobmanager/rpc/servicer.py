@@ -85,6 +85,10 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
             raise InvalidArgumentError("RescaleJob needs the new parallelism (operator -> parallelism, or '' for all)")
         return self._d.rescale(request.job_id, dict(request.parallelism))
 
+    @rpc_method
+    def RestoreJob(self, request: jm_pb.RestoreJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        return self._d.restore(request.job_id, request.restore_path)
+
     # -- checkpoints -------------------------------------------------------------------------
     @rpc_method
     def TriggerCheckpoint(self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.CheckpointInfo:

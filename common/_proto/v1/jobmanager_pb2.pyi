@@ -339,6 +339,14 @@ class ListCheckpointsResponse(_message.Message):
     checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointInfo]
     def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ...) -> None: ...
 
+class RestoreJobRequest(_message.Message):
+    __slots__ = ("job_id", "restore_path")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_PATH_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    restore_path: str
+    def __init__(self, job_id: _Optional[str] = ..., restore_path: _Optional[str] = ...) -> None: ...
+
 class RescaleJobRequest(_message.Message):
     __slots__ = ("job_id", "parallelism")
     class ParallelismEntry(_message.Message):

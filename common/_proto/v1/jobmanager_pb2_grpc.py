@@ -110,6 +110,11 @@ class JobManagerStub:
                 request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.RescaleJobRequest.SerializeToString,
                 response_deserializer=keyedstate_dot_v1_dot_common__pb2.RoutingTable.FromString,
                 _registered_method=True)
+        self.RestoreJob = channel.unary_unary(
+                '/keyedstate.v1.JobManager/RestoreJob',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.RestoreJobRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_common__pb2.RoutingTable.FromString,
+                _registered_method=True)
 
 
 class JobManagerServicer:
@@ -205,6 +210,12 @@ class JobManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RestoreJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +292,11 @@ def add_JobManagerServicer_to_server(servicer, server):
             'RescaleJob': grpc.unary_unary_rpc_method_handler(
                     servicer.RescaleJob,
                     request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.RescaleJobRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_common__pb2.RoutingTable.SerializeToString,
+            ),
+            'RestoreJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreJob,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.RestoreJobRequest.FromString,
                     response_serializer=keyedstate_dot_v1_dot_common__pb2.RoutingTable.SerializeToString,
             ),
     }
@@ -688,6 +704,33 @@ class JobManager:
             target,
             '/keyedstate.v1.JobManager/RescaleJob',
             keyedstate_dot_v1_dot_jobmanager__pb2.RescaleJobRequest.SerializeToString,
+            keyedstate_dot_v1_dot_common__pb2.RoutingTable.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.JobManager/RestoreJob',
+            keyedstate_dot_v1_dot_jobmanager__pb2.RestoreJobRequest.SerializeToString,
             keyedstate_dot_v1_dot_common__pb2.RoutingTable.FromString,
             options,
             channel_credentials,

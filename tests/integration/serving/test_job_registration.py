@@ -230,7 +230,7 @@ def test_a_client_that_saw_the_job_canceled_follows_its_restore(cluster: Any) ->
     with pytest.raises(KeyedStateError, match="is CANCELED; restore it"):
         list(events.scan(keys[0]))
 
-    operator.submit_job(JOB, operators(parallelism=2), restore_path=checkpoint.path)
+    operator.restore_job(JOB, checkpoint.path)  # what statectl job restore does
     assert last.get_many(keys) == [1, 2, 3, 4]
     assert list(events.scan(keys[0])) == []
     last.put(keys[0], 10)
