@@ -157,9 +157,12 @@ class Checkpointing:
         if not recovering:
             for pointer in self.ha.checkpoint_pointers(job.job_id):
                 self.ha.remove_checkpoint_pointer(job.job_id, pointer.checkpoint_id)
+        id_counter = self.ha.checkpoint_id_counter(job.job_id, floor=_next_unused_checkpoint_id(storage, job_dir))
+        if not recovering:
+            job.checkpoints_from = id_counter.get()
         job.coordinator = CheckpointCoordinator(
             job.job_id, settings, storage, job_dir, _JobGateway(self._d, job),
-            id_counter=self.ha.checkpoint_id_counter(job.job_id, floor=_next_unused_checkpoint_id(storage, job_dir)),
+            id_counter=id_counter,
             store=store,
             clock=self._jm.clock, scheduler=self._jm.scheduler,
             operators=lambda: job.spec.operators, max_parallelism=job.spec.max_parallelism,
@@ -215,8 +218,9 @@ class Checkpointing:
         """After ``job`` was redeployed from ``checkpoint`` in place: its checkpoints start over from it.
 
         The job gets a new coordinator, as a resubmitted job would: the checkpoints taken before
-        the restore stay in storage but are no longer the job's, so a later failover restores
-        ``checkpoint`` or a newer one, never the state the restore replaced.
+        the restore stay in storage but are no longer the job's (``Job.checkpoints_from`` moves
+        past them), so a later failover, even a new leader's, restores ``checkpoint`` or a newer
+        one, never the state the restore replaced.
         """
         self.detach(job)
         job.coordinator = None
@@ -332,7 +336,7 @@ class Checkpointing:
         record = JobRecord(
             spec=job.spec.to_dict(), status=job.status.value, routing_version=job.routing_version,
             restarts=job.restarts, failure_cause=job.failure_cause, restore_path=job.restore_path,
-            taskmanagers=sorted(job.last_taskmanagers),
+            taskmanagers=sorted(job.last_taskmanagers), checkpoints_from=job.checkpoints_from,
         )
         try:
             self.ha.put_job(record)
@@ -364,6 +368,7 @@ class Checkpointing:
         spec = JobSpec.from_dict(record.spec)
         job = Job(spec, self._jm.conf.with_values(dict(spec.config)))
         job.restore_path = record.restore_path
+        job.checkpoints_from = record.checkpoints_from
         job.restarts = record.restarts
         job.last_taskmanagers = frozenset(record.taskmanagers)
         # Clients keep the newest routing version they saw, and slots refuse calls of another
@@ -407,7 +412,9 @@ class Checkpointing:
                 self.ha.remove_checkpoint_pointer(job.job_id, pointer.checkpoint_id)
         storage = self.storage(self.job_dir(job), job)
         newest = find_latest_checkpoint(storage, self.job_dir(job))
-        if newest is not None and all(newest.checkpoint_id > c.checkpoint_id for c in loaded):
+        # Only one of the job's current run: an older one holds state the job replaced since.
+        if (newest is not None and newest.checkpoint_id >= job.checkpoints_from
+                and all(newest.checkpoint_id > c.checkpoint_id for c in loaded)):
             logger.warning("job %s: checkpoint %d has _metadata but no pointer (the JobManager died in between); "
                            "taking it back", job.job_id, newest.checkpoint_id)
             loaded.append(newest)

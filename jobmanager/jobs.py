@@ -114,7 +114,11 @@ class Job:
     """The epoch every slot of the job holds (docs/exactly-once.md); moves back on every restore."""
     lineage: EpochLineage = EMPTY_LINEAGE
     """Which Spark query's batches the epochs up to ``committed_epoch`` are."""
-    restore_path: str = ""  # what the job was submitted from: a failover before its first checkpoint restores it
+    restore_path: str = ""  # what the job was submitted or last restored from: a failover before its first checkpoint restores it
+    checkpoints_from: int = 0
+    """The first checkpoint id of the job's current run of checkpoints: a ``chk-<n>`` below it in
+    the job's directory holds state the job no longer has (a run before a resubmission or an
+    in-place restore), so a new leader never takes it back."""
     failing_over: bool = False  # a failover loop owns the job's restarts
     predecessor: str = ""
     """For a job resubmitted under the id of a cancelled or failed one: where that one's state is."""

@@ -28,10 +28,12 @@ class JobRecord:
     routing_version: int
     restarts: int = 0
     failure_cause: str = ""
-    restore_path: str = ""  # the checkpoint or savepoint the job was first submitted from
+    restore_path: str = ""  # the checkpoint or savepoint the job was submitted or last restored from
     # The TaskManagers that may host the job's latest deployment (recorded before it is deployed):
     # a new leader redeploys only once each of them is fenced.
     taskmanagers: list[str] = field(default_factory=list)
+    # Job.checkpoints_from (0 in records written before it existed: any checkpoint may be taken back).
+    checkpoints_from: int = 0
 
     @property
     def job_id(self) -> str:

@@ -93,3 +93,26 @@ def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitte
     cluster.add_taskmanager()
     _wait_for(lambda: client.job_info("b").restarts >= 1 and client.job_info("b").status == "RUNNING", 60, "job b restarting")
     assert restored.get_many(keys) == list(range(300))
+
+
+def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state(
+    inprocess_cluster: Any, tmp_path: Path,
+) -> None:
+    # The checkpoint the restore takes first (newest in the job's directory, with _metadata) belongs
+    # to the state the restore replaced: a new leader must not take it back.
+    cluster = inprocess_cluster(taskmanagers=1, slots=2, jm=_ha(tmp_path))
+    client = cluster.client()
+    client.submit_job("job", _ops())
+    state = ValueState(client, "job", OP, "v", value_serializer="int")
+    keys = [f"k{i}" for i in range(200)]
+    state.put_many(keys, [1] * 200)
+    source = client.trigger_checkpoint("job", timeout_s=60)
+    assert source.status == "COMPLETED", source.failure_reason
+    state.put_many(keys, [2] * 200)
+    client.restore_job("job", source.path)
+    assert state.get_many(keys) == [1] * 200
+
+    _restart_jobmanager(cluster, tmp_path)
+    _wait_for(lambda: client.job_info("job").status == "RUNNING", 30, "the job resuming")
+    assert state.get_many(keys) == [1] * 200
+    assert client.job_info("job").latest_checkpoint_path == source.path
