@@ -499,8 +499,9 @@ class Dispatcher:
                     raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
                 self.deploy(job, self.checkpointing.restore_plan(job, checkpoint), prefer={
                     a.subtask: a.taskmanager_id for a in previous})
-            except KeyedStateError as exc:
-                raise self._restore_failed(job, path, before.external_path, exc) from exc
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the job must not stay RESTARTING
+                error = exc if isinstance(exc, KeyedStateError) else KeyedStateError(f"unexpected error: {exc!r}")
+                raise self._restore_failed(job, path, before.external_path, error) from exc
             self.checkpointing.adopt_restore(job, checkpoint)
             job.restore_path = checkpoint.external_path
             job.restarts = 0
