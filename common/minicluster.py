@@ -193,6 +193,9 @@ class MiniCluster:
             "jobmanager.rpc.port": str(self.jobmanager_port),
             "metrics.reporter.prom.port": "0",
             "rest.port": "-1",
+            # A placement puts daemons on addresses of network namespaces the test made itself:
+            # a trusted network, so protected mode (which wants TLS beyond loopback) stands aside.
+            **({"security.protected-mode": "false"} if self.placement is not None else {}),
             **self.config,
             **extra,
         }
