@@ -289,3 +289,14 @@ def test_a_bad_certificate_stops_the_daemon_process_with_exit_2(pki: Pki, tmp_pa
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert "security.ssl.internal.cert" in last and "missing.crt" in last and "Traceback" not in result.stderr
+
+
+def test_statectl_over_tls(inprocess_cluster: Any, pki: Pki, capsys: pytest.CaptureFixture[str]) -> None:
+    from keyedstate.common.cli import statectl
+
+    cluster = _tls_cluster(inprocess_cluster, pki, taskmanagers=1)
+    base = ["cluster", "--json", "--jobmanager", cluster.address]
+    assert statectl.main([*base, "-D", "security.ssl.rest.enabled=true", "-D", f"security.ssl.rest.ca={pki.rest_ca_file}"]) == 0
+    assert cluster.taskmanagers[0].id in capsys.readouterr().out
+    assert statectl.main(base) == 1  # plaintext against the TLS port
+    assert "security.ssl.rest.enabled: true" in capsys.readouterr().err
