@@ -193,6 +193,9 @@ class MiniCluster:
             "jobmanager.rpc.port": str(self.jobmanager_port),
             "metrics.reporter.prom.port": "0",
             "rest.port": "-1",
+            # A placement puts daemons on addresses of network namespaces the test made itself:
+            # a trusted network, so protected mode (which wants TLS beyond loopback) stands aside.
+            **({"security.protected-mode": "false"} if self.placement is not None else {}),
             **self.config,
             **extra,
         }
@@ -250,9 +253,12 @@ class MiniCluster:
         self.start_jobmanager(env)
 
     def wait_for_taskmanagers(self, count: int, timeout_s: float = 60.0) -> None:
-        from keyedstate.common.client import ClientSettings, StateClient
+        from keyedstate.common.client import ClientSettings, StateClient, client_security
+        from keyedstate.common.config import Configuration
 
-        with StateClient(self.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=1)) as client:
+        # The cluster's own security.ssl.rest.* keys: a TLS cluster is asked over TLS.
+        security = client_security(Configuration(self.config))
+        with StateClient(self.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=1), security) as client:
             client.wait_for_taskmanagers(count, timeout_s=timeout_s)
 
     def stop(self) -> None:

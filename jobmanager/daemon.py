@@ -1,4 +1,10 @@
-"""The JobManager daemon: registry, dispatcher, checkpointing, the gRPC server, metrics."""
+"""The JobManager daemon: registry, dispatcher, checkpointing, the gRPC servers, metrics.
+
+Two gRPC servers, one per plane: the client server (jobmanager.rpc.port: the JobManager service
+for clients and statectl) and the internal server (jobmanager.internal.port: ResourceManager and
+CheckpointCoordinatorGateway for TaskManagers, mutual TLS when security.ssl.internal.enabled).
+With TLS off on both planes and no internal port set, one server carries both (docs/security.md).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,15 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock, Scheduler, ThreadScheduler
-from keyedstate.common.config import Configuration
+from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
+from keyedstate.common.security.transport import DEFAULT_JOBMANAGER_INTERNAL_PORT
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCoordinator
 from keyedstate.jobmanager.registry import TaskManagerRegistry
+from keyedstate.jobmanager.rpc.internal import CheckpointCoordinatorGatewayServicer, ResourceManagerServicer
 from keyedstate.jobmanager.rpc.servicer import JobManagerServicer
 from keyedstate.jobmanager.settings import JobManagerSettings
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
@@ -26,9 +35,12 @@ logger = logging.getLogger(__name__)
 class JobManager:
     """One JobManager process. ``start()`` serves; ``stop()`` shuts down."""
 
-    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, scheduler: Scheduler | None = None) -> None:
+    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, scheduler: Scheduler | None = None,
+                 security: TransportSecurity | None = None) -> None:
         self.conf = conf
         self.settings = JobManagerSettings.from_config(conf)
+        # Loads and checks every certificate now: a bad file stops the start with the key to fix.
+        self.security = security if security is not None else TransportSecurity.from_config(conf)
         self.clock = clock
         self.scheduler = scheduler if scheduler is not None else ThreadScheduler()
         self.metrics_registry = CollectorRegistry()
@@ -37,10 +49,13 @@ class JobManager:
             clock, self.scheduler, s.heartbeat_timeout_ms, check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000)),
             lease_bound_ms=s.lease_bound_ms,
         )
-        self.gateways = TaskManagerGateways(s.max_message_bytes)
+        self.gateways = TaskManagerGateways(s.max_message_bytes, security=self.security.channel_security(INTERNAL))
         self.dispatcher = Dispatcher(s, conf, self.registry, self.gateways, clock, self.scheduler)
         self.port = 0
+        self.internal_port = 0
+        """The port TaskManagers register at (the client port when the planes share a server)."""
         self._server = None
+        self._internal_server = None
         self._metrics_server: MetricsServer | None = None
         self._stopped = threading.Event()
 
@@ -61,11 +76,26 @@ class JobManager:
         from keyedstate.jobmanager.checkpointing import install
 
         install(self)
+        security = self.security
+        separate = internal_plane_separate(self.conf, o.JOBMANAGER_INTERNAL_PORT)
+        security.check_protected_mode("JobManager", s.bind_host, REST, "jobmanager.bind-host")
+        if separate:
+            security.check_protected_mode("JobManager's internal port", s.bind_host, INTERNAL, "jobmanager.bind-host")
         server, self.port = create_server(
             s.bind_host, s.port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
-            what="JobManager", port_key="jobmanager.rpc.port",
+            what="JobManager", port_key="jobmanager.rpc.port", credentials=security.server_credentials(REST),
         )
         self._server = server
+        internal = server
+        self.internal_port = self.port
+        if separate:
+            internal_port = self.conf.get(o.JOBMANAGER_INTERNAL_PORT)
+            internal, self.internal_port = create_server(
+                s.bind_host, DEFAULT_JOBMANAGER_INTERNAL_PORT if internal_port is None else internal_port,
+                threads=s.rpc_threads, max_message_bytes=s.max_message_bytes, what="JobManager-internal",
+                port_key="jobmanager.internal.port", credentials=security.server_credentials(INTERNAL),
+            )
+            self._internal_server = internal
         # Jobs come back from the HA store before the first call is served, so that a Spark
         # driver resubmitting its job after the restart finds it instead of creating it anew.
         recovered = self.dispatcher.checkpointing.recover_jobs(f"{s.address}:{self.port}", self._leadership_lost)
@@ -75,17 +105,26 @@ class JobManager:
             default_timeout_ms=s.epoch_commit_timeout_ms,
         )
         jm_grpc.add_JobManagerServicer_to_server(JobManagerServicer(self.dispatcher, epochs), server)
+        jm_grpc.add_ResourceManagerServicer_to_server(ResourceManagerServicer(self.dispatcher), internal)
+        jm_grpc.add_CheckpointCoordinatorGatewayServicer_to_server(CheckpointCoordinatorGatewayServicer(self.dispatcher), internal)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        if internal is not server:
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, internal)
+            internal.start()
         server.start()
         self._server = server
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._register_metrics()
-        self._metrics_server = MetricsServer(self.metrics_registry, s.metrics_ports, host=s.bind_host)
+        self._metrics_server = MetricsServer(self.metrics_registry, s.metrics_ports, host=s.bind_host,
+                                             tls=security.http_context())
         self.registry.start()
         for job in recovered:
             if not job.status.terminal:
                 self.dispatcher.resume_recovered(job)
+        if internal is not server:
+            logger.info("jobmanager: internal services (TaskManagers) on %s:%d%s", s.address, self.internal_port,
+                        " with mutual TLS" if security.enabled(INTERNAL) else "")
         logger.info("jobmanager: serving on %s", self.address)
 
     def _leadership_lost(self, message: str) -> None:
@@ -109,8 +148,10 @@ class JobManager:
             return
         self._stopped.set()
         self.registry.stop()
-        if self._server is not None:
-            self._server.stop(grace_s).wait(grace_s + 1)
+        servers = [srv for srv in (self._server, self._internal_server) if srv is not None]
+        events = [srv.stop(grace_s) for srv in servers]
+        for event in events:
+            event.wait(grace_s + 1)
         self.dispatcher.shutdown()
         if self._metrics_server is not None:
             self._metrics_server.close()

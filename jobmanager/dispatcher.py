@@ -133,6 +133,7 @@ class Dispatcher:
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)
+        self.gateways.route(record.address, request.internal_address)
         if self.settings.connection_loss_detection:
             self.gateways.watch(record.address, lambda cause: self.registry.mark_lost(record.taskmanager_id, cause, only=record))
         reported = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}

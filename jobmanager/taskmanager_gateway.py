@@ -1,4 +1,10 @@
-"""Calls from the JobManager to TaskManagers (deploy, release, barriers, notifications, epochs)."""
+"""Calls from the JobManager to TaskManagers (deploy, release, barriers, notifications, epochs).
+
+These go to the TaskManagers' internal plane (TaskExecutor): the internal address each
+TaskManager reported at registration, over mutual TLS when security.ssl.internal.enabled. The
+rest of the JobManager names a TaskManager by its client address (the one in routing tables);
+:meth:`TaskManagerGateways.route` maps it to the internal one.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import from_rpc_error
+from keyedstate.common.security.tls import INTERNAL, ChannelSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +32,11 @@ class TaskManagerGateways:
 
     def __init__(
         self, max_message_bytes: int, deploy_timeout_s: float = 600.0, control_timeout_s: float = 30.0,
-        barrier_timeout_s: float = 10.0,
+        barrier_timeout_s: float = 10.0, security: ChannelSecurity | None = None,
     ) -> None:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TaskExecutorStub]] = {}
+        self._internal: dict[str, str] = {}
+        self._security = security
         self._watchers: dict[str, list[Callable[[grpc.ChannelConnectivity], None]]] = {}
         self._lock = threading.Lock()
         self._max_message = max_message_bytes
@@ -43,10 +52,21 @@ class TaskManagerGateways:
             if entry is None:
                 # Private: a TaskManager restarted on its old port must not inherit the backoff
                 # of the connection to its dead predecessor (see open_channel).
-                channel = open_channel(address, self._max_message, private=True)
+                target = self._internal.get(address, address)
+                channel = open_channel(target, self._max_message, private=True, security=self._security)
                 entry = (channel, pb_grpc.TaskExecutorStub(channel))
                 self._stubs[address] = entry
             return entry[1]
+
+    def route(self, address: str, internal_address: str) -> None:
+        """Calls for the TaskManager at ``address`` go to ``internal_address`` (empty: ``address`` itself)."""
+        target = internal_address or address
+        with self._lock:
+            changed = self._internal.get(address, address) != target
+            self._internal[address] = target
+        if changed:
+            # A TaskManager restarted on the same client port may serve its internal plane elsewhere.
+            self.forget(address, keep_route=True)
 
     def watch(self, address: str, on_broken: Callable[[str], None]) -> None:
         """Call ``on_broken(cause)`` once when the connection to ``address`` breaks for good.
@@ -96,9 +116,11 @@ class TaskManagerGateways:
         timer.daemon = True
         timer.start()
 
-    def forget(self, address: str) -> None:
+    def forget(self, address: str, keep_route: bool = False) -> None:
         with self._lock:
             entry = self._stubs.pop(address, None)
+            if not keep_route:
+                self._internal.pop(address, None)
         if entry is not None:
             self._close(address, entry[0])
 
@@ -106,7 +128,9 @@ class TaskManagerGateways:
         try:
             return getattr(self._stub(address), method)(request, timeout=timeout)
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc, f"{method} on TaskManager {address}") from exc
+            target = self._internal.get(address, address)
+            where = address if target == address else f"{address} (internal {target})"
+            raise from_rpc_error(exc, f"{method} on TaskManager {where}", plane=INTERNAL) from exc
 
     def deploy(self, address: str, request: pb.DeploySlotRequest) -> pb.DeploySlotResponse:
         return self._call(address, "DeploySlot", request, self.deploy_timeout_s)  # type: ignore[return-value]

@@ -1,4 +1,10 @@
-"""The TaskManager daemon: slots, the gRPC servers, the JobManager connection, metrics."""
+"""The TaskManager daemon: slots, the gRPC servers, the JobManager connection, metrics.
+
+Two gRPC servers, one per plane: the client server (taskmanager.rpc.port: KeyedState) and the
+internal server (taskmanager.internal.port: TaskExecutor, which only the JobManager calls; mutual
+TLS when security.ssl.internal.enabled). With TLS off on both planes and no internal port set,
+one server carries both (docs/security.md).
+"""
 
 from __future__ import annotations
 
@@ -15,12 +21,13 @@ from prometheus_client import CollectorRegistry
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
-from keyedstate.common.config import Configuration
+from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.jobmanager_connection import JobManagerConnection
@@ -37,9 +44,11 @@ logger = logging.getLogger(__name__)
 class TaskManager:
     """One TaskManager process. ``start()`` serves and registers; ``stop()`` shuts down cleanly."""
 
-    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, security: TransportSecurity | None = None) -> None:
         self.conf = conf
         self.settings = TaskManagerSettings.from_config(conf)
+        # Loads and checks every certificate now: a bad file stops the start with the key to fix.
+        self.security = security if security is not None else TransportSecurity.from_config(conf)
         self.clock = clock
         self.id = self.settings.resource_id
         self.slots = SlotTable(self.settings.num_slots, self.id)
@@ -47,11 +56,14 @@ class TaskManager:
         self.metrics = TaskManagerMetrics(self.registry, self.id)
         self.port = 0
         self.address = ""
+        self.internal_address = ""
+        """host:port of TaskExecutor; the client address when the planes share a server."""
         self._stop = threading.Event()
         # Serving needs a lease from the JobManager (granted at registration, renewed by heartbeats).
         self.lease = Lease(clock.boottime_ms)
         self._lock_file: IO[str] | None = None
         self._server = None
+        self._internal_server = None
         self._health: health.HealthServicer | None = None
         self._metrics_server: MetricsServer | None = None
         self.connection: JobManagerConnection | None = None
@@ -77,25 +89,42 @@ class TaskManager:
         self.deployer = SlotDeployer(self.slots, s.backend, work, limits, resources, self.clock)
         self._install_snapshots()
         self.epochs = EpochManager(self.slots, self.deployer.instance_dir)
+        security = self.security
+        separate = internal_plane_separate(self.conf, o.TASKMANAGER_INTERNAL_PORT)
+        security.check_protected_mode("TaskManager", s.bind_host, REST, "taskmanager.bind-host")
+        if separate:
+            security.check_protected_mode("TaskManager's internal port", s.bind_host, INTERNAL, "taskmanager.bind-host")
         server, self.port = create_server(
             s.bind_host, s.rpc_port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
-            what="TaskManager", port_key="taskmanager.rpc.port",
+            what="TaskManager", port_key="taskmanager.rpc.port", credentials=security.server_credentials(REST),
         )
+        self._server = server
+        internal, internal_port = server, self.port
+        if separate:
+            internal, internal_port = create_server(
+                s.bind_host, self.conf.get(o.TASKMANAGER_INTERNAL_PORT) or 0, threads=s.rpc_threads,
+                max_message_bytes=s.max_message_bytes, what="TaskManager-internal", port_key="taskmanager.internal.port",
+                credentials=security.server_credentials(INTERNAL),
+            )
+            self._internal_server = internal
         tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs), server)
         tm_grpc.add_TaskExecutorServicer_to_server(
-            TaskExecutorServicer(self.deployer, self.lease, getattr(self, "checkpoints", None), self.epochs), server
+            TaskExecutorServicer(self.deployer, self.lease, getattr(self, "checkpoints", None), self.epochs), internal
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        if internal is not server:
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, internal)
+            internal.start()
         server.start()
-        self._server = server
         self.address = f"{s.host}:{self.port}"
+        self.internal_address = f"{s.host}:{internal_port}"
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._health.set("keyedstate.v1.KeyedState", health_pb2.HealthCheckResponse.SERVING)
         self.metrics.slots_total.set(s.num_slots)
         self.metrics.slots_available.set_function(self.slots.free_count)
         self.metrics.watch_slots(self._slot_stats)
-        self._metrics_server = MetricsServer(self.registry, s.metrics_ports, host=s.bind_host)
+        self._metrics_server = MetricsServer(self.registry, s.metrics_ports, host=s.bind_host, tls=security.http_context())
         logger.info(
             "taskmanager %s: serving on %s with %d %s slots (local dir %s)", self.id, self.address, s.num_slots, s.backend, work
         )
@@ -103,6 +132,8 @@ class TaskManager:
             s.jobmanager_address, self.id, self.address, s.host, s.num_slots, s.backend,
             self._metrics_server.port or 0, self._slot_reports, self._retain_slots, self.lease, self.clock, self._stop,
             limits=limits.to_proto(),
+            internal_address=self.internal_address if internal is not server else "",
+            security=security.channel_security(INTERNAL),
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()
@@ -123,9 +154,10 @@ class TaskManager:
         self._stop.set()
         if self._health is not None:
             self._health.enter_graceful_shutdown()
-        if self._server is not None:
-            self._server.stop(grace_s).wait(grace_s + 1)
-            self._server = None
+        servers = [srv for srv in (self._server, self._internal_server) if srv is not None]
+        for event in [srv.stop(grace_s) for srv in servers]:
+            event.wait(grace_s + 1)
+        self._server = self._internal_server = None
         checkpoints = getattr(self, "checkpoints", None)
         if checkpoints is not None:
             checkpoints.close()

@@ -26,6 +26,7 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import from_rpc_error
+from keyedstate.common.security.tls import ChannelSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class JobManagerConnection:
         stop: threading.Event,
         *,
         limits: pb.StateLimits | None = None,
+        internal_address: str = "",
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.jobmanager_address = jobmanager_address
         self._tm_id = taskmanager_id
@@ -69,8 +72,12 @@ class JobManagerConnection:
         self._clock = clock
         self._stop = stop
         self._limits = limits
-        self._channel = open_channel(jobmanager_address)
-        self._stub = jm_grpc.JobManagerStub(self._channel)
+        self._internal_address = internal_address
+        # The JobManager's internal plane: mutual TLS with the cluster's certificates when enabled.
+        self._channel = open_channel(jobmanager_address, security=security)
+        self._plane = "internal"
+        self._stub = jm_grpc.ResourceManagerStub(self._channel)
+        self._checkpoints = jm_grpc.CheckpointCoordinatorGatewayStub(self._channel)
         self._session = ""
         self.heartbeat_interval_ms = 1000
         self.lease_duration_ms = 0
@@ -78,8 +85,13 @@ class JobManagerConnection:
         self.registrations = 0
 
     @property
-    def stub(self) -> jm_grpc.JobManagerStub:
+    def stub(self) -> jm_grpc.ResourceManagerStub:
         return self._stub
+
+    @property
+    def checkpoint_gateway(self) -> jm_grpc.CheckpointCoordinatorGatewayStub:
+        """Where this TaskManager acknowledges or declines checkpoints."""
+        return self._checkpoints
 
     def register(self, timeout_ms: int) -> None:
         """Register, retrying until ``timeout_ms`` passes; then raise with what to check."""
@@ -97,10 +109,11 @@ class JobManagerConnection:
                 logger.info("taskmanager %s: JobManager at %s not reachable yet; retrying", self._tm_id, self.jobmanager_address)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 2.0)
-        detail = f" ({from_rpc_error(last).message})" if isinstance(last, grpc.RpcError) else ""
+        detail = f" ({from_rpc_error(last, plane=self._plane).message})" if isinstance(last, grpc.RpcError) else ""
         raise UnavailableError(
             f"cannot reach the JobManager at {self.jobmanager_address} within {timeout_ms / 1000:.0f} s{detail}; "
-            "check jobmanager.rpc.address and jobmanager.rpc.port, or raise taskmanager.registration.timeout"
+            "check jobmanager.rpc.address and jobmanager.rpc.port (jobmanager.internal.port when TLS is on), or raise "
+            "taskmanager.registration.timeout"
         ) from last
 
     def _register_once(self) -> None:
@@ -118,6 +131,7 @@ class JobManagerConnection:
                 metrics_port=self._metrics_port,
                 backend=self._backend,
                 limits=self._limits,
+                internal_address=self._internal_address,
             ),
             timeout=_RPC_TIMEOUT_S,
         )

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.errors import ConfigError
+from keyedstate.common.security.transport import jobmanager_internal_port
 
 
 @dataclass(frozen=True)
 class TaskManagerSettings:
     jobmanager_address: str
-    """host:port of the JobManager."""
+    """host:port of the JobManager's internal services (its client port when the planes share a server)."""
     host: str
     """The address reported to the JobManager and used by clients."""
     bind_host: str
@@ -37,7 +39,7 @@ class TaskManagerSettings:
         local_dir = Path(conf.get(o.ROCKSDB_LOCALDIR)).expanduser().absolute()
         resource_id = conf.get(o.TASKMANAGER_RESOURCE_ID) or _default_resource_id(local_dir)
         return cls(
-            jobmanager_address=f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}",
+            jobmanager_address=f"{conf.get(o.JOBMANAGER_ADDRESS)}:{_jobmanager_internal_port(conf)}",
             host=host,
             bind_host=conf.get(o.TASKMANAGER_BIND_HOST) or host,
             rpc_port=conf.get(o.TASKMANAGER_PORT),
@@ -54,6 +56,14 @@ class TaskManagerSettings:
             ttl_cleanup_batch=conf.get(o.TTL_CLEANUP_BATCH),
             local_recovery=conf.get(o.LOCAL_RECOVERY),
         )
+
+
+def _jobmanager_internal_port(conf: Configuration) -> int:
+    port = jobmanager_internal_port(conf)
+    if port == 0:
+        key = "jobmanager.internal.port" if conf.is_set(o.JOBMANAGER_INTERNAL_PORT) else "jobmanager.rpc.port"
+        raise ConfigError(f"{key} is 0 on a TaskManager: set it to the port the JobManager printed at start-up")
+    return port
 
 
 def _default_resource_id(local_dir: Path) -> str:

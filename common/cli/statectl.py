@@ -31,6 +31,7 @@ from keyedstate.common.keygroups import past_max_parallelism
 
 def _client(args: argparse.Namespace) -> Any:
     from keyedstate.common.client import ClientSettings, StateClient
+    from keyedstate.common.client._client import client_security
 
     conf = Configuration.load(args.config, args.overrides)
     address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
@@ -38,7 +39,7 @@ def _client(args: argparse.Namespace) -> Any:
     # A CLI should fail fast when the JobManager is down, not retry for a minute.
     settings = ClientSettings(timeout_s=args.timeout, max_attempts=2, backoff_s=0.2,
                               batch_size=settings.batch_size, max_in_flight=settings.max_in_flight)
-    return StateClient(address, settings)
+    return StateClient(address, settings, client_security(conf))
 
 
 def _print_json(message: Any) -> None:

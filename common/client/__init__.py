@@ -6,9 +6,10 @@
     counts.put_many(["a", "b"], [1, 2])
 """
 
-from keyedstate.common.client._client import ClientSettings, StateClient
+from keyedstate.common.client._client import ClientSettings, StateClient, client_security
+from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.client._epoch import EpochScope
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.client._states import ListState, MapState, ReducingState, ValueState
 
-__all__ = ["ClientSettings", "EpochScope", "StateClient", "Routing", "ValueState", "ListState", "MapState", "ReducingState"]
+__all__ = ["ChannelSecurity", "client_security", "ClientSettings", "EpochScope", "StateClient", "Routing", "ValueState", "ListState", "MapState", "ReducingState"]

@@ -38,6 +38,8 @@ from keyedstate.common.errors import (
 from keyedstate.common.keygroups import HASH_SEED
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
+from keyedstate.common.security.tls import REST, ChannelSecurity
+from keyedstate.common.security.transport import TransportSecurity
 
 import xxhash
 
@@ -111,6 +113,11 @@ class ClientSettings:
         )
 
 
+def client_security(conf: Configuration) -> ChannelSecurity | None:
+    """The client side of the rest plane from security.ssl.rest.* (None: TLS is off); checks the files now."""
+    return TransportSecurity.from_config(conf, role="client").channel_security(REST)
+
+
 class _Retry(Exception):
     """Internal: a sub-batch must be sent again after a routing refresh."""
 
@@ -132,10 +139,14 @@ def _not_applied(err: grpc.RpcError) -> bool:
 class StateClient:
     """Routes keyed-state calls of one or more jobs to the TaskManagers that own the keys."""
 
-    def __init__(self, jobmanager_address: str, settings: ClientSettings | None = None) -> None:
+    def __init__(self, jobmanager_address: str, settings: ClientSettings | None = None,
+                 security: ChannelSecurity | None = None) -> None:
+        """``security``: TLS for every channel (None: plaintext); :meth:`from_config` builds it from the
+        security.ssl.rest.* keys, :meth:`ChannelSecurity.from_pem` from PEM bytes."""
         self.jobmanager_address = jobmanager_address
         self.settings = settings or ClientSettings()
-        self._jm_channel = open_channel(jobmanager_address, self.settings.max_message_bytes)
+        self.security = security
+        self._jm_channel = open_channel(jobmanager_address, self.settings.max_message_bytes, security=security)
         self.jobmanager = jm_grpc.JobManagerStub(self._jm_channel)
         self._stubs: dict[str, tm_grpc.KeyedStateStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
@@ -147,7 +158,7 @@ class StateClient:
     @classmethod
     def from_config(cls, conf: Configuration) -> StateClient:
         address = f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
-        return cls(address, ClientSettings.from_config(conf))
+        return cls(address, ClientSettings.from_config(conf), client_security(conf))
 
     # -- JobManager calls --------------------------------------------------------------------
     def _jm_call(self, method: str, request: Any, timeout: float | None = None, retry: bool = True) -> Any:
@@ -329,7 +340,7 @@ class StateClient:
             with self._lock:
                 stub = self._stubs.get(address)
                 if stub is None:
-                    channel = open_channel(address, self.settings.max_message_bytes)
+                    channel = open_channel(address, self.settings.max_message_bytes, security=self.security)
                     self._channels[address] = channel
                     stub = tm_grpc.KeyedStateStub(channel)
                     self._stubs[address] = stub

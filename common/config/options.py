@@ -196,6 +196,64 @@ S3_REGION = _opt("s3.region", string_parser, None, "string", "S3 region.")
 PROM_PORT = _opt("metrics.reporter.prom.port", port_range_parser, (9249, 9260), "port range",
     "Port or range (9250-9260) of the Prometheus HTTP endpoint; the first free port is used. 0 picks any free port; -1 disables.")
 
+# --- Security: transport (docs/security.md) ---------------------------------------------------
+# Two planes, as in Flink: "internal" (JobManager <-> TaskManager, always mutual TLS) and "rest"
+# (clients, statectl, the PySpark helpers, and the HTTP endpoints). Certificates are PEM files,
+# re-read when they change, so rotating them needs no restart.
+SSL_ENABLED = _opt("security.ssl.enabled", bool_parser, False, "bool",
+    "Turns on TLS for both planes (the default of security.ssl.internal.enabled and security.ssl.rest.enabled).")
+SSL_INTERNAL_ENABLED = _opt("security.ssl.internal.enabled", bool_parser, None, "bool",
+    "Mutual TLS between the JobManager and the TaskManagers: only a daemon with a certificate of the cluster's CA "
+    "(security.ssl.internal.ca) can register, heartbeat, acknowledge checkpoints or be deployed to. The internal "
+    "services then listen on their own ports (jobmanager.internal.port, taskmanager.internal.port). "
+    "Default: security.ssl.enabled.")
+SSL_INTERNAL_CERT = _opt("security.ssl.internal.cert", string_parser, None, "path",
+    "PEM certificate (chain) this daemon presents on the internal plane, to its peers as server and as client. "
+    "Flink: the key entry of security.ssl.internal.keystore.")
+SSL_INTERNAL_KEY = _opt("security.ssl.internal.key", string_parser, None, "path",
+    "PEM private key (unencrypted) of security.ssl.internal.cert. Flink: security.ssl.internal.keystore with "
+    "security.ssl.internal.key-password.")
+SSL_INTERNAL_CA = _opt("security.ssl.internal.ca", string_parser, None, "path",
+    "PEM CA certificate(s) the internal plane trusts; a peer must present a certificate issued by one of them. "
+    "Flink: security.ssl.internal.truststore.")
+SSL_INTERNAL_SERVER_NAME = _opt("security.ssl.internal.server-name", string_parser, None, "string",
+    "Name the internal plane expects in its peers' server certificates instead of the host it connects to: one "
+    "shared cluster certificate (Flink's advice for the internal plane) names the cluster, not every host.")
+SSL_REST_ENABLED = _opt("security.ssl.rest.enabled", bool_parser, None, "bool",
+    "TLS for clients (StateClient, PySpark helpers, statectl) and the metrics HTTP endpoint. Default: security.ssl.enabled.")
+SSL_REST_CERT = _opt("security.ssl.rest.cert", string_parser, None, "path",
+    "PEM certificate (chain) of the daemons' client-facing ports and metrics endpoint; on a client, its own "
+    "certificate (needed when security.ssl.rest.authentication-enabled). Flink: security.ssl.rest.keystore.")
+SSL_REST_KEY = _opt("security.ssl.rest.key", string_parser, None, "path",
+    "PEM private key (unencrypted) of security.ssl.rest.cert. Flink: security.ssl.rest.keystore with "
+    "security.ssl.rest.key-password.")
+SSL_REST_CA = _opt("security.ssl.rest.ca", string_parser, None, "path",
+    "PEM CA certificate(s): on a client, the CAs trusted to sign the servers' certificates (default: the system's); "
+    "on a daemon, the CAs that sign client certificates (needed with security.ssl.rest.authentication-enabled). "
+    "Flink: security.ssl.rest.truststore.")
+SSL_REST_AUTHENTICATION = _opt("security.ssl.rest.authentication-enabled", bool_parser, False, "bool",
+    "Mutual TLS on the client plane: clients and metrics scrapers must present a certificate issued by "
+    "security.ssl.rest.ca.")
+SSL_REST_SERVER_NAME = _opt("security.ssl.rest.server-name", string_parser, None, "string",
+    "On a client: the name expected in the servers' certificates instead of the host connected to.")
+SSL_RELOAD_INTERVAL = _opt("security.ssl.reload-interval", duration_parser, 1_000, "duration",
+    "How often long-lived client channels check their certificate files for changes (servers check on every "
+    "new connection).")
+JOBMANAGER_INTERNAL_PORT = _opt("jobmanager.internal.port", port_parser, None, "int",
+    "gRPC port of the JobManager's internal services (ResourceManager, CheckpointCoordinatorGateway). Unset: "
+    "they share jobmanager.rpc.port while TLS is off on both planes, and use 6124 when TLS is on. "
+    "TaskManagers connect here; 0 picks a free port (TaskManagers must then be given the port).")
+TASKMANAGER_INTERNAL_PORT = _opt("taskmanager.internal.port", port_parser, None, "int",
+    "gRPC port of the TaskManager's internal service (TaskExecutor). Unset: it shares taskmanager.rpc.port while "
+    "TLS is off on both planes, and picks a free port when TLS is on; reported to the JobManager at registration.")
+# Defined here for the authentication layer, which reads it; protected mode counts it as protection.
+AUTH_ENABLED = _opt("security.auth.enabled", bool_parser, False, "bool",
+    "Authenticate every call (see docs/security.md). A daemon on a non-loopback address needs TLS or this, "
+    "unless security.protected-mode is false.")
+PROTECTED_MODE = _opt("security.protected-mode", bool_parser, True, "bool",
+    "Refuse to start a daemon that would listen on a non-loopback address with neither TLS nor authentication. "
+    "Set false only on a network where every host that can reach the ports is trusted.")
+
 # --- Client -----------------------------------------------------------------------------------
 CLIENT_TIMEOUT = _opt("client.rpc.timeout", duration_parser, 60_000, "duration",
     "Deadline of one client call to a TaskManager.")

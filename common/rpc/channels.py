@@ -5,11 +5,14 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import threading
 from concurrent import futures
+from typing import Any, Callable, Sequence
 
 import grpc
 
 from keyedstate.common.errors import ConfigError, UnavailableError
+from keyedstate.common.security.tls import ChannelSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -43,32 +46,161 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE) -> list[tuple[s
     ]
 
 
-def open_channel(address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE, *, private: bool = False) -> grpc.Channel:
-    """A channel to ``address``.
+def open_channel(
+    address: str,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE,
+    *,
+    private: bool = False,
+    security: ChannelSecurity | None = None,
+) -> grpc.Channel:
+    """A channel to ``address``; TLS with ``security`` (None: plaintext).
 
     ``private``: do not share connections with other channels to the same address. gRPC pools
     subchannels process-wide; a channel to a dead process that is backing off its reconnects
     would then fail the first calls of a fresh channel to a new process on the same port.
+
+    A TLS channel rebuilds itself with the current certificate files after they changed (a
+    gRPC channel keeps the credentials it was made with for every reconnect), so a long-lived
+    client follows a rotation of its own certificate or of the CA it trusts.
     """
     options = channel_options(max_message_bytes)
     if private:
         options = [*options, ("grpc.use_local_subchannel_pool", 1)]
-    return grpc.insecure_channel(address, options=options)
+    if security is None:
+        return grpc.insecure_channel(address, options=options)
+    return ReloadingChannel(
+        lambda: grpc.secure_channel(address, security.credentials(), options=[*options, *security.options()]),
+        lambda: security.generation,
+    )
+
+
+class ReloadingChannel(grpc.Channel):
+    """A channel that swaps in a new inner channel when its credentials' generation changes.
+
+    Stubs bind multi-callables at construction, so the ones handed out here resolve the current
+    inner channel on every call (a cached lookup). The replaced channel is closed after a grace
+    period, so calls in flight on it finish; subscriptions move to the new channel.
+    """
+
+    RETIRE_AFTER_S = 120.0
+
+    def __init__(self, make: Callable[[], grpc.Channel], generation: Callable[[], int]) -> None:
+        self._make = make
+        self._generation_of = generation
+        self._lock = threading.Lock()
+        self._generation = generation()
+        self._channel = make()
+        self._subscriptions: list[tuple[Callable[[grpc.ChannelConnectivity], None], bool]] = []
+        self._closed = False
+
+    def current(self) -> grpc.Channel:
+        generation = self._generation_of()
+        if generation == self._generation or self._closed:
+            return self._channel
+        with self._lock:
+            if generation != self._generation and not self._closed:
+                old = self._channel
+                self._channel = self._make()
+                self._generation = generation
+                for callback, connect in self._subscriptions:
+                    old.unsubscribe(callback)
+                    self._channel.subscribe(callback, try_to_connect=connect)
+                logger.info("tls: certificates changed; new connections use them (old channel closes in %.0f s)",
+                            self.RETIRE_AFTER_S)
+                timer = threading.Timer(self.RETIRE_AFTER_S, old.close)
+                timer.daemon = True
+                timer.start()
+            return self._channel
+
+    def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None], try_to_connect: bool = False) -> None:
+        with self._lock:
+            self._subscriptions.append((callback, try_to_connect))
+            self._channel.subscribe(callback, try_to_connect=try_to_connect)
+
+    def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
+        with self._lock:
+            self._subscriptions = [s for s in self._subscriptions if s[0] is not callback]
+            self._channel.unsubscribe(callback)
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _DynamicCallable(self, "unary_unary", method, args, kwargs)
+
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _DynamicCallable(self, "unary_stream", method, args, kwargs)
+
+    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _DynamicCallable(self, "stream_unary", method, args, kwargs)
+
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _DynamicCallable(self, "stream_stream", method, args, kwargs)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._channel.close()
+
+    def __enter__(self) -> ReloadingChannel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _DynamicCallable:
+    """A multi-callable of whichever inner channel is current (rebuilt after a swap)."""
+
+    def __init__(self, owner: ReloadingChannel, kind: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._owner = owner
+        self._factory = (kind, method, args, kwargs)
+        self._bound: tuple[grpc.Channel, Any] | None = None
+
+    def _target(self) -> Any:
+        channel = self._owner.current()
+        bound = self._bound
+        if bound is None or bound[0] is not channel:
+            kind, method, args, kwargs = self._factory
+            bound = (channel, getattr(channel, kind)(method, *args, **kwargs))
+            self._bound = bound
+        return bound[1]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._target()(*args, **kwargs)
+
+    def with_call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._target().with_call(*args, **kwargs)
+
+    def future(self, *args: Any, **kwargs: Any) -> Any:
+        return self._target().future(*args, **kwargs)
 
 
 def create_server(
-    bind_host: str, port: int, *, threads: int, max_message_bytes: int, what: str, port_key: str
+    bind_host: str,
+    port: int,
+    *,
+    threads: int,
+    max_message_bytes: int,
+    what: str,
+    port_key: str,
+    credentials: grpc.ServerCredentials | None = None,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
 ) -> tuple[grpc.Server, int]:
-    """Create and bind a server; a taken or unbindable port is a ConfigError naming the key."""
+    """Create and bind a server; a taken or unbindable port is a ConfigError naming the key.
+
+    ``credentials``: TLS (see TransportSecurity.server_credentials); None serves plaintext.
+    ``interceptors`` run on every call of this server, so each plane can get its own (the
+    authentication layer reads the peer certificate through ``context.auth_context()``).
+    """
     if port:
         _check_port_free(bind_host, port, what, port_key)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{what}-rpc"),
         options=server_options(max_message_bytes),
         maximum_concurrent_rpcs=threads * 64,
+        interceptors=list(interceptors),
     )
+    address = f"{_bracket(bind_host)}:{port}"
     try:
-        bound = server.add_insecure_port(f"{_bracket(bind_host)}:{port}")
+        bound = server.add_secure_port(address, credentials) if credentials is not None else server.add_insecure_port(address)
     except RuntimeError as exc:
         raise ConfigError(
             f"{what} cannot listen on {bind_host}:{port} ({exc}); choose a free port with {port_key} (0 picks any)"

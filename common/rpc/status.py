@@ -13,6 +13,7 @@ from typing import Any, Callable, TypeVar
 import grpc
 
 from keyedstate.common import errors as e
+from keyedstate.common.security.tls import handshake_hint
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +130,12 @@ def _is_abort(exc: Exception) -> bool:
     return type(exc).__module__.startswith("grpc")
 
 
-def from_rpc_error(err: grpc.RpcError, what: str = "") -> e.KeyedStateError:
-    """Turn a gRPC error received by a client into the matching typed domain error."""
+def from_rpc_error(err: grpc.RpcError, what: str = "", plane: str = "rest") -> e.KeyedStateError:
+    """Turn a gRPC error received by a client into the matching typed domain error.
+
+    A connection that failed in the TLS handshake gets what to fix appended, with the keys of
+    ``plane`` (``rest`` for clients, ``internal`` between the daemons).
+    """
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = (err.details() if hasattr(err, "details") else None) or str(err)
     trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
@@ -147,7 +152,8 @@ def from_rpc_error(err: grpc.RpcError, what: str = "") -> e.KeyedStateError:
         cls = _CLASSES.get(reason, e.KeyedStateError)
         return cls(prefix + details, reason=reason)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-        return e.UnavailableError(f"{prefix}{code.name}: {details}")
+        hint = handshake_hint(details, plane) if code is grpc.StatusCode.UNAVAILABLE else None
+        return e.UnavailableError(f"{prefix}{code.name}: {details}" + (f" ({hint})" if hint else ""))
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         return e.SizeLimitError(f"{prefix}{details}")
     return e.KeyedStateError(f"{prefix}{code.name}: {details}")

@@ -50,6 +50,7 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.errors import (
     CheckpointError,
     EpochConflictError,
@@ -63,7 +64,7 @@ from keyedstate.common.errors import (
 
 logger = logging.getLogger(__name__)
 
-_CLIENTS: dict[str, StateClient] = {}
+_CLIENTS: dict[tuple[str, Any], StateClient] = {}
 _CLIENTS_LOCK = threading.Lock()
 _WAIT_S = 0.2
 
@@ -72,13 +73,18 @@ _WAIT_S = 0.2
 _STATE_PATH_ERRORS = ("EpochConflictError", "StaleRoutingError", "UnavailableError", "JobStateError", "LEASE_EXPIRED")
 
 
-def worker_client(address: str) -> StateClient:
-    """One client per worker process and JobManager (Spark reuses Python workers)."""
+def worker_client(address: str, security: ChannelSecurity | None = None) -> StateClient:
+    """One client per worker process, JobManager and TLS setting (Spark reuses Python workers).
+
+    ``security`` arrives pickled with the task: the executor reads the same certificate paths
+    when it can (and follows their rotation), else uses the PEM bytes shipped from the driver.
+    """
+    key = (address, security.cache_key() if security is not None else None)
     with _CLIENTS_LOCK:
-        client = _CLIENTS.get(address)
+        client = _CLIENTS.get(key)
         if client is None:
-            client = StateClient(address)
-            _CLIENTS[address] = client
+            client = StateClient(address, security=security)
+            _CLIENTS[key] = client
         return client
 
 
@@ -174,13 +180,18 @@ class KeyedStateRuntime:
         max_parallelism: int = 0,
         job_config: dict[str, str] | None = None,
         restore_path: str = "",
+        security: ChannelSecurity | None = None,
     ) -> None:
         """Submit (or attach to) the job. A job already running keeps its current definition: a
-        restarted driver adopts a parallelism changed by a rescale."""
+        restarted driver adopts a parallelism changed by a rescale.
+
+        ``security``: TLS to the cluster's client plane, for the driver and the executors
+        (``client_security(conf)`` from the security.ssl.rest.* keys; None: plaintext)."""
         self.jobmanager = jobmanager
         self.job_id = job_id
         self.operators = list(operators)
-        self.client = StateClient(jobmanager)
+        self.security = security
+        self.client = StateClient(jobmanager, security=security)
         routing = self.client.submit_job(job_id, self.operators, max_parallelism=max_parallelism,
                                          restore_path=restore_path, config=job_config)
         self.max_parallelism = routing.max_parallelism
@@ -369,6 +380,7 @@ class _BatchRunner:
         parallelism = routing.operator(o.operator_id).parallelism
         parted = repartition_by_key_group(df, o.key_col, self._rt.max_parallelism, parallelism, o.key_serializer)
         address, job_id, operator_id, process, nonce = self._rt.jobmanager, self._rt.job_id, o.operator_id, self._process, self._rt.driver_nonce
+        security = self._rt.security
         epoch = start.epoch if start is not None else -1
         version = start.routing.version if start is not None else 0
 
@@ -381,7 +393,7 @@ class _BatchRunner:
             scope = None
             if epoch >= 0:
                 scope = EpochScope(pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version=version)
-            state = PartitionState(worker_client(address), job_id, operator_id, scope, batch_id=batch_id)
+            state = PartitionState(worker_client(address, security), job_id, operator_id, scope, batch_id=batch_id)
             process(iter(batches), state)
             winner = scope.winner().SerializeToString() if scope is not None else b""
             yield pa.RecordBatch.from_pydict(

@@ -1,4 +1,4 @@
-"""The JobManager service, translated onto the Dispatcher, registry and checkpointing."""
+"""The JobManager's client-plane service (jobs, routing, checkpoints, epochs), translated onto the Dispatcher."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.rpc.status import rpc_method
-from keyedstate.common.ids import SubtaskId
 from keyedstate.jobmanager.checkpointing import checkpoint_info
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCommit, EpochCoordinator
 from keyedstate.jobmanager.jobs import JobSpec
 
 
-def _need_checkpointing(dispatcher: Dispatcher) -> object:
+def need_checkpointing(dispatcher: Dispatcher) -> object:
     if dispatcher.checkpointing is None:
         raise InvalidArgumentError("checkpointing is not available on this JobManager")
     return dispatcher.checkpointing
@@ -28,29 +27,6 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     def __init__(self, dispatcher: Dispatcher, epochs: EpochCoordinator) -> None:
         self._d = dispatcher
         self._epochs = epochs
-
-    # -- TaskManagers ------------------------------------------------------------------------
-    @rpc_method
-    def RegisterTaskManager(self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.RegisterTaskManagerResponse:
-        kept = self._d.register_taskmanager(request)
-        slots = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
-        s = self._d.settings
-        return jm_pb.RegisterTaskManagerResponse(
-            heartbeat_interval_ms=s.heartbeat_interval_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
-            jobmanager_session=self._d.registry.session, lease_duration_ms=s.lease_duration_ms,
-            kept_slots=[jm_pb.SlotReport(slot_index=slots[k], job_id=k.job_id, operator_id=k.operator_id,
-                                         subtask_index=k.subtask_index) for k in kept],
-            routing_versions=self._d.routing_versions(),
-        )
-
-    @rpc_method
-    def Heartbeat(self, request: jm_pb.HeartbeatRequest, context: grpc.ServicerContext) -> jm_pb.HeartbeatResponse:
-        return jm_pb.HeartbeatResponse(known=self._d.heartbeat(request))
-
-    @rpc_method
-    def DeregisterTaskManager(self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.DeregisterTaskManagerResponse:
-        self._d.registry.deregister(request.taskmanager_id)
-        return jm_pb.DeregisterTaskManagerResponse()
 
     # -- jobs --------------------------------------------------------------------------------
     @rpc_method
@@ -92,21 +68,11 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     # -- checkpoints -------------------------------------------------------------------------
     @rpc_method
     def TriggerCheckpoint(self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.CheckpointInfo:
-        return _need_checkpointing(self._d).trigger_request(request)  # type: ignore[attr-defined]
-
-    @rpc_method
-    def AcknowledgeCheckpoint(self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
-        outcome = _need_checkpointing(self._d).acknowledge(request)  # type: ignore[attr-defined]
-        return jm_pb.AckResponse(outcome=outcome)
-
-    @rpc_method
-    def DeclineCheckpoint(self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
-        outcome = _need_checkpointing(self._d).decline(request)  # type: ignore[attr-defined]
-        return jm_pb.AckResponse(outcome=outcome)
+        return need_checkpointing(self._d).trigger_request(request)  # type: ignore[attr-defined]
 
     @rpc_method
     def ListCheckpoints(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.ListCheckpointsResponse:
-        return _need_checkpointing(self._d).list_checkpoints(request.job_id)  # type: ignore[attr-defined]
+        return need_checkpointing(self._d).list_checkpoints(request.job_id)  # type: ignore[attr-defined]
 
     # -- epochs ------------------------------------------------------------------------------
     @rpc_method

@@ -301,7 +301,7 @@ class SnapshotManager:
         delay = 0.2
         for attempt in range(5):
             try:
-                return getattr(connection.stub, method)(request, timeout=30)
+                return getattr(connection.checkpoint_gateway, method)(request, timeout=30)
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
                     raise

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class JobManagerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Client plane.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -35,21 +36,6 @@ class JobManagerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.RegisterTaskManager = channel.unary_unary(
-                '/keyedstate.v1.JobManager/RegisterTaskManager',
-                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerRequest.SerializeToString,
-                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerResponse.FromString,
-                _registered_method=True)
-        self.Heartbeat = channel.unary_unary(
-                '/keyedstate.v1.JobManager/Heartbeat',
-                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatResponse.FromString,
-                _registered_method=True)
-        self.DeregisterTaskManager = channel.unary_unary(
-                '/keyedstate.v1.JobManager/DeregisterTaskManager',
-                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.SerializeToString,
-                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.FromString,
-                _registered_method=True)
         self.SubmitJob = channel.unary_unary(
                 '/keyedstate.v1.JobManager/SubmitJob',
                 request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.SubmitJobRequest.SerializeToString,
@@ -80,16 +66,6 @@ class JobManagerStub:
                 request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.TriggerCheckpointRequest.SerializeToString,
                 response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.CheckpointInfo.FromString,
                 _registered_method=True)
-        self.AcknowledgeCheckpoint = channel.unary_unary(
-                '/keyedstate.v1.JobManager/AcknowledgeCheckpoint',
-                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.AcknowledgeCheckpointRequest.SerializeToString,
-                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
-                _registered_method=True)
-        self.DeclineCheckpoint = channel.unary_unary(
-                '/keyedstate.v1.JobManager/DeclineCheckpoint',
-                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeclineCheckpointRequest.SerializeToString,
-                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
-                _registered_method=True)
         self.ListCheckpoints = channel.unary_unary(
                 '/keyedstate.v1.JobManager/ListCheckpoints',
                 request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.JobRequest.SerializeToString,
@@ -118,25 +94,8 @@ class JobManagerStub:
 
 
 class JobManagerServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def RegisterTaskManager(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DeregisterTaskManager(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
+    """Client plane.
+    """
 
     def SubmitJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -169,18 +128,6 @@ class JobManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def TriggerCheckpoint(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def AcknowledgeCheckpoint(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DeclineCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,21 +166,6 @@ class JobManagerServicer:
 
 def add_JobManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'RegisterTaskManager': grpc.unary_unary_rpc_method_handler(
-                    servicer.RegisterTaskManager,
-                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerRequest.FromString,
-                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerResponse.SerializeToString,
-            ),
-            'Heartbeat': grpc.unary_unary_rpc_method_handler(
-                    servicer.Heartbeat,
-                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatRequest.FromString,
-                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatResponse.SerializeToString,
-            ),
-            'DeregisterTaskManager': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeregisterTaskManager,
-                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.FromString,
-                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.SerializeToString,
-            ),
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
                     request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.SubmitJobRequest.FromString,
@@ -263,16 +195,6 @@ def add_JobManagerServicer_to_server(servicer, server):
                     servicer.TriggerCheckpoint,
                     request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.TriggerCheckpointRequest.FromString,
                     response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.CheckpointInfo.SerializeToString,
-            ),
-            'AcknowledgeCheckpoint': grpc.unary_unary_rpc_method_handler(
-                    servicer.AcknowledgeCheckpoint,
-                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.AcknowledgeCheckpointRequest.FromString,
-                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.SerializeToString,
-            ),
-            'DeclineCheckpoint': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeclineCheckpoint,
-                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeclineCheckpointRequest.FromString,
-                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.SerializeToString,
             ),
             'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCheckpoints,
@@ -308,88 +230,8 @@ def add_JobManagerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class JobManager:
-    """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def RegisterTaskManager(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/keyedstate.v1.JobManager/RegisterTaskManager',
-            keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerRequest.SerializeToString,
-            keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Heartbeat(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/keyedstate.v1.JobManager/Heartbeat',
-            keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatRequest.SerializeToString,
-            keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeregisterTaskManager(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/keyedstate.v1.JobManager/DeregisterTaskManager',
-            keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.SerializeToString,
-            keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
+    """Client plane.
+    """
 
     @staticmethod
     def SubmitJob(request,
@@ -554,60 +396,6 @@ class JobManager:
             _registered_method=True)
 
     @staticmethod
-    def AcknowledgeCheckpoint(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/keyedstate.v1.JobManager/AcknowledgeCheckpoint',
-            keyedstate_dot_v1_dot_jobmanager__pb2.AcknowledgeCheckpointRequest.SerializeToString,
-            keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeclineCheckpoint(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/keyedstate.v1.JobManager/DeclineCheckpoint',
-            keyedstate_dot_v1_dot_jobmanager__pb2.DeclineCheckpointRequest.SerializeToString,
-            keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
     def ListCheckpoints(request,
             target,
             options=(),
@@ -732,6 +520,285 @@ class JobManager:
             '/keyedstate.v1.JobManager/RestoreJob',
             keyedstate_dot_v1_dot_jobmanager__pb2.RestoreJobRequest.SerializeToString,
             keyedstate_dot_v1_dot_common__pb2.RoutingTable.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ResourceManagerStub:
+    """Internal plane: TaskManagers register and heartbeat here.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.RegisterTaskManager = channel.unary_unary(
+                '/keyedstate.v1.ResourceManager/RegisterTaskManager',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerResponse.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/keyedstate.v1.ResourceManager/Heartbeat',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.DeregisterTaskManager = channel.unary_unary(
+                '/keyedstate.v1.ResourceManager/DeregisterTaskManager',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.FromString,
+                _registered_method=True)
+
+
+class ResourceManagerServicer:
+    """Internal plane: TaskManagers register and heartbeat here.
+    """
+
+    def RegisterTaskManager(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterTaskManager(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ResourceManagerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'RegisterTaskManager': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterTaskManager,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'DeregisterTaskManager': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterTaskManager,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'keyedstate.v1.ResourceManager', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('keyedstate.v1.ResourceManager', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ResourceManager:
+    """Internal plane: TaskManagers register and heartbeat here.
+    """
+
+    @staticmethod
+    def RegisterTaskManager(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.ResourceManager/RegisterTaskManager',
+            keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerRequest.SerializeToString,
+            keyedstate_dot_v1_dot_jobmanager__pb2.RegisterTaskManagerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.ResourceManager/Heartbeat',
+            keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatRequest.SerializeToString,
+            keyedstate_dot_v1_dot_jobmanager__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterTaskManager(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.ResourceManager/DeregisterTaskManager',
+            keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.SerializeToString,
+            keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class CheckpointCoordinatorGatewayStub:
+    """Internal plane: TaskManagers report their part of a checkpoint here.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.AcknowledgeCheckpoint = channel.unary_unary(
+                '/keyedstate.v1.CheckpointCoordinatorGateway/AcknowledgeCheckpoint',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.AcknowledgeCheckpointRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
+                _registered_method=True)
+        self.DeclineCheckpoint = channel.unary_unary(
+                '/keyedstate.v1.CheckpointCoordinatorGateway/DeclineCheckpoint',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeclineCheckpointRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
+                _registered_method=True)
+
+
+class CheckpointCoordinatorGatewayServicer:
+    """Internal plane: TaskManagers report their part of a checkpoint here.
+    """
+
+    def AcknowledgeCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeclineCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CheckpointCoordinatorGatewayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'AcknowledgeCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcknowledgeCheckpoint,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.AcknowledgeCheckpointRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.SerializeToString,
+            ),
+            'DeclineCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeclineCheckpoint,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeclineCheckpointRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'keyedstate.v1.CheckpointCoordinatorGateway', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('keyedstate.v1.CheckpointCoordinatorGateway', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class CheckpointCoordinatorGateway:
+    """Internal plane: TaskManagers report their part of a checkpoint here.
+    """
+
+    @staticmethod
+    def AcknowledgeCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.CheckpointCoordinatorGateway/AcknowledgeCheckpoint',
+            keyedstate_dot_v1_dot_jobmanager__pb2.AcknowledgeCheckpointRequest.SerializeToString,
+            keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeclineCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.CheckpointCoordinatorGateway/DeclineCheckpoint',
+            keyedstate_dot_v1_dot_jobmanager__pb2.DeclineCheckpointRequest.SerializeToString,
+            keyedstate_dot_v1_dot_jobmanager__pb2.AckResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -664,7 +664,9 @@ class KeyedState:
 
 
 class TaskExecutorStub:
-    """Missing associated documentation comment in .proto file."""
+    """Internal plane: only the JobManager calls it (mutual TLS when security.ssl.internal.enabled,
+    on taskmanager.internal.port).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -700,7 +702,9 @@ class TaskExecutorStub:
 
 
 class TaskExecutorServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Internal plane: only the JobManager calls it (mutual TLS when security.ssl.internal.enabled,
+    on taskmanager.internal.port).
+    """
 
     def DeploySlot(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -769,7 +773,9 @@ def add_TaskExecutorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TaskExecutor:
-    """Missing associated documentation comment in .proto file."""
+    """Internal plane: only the JobManager calls it (mutual TLS when security.ssl.internal.enabled,
+    on taskmanager.internal.port).
+    """
 
     @staticmethod
     def DeploySlot(request,

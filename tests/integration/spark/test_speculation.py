@@ -63,8 +63,9 @@ def _start_standalone(netns: VirtualNetwork, base: Path) -> str:
 def test_a_speculative_losers_writes_are_dropped(netns: VirtualNetwork, inprocess_cluster: Any, tmp_path: Path) -> None:
     # The state service listens on the bridge address, reachable from the workers' namespaces.
     ip = netns.local.ip
-    cluster = inprocess_cluster(taskmanagers=2, slots=2, jm={"jobmanager.rpc.address": ip},
-                                tm={"jobmanager.rpc.address": ip, "taskmanager.host": ip})
+    # Namespaces this test made: a trusted network, so protected mode stands aside.
+    cluster = inprocess_cluster(taskmanagers=2, slots=2, jm={"jobmanager.rpc.address": ip, "security.protected-mode": False},
+                                tm={"jobmanager.rpc.address": ip, "taskmanager.host": ip, "security.protected-mode": False})
     master = _start_standalone(netns, tmp_path / "spark")
     out = tmp_path / "out"
     out.mkdir()

@@ -25,7 +25,7 @@ LEASE = 2_000
 IN_FLIGHT = 150  # ms a request spends between the TaskManager's send and the JobManager's receive
 
 
-class ScriptedJobManager(jm_grpc.JobManagerServicer):
+class ScriptedJobManager(jm_grpc.ResourceManagerServicer):
     def __init__(self, clock: ManualClock, lease: Lease) -> None:
         self.clock = clock
         self.lease = lease
@@ -63,7 +63,7 @@ def harness() -> Iterator[Harness]:
     lease = Lease(clock.boottime_ms)
     jm = ScriptedJobManager(clock, lease)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    jm_grpc.add_JobManagerServicer_to_server(jm, server)
+    jm_grpc.add_ResourceManagerServicer_to_server(jm, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     retained: list[tuple[set[SubtaskId], bool]] = []

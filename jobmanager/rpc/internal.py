@@ -1,0 +1,59 @@
+"""The JobManager's internal-plane services: only TaskManagers call them.
+
+ResourceManager (registration, heartbeats) and CheckpointCoordinatorGateway (checkpoint
+acknowledgements), named after Flink's gateways. They run on the internal server, which with
+security.ssl.internal.enabled requires a certificate of the cluster's CA.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
+from keyedstate.common.ids import SubtaskId
+from keyedstate.common.rpc.status import rpc_method
+from keyedstate.jobmanager.dispatcher import Dispatcher
+from keyedstate.jobmanager.rpc.servicer import need_checkpointing
+
+
+class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+
+    @rpc_method
+    def RegisterTaskManager(self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.RegisterTaskManagerResponse:
+        kept = self._d.register_taskmanager(request)
+        slots = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
+        s = self._d.settings
+        return jm_pb.RegisterTaskManagerResponse(
+            heartbeat_interval_ms=s.heartbeat_interval_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
+            jobmanager_session=self._d.registry.session, lease_duration_ms=s.lease_duration_ms,
+            kept_slots=[jm_pb.SlotReport(slot_index=slots[k], job_id=k.job_id, operator_id=k.operator_id,
+                                         subtask_index=k.subtask_index) for k in kept],
+            routing_versions=self._d.routing_versions(),
+        )
+
+    @rpc_method
+    def Heartbeat(self, request: jm_pb.HeartbeatRequest, context: grpc.ServicerContext) -> jm_pb.HeartbeatResponse:
+        return jm_pb.HeartbeatResponse(known=self._d.heartbeat(request))
+
+    @rpc_method
+    def DeregisterTaskManager(self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.DeregisterTaskManagerResponse:
+        self._d.registry.deregister(request.taskmanager_id)
+        return jm_pb.DeregisterTaskManagerResponse()
+
+
+class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayServicer):
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+
+    @rpc_method
+    def AcknowledgeCheckpoint(self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
+        outcome = need_checkpointing(self._d).acknowledge(request)  # type: ignore[attr-defined]
+        return jm_pb.AckResponse(outcome=outcome)
+
+    @rpc_method
+    def DeclineCheckpoint(self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
+        outcome = need_checkpointing(self._d).decline(request)  # type: ignore[attr-defined]
+        return jm_pb.AckResponse(outcome=outcome)
