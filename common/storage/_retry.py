@@ -20,6 +20,9 @@ _TRANSIENT_ERRNOS = frozenset({
     errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
     errno.ECONNABORTED, errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN,
     errno.EREMOTEIO,
+    # A recursive delete that raced a writer still adding files (an upload of an aborted
+    # checkpoint landing during the deletion): the next walk removes them.
+    errno.ENOTEMPTY,
 })
 # Definite answers: retrying cannot change them.
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)

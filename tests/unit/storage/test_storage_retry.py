@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,7 @@ def test_invalid_policy_is_a_config_error(kwargs: dict[str, Any]) -> None:
     [
         (OSError(errno.EBUSY, "SlowDown"), True),
         (OSError(errno.EREMOTEIO, "InternalError"), True),
+        (OSError(errno.ENOTEMPTY, "Directory not empty"), True),
         (TimeoutError("read timed out"), True),
         (ConnectionResetError(), True),
         (FileNotFoundError(), False),
@@ -133,3 +135,28 @@ def test_a_set_waiter_interrupts_the_backoff(tmp_path: Path) -> None:
         storage.read_bytes(str(tmp_path / "f"))
     assert info.value.reason is Reason.SHUTTING_DOWN
     assert fs.calls == 1
+
+
+def test_a_delete_that_races_an_upload_is_walked_again(tmp_path: Path) -> None:
+    # The late upload of an aborted checkpoint lands in the directory between the walk that
+    # deleted its files and the rmdir of the directory: the kernel answers ENOTEMPTY.
+    target = tmp_path / "chk-2" / "sessions-0"
+    target.mkdir(parents=True)
+    (target / "a.sst").write_bytes(b"x")
+    real_rmdir = os.rmdir
+    raced: list[str] = []
+
+    def rmdir_racing_an_upload(path: Any, *args: Any, **kwargs: Any) -> None:
+        if not raced and os.path.basename(str(path)) == target.name:
+            raced.append(str(path))
+            (target / "late.sst").write_bytes(b"late")
+        real_rmdir(path, *args, **kwargs)
+
+    waiter = RecordingWaiter()
+    storage = LocalStorage(retry=EXACT, waiter=waiter)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "rmdir", rmdir_racing_an_upload)
+        storage.delete_dir(str(tmp_path / "chk-2"))
+    assert raced, "the race was not staged"
+    assert not (tmp_path / "chk-2").exists()
+    assert waiter.waits == [0.2]
