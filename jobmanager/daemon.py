@@ -13,6 +13,7 @@ from keyedstate.common.clock import SYSTEM_CLOCK, Clock, Scheduler, ThreadSchedu
 from keyedstate.common.config import Configuration
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.security import AuthMetrics, internal_token, server_interceptors
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCoordinator
 from keyedstate.jobmanager.registry import TaskManagerRegistry
@@ -37,7 +38,9 @@ class JobManager:
             clock, self.scheduler, s.heartbeat_timeout_ms, check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000)),
             lease_bound_ms=s.lease_bound_ms,
         )
-        self.gateways = TaskManagerGateways(s.max_message_bytes)
+        # The JobManager's own identity toward TaskManagers (role jobmanager) when auth is on.
+        self.gateways = TaskManagerGateways(s.max_message_bytes, token=internal_token(conf, "JobManager", "jobmanager"))
+        self.auth_metrics = AuthMetrics(self.metrics_registry, "jobmanager")
         self.dispatcher = Dispatcher(s, conf, self.registry, self.gateways, clock, self.scheduler)
         self.port = 0
         self._server = None
@@ -64,6 +67,7 @@ class JobManager:
         server, self.port = create_server(
             s.bind_host, s.port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
             what="JobManager", port_key="jobmanager.rpc.port",
+            interceptors=server_interceptors(self.conf, self.auth_metrics, "JobManager"),
         )
         self._server = server
         # Jobs come back from the HA store before the first call is served, so that a Spark

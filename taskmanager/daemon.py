@@ -21,6 +21,7 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.security import AuthMetrics, internal_token, server_interceptors
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.jobmanager_connection import JobManagerConnection
@@ -76,9 +77,11 @@ class TaskManager:
         self.deployer = SlotDeployer(self.slots, s.backend, work, StateLimits.from_config(self.conf), resources, self.clock)
         self._install_snapshots()
         self.epochs = EpochManager(self.slots, self.deployer.instance_dir)
+        token = internal_token(self.conf, "TaskManager", "taskmanager")
         server, self.port = create_server(
             s.bind_host, s.rpc_port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
             what="TaskManager", port_key="taskmanager.rpc.port",
+            interceptors=server_interceptors(self.conf, AuthMetrics(self.registry, "taskmanager"), "TaskManager"),
         )
         tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs), server)
         tm_grpc.add_TaskExecutorServicer_to_server(
@@ -101,6 +104,7 @@ class TaskManager:
         self.connection = JobManagerConnection(
             s.jobmanager_address, self.id, self.address, s.host, s.num_slots, s.backend,
             self._metrics_server.port or 0, self._slot_reports, self._retain_slots, self.lease, self.clock, self._stop,
+            cluster_id=s.cluster_id, token=token,
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()

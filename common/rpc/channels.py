@@ -6,6 +6,7 @@ import errno
 import logging
 import socket
 from concurrent import futures
+from typing import Sequence
 
 import grpc
 
@@ -43,29 +44,42 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE) -> list[tuple[s
     ]
 
 
-def open_channel(address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE, *, private: bool = False) -> grpc.Channel:
+def open_channel(
+    address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE, *, private: bool = False, token: str | None = None
+) -> grpc.Channel:
     """A channel to ``address``.
 
     ``private``: do not share connections with other channels to the same address. gRPC pools
     subchannels process-wide; a channel to a dead process that is backing off its reconnects
     would then fail the first calls of a fresh channel to a new process on the same port.
+    ``token``: sent with every call as ``authorization: Bearer <token>`` (security.auth.enabled).
     """
     options = channel_options(max_message_bytes)
     if private:
         options = [*options, ("grpc.use_local_subchannel_pool", 1)]
-    return grpc.insecure_channel(address, options=options)
+    channel = grpc.insecure_channel(address, options=options)
+    if token is None:
+        return channel
+    from keyedstate.common.security import BearerTokenInterceptor
+
+    return grpc.intercept_channel(channel, BearerTokenInterceptor(token))
 
 
 def create_server(
-    bind_host: str, port: int, *, threads: int, max_message_bytes: int, what: str, port_key: str
+    bind_host: str, port: int, *, threads: int, max_message_bytes: int, what: str, port_key: str,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
 ) -> tuple[grpc.Server, int]:
-    """Create and bind a server; a taken or unbindable port is a ConfigError naming the key."""
+    """Create and bind a server; a taken or unbindable port is a ConfigError naming the key.
+
+    ``interceptors`` run on every call of this server (authentication and authorization of its plane).
+    """
     if port:
         _check_port_free(bind_host, port, what, port_key)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{what}-rpc"),
         options=server_options(max_message_bytes),
         maximum_concurrent_rpcs=threads * 64,
+        interceptors=list(interceptors) or None,
     )
     try:
         bound = server.add_insecure_port(f"{_bracket(bind_host)}:{port}")

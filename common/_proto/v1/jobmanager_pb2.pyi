@@ -34,7 +34,7 @@ class SlotReport(_message.Message):
     def __init__(self, slot_index: _Optional[int] = ..., job_id: _Optional[str] = ..., operator_id: _Optional[str] = ..., subtask_index: _Optional[int] = ...) -> None: ...
 
 class RegisterTaskManagerRequest(_message.Message):
-    __slots__ = ("taskmanager_id", "address", "num_slots", "host", "slots", "metrics_port", "backend")
+    __slots__ = ("taskmanager_id", "address", "num_slots", "host", "slots", "metrics_port", "backend", "cluster_id")
     TASKMANAGER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class RegisterTaskManagerRequest(_message.Message):
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     taskmanager_id: str
     address: str
     num_slots: int
@@ -49,7 +50,8 @@ class RegisterTaskManagerRequest(_message.Message):
     slots: _containers.RepeatedCompositeFieldContainer[SlotReport]
     metrics_port: int
     backend: str
-    def __init__(self, taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., num_slots: _Optional[int] = ..., host: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., metrics_port: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., num_slots: _Optional[int] = ..., host: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., metrics_port: _Optional[int] = ..., backend: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class RegisterTaskManagerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "heartbeat_timeout_ms", "jobmanager_session", "lease_duration_ms", "kept_slots", "routing_versions")
