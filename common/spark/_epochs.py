@@ -50,6 +50,8 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.security import resolve_token
+from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.errors import (
     CheckpointError,
     EpochConflictError,
@@ -72,13 +74,20 @@ _WAIT_S = 0.2
 _STATE_PATH_ERRORS = ("EpochConflictError", "StaleRoutingError", "UnavailableError", "JobStateError", "LEASE_EXPIRED")
 
 
-def worker_client(address: str) -> StateClient:
-    """One client per worker process and JobManager (Spark reuses Python workers)."""
+def worker_client(address: str, token_file: str | None = None) -> StateClient:
+    """One client per worker process, JobManager and token file (Spark reuses Python workers).
+
+    ``token_file``: the name of a token file shipped to the executors (``--files`` or
+    ``KeyedStateRuntime(executor_token_file=...)``), resolved with ``SparkFiles.get``; without it
+    the executor's environment (``KEYEDSTATE_TOKEN_FILE``, ``KEYEDSTATE_TOKEN``) is used.
+    """
+    key = f"{address}|{token_file or ''}"
     with _CLIENTS_LOCK:
-        client = _CLIENTS.get(address)
+        client = _CLIENTS.get(key)
         if client is None:
-            client = StateClient(address)
-            _CLIENTS[address] = client
+            token = resolve_token(token_file, resolve_path=spark_file)
+            client = StateClient(address, token=token)
+            _CLIENTS[key] = client
         return client
 
 
@@ -174,13 +183,24 @@ class KeyedStateRuntime:
         max_parallelism: int = 0,
         job_config: dict[str, str] | None = None,
         restore_path: str = "",
+        token_file: str | None = None,
+        executor_token_file: str | None = None,
     ) -> None:
         """Submit (or attach to) the job. A job already running keeps its current definition: a
-        restarted driver adopts a parallelism changed by a rescale."""
+        restarted driver adopts a parallelism changed by a rescale.
+
+        With authentication on (docs/security.md): the driver's token comes from ``token_file``,
+        else from ``KEYEDSTATE_TOKEN_FILE`` / ``KEYEDSTATE_TOKEN``; it submits the job, so it needs
+        role admin on the job. The executors' token (role writer is enough) is the file
+        ``executor_token_file``, shipped to them, or the file named by the Spark conf key
+        ``spark.keyedstate.tokenFile`` (shipped with ``spark-submit --files``).
+        """
         self.jobmanager = jobmanager
         self.job_id = job_id
         self.operators = list(operators)
-        self.client = StateClient(jobmanager)
+        self.executor_token_file = executor_token_file
+        self._executor_token: tuple[str | None] | None = None
+        self.client = StateClient(jobmanager, token=resolve_token(token_file))
         routing = self.client.submit_job(job_id, self.operators, max_parallelism=max_parallelism,
                                          restore_path=restore_path, config=job_config)
         self.max_parallelism = routing.max_parallelism
@@ -243,6 +263,12 @@ class KeyedStateRuntime:
         options = BatchOptions(operator or self.operators[0].operator_id, key_col, key_serializer, exactly_once,
                                checkpoint, max_batch_attempts, batch_timeout_s)
         return _BatchRunner(self, process, options)
+
+    def executor_token_name(self, spark: Any) -> str | None:
+        """The token file name executors resolve (shipped once per runtime); None: their environment."""
+        if self._executor_token is None:
+            self._executor_token = (executor_token_name(spark, self.executor_token_file),)
+        return self._executor_token[0]
 
     def close(self) -> None:
         self.client.close()
@@ -369,6 +395,7 @@ class _BatchRunner:
         parallelism = routing.operator(o.operator_id).parallelism
         parted = repartition_by_key_group(df, o.key_col, self._rt.max_parallelism, parallelism, o.key_serializer)
         address, job_id, operator_id, process, nonce = self._rt.jobmanager, self._rt.job_id, o.operator_id, self._process, self._rt.driver_nonce
+        token_name = self._rt.executor_token_name(df.sparkSession)
         epoch = start.epoch if start is not None else -1
         version = start.routing.version if start is not None else 0
 
@@ -381,7 +408,7 @@ class _BatchRunner:
             scope = None
             if epoch >= 0:
                 scope = EpochScope(pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version=version)
-            state = PartitionState(worker_client(address), job_id, operator_id, scope, batch_id=batch_id)
+            state = PartitionState(worker_client(address, token_name), job_id, operator_id, scope, batch_id=batch_id)
             process(iter(batches), state)
             winner = scope.winner().SerializeToString() if scope is not None else b""
             yield pa.RecordBatch.from_pydict(
