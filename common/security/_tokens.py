@@ -70,11 +70,11 @@ class TokenEntry:
 def parse_entry(raw: Any, where: str) -> TokenEntry:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: each token is a mapping with name, sha256, role and jobs")
+    if "token" in raw:
+        raise ConfigError(f"{where}: store the token's sha256 (statectl auth token prints it), never the token")
     unknown = set(raw) - {"name", "sha256", "role", "jobs"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; use name, sha256, role, jobs")
-    if "token" in raw:
-        raise ConfigError(f"{where}: store the token's sha256, never the token")
     try:
         name = validate_name("token name", raw.get("name"))
     except InvalidArgumentError as exc:
