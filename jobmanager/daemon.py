@@ -13,7 +13,7 @@ from keyedstate.common.clock import SYSTEM_CLOCK, Clock, Scheduler, ThreadSchedu
 from keyedstate.common.config import Configuration
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
-from keyedstate.common.security import AuthMetrics, internal_token, server_interceptors
+from keyedstate.common.auth import AuthMetrics, internal_token, server_interceptors
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCoordinator
 from keyedstate.jobmanager.registry import TaskManagerRegistry

@@ -21,7 +21,7 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
-from keyedstate.common.security import AuthMetrics, internal_token, server_interceptors
+from keyedstate.common.auth import AuthMetrics, internal_token, server_interceptors
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.jobmanager_connection import JobManagerConnection

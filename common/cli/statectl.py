@@ -38,7 +38,7 @@ from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgument
 def _client(args: argparse.Namespace) -> Any:
     from keyedstate.common.client import ClientSettings, StateClient
 
-    from keyedstate.common.security import token_from_config
+    from keyedstate.common.auth import token_from_config
 
     conf = Configuration.load(args.config, args.overrides)
     address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
@@ -228,14 +228,14 @@ def cmd_auth(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from keyedstate.common.security import ALL_JOBS, Role, TokenEntry, hash_token, new_token
+    from keyedstate.common.auth import ALL_JOBS, Role, TokenEntry, hash_token, new_token
 
     try:
         role = Role(args.role)
     except ValueError:
         raise InvalidArgumentError(f"--role {args.role!r} is not one of {', '.join(r.value for r in Role)}") from None
     jobs = [j.strip() for j in (args.jobs or ALL_JOBS).split(",") if j.strip()]
-    from keyedstate.common.security._tokens import parse_entry
+    from keyedstate.common.auth._tokens import parse_entry
 
     token = new_token()
     entry: TokenEntry = parse_entry({"name": args.name, "sha256": hash_token(token), "role": role.value, "jobs": jobs},

@@ -36,7 +36,7 @@ from keyedstate.common.errors import (
 from keyedstate.common.keygroups import HASH_SEED
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
-from keyedstate.common.security import resolve_token, token_from_config
+from keyedstate.common.auth import resolve_token, token_from_config
 
 import xxhash
 

@@ -60,7 +60,7 @@ def open_channel(
     channel = grpc.insecure_channel(address, options=options)
     if token is None:
         return channel
-    from keyedstate.common.security import BearerTokenInterceptor
+    from keyedstate.common.auth import BearerTokenInterceptor
 
     return grpc.intercept_channel(channel, BearerTokenInterceptor(token))
 

@@ -50,7 +50,7 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec
-from keyedstate.common.security import resolve_token
+from keyedstate.common.auth import resolve_token
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.errors import (
     CheckpointError,

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyedstate.common.security import hash_token, new_token
+from keyedstate.common.auth import hash_token, new_token
 
 
 @dataclass

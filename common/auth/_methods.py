@@ -1,7 +1,7 @@
 """The permission every RPC method needs, and the job each call touches.
 
 Every method of every service a daemon serves must be listed here: a method without a rule is
-refused (PERMISSION_DENIED), and ``tests/unit/security`` checks this table against the service
+refused (PERMISSION_DENIED), and ``tests/unit/auth`` checks this table against the service
 descriptors, so a new RPC cannot go out unprotected.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from keyedstate.common.security._roles import Permission as P
-from keyedstate.common.security._roles import Principal
+from keyedstate.common.auth._roles import Permission as P
+from keyedstate.common.auth._roles import Principal
 
 
 @dataclass(frozen=True)
@@ -60,19 +60,29 @@ def _scoped_overview(principal: Principal, overview: Any) -> Any:
 _READ = MethodRule(P.STATE_READ, _target_job)
 _WRITE = MethodRule(P.STATE_WRITE, _target_job)
 
+# The TaskManagers' calls on the JobManager: registration and heartbeats (Flink's ResourceManager
+# gateway) and checkpoint acknowledgements (the CheckpointCoordinator gateway). When they move to
+# services of their own on an internal plane, these rules move with them, keyed by the new names.
+_RESOURCE_MANAGER = {
+    "RegisterTaskManager": MethodRule(P.TASKMANAGER_REGISTER),
+    "Heartbeat": MethodRule(P.TASKMANAGER_REGISTER),
+    "DeregisterTaskManager": MethodRule(P.TASKMANAGER_REGISTER),
+}
+_CHECKPOINT_GATEWAY = {
+    "AcknowledgeCheckpoint": MethodRule(P.CHECKPOINT_REPORT, _job),
+    "DeclineCheckpoint": MethodRule(P.CHECKPOINT_REPORT, _job),
+}
+
 SERVICE_RULES: dict[str, dict[str, MethodRule]] = {
     "keyedstate.v1.JobManager": {
-        "RegisterTaskManager": MethodRule(P.TASKMANAGER_REGISTER),
-        "Heartbeat": MethodRule(P.TASKMANAGER_REGISTER),
-        "DeregisterTaskManager": MethodRule(P.TASKMANAGER_REGISTER),
+        **_RESOURCE_MANAGER,
+        **_CHECKPOINT_GATEWAY,
         "SubmitJob": MethodRule(_submit_permission, _job),
         "CancelJob": MethodRule(P.JOB_CANCEL, _job),
         "GetJob": MethodRule(P.JOB_VIEW, _job),
         "GetRouting": MethodRule(P.JOB_VIEW, _job),
         "GetClusterOverview": MethodRule(P.CLUSTER_VIEW, restrict=_scoped_overview),
         "TriggerCheckpoint": MethodRule(P.CHECKPOINT_TRIGGER, _job),
-        "AcknowledgeCheckpoint": MethodRule(P.CHECKPOINT_REPORT, _job),
-        "DeclineCheckpoint": MethodRule(P.CHECKPOINT_REPORT, _job),
         "ListCheckpoints": MethodRule(P.JOB_VIEW, _job),
         "BeginBatch": MethodRule(P.EPOCH_RUN, _job),
         "CommitEpoch": MethodRule(P.EPOCH_RUN, _job),

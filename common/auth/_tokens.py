@@ -29,7 +29,7 @@ import yaml
 
 from keyedstate.common.errors import ConfigError, InvalidArgumentError
 from keyedstate.common.ids import validate_name
-from keyedstate.common.security._roles import ALL_JOBS, Principal, Role
+from keyedstate.common.auth._roles import ALL_JOBS, Principal, Role
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyedstate.common.security._credentials import (
+from keyedstate.common.auth._credentials import (
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     BearerTokenInterceptor,
@@ -17,10 +17,10 @@ from keyedstate.common.security._credentials import (
     resolve_token,
     token_from_config,
 )
-from keyedstate.common.security._interceptor import AuthInterceptor, AuthMetrics, certificate_name
-from keyedstate.common.security._methods import RULES, SERVICE_RULES, MethodRule
-from keyedstate.common.security._roles import ALL_JOBS, ROLE_PERMISSIONS, Permission, Principal, Role, roles_granting
-from keyedstate.common.security._tokens import TokenEntry, TokenStore, fingerprint, hash_token, new_token, parse_tokens
+from keyedstate.common.auth._interceptor import AuthInterceptor, AuthMetrics, certificate_name
+from keyedstate.common.auth._methods import RULES, SERVICE_RULES, MethodRule
+from keyedstate.common.auth._roles import ALL_JOBS, ROLE_PERMISSIONS, Permission, Principal, Role, roles_granting
+from keyedstate.common.auth._tokens import TokenEntry, TokenStore, fingerprint, hash_token, new_token, parse_tokens
 
 
 def server_interceptors(

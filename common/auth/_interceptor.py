@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from keyedstate.common.errors import AuthenticationError, KeyedStateError, PermissionDeniedError
 from keyedstate.common.rpc.status import abort_with
-from keyedstate.common.security._credentials import AUTHORIZATION, BEARER
-from keyedstate.common.security._methods import RULES, MethodRule
-from keyedstate.common.security._roles import Principal, Role, roles_granting
-from keyedstate.common.security._tokens import TokenStore, fingerprint
+from keyedstate.common.auth._credentials import AUTHORIZATION, BEARER
+from keyedstate.common.auth._methods import RULES, MethodRule
+from keyedstate.common.auth._roles import Principal, Role, roles_granting
+from keyedstate.common.auth._tokens import TokenStore, fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from keyedstate.common.config import REDACTED, Configuration, is_secret_key, sec
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError, InvalidArgumentError
 from keyedstate.common.ids import validate_name
-from keyedstate.common.security import (
+from keyedstate.common.auth import (
     RULES,
     Permission,
     Role,
@@ -36,7 +36,7 @@ def _served_methods() -> set[str]:
 def test_every_served_method_has_a_rule_and_no_rule_is_stale() -> None:
     served = _served_methods()
     assert len(served) >= 37
-    assert sorted(served - set(RULES)) == [], "add the new RPC to common/security/_methods.py"
+    assert sorted(served - set(RULES)) == [], "add the new RPC to common/auth/_methods.py"
     assert sorted(set(RULES) - served) == [], "a rule names an RPC that no longer exists"
 
 
@@ -85,7 +85,7 @@ def test_token_store_looks_up_by_hash_and_reloads_when_the_file_changes(tmp_path
     assert store.lookup("tok-new") is not None and store.lookup("tok-pipe") is None  # added and revoked
     assert store.reloads == 1
 
-    with caplog.at_level(logging.ERROR, logger="keyedstate.common.security._tokens"):
+    with caplog.at_level(logging.ERROR, logger="keyedstate.common.auth._tokens"):
         path.write_text("tokens:\n  - name: broken\n    sha256: nothex\n    role: admin\n    jobs: ['*']\n")
         assert store.lookup("tok-new") is not None  # a broken file keeps the tokens in force
     assert "sha256 must be 64 hex digits" in caplog.text and "keeping the 2 token(s)" in caplog.text
