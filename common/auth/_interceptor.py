@@ -80,12 +80,22 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self._component = component
         self._certificate_role = certificate_role
         self._rules = RULES if rules is None else rules
+        # The wrapped handler of each method, built once: a server's handlers do not change.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
         if handler is None:
             return None  # UNIMPLEMENTED, as without the interceptor
         method = details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, method: str, handler: Any) -> Any:
         rule = self._rules.get(method)
         check = self._check
 
