@@ -8,7 +8,8 @@ import signal
 import sys
 from typing import Any, Callable
 
-from keyedstate.common.config import Configuration
+from keyedstate.common.config import Configuration, secret_overrides
+from keyedstate.common.config._secrets import SAFER_WAYS
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.logs import setup_logging
 
@@ -32,8 +33,15 @@ def run_daemon(prog: str, description: str, create: Callable[[Configuration], An
     args = build_parser(prog, description).parse_args(argv)
     setup_logging(args.log_level)
     log = logging.getLogger(f"keyedstate.{prog}")
+    for key in secret_overrides(args.overrides):
+        # The command line of a process is world-readable (ps, /proc/<pid>/cmdline).
+        log.warning("secret %s was given with -D, so any user on this host can read it in the process list; "
+                    "instead %s", key, SAFER_WAYS)
     try:
-        daemon = create(Configuration.load(args.config, args.overrides))
+        conf = Configuration.load(args.config, args.overrides)
+        for key, value in sorted(conf.redacted().items()):
+            log.info("configuration: %s: %s", key, value)
+        daemon = create(conf)
         daemon.start()
     except KeyedStateError as exc:
         log.error("%s failed to start: %s", prog, exc)

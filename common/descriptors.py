@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import enum
-import re
 import struct
 from dataclasses import dataclass, field
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.errors import InvalidArgumentError
-from keyedstate.common.ids import validate_id
+from keyedstate.common.ids import validate_id, validate_name
 
 
 class StateKind(enum.Enum):
@@ -56,7 +55,7 @@ class ReduceField:
     type: NumberType = NumberType.INT64
 
 
-_STATE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
+STATE_NAME_LENGTH = 64
 
 
 @dataclass(frozen=True)
@@ -69,10 +68,7 @@ class StateDescriptor:
     reduce_fields: tuple[ReduceField, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _STATE_NAME.match(self.name):
-            raise InvalidArgumentError(
-                f"invalid state name {self.name!r}: use 1-64 characters [A-Za-z0-9_-] starting with a letter"
-            )
+        validate_name("state name", self.name, max_length=STATE_NAME_LENGTH, letter_first=True)
         if self.kind is StateKind.REDUCING and not self.reduce_fields:
             raise InvalidArgumentError(f"reducing state {self.name!r} needs at least one reduce field")
         if self.kind is not StateKind.REDUCING and self.reduce_fields:

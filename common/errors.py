@@ -37,6 +37,9 @@ class Reason(enum.Enum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    WRONG_CLUSTER = "WRONG_CLUSTER"
     INTERNAL = "INTERNAL"
 
 
@@ -167,3 +170,21 @@ class UnavailableError(KeyedStateError):
     """A peer cannot be reached or is shutting down; the call can be retried."""
 
     reason = Reason.UNAVAILABLE
+
+
+class AuthenticationError(KeyedStateError):
+    """The call carried no identity, or one the server does not know (a missing, wrong or revoked token)."""
+
+    reason = Reason.UNAUTHENTICATED
+
+
+class PermissionDeniedError(KeyedStateError):
+    """The caller's role or job scope does not allow the call; the message names what is missing."""
+
+    reason = Reason.PERMISSION_DENIED
+
+
+class ClusterMismatchError(KeyedStateError):
+    """A TaskManager of one cluster tried to join another cluster's JobManager (high-availability.cluster-id)."""
+
+    reason = Reason.WRONG_CLUSTER

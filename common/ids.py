@@ -13,18 +13,52 @@ OperatorId = NewType("OperatorId", str)
 TaskManagerId = NewType("TaskManagerId", str)
 CheckpointId = NewType("CheckpointId", int)
 
-# Ids end up in directory names (local and in checkpoint storage), so they are restricted to a
-# portable character set.
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+# Names end up in directory names (local and in checkpoint storage), RocksDB column families and
+# metric labels, so every job, operator, state, TaskManager and cluster id passes one validator.
+_NAME_CHARS = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_NAME_LENGTH = 128
+
+
+def validate_name(kind: str, value: object, *, max_length: int = MAX_NAME_LENGTH, letter_first: bool = False) -> str:
+    """Return ``value`` if it is a safe name, else raise InvalidArgumentError naming the broken rule.
+
+    Rules: 1 to ``max_length`` characters from ``[A-Za-z0-9_.-]``, starting with a letter or digit
+    (a letter with ``letter_first``); no path separator, no ``..``, no control character.
+    """
+    first = "a letter" if letter_first else "a letter or digit"
+    rule = f"use 1-{max_length} characters from [A-Za-z0-9_.-], starting with {first}"
+    problem = _name_problem(value, max_length, letter_first)
+    if problem is not None:
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 64 else repr(value[:64] + "...")
+        raise InvalidArgumentError(f"invalid {kind} {shown}: {problem}; {rule}")
+    return value  # type: ignore[return-value]
+
+
+def _name_problem(value: object, max_length: int, letter_first: bool) -> str | None:
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if not value:
+        return "it is empty"
+    if len(value) > max_length:
+        return f"it is {len(value)} characters long (at most {max_length})"
+    if _CONTROL.search(value):
+        return "it contains a control character"
+    if "/" in value or "\\" in value:
+        return "it contains a path separator"
+    if ".." in value:
+        return "it contains '..' (path traversal)"
+    if not _NAME_CHARS.match(value):
+        bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in "_.-"))})
+        return f"it contains {', '.join(repr(c) for c in bad)}"
+    if not (value[0].isalpha() if letter_first else value[0].isalnum()):
+        return f"it must start with {'a letter' if letter_first else 'a letter or digit'}"
+    return None
 
 
 def validate_id(kind: str, value: str) -> str:
-    """Return ``value`` if it is a valid id, else raise naming the rule."""
-    if not isinstance(value, str) or not _ID_PATTERN.match(value) or ".." in value:
-        raise InvalidArgumentError(
-            f"invalid {kind} {value!r}: use 1-128 characters from [A-Za-z0-9_.-], starting with a letter or digit"
-        )
-    return value
+    """Return ``value`` if it is a valid id (job, operator, TaskManager, cluster), else raise naming the rule."""
+    return validate_name(kind, value)
 
 
 @dataclass(frozen=True, order=True)

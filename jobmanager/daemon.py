@@ -19,6 +19,7 @@ from keyedstate.common.clock import SYSTEM_CLOCK, Clock, Scheduler, ThreadSchedu
 from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.common.security.transport import DEFAULT_JOBMANAGER_INTERNAL_PORT
 from keyedstate.jobmanager.dispatcher import Dispatcher
@@ -49,7 +50,13 @@ class JobManager:
             clock, self.scheduler, s.heartbeat_timeout_ms, check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000)),
             lease_bound_ms=s.lease_bound_ms,
         )
-        self.gateways = TaskManagerGateways(s.max_message_bytes, security=self.security.channel_security(INTERNAL))
+        # The JobManager's own identity toward TaskManagers: its certificate on the internal mTLS
+        # plane, else (auth on) a token of role jobmanager.
+        self.gateways = TaskManagerGateways(
+            s.max_message_bytes, security=self.security.channel_security(INTERNAL),
+            token=internal_token(conf, "JobManager", "jobmanager", internal_tls=self.security.enabled(INTERNAL)),
+        )
+        self.auth_metrics = AuthMetrics(self.metrics_registry, "jobmanager")
         self.dispatcher = Dispatcher(s, conf, self.registry, self.gateways, clock, self.scheduler)
         self.port = 0
         self.internal_port = 0
@@ -84,6 +91,7 @@ class JobManager:
         server, self.port = create_server(
             s.bind_host, s.port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
             what="JobManager", port_key="jobmanager.rpc.port", credentials=security.server_credentials(REST),
+            interceptors=server_interceptors(self.conf, self.auth_metrics, "JobManager"),
         )
         self._server = server
         internal = server
@@ -94,6 +102,8 @@ class JobManager:
                 s.bind_host, DEFAULT_JOBMANAGER_INTERNAL_PORT if internal_port is None else internal_port,
                 threads=s.rpc_threads, max_message_bytes=s.max_message_bytes, what="JobManager-internal",
                 port_key="jobmanager.internal.port", credentials=security.server_credentials(INTERNAL),
+                interceptors=server_interceptors(self.conf, self.auth_metrics, "JobManager", certificate_role=(
+                    Role.INTERNAL if security.enabled(INTERNAL) else None)),
             )
             self._internal_server = internal
         # Jobs come back from the HA store before the first call is served, so that a Spark

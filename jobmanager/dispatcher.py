@@ -20,6 +20,7 @@ from keyedstate.common.config import Configuration, options as o
 from keyedstate.common.errors import (
     AlreadyExistsError,
     CapacityError,
+    ClusterMismatchError,
     CorruptCheckpointError,
     InvalidArgumentError,
     JobStateError,
@@ -126,7 +127,19 @@ class Dispatcher:
         may still host slots. Those that match a current assignment are kept; every other one it
         releases itself before it serves anything (it is fenced while registering). A restarted
         process hosts nothing, so the jobs it hosted fail over.
+
+        A TaskManager of another cluster (``high-availability.cluster-id``) is refused before
+        anything else: two clusters sharing a host on default ports must not mix.
         """
+        theirs = request.cluster_id or "default"
+        if theirs != self.settings.cluster_id:
+            logger.warning("refused TaskManager %s at %s: it belongs to cluster %r, this JobManager to %r",
+                           request.taskmanager_id, request.address, theirs, self.settings.cluster_id)
+            raise ClusterMismatchError(
+                f"TaskManager {request.taskmanager_id!r} belongs to cluster {theirs!r} but this JobManager runs cluster "
+                f"{self.settings.cluster_id!r} (high-availability.cluster-id); point the TaskManager at its own "
+                "cluster's JobManager (jobmanager.rpc.address / jobmanager.rpc.port) or give both the same cluster id"
+            )
         record, previous = self.registry.register(
             request.taskmanager_id, request.address, request.host, request.num_slots, request.backend, request.metrics_port,
             limits=request.limits if request.HasField("limits") else None,

@@ -32,7 +32,7 @@ class TaskManagerGateways:
 
     def __init__(
         self, max_message_bytes: int, deploy_timeout_s: float = 600.0, control_timeout_s: float = 30.0,
-        barrier_timeout_s: float = 10.0, security: ChannelSecurity | None = None,
+        barrier_timeout_s: float = 10.0, security: ChannelSecurity | None = None, token: str | None = None,
     ) -> None:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TaskExecutorStub]] = {}
         self._internal: dict[str, str] = {}
@@ -40,6 +40,7 @@ class TaskManagerGateways:
         self._watchers: dict[str, list[Callable[[grpc.ChannelConnectivity], None]]] = {}
         self._lock = threading.Lock()
         self._max_message = max_message_bytes
+        self._token = token
         self.deploy_timeout_s = deploy_timeout_s
         self.control_timeout_s = control_timeout_s
         # A barrier only starts the synchronous part of a snapshot; a TaskManager that does not
@@ -53,7 +54,8 @@ class TaskManagerGateways:
                 # Private: a TaskManager restarted on its old port must not inherit the backoff
                 # of the connection to its dead predecessor (see open_channel).
                 target = self._internal.get(address, address)
-                channel = open_channel(target, self._max_message, private=True, security=self._security)
+                channel = open_channel(target, self._max_message, private=True, security=self._security,
+                                       token=self._token)
                 entry = (channel, pb_grpc.TaskExecutorStub(channel))
                 self._stubs[address] = entry
             return entry[1]

@@ -27,6 +27,7 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
@@ -90,6 +91,8 @@ class TaskManager:
         self._install_snapshots()
         self.epochs = EpochManager(self.slots, self.deployer.instance_dir)
         security = self.security
+        auth_metrics = AuthMetrics(self.registry, "taskmanager")
+        token = internal_token(self.conf, "TaskManager", "taskmanager", internal_tls=security.enabled(INTERNAL))
         separate = internal_plane_separate(self.conf, o.TASKMANAGER_INTERNAL_PORT)
         security.check_protected_mode("TaskManager", s.bind_host, REST, "taskmanager.bind-host")
         if separate:
@@ -97,6 +100,7 @@ class TaskManager:
         server, self.port = create_server(
             s.bind_host, s.rpc_port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
             what="TaskManager", port_key="taskmanager.rpc.port", credentials=security.server_credentials(REST),
+            interceptors=server_interceptors(self.conf, auth_metrics, "TaskManager"),
         )
         self._server = server
         internal, internal_port = server, self.port
@@ -105,6 +109,8 @@ class TaskManager:
                 s.bind_host, self.conf.get(o.TASKMANAGER_INTERNAL_PORT) or 0, threads=s.rpc_threads,
                 max_message_bytes=s.max_message_bytes, what="TaskManager-internal", port_key="taskmanager.internal.port",
                 credentials=security.server_credentials(INTERNAL),
+                interceptors=server_interceptors(self.conf, auth_metrics, "TaskManager", certificate_role=(
+                    Role.INTERNAL if security.enabled(INTERNAL) else None)),
             )
             self._internal_server = internal
         tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs), server)
@@ -134,6 +140,7 @@ class TaskManager:
             limits=limits.to_proto(),
             internal_address=self.internal_address if internal is not server else "",
             security=security.channel_security(INTERNAL),
+            cluster_id=s.cluster_id, token=token,
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()

@@ -21,7 +21,15 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.clock import Clock
-from keyedstate.common.errors import UnavailableError
+from keyedstate.common.errors import (
+    AuthenticationError,
+    ClusterMismatchError,
+    ConfigError,
+    KeyedStateError,
+    PermissionDeniedError,
+    Reason,
+    UnavailableError,
+)
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.channels import open_channel
@@ -58,6 +66,8 @@ class JobManagerConnection:
         limits: pb.StateLimits | None = None,
         internal_address: str = "",
         security: ChannelSecurity | None = None,
+        cluster_id: str = "default",
+        token: str | None = None,
     ) -> None:
         self.jobmanager_address = jobmanager_address
         self._tm_id = taskmanager_id
@@ -71,10 +81,11 @@ class JobManagerConnection:
         self.lease = lease
         self._clock = clock
         self._stop = stop
+        self._cluster_id = cluster_id
         self._limits = limits
         self._internal_address = internal_address
         # The JobManager's internal plane: mutual TLS with the cluster's certificates when enabled.
-        self._channel = open_channel(jobmanager_address, security=security)
+        self._channel = open_channel(jobmanager_address, security=security, token=token)
         self._plane = "internal"
         self._stub = jm_grpc.ResourceManagerStub(self._channel)
         self._checkpoints = jm_grpc.CheckpointCoordinatorGatewayStub(self._channel)
@@ -104,6 +115,10 @@ class JobManagerConnection:
                 return
             except (grpc.RpcError, UnavailableError) as exc:
                 last = exc
+                refused = _refusal(exc)
+                if refused is not None:
+                    # Waiting does not fix a wrong cluster or a missing permission: stop at once.
+                    raise refused from exc
                 if self._clock.monotonic_ms() >= deadline:
                     break
                 logger.info("taskmanager %s: JobManager at %s not reachable yet; retrying", self._tm_id, self.jobmanager_address)
@@ -132,6 +147,7 @@ class JobManagerConnection:
                 backend=self._backend,
                 limits=self._limits,
                 internal_address=self._internal_address,
+                cluster_id=self._cluster_id,
             ),
             timeout=_RPC_TIMEOUT_S,
         )
@@ -187,6 +203,22 @@ class JobManagerConnection:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._channel.close()
+
+
+def _refusal(exc: Exception) -> KeyedStateError | None:
+    """The JobManager's definite no (another cluster, no or wrong identity), as a ConfigError naming the fix."""
+    if not isinstance(exc, grpc.RpcError):
+        return None
+    error = from_rpc_error(exc, "the JobManager refused this TaskManager's registration")
+    if isinstance(error, ClusterMismatchError):
+        return ConfigError(error.message + " (high-availability.cluster-id)", reason=Reason.WRONG_CLUSTER)
+    if isinstance(error, (AuthenticationError, PermissionDeniedError)):
+        return ConfigError(
+            f"{error.message}. A TaskManager presents the token in security.auth.token-file (or KEYEDSTATE_TOKEN_FILE / "
+            "KEYEDSTATE_TOKEN); it needs role taskmanager in the JobManager's security.auth.tokens-file",
+            reason=error.reason,
+        )
+    return None
 
 
 __all__ = ["JobManagerConnection"]

@@ -32,6 +32,8 @@ class TaskManagerSettings:
     ttl_cleanup_interval_ms: int
     ttl_cleanup_batch: int
     local_recovery: bool
+    cluster_id: str = "default"
+    """high-availability.cluster-id, sent at registration: a JobManager of another cluster refuses us."""
 
     @classmethod
     def from_config(cls, conf: Configuration) -> TaskManagerSettings:
@@ -55,6 +57,7 @@ class TaskManagerSettings:
             ttl_cleanup_interval_ms=conf.get(o.TTL_CLEANUP_INTERVAL),
             ttl_cleanup_batch=conf.get(o.TTL_CLEANUP_BATCH),
             local_recovery=conf.get(o.LOCAL_RECOVERY),
+            cluster_id=o.cluster_id(conf),
         )
 
 

@@ -17,7 +17,7 @@ from keyedstate.common.errors import (
     StaleRoutingError,
     UnavailableError,
 )
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.ids import KeyGroupRange, SubtaskId, validate_id
 from keyedstate.taskmanager.state import KeyedStateBackend
 
 logger = logging.getLogger(__name__)
@@ -143,6 +143,10 @@ class SlotTable:
         """
         slot = self._by_subtask.get(SubtaskId(job_id, operator_id, subtask_index))
         if slot is None:
+            # Only on a miss (the hot path stays free of it): a malformed name is the caller's
+            # mistake, not a routing table to refresh.
+            validate_id("job id", job_id)
+            validate_id("operator id", operator_id)
             raise StaleRoutingError(
                 f"TaskManager {self._tm} hosts no slot for job {job_id!r} operator {operator_id!r} "
                 f"subtask {subtask_index}; refresh the routing table from the JobManager"

@@ -8,6 +8,14 @@
     statectl checkpoint gc JOB [--dry-run]          remove orphaned checkpoint files
     statectl savepoint JOB [--dir PATH]
     statectl config docs                            the configuration reference (Markdown)
+    statectl config show                            the effective configuration (secrets shown as ******)
+    statectl auth token NAME --role R [--jobs J,..] --out FILE
+                                                    create a token: the token goes to FILE (mode 600), the
+                                                    tokens-file entry (its hash) to stdout
+
+Authentication (security.auth.enabled): statectl sends the token in security.auth.token-file, else
+the file named by KEYEDSTATE_TOKEN_FILE, else KEYEDSTATE_TOKEN. A token on the command line is refused:
+every user of the host can read a command line.
 
 Every command takes --jobmanager/-m HOST:PORT (default from --config / -D jobmanager.rpc.*), --config,
 -D, --json and --timeout, before the command (statectl -m HOST:PORT cluster) or after it.
@@ -33,13 +41,15 @@ def _client(args: argparse.Namespace) -> Any:
     from keyedstate.common.client import ClientSettings, StateClient
     from keyedstate.common.client._client import client_security
 
+    from keyedstate.common.auth import token_from_config
+
     conf = Configuration.load(args.config, args.overrides)
     address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
     settings = ClientSettings.from_config(conf)
     # A CLI should fail fast when the JobManager is down, not retry for a minute.
     settings = ClientSettings(timeout_s=args.timeout, max_attempts=2, backoff_s=0.2,
                               batch_size=settings.batch_size, max_in_flight=settings.max_in_flight)
-    return StateClient(address, settings, client_security(conf))
+    return StateClient(address, settings, client_security(conf), token=token_from_config(conf))
 
 
 def _print_json(message: Any) -> None:
@@ -191,7 +201,49 @@ def _report_checkpoint(info: Any, as_json: bool, waited: bool = True) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    print(o.docs_markdown(), end="")
+    if args.action == "docs":
+        print(o.docs_markdown(), end="")
+        return 0
+    conf = Configuration.load(args.config, args.overrides)
+    shown = conf.redacted()
+    if args.json:
+        _print_json(shown)
+    else:
+        for key in sorted(shown):
+            print(f"{key}: {shown[key]}")
+    return 0
+
+
+def cmd_auth(args: argparse.Namespace) -> int:
+    """Create a token: written to --out (0600) only; stdout gets the tokens-file entry, which holds its hash."""
+    import os
+
+    import yaml
+
+    from keyedstate.common.auth import ALL_JOBS, Role, TokenEntry, hash_token, new_token
+
+    try:
+        role = Role(args.role)
+    except ValueError:
+        raise InvalidArgumentError(f"--role {args.role!r} is not one of {', '.join(r.value for r in Role)}") from None
+    jobs = [j.strip() for j in (args.jobs or ALL_JOBS).split(",") if j.strip()]
+    from keyedstate.common.auth._tokens import parse_entry
+
+    token = new_token()
+    entry: TokenEntry = parse_entry({"name": args.name, "sha256": hash_token(token), "role": role.value, "jobs": jobs},
+                                    "the new token")
+    try:
+        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InvalidArgumentError(f"--out {args.out} exists; choose a new file (a token is never overwritten)") from None
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot create --out {args.out}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    print("# add to the tokens file (security.auth.tokens-file) of the JobManager and TaskManagers:")
+    print(yaml.safe_dump({"tokens": [entry.to_dict()]}, sort_keys=False), end="")
+    print(f"# the token is in {args.out} (mode 600); give it to its user as security.auth.token-file or KEYEDSTATE_TOKEN_FILE",
+          file=sys.stderr)
     return 0
 
 
@@ -214,6 +266,8 @@ def _add_common_options(parser: argparse.ArgumentParser, overrides_dest: str) ->
     parser.add_argument("--timeout", type=float, default=s,
                         help=f"seconds to wait for the JobManager (default {_DEFAULT_TIMEOUT_S:g}; savepoint: "
                              f"{_COMMAND_TIMEOUT_S['savepoint']:g})")
+    # Accepted only to refuse it with the safer way (see main).
+    parser.add_argument("--token", dest="token_on_command_line", default=s, help=argparse.SUPPRESS)
 
 
 def _apply_common_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -261,15 +315,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", help="target directory (default state.savepoints.dir)")
     p.set_defaults(fn=cmd_savepoint)
 
-    p = sub.add_parser("config", parents=[common], help="configuration reference")
-    p.add_argument("action", choices=["docs"])
+    p = sub.add_parser("config", parents=[common], help="configuration reference, or the effective configuration")
+    p.add_argument("action", choices=["docs", "show"])
     p.set_defaults(fn=cmd_config)
+
+    p = sub.add_parser("auth", parents=[common], help="create tokens (security.auth.*)")
+    p.add_argument("action", choices=["token"])
+    p.add_argument("name", help="the token's name (shows in logs and refusals)")
+    p.add_argument("--role", required=True, help="admin, writer, reader, taskmanager or jobmanager")
+    p.add_argument("--jobs", help="comma-separated job ids it may touch (default: * = all)")
+    p.add_argument("--out", required=True, help="new file to write the token to (mode 600)")
+    p.set_defaults(fn=cmd_auth)
     return parser
+
+
+_TOKEN_REFUSAL = (
+    "a token on the command line can be read by every user of this host (ps, /proc); put it in a file readable only "
+    "by you (chmod 600) and pass -D security.auth.token-file=PATH, or set KEYEDSTATE_TOKEN_FILE=PATH (or KEYEDSTATE_TOKEN)"
+)
+
+
+def _refuse_secrets_on_command_line(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from keyedstate.common.config import secret_overrides
+    from keyedstate.common.config._secrets import SAFER_WAYS
+
+    if getattr(args, "token_on_command_line", None) is not None:
+        parser.error(f"--token is refused: {_TOKEN_REFUSAL}")
+    for key in secret_overrides(getattr(args, "overrides", [])):
+        if any(word in key.lower() for word in ("token", "password", "passwd")):
+            parser.error(f"-D {key}=... is refused: {_TOKEN_REFUSAL}")
+        print(f"statectl: warning: secret {key} was given with -D, so any user on this host can read it in the "
+              f"process list; instead {SAFER_WAYS}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = _apply_common_defaults(parser.parse_args(argv))
+    _refuse_secrets_on_command_line(args, parser)
     if getattr(args, "job", None) is not None and args.command != "job":
         from keyedstate.common.ids import validate_id
 

@@ -38,6 +38,7 @@ from keyedstate.common.errors import (
 from keyedstate.common.keygroups import HASH_SEED
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
+from keyedstate.common.auth import resolve_token, token_from_config
 from keyedstate.common.security.tls import REST, ChannelSecurity
 from keyedstate.common.security.transport import TransportSecurity
 
@@ -140,13 +141,19 @@ class StateClient:
     """Routes keyed-state calls of one or more jobs to the TaskManagers that own the keys."""
 
     def __init__(self, jobmanager_address: str, settings: ClientSettings | None = None,
-                 security: ChannelSecurity | None = None) -> None:
+                 security: ChannelSecurity | None = None, *, token: str | None = None) -> None:
         """``security``: TLS for every channel (None: plaintext); :meth:`from_config` builds it from the
-        security.ssl.rest.* keys, :meth:`ChannelSecurity.from_pem` from PEM bytes."""
+        security.ssl.rest.* keys, :meth:`ChannelSecurity.from_pem` from PEM bytes.
+
+        ``token``: sent with every call (security.auth.enabled). None: the token of this process's
+        environment, from the file named by ``KEYEDSTATE_TOKEN_FILE`` or from ``KEYEDSTATE_TOKEN``
+        (none there: calls carry no token)."""
         self.jobmanager_address = jobmanager_address
         self.settings = settings or ClientSettings()
         self.security = security
-        self._jm_channel = open_channel(jobmanager_address, self.settings.max_message_bytes, security=security)
+        self._token = token if token is not None else resolve_token()
+        self._jm_channel = open_channel(jobmanager_address, self.settings.max_message_bytes, security=security,
+                                        token=self._token)
         self.jobmanager = jm_grpc.JobManagerStub(self._jm_channel)
         self._stubs: dict[str, tm_grpc.KeyedStateStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
@@ -158,7 +165,7 @@ class StateClient:
     @classmethod
     def from_config(cls, conf: Configuration) -> StateClient:
         address = f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
-        return cls(address, ClientSettings.from_config(conf), client_security(conf))
+        return cls(address, ClientSettings.from_config(conf), client_security(conf), token=token_from_config(conf))
 
     # -- JobManager calls --------------------------------------------------------------------
     def _jm_call(self, method: str, request: Any, timeout: float | None = None, retry: bool = True) -> Any:
@@ -340,7 +347,8 @@ class StateClient:
             with self._lock:
                 stub = self._stubs.get(address)
                 if stub is None:
-                    channel = open_channel(address, self.settings.max_message_bytes, security=self.security)
+                    channel = open_channel(address, self.settings.max_message_bytes, security=self.security,
+                                           token=self._token)
                     self._channels[address] = channel
                     stub = tm_grpc.KeyedStateStub(channel)
                     self._stubs[address] = stub

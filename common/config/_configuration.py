@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import yaml
 
 from keyedstate.common.config._option import ConfigOption
+from keyedstate.common.config._secrets import REDACTED, is_secret_key, redacted
 from keyedstate.common.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,8 @@ class Configuration:
         for item in overrides:
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
-                raise ConfigError(f"-D {item!r}: expected key=value, for example -D taskmanager.numberOfTaskSlots=4")
+                shown = REDACTED if is_secret_key(key) else repr(item)
+                raise ConfigError(f"-D {shown}: expected key=value, for example -D taskmanager.numberOfTaskSlots=4")
             conf._values[key.strip()] = value.strip()
         conf.validate(known)
         return conf
@@ -142,7 +144,15 @@ class Configuration:
         return copy
 
     def to_dict(self) -> dict[str, Any]:
+        """Every raw value, secrets included: never log or print this (use :meth:`redacted`)."""
         return dict(self._values)
+
+    def redacted(self) -> dict[str, Any]:
+        """Every raw value, with secrets (``ConfigOption.secret`` and credential-like keys) as ``******``."""
+        return redacted(self._values)
+
+    def __repr__(self) -> str:
+        return f"Configuration({self.redacted()!r})"
 
     def __contains__(self, key: str) -> bool:
         return key in self._values
@@ -158,9 +168,10 @@ class Configuration:
                 mapped = option.legacy_values.get(str(raw).strip().lower(), raw)
                 if legacy not in self._warned:
                     self._warned.add(legacy)
+                    shown_raw, shown_mapped = (REDACTED, REDACTED) if option.secret else (raw, mapped)
                     logger.warning(
                         "config key %r is deprecated; use %r instead (value %r read as %r)",
-                        legacy, option.key, raw, mapped,
+                        legacy, option.key, shown_raw, shown_mapped,
                     )
                 return option.parser(legacy, mapped)
         return option.default  # type: ignore[return-value]

@@ -22,3 +22,5 @@ class ConfigOption(Generic[T]):
     """Older keys still accepted, each with a deprecation warning."""
     legacy_values: dict[str, str] = field(default_factory=dict)
     """For fallback keys whose values were renamed (``state.backend: filesystem`` → ``hashmap``)."""
+    secret: bool = False
+    """A credential: never logged, printed or stored; on the command line (``-D``) it draws a warning."""

@@ -177,7 +177,9 @@ HA_STORAGE_DIR = _opt("high-availability.storageDir", string_parser, None, "stri
     "Durable directory (any fsspec URL) for JobManager metadata: job records, completed-checkpoint "
     "pointers, checkpoint id counters and the leadership lease.")
 HA_CLUSTER_ID = _opt("high-availability.cluster-id", string_parser, "default", "string",
-    "Names this cluster's subdirectory of high-availability.storageDir, so several clusters can share it.")
+    "Names this cluster: its subdirectory of high-availability.storageDir, so several clusters can share it, "
+    "and the cluster a TaskManager registers with: a JobManager refuses TaskManagers of another cluster id. "
+    "Give every cluster on a shared host or network its own id.")
 HA_LEASE_CHECK_INTERVAL = _opt("high-availability.filesystem.lease-check-interval", duration_parser, 5_000, "duration",
     "How often a JobManager checks that no newer JobManager took over its high-availability directory; "
     "one that finds a newer leader stops at once (fencing).")
@@ -187,10 +189,26 @@ SLOT_REQUEST_TIMEOUT = _opt("slot.request.timeout", duration_parser, 300_000, "d
 
 # --- S3 (Flink's s3 filesystem keys; the AWS environment variables also work) -----------------
 S3_ENDPOINT = _opt("s3.endpoint", string_parser, None, "string", "S3 endpoint URL, for MinIO or other S3 APIs.")
-S3_ACCESS_KEY = _opt("s3.access-key", string_parser, None, "string", "S3 access key id.")
-S3_SECRET_KEY = _opt("s3.secret-key", string_parser, None, "string", "S3 secret access key.")
+S3_ACCESS_KEY = _opt("s3.access-key", string_parser, None, "string",
+    "S3 access key id (secret: set it in the config file or as AWS_ACCESS_KEY_ID, not with -D).", secret=True)
+S3_SECRET_KEY = _opt("s3.secret-key", string_parser, None, "string",
+    "S3 secret access key (secret: set it in the config file or as AWS_SECRET_ACCESS_KEY, not with -D).", secret=True)
 S3_PATH_STYLE = _opt("s3.path.style.access", bool_parser, False, "bool", "Path-style bucket addressing.")
 S3_REGION = _opt("s3.region", string_parser, None, "string", "S3 region.")
+
+# --- Security: identity and authorization (docs/security.md) ----------------------------------
+AUTH_ENABLED = _opt("security.auth.enabled", bool_parser, False, "bool",
+    "Require an identity on every gRPC call: a bearer token (security.auth.tokens-file) or, on the internal "
+    "mTLS plane, a peer certificate. Calls without one are UNAUTHENTICATED; calls the identity's role or job "
+    "scope does not allow are PERMISSION_DENIED.")
+AUTH_TOKENS_FILE = _opt("security.auth.tokens-file", string_parser, None, "string",
+    "Server side (JobManager and TaskManagers): YAML file listing the accepted tokens by SHA-256 hash, each with "
+    "a name, a role (admin, writer, reader, taskmanager, jobmanager) and the jobs it may touch ('*' for all). "
+    "Re-read when it changes. Create entries with `statectl auth token`.")
+AUTH_TOKEN_FILE = _opt("security.auth.token-file", string_parser, None, "string",
+    "Client side (StateClient, statectl, Spark helpers, and each daemon's own calls to the other daemons): the "
+    "file holding this process's token. Without it the token comes from KEYEDSTATE_TOKEN_FILE or "
+    "KEYEDSTATE_TOKEN in the environment; never put a token on the command line.")
 
 # --- Metrics ----------------------------------------------------------------------------------
 PROM_PORT = _opt("metrics.reporter.prom.port", port_range_parser, (9249, 9260), "port range",
@@ -265,6 +283,17 @@ CLIENT_BATCH_SIZE = _opt("client.batch.size", int_parser(1), 2000, "int",
     "Keys per request the client sends to one TaskManager.")
 CLIENT_MAX_IN_FLIGHT = _opt("client.batch.max-in-flight", int_parser(1), 4, "int",
     "Requests per TaskManager the client keeps in flight (pipelining).")
+
+
+def cluster_id(conf: Any) -> str:
+    """``high-availability.cluster-id``, validated: it names a directory and is compared at registration."""
+    from keyedstate.common.errors import ConfigError, InvalidArgumentError
+    from keyedstate.common.ids import validate_name
+
+    try:
+        return validate_name("high-availability.cluster-id", str(conf.get(HA_CLUSTER_ID)).strip("/"))
+    except InvalidArgumentError as exc:
+        raise ConfigError(exc.message) from None
 
 
 def by_key() -> dict[str, ConfigOption[Any]]:

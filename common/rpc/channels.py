@@ -52,6 +52,7 @@ def open_channel(
     *,
     private: bool = False,
     security: ChannelSecurity | None = None,
+    token: str | None = None,
 ) -> grpc.Channel:
     """A channel to ``address``; TLS with ``security`` (None: plaintext).
 
@@ -62,16 +63,24 @@ def open_channel(
     A TLS channel rebuilds itself with the current certificate files after they changed (a
     gRPC channel keeps the credentials it was made with for every reconnect), so a long-lived
     client follows a rotation of its own certificate or of the CA it trusts.
+
+    ``token``: sent with every call as ``authorization: Bearer <token>`` (security.auth.enabled).
     """
     options = channel_options(max_message_bytes)
     if private:
         options = [*options, ("grpc.use_local_subchannel_pool", 1)]
     if security is None:
-        return grpc.insecure_channel(address, options=options)
-    return ReloadingChannel(
-        lambda: grpc.secure_channel(address, security.credentials(), options=[*options, *security.options()]),
-        lambda: security.generation,
-    )
+        channel: grpc.Channel = grpc.insecure_channel(address, options=options)
+    else:
+        channel = ReloadingChannel(
+            lambda: grpc.secure_channel(address, security.credentials(), options=[*options, *security.options()]),
+            lambda: security.generation,
+        )
+    if token is None:
+        return channel
+    from keyedstate.common.auth import BearerTokenInterceptor
+
+    return grpc.intercept_channel(channel, BearerTokenInterceptor(token))
 
 
 class ReloadingChannel(grpc.Channel):

@@ -43,6 +43,9 @@ _CODES: dict[e.Reason, grpc.StatusCode] = {
     e.Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     e.Reason.LEASE_EXPIRED: grpc.StatusCode.UNAVAILABLE,
     e.Reason.OUTCOME_UNKNOWN: grpc.StatusCode.UNAVAILABLE,
+    e.Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    e.Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    e.Reason.WRONG_CLUSTER: grpc.StatusCode.FAILED_PRECONDITION,
     e.Reason.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
@@ -68,6 +71,9 @@ _CLASSES: dict[e.Reason, type[e.KeyedStateError]] = {
     e.Reason.SHUTTING_DOWN: e.UnavailableError,
     e.Reason.LEASE_EXPIRED: e.UnavailableError,
     e.Reason.OUTCOME_UNKNOWN: e.UnavailableError,
+    e.Reason.UNAUTHENTICATED: e.AuthenticationError,
+    e.Reason.PERMISSION_DENIED: e.PermissionDeniedError,
+    e.Reason.WRONG_CLUSTER: e.ClusterMismatchError,
 }
 
 
@@ -156,4 +162,8 @@ def from_rpc_error(err: grpc.RpcError, what: str = "", plane: str = "rest") -> e
         return e.UnavailableError(f"{prefix}{code.name}: {details}" + (f" ({hint})" if hint else ""))
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         return e.SizeLimitError(f"{prefix}{details}")
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return e.AuthenticationError(f"{prefix}{details}")
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        return e.PermissionDeniedError(f"{prefix}{details}")
     return e.KeyedStateError(f"{prefix}{code.name}: {details}")

@@ -23,11 +23,13 @@ from keyedstate.common.spark._keygroups import (
     spark_hash_int,
     subtask_column,
 )
+from keyedstate.common.spark._credentials import TOKEN_FILE_CONF, ship_token_file
 from keyedstate.common.spark._shipping import package_zip, ship_package
 from keyedstate.common.spark._epochs import BatchTiming, KeyedStateRuntime, PartitionState, worker_client
 
 __all__ = [
     "BatchTiming",
+    "TOKEN_FILE_CONF",
     "KeyedStateRuntime",
     "PartitionState",
     "worker_client",
@@ -38,6 +40,7 @@ __all__ = [
     "partition_witnesses",
     "repartition_by_key_group",
     "ship_package",
+    "ship_token_file",
     "spark_hash_int",
     "subtask_column",
 ]

@@ -51,6 +51,8 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.security.tls import ChannelSecurity
+from keyedstate.common.auth import resolve_token
+from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.errors import (
     CheckpointError,
     EpochConflictError,
@@ -73,17 +75,21 @@ _WAIT_S = 0.2
 _STATE_PATH_ERRORS = ("EpochConflictError", "StaleRoutingError", "UnavailableError", "JobStateError", "LEASE_EXPIRED")
 
 
-def worker_client(address: str, security: ChannelSecurity | None = None) -> StateClient:
-    """One client per worker process, JobManager and TLS setting (Spark reuses Python workers).
+def worker_client(address: str, security: ChannelSecurity | None = None, token_file: str | None = None) -> StateClient:
+    """One client per worker process, JobManager, TLS setting and token file (Spark reuses Python workers).
 
     ``security`` arrives pickled with the task: the executor reads the same certificate paths
     when it can (and follows their rotation), else uses the PEM bytes shipped from the driver.
+    ``token_file``: the name of a token file shipped to the executors (``--files`` or
+    ``KeyedStateRuntime(executor_token_file=...)``), resolved with ``SparkFiles.get``; without it
+    the executor's environment (``KEYEDSTATE_TOKEN_FILE``, ``KEYEDSTATE_TOKEN``) is used.
     """
-    key = (address, security.cache_key() if security is not None else None)
+    key = (address, security.cache_key() if security is not None else None, token_file or "")
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
-            client = StateClient(address, security=security)
+            token = resolve_token(token_file, resolve_path=spark_file)
+            client = StateClient(address, security=security, token=token)
             _CLIENTS[key] = client
         return client
 
@@ -181,17 +187,28 @@ class KeyedStateRuntime:
         job_config: dict[str, str] | None = None,
         restore_path: str = "",
         security: ChannelSecurity | None = None,
+        token_file: str | None = None,
+        executor_token_file: str | None = None,
     ) -> None:
         """Submit (or attach to) the job. A job already running keeps its current definition: a
         restarted driver adopts a parallelism changed by a rescale.
 
         ``security``: TLS to the cluster's client plane, for the driver and the executors
-        (``client_security(conf)`` from the security.ssl.rest.* keys; None: plaintext)."""
+        (``client_security(conf)`` from the security.ssl.rest.* keys; None: plaintext).
+
+        With authentication on (docs/security.md): the driver's token comes from ``token_file``,
+        else from ``KEYEDSTATE_TOKEN_FILE`` / ``KEYEDSTATE_TOKEN``; it submits the job, so it needs
+        role admin on the job. The executors' token (role writer is enough) is the file
+        ``executor_token_file``, shipped to them, or the file named by the Spark conf key
+        ``spark.keyedstate.tokenFile`` (shipped with ``spark-submit --files``).
+        """
         self.jobmanager = jobmanager
         self.job_id = job_id
         self.operators = list(operators)
         self.security = security
-        self.client = StateClient(jobmanager, security=security)
+        self.executor_token_file = executor_token_file
+        self._executor_token: tuple[str | None] | None = None
+        self.client = StateClient(jobmanager, security=security, token=resolve_token(token_file))
         routing = self.client.submit_job(job_id, self.operators, max_parallelism=max_parallelism,
                                          restore_path=restore_path, config=job_config)
         self.max_parallelism = routing.max_parallelism
@@ -254,6 +271,12 @@ class KeyedStateRuntime:
         options = BatchOptions(operator or self.operators[0].operator_id, key_col, key_serializer, exactly_once,
                                checkpoint, max_batch_attempts, batch_timeout_s)
         return _BatchRunner(self, process, options)
+
+    def executor_token_name(self, spark: Any) -> str | None:
+        """The token file name executors resolve (shipped once per runtime); None: their environment."""
+        if self._executor_token is None:
+            self._executor_token = (executor_token_name(spark, self.executor_token_file),)
+        return self._executor_token[0]
 
     def close(self) -> None:
         self.client.close()
@@ -381,6 +404,7 @@ class _BatchRunner:
         parted = repartition_by_key_group(df, o.key_col, self._rt.max_parallelism, parallelism, o.key_serializer)
         address, job_id, operator_id, process, nonce = self._rt.jobmanager, self._rt.job_id, o.operator_id, self._process, self._rt.driver_nonce
         security = self._rt.security
+        token_name = self._rt.executor_token_name(df.sparkSession)
         epoch = start.epoch if start is not None else -1
         version = start.routing.version if start is not None else 0
 
@@ -393,7 +417,7 @@ class _BatchRunner:
             scope = None
             if epoch >= 0:
                 scope = EpochScope(pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version=version)
-            state = PartitionState(worker_client(address, security), job_id, operator_id, scope, batch_id=batch_id)
+            state = PartitionState(worker_client(address, security, token_name), job_id, operator_id, scope, batch_id=batch_id)
             process(iter(batches), state)
             winner = scope.winner().SerializeToString() if scope is not None else b""
             yield pa.RecordBatch.from_pydict(

@@ -6,7 +6,7 @@ import logging
 from typing import Callable, Protocol
 
 from keyedstate.common.config import Configuration, options as o
-from keyedstate.common.errors import ConfigError, InvalidArgumentError
+from keyedstate.common.errors import ConfigError
 from keyedstate.common.ids import validate_id
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpointStore, StandaloneCompletedCheckpointStore
@@ -137,10 +137,7 @@ def create_ha_services(conf: Configuration, storage_for: Callable[[str], Checkpo
             "high-availability.type is filesystem but high-availability.storageDir is not set; set it to a durable "
             "directory the JobManager can reach after a restart (for example s3://bucket/ha or file:///var/lib/keyedstate/ha)"
         )
-    try:
-        cluster_id = validate_id("high-availability.cluster-id", conf.get(o.HA_CLUSTER_ID).strip("/"))
-    except InvalidArgumentError as exc:
-        raise ConfigError(exc.message) from exc
+    cluster_id = o.cluster_id(conf)
     root = f"{storage_dir.rstrip('/')}/{cluster_id}"
     logger.info("high availability: filesystem at %s", root)
     return FileSystemHaServices(storage_for(root), root, conf.get(o.HA_LEASE_CHECK_INTERVAL))

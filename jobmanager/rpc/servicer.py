@@ -7,7 +7,8 @@ import grpc
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common.config import options as o
+from keyedstate.common.config import is_secret_key, options as o
+from keyedstate.common.config._secrets import declared_secret_keys
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.rpc.status import rpc_method
@@ -31,6 +32,15 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     # -- jobs --------------------------------------------------------------------------------
     @rpc_method
     def SubmitJob(self, request: jm_pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        secrets = sorted(k for k in request.config if is_secret_key(k, declared_secret_keys()))
+        if secrets:
+            # A job's config is stored with the job (high-availability job records) and shown by
+            # job tools; a credential must stay in the daemons' own configuration.
+            raise InvalidArgumentError(
+                f"job {request.job_id!r}: the job config must not carry secrets ({', '.join(secrets)}); set them in the "
+                "JobManager's and TaskManagers' config files (chmod 600) or their environment (AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY for S3)"
+            )
         spec = JobSpec(
             job_id=request.job_id,
             operators=tuple(OperatorSpec.from_proto(op) for op in request.operators),

@@ -34,7 +34,7 @@ class SlotReport(_message.Message):
     def __init__(self, slot_index: _Optional[int] = ..., job_id: _Optional[str] = ..., operator_id: _Optional[str] = ..., subtask_index: _Optional[int] = ...) -> None: ...
 
 class RegisterTaskManagerRequest(_message.Message):
-    __slots__ = ("taskmanager_id", "address", "num_slots", "host", "slots", "metrics_port", "backend", "limits", "internal_address")
+    __slots__ = ("taskmanager_id", "address", "num_slots", "host", "slots", "metrics_port", "backend", "limits", "internal_address", "cluster_id")
     TASKMANAGER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class RegisterTaskManagerRequest(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     INTERNAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     taskmanager_id: str
     address: str
     num_slots: int
@@ -53,7 +54,8 @@ class RegisterTaskManagerRequest(_message.Message):
     backend: str
     limits: _common_pb2.StateLimits
     internal_address: str
-    def __init__(self, taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., num_slots: _Optional[int] = ..., host: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., metrics_port: _Optional[int] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[_common_pb2.StateLimits, _Mapping]] = ..., internal_address: _Optional[str] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, taskmanager_id: _Optional[str] = ..., address: _Optional[str] = ..., num_slots: _Optional[int] = ..., host: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotReport, _Mapping]]] = ..., metrics_port: _Optional[int] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[_common_pb2.StateLimits, _Mapping]] = ..., internal_address: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class RegisterTaskManagerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "heartbeat_timeout_ms", "jobmanager_session", "lease_duration_ms", "kept_slots", "routing_versions")
