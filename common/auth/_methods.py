@@ -61,8 +61,8 @@ _READ = MethodRule(P.STATE_READ, _target_job)
 _WRITE = MethodRule(P.STATE_WRITE, _target_job)
 
 # The TaskManagers' calls on the JobManager: registration and heartbeats (Flink's ResourceManager
-# gateway) and checkpoint acknowledgements (the CheckpointCoordinator gateway). When they move to
-# services of their own on an internal plane, these rules move with them, keyed by the new names.
+# gateway) and checkpoint acknowledgements (the CheckpointCoordinator gateway), served on the
+# internal plane.
 _RESOURCE_MANAGER = {
     "RegisterTaskManager": MethodRule(P.TASKMANAGER_REGISTER),
     "Heartbeat": MethodRule(P.TASKMANAGER_REGISTER),
@@ -74,10 +74,11 @@ _CHECKPOINT_GATEWAY = {
 }
 
 SERVICE_RULES: dict[str, dict[str, MethodRule]] = {
+    "keyedstate.v1.ResourceManager": _RESOURCE_MANAGER,
+    "keyedstate.v1.CheckpointCoordinatorGateway": _CHECKPOINT_GATEWAY,
     "keyedstate.v1.JobManager": {
-        **_RESOURCE_MANAGER,
-        **_CHECKPOINT_GATEWAY,
         "SubmitJob": MethodRule(_submit_permission, _job),
+        "RestoreJob": MethodRule(P.JOB_RESTORE, _job),
         "CancelJob": MethodRule(P.JOB_CANCEL, _job),
         "GetJob": MethodRule(P.JOB_VIEW, _job),
         "GetRouting": MethodRule(P.JOB_VIEW, _job),

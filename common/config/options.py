@@ -264,10 +264,6 @@ JOBMANAGER_INTERNAL_PORT = _opt("jobmanager.internal.port", port_parser, None, "
 TASKMANAGER_INTERNAL_PORT = _opt("taskmanager.internal.port", port_parser, None, "int",
     "gRPC port of the TaskManager's internal service (TaskExecutor). Unset: it shares taskmanager.rpc.port while "
     "TLS is off on both planes, and picks a free port when TLS is on; reported to the JobManager at registration.")
-# Defined here for the authentication layer, which reads it; protected mode counts it as protection.
-AUTH_ENABLED = _opt("security.auth.enabled", bool_parser, False, "bool",
-    "Authenticate every call (see docs/security.md). A daemon on a non-loopback address needs TLS or this, "
-    "unless security.protected-mode is false.")
 PROTECTED_MODE = _opt("security.protected-mode", bool_parser, True, "bool",
     "Refuse to start a daemon that would listen on a non-loopback address with neither TLS nor authentication. "
     "Set false only on a network where every host that can reach the ports is trusted.")

@@ -158,7 +158,7 @@ def test_internal_calls_need_an_internal_identity(secured: tuple[Any, Tokens]) -
     admin_jm = open_channel(cluster.address, token=tokens.tokens["ops"])
     admin_tm = open_channel(cluster.taskmanagers[0].address, token=tokens.tokens["ops"])
     try:
-        err = rpc_error(lambda: jm_grpc.JobManagerStub(admin_jm).RegisterTaskManager(
+        err = rpc_error(lambda: jm_grpc.ResourceManagerStub(admin_jm).RegisterTaskManager(
             jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8), timeout=10))
         assert err.code() is grpc.StatusCode.PERMISSION_DENIED
         assert "needs permission taskmanager.register (role taskmanager or internal)" in err.details()

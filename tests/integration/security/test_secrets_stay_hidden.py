@@ -71,7 +71,7 @@ def test_secrets_appear_in_no_log_metric_metadata_or_statectl_output(
 
     metrics = []
     for name, text in logs.items():
-        for port in re.findall(r"serving Prometheus metrics on [\d.]+:(\d+)/metrics", text):
+        for port in re.findall(r"serving Prometheus metrics on http://[\d.]+:(\d+)/metrics", text):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
                 metrics.append(response.read().decode())
     assert len(metrics) == 2 and "keyedstate_jobmanager_auth_refused_total" in "".join(metrics)
