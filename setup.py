@@ -14,5 +14,5 @@ setup(
         if "__pycache__" not in name
     ],
     package_dir={f"keyedstate.{f}": f for f in FOLDERS},
-    package_data={"keyedstate.common": ["py.typed"], "keyedstate.jobmanager": ["web/static/*"]},
+    package_data={"keyedstate.common": ["py.typed"]},
 )
