@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,11 @@ def test_an_available_now_query_is_done_and_durable_when_await_termination_retur
             t = expected.setdefault(r["user"], [0, 0])
             t[0] += 1
             t[1] += r["amount"]
-        pq.write_table(pa.Table.from_pylist(rows), source / f"part-{batch:02d}.parquet")
-        # One file per batch, in order: distinct modification times.
-        (source / f"part-{batch:02d}.parquet").touch()
+        path = source / f"part-{batch:02d}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        # One file per batch, in order: Spark's file source takes files by modification time,
+        # so each gets its own second (two writes within one clock tick would tie, in any order).
+        os.utime(path, (1_700_000_000 + batch, 1_700_000_000 + batch))
     runtime = KeyedStateRuntime(cluster.address, "progress", OPS)
     query = (spark.readStream.schema("user string, amount long, batch long").option("maxFilesPerTrigger", 1)
              .parquet(str(source)).writeStream
