@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Clock, Scheduler
+from keyedstate.common.config.options import MAX_TASK_SLOTS
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.lease import lease_bound_ms as lease_bound, lease_duration_ms as lease_duration
@@ -92,8 +93,12 @@ class TaskManagerRegistry:
                  limits: pb.StateLimits | None = None) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
         """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
         validate_id("taskmanager id", taskmanager_id)
-        if num_slots < 1:
-            raise InvalidArgumentError(f"TaskManager {taskmanager_id} offers {num_slots} slots; it must offer at least 1")
+        if not 1 <= num_slots <= MAX_TASK_SLOTS:
+            # The registry keeps one entry per slot: an unbounded count is a memory bomb.
+            raise InvalidArgumentError(
+                f"TaskManager {taskmanager_id} offers {num_slots} slots; taskmanager.numberOfTaskSlots must be "
+                f"between 1 and {MAX_TASK_SLOTS}"
+            )
         if not address or ":" not in address:
             raise InvalidArgumentError(f"TaskManager {taskmanager_id} sent address {address!r}; expected host:port")
         with self._lock:
