@@ -1,0 +1,129 @@
+"""Minimized reproducers of what the fuzzers found, as plain tests against real daemons."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
+from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
+from keyedstate.common.config.options import MAX_TASK_SLOTS
+from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.rpc.status import MAX_DETAILS_WIRE_BYTES, REASON_KEY, bounded_details
+
+
+def _error(call: Any) -> grpc.RpcError:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError("the call succeeded; expected a gRPC error")
+
+
+def _reason(err: grpc.RpcError) -> str | None:
+    return dict(err.trailing_metadata() or ()).get(REASON_KEY)
+
+
+@pytest.fixture
+def cluster(inprocess_cluster: Any) -> Any:
+    c = inprocess_cluster(taskmanagers=1, slots=2, backend="hashmap")
+    c.client().submit_job("j", [OperatorSpec("op", 1, (StateDescriptor("v", StateKind.VALUE),))])
+    return c
+
+
+@pytest.mark.parametrize("body", [b"\n", b"\xff\xa3l\xe16:", b"\n\x06ok\xff\xfe\xc3(", b"\n\x08fuzz"],
+                         ids=["truncated", "garbage", "invalid-utf8", "short-string"])
+def test_a_request_that_is_not_protobuf_is_invalid_argument_not_internal(cluster: Any, body: bytes) -> None:
+    """gRPC answered INTERNAL "Exception deserializing request!", which reads as a server bug."""
+    tm_address = cluster.taskmanagers[0].address
+    with grpc.insecure_channel(cluster.address) as jm, grpc.insecure_channel(tm_address) as tm:
+        calls = [
+            lambda: jm.unary_unary("/keyedstate.v1.JobManager/GetJob")(body, timeout=10),
+            lambda: tm.unary_unary("/keyedstate.v1.KeyedState/ValuePut")(body, timeout=10),
+            lambda: tm.unary_unary("/keyedstate.v1.TaskExecutor/DeploySlot")(body, timeout=10),
+            lambda: list(tm.unary_stream("/keyedstate.v1.KeyedState/ScanKeys")(body, timeout=10)),
+        ]
+        for call in calls:
+            err = _error(call)
+            assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
+            assert _reason(err) == "INVALID_ARGUMENT"
+            assert "not a valid protobuf message" in err.details() and "keyedstate.v1" in err.details()
+        # Still serving: a valid call answers.
+        assert jm_grpc.JobManagerStub(jm).GetJob(jm_pb.JobRequest(job_id="j"), timeout=10).status == "RUNNING"
+
+
+def test_a_taskmanager_offering_two_billion_slots_is_refused_at_once(cluster: Any) -> None:
+    """The registry allocated one entry per offered slot: 2^31-1 slots hung the JobManager (16 GiB list)."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        stub = jm_grpc.ResourceManagerStub(channel)
+        t0 = time.monotonic()
+        err = _error(lambda: stub.RegisterTaskManager(jm_pb.RegisterTaskManagerRequest(
+            taskmanager_id="fz-tm-0", address="127.0.0.1:1", num_slots=2**31 - 1, host="127.0.0.1", backend="hashmap"),
+            timeout=10))
+        assert time.monotonic() - t0 < 2
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT"
+        assert "taskmanager.numberOfTaskSlots" in err.details() and str(MAX_TASK_SLOTS) in err.details()
+        overview = jm_grpc.JobManagerStub(channel).GetClusterOverview(jm_pb.ClusterOverviewRequest(), timeout=10)
+        assert [t.taskmanager_id for t in overview.taskmanagers] == ["tm-0"]
+
+
+def test_an_error_echoing_a_huge_name_keeps_its_status_and_reason(cluster: Any) -> None:
+    """A 1 MiB state name came back in the message; the client dropped the answer as RESOURCE_EXHAUSTED
+    ("metadata size exceeds hard limit") and lost the status code and the reason."""
+    routing = cluster.client().routing("j")
+    with grpc.insecure_channel(routing.operator("op").addresses[0]) as channel:
+        stub = tm_grpc.KeyedStateStub(channel)
+        target = tm_pb.StateTarget(job_id="j", operator_id="op", subtask_index=0, state_name="y" * (1 << 20),
+                                   routing_version=routing.version)
+        err = _error(lambda: stub.ValueGet(tm_pb.KeyedRequest(target=target, keys=[b"k"]), timeout=10))
+        assert err.code() is grpc.StatusCode.NOT_FOUND, err.details()
+        assert _reason(err) == "UNKNOWN_STATE"
+        assert "characters cut" in err.details() and err.details().endswith("the operator declares: v")
+
+
+def test_bounded_details_keeps_short_messages_and_cuts_long_ones_to_the_header_budget() -> None:
+    assert bounded_details("unknown job 'x'") == "unknown job 'x'"
+    for filler in ("y", "\x00", "ü", "\U0001f600"):
+        message = f"unknown state {filler * 100_000!r}; declare it first"
+        cut = bounded_details(message)
+        encoded = sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in cut.encode())
+        assert encoded <= MAX_DETAILS_WIRE_BYTES
+        assert cut.startswith("unknown state") and cut.endswith("declare it first")
+
+
+def test_a_duplicate_barrier_of_a_running_checkpoint_is_ignored(cluster: Any, tmp_path: Any) -> None:
+    """A second barrier with the same id deleted the local snapshot the first one was uploading:
+    INTERNAL (FileNotFoundError in rmtree) and a failed checkpoint."""
+    tm = cluster.taskmanagers[0]
+    with grpc.insecure_channel(tm.address) as channel:
+        stub = tm_grpc.TaskExecutorStub(channel)
+        barrier = tm_pb.CheckpointBarrier(job_id="j", checkpoint_id=77, timestamp_ms=1,
+                                          target_path=(tmp_path / "chk-77").as_uri(), epoch=-1)
+        first = stub.TriggerCheckpoint(barrier, timeout=10)
+        answers = [stub.TriggerCheckpoint(barrier, timeout=10) for _ in range(5)]
+        assert first.slots == 1 and [a.slots for a in answers] == [1] * 5
+        deadline = time.monotonic() + 10
+        manifest = tmp_path / "chk-77" / "op-0" / "_snapshot.json"
+        while not manifest.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert manifest.exists(), "the first barrier's upload did not complete"
+        # After it completed (notified) the same id may be taken again.
+        tm_grpc.TaskExecutorStub(channel).NotifyCheckpoint(
+            tm_pb.CheckpointNotification(job_id="j", checkpoint_id=77, completed=False), timeout=10)
+        assert stub.TriggerCheckpoint(barrier, timeout=10).slots == 1
+
+
+def test_a_barrier_for_a_job_without_slots_here_leaves_nothing_behind(cluster: Any, tmp_path: Any) -> None:
+    """Hostile barriers for unknown jobs must not accumulate in-flight entries (unbounded memory)."""
+    tm = cluster.taskmanagers[0]
+    with grpc.insecure_channel(tm.address) as channel:
+        stub = tm_grpc.TaskExecutorStub(channel)
+        for i in range(50):
+            assert stub.TriggerCheckpoint(tm_pb.CheckpointBarrier(
+                job_id=f"nojob{i}", checkpoint_id=1, target_path=(tmp_path / "x").as_uri()), timeout=10).slots == 0
+    assert not any(job.startswith("nojob") for job, _ in tm.checkpoints._inflight)  # type: ignore[attr-defined]
