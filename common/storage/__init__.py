@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyedstate.common.storage._base import CheckpointStorage, FileInfo
+from keyedstate.common.storage._base import CheckpointStorage, FileInfo, is_plain_file_name
 from keyedstate.common.storage._cache import StorageCache
 from keyedstate.common.storage._fsspec import FsspecStorage, join_url
 from keyedstate.common.storage._local import LocalStorage
@@ -26,6 +26,7 @@ __all__ = [
     "StorageCache",
     "Waiter",
     "join_url",
+    "is_plain_file_name",
     "open_storage",
     "register_storage",
     "s3fs_options",

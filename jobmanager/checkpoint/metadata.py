@@ -59,6 +59,7 @@ from keyedstate.common.descriptors import (
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
+from keyedstate.common.storage import is_plain_file_name
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, LEGACY_QUERY, EpochLineage, LineageEntry
 
@@ -221,6 +222,10 @@ class CheckpointMetadata:
                     problem = file_path_problem(f, self.savepoint)
                     if problem:
                         out.append(f"{where} subtask {sub.subtask_index}: {problem}")
+                    if f.local_name and not is_plain_file_name(f.local_name):
+                        # A restore writes the file under this name inside its restore directory.
+                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has local_name "
+                                   f"{f.local_name[:100]!r}, which is not a plain file name")
                     if f.size < 0:
                         out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has negative size {f.size}")
                     if f.sha256 and not _SHA256.match(f.sha256):

@@ -37,7 +37,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.storage import StorageCache
+from keyedstate.common.storage import StorageCache, is_plain_file_name
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, upload_files
@@ -349,6 +349,11 @@ class SnapshotManager:
             for f in handle.files:
                 restored_bytes += f.size
                 name = f.local_name or Path(f.path).name
+                if not is_plain_file_name(name):
+                    raise InvalidArgumentError(
+                        f"restore of {slot.subtask}: file {f.path[:200]!r} has local name {name[:100]!r}; it must be a "
+                        "plain file name (no '/', not '..'), or the file would be written outside the restore directory"
+                    )
                 verified = local.get(name)
                 if verified is not None:
                     (target / name).hardlink_to(verified)
