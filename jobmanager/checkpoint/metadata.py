@@ -283,8 +283,10 @@ class CheckpointMetadata:
         try:
             text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
             raw = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _corrupt(source, f"not valid UTF-8 JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:
+            # ValueError: not UTF-8, not JSON, or an integer of more than 4300 digits (Python's
+            # int-conversion limit); RecursionError: arrays or objects nested too deep to parse.
+            raise _corrupt(source, f"not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})") from exc
         reader = _Reader(source)
         meta = reader.metadata(raw)
         problems = meta.problems()
