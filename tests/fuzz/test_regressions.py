@@ -127,3 +127,77 @@ def test_a_barrier_for_a_job_without_slots_here_leaves_nothing_behind(cluster: A
             assert stub.TriggerCheckpoint(tm_pb.CheckpointBarrier(
                 job_id=f"nojob{i}", checkpoint_id=1, target_path=(tmp_path / "x").as_uri()), timeout=10).slots == 0
     assert not any(job.startswith("nojob") for job, _ in tm.checkpoints._inflight)  # type: ignore[attr-defined]
+
+
+# -- checkpoint readers ------------------------------------------------------------------------
+
+def _metadata_doc() -> dict[str, Any]:
+    return {
+        "format": "keyedstate-checkpoint", "version": 1, "job_id": "j", "checkpoint_id": 3, "savepoint": False,
+        "timestamp_ms": 1, "epoch": -1, "lineage": [], "max_parallelism": 4,
+        "operators": [{"operator_id": "op", "parallelism": 1, "states": [
+            {"name": "v", "kind": "value", "ttl": None, "reduce_fields": []}],
+            "subtasks": [{"subtask_index": 0, "key_groups": [0, 3], "backend": "hashmap", "committed_epoch": -1,
+                          "full_size": 1, "incremental_size": 1, "files": [
+                              {"path": "op-0/meta.kvs", "size": 1, "sha256": "0" * 64, "local_name": "meta.kvs",
+                               "shared": False}]}]}],
+    }
+
+
+@pytest.mark.parametrize("data", [
+    b'{"format":"keyedstate-checkpoint","version":1,"checkpoint_id":' + b"9" * 5000 + b"}",
+    b"[" * 200_000 + b"]" * 200_000,
+], ids=["5000-digit-integer", "nested-200000-deep"])
+def test_metadata_that_python_cannot_parse_is_a_corrupt_checkpoint(data: bytes) -> None:
+    """json.loads raised ValueError (int-conversion limit) or RecursionError, untyped: recovery
+    (find_latest_checkpoint) only skips CorruptCheckpointError, so one such file broke it."""
+    from keyedstate.common.errors import CorruptCheckpointError
+    from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+
+    with pytest.raises(CorruptCheckpointError, match="not valid UTF-8 JSON"):
+        CheckpointMetadata.from_json(data, source="chk-3/_metadata")
+
+
+@pytest.mark.parametrize("local_name", ["../../../../../../tmp/escaped", "..", "a/b", "x\x00y", "/abs"])
+def test_metadata_with_a_local_name_that_is_not_a_plain_file_name_is_refused(local_name: str) -> None:
+    """local_name was not checked: a restore writes the file under it, outside the restore directory."""
+    import json as json_module
+
+    from keyedstate.common.errors import CorruptCheckpointError
+    from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+
+    doc = _metadata_doc()
+    assert CheckpointMetadata.from_json(json_module.dumps(doc)).checkpoint_id == 3
+    doc["operators"][0]["subtasks"][0]["files"][0]["local_name"] = local_name
+    with pytest.raises(CorruptCheckpointError, match="not a plain file name"):
+        CheckpointMetadata.from_json(json_module.dumps(doc))
+
+
+def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
+    """DeploySlot with a restore handle naming ``local_name='../../../<x>'`` downloaded the (verified)
+    file to that path: a write anywhere the TaskManager may write."""
+    import hashlib
+
+    remote = tmp_path / "remote" / "meta.kvs"
+    remote.parent.mkdir()
+    remote.write_bytes(b"payload")
+    escaped = tmp_path / "escaped-by-restore"
+    tm = cluster.taskmanagers[0]
+    restore_dir = tm.deployer.work_dir  # type: ignore[union-attr]
+    depth = len(restore_dir.relative_to(tmp_path).parts) + 2
+    from keyedstate.common._proto.v1 import common_pb2 as pb
+
+    handle = pb.SubtaskStateHandle(operator_id="op2", subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127),
+                                   backend="hashmap", files=[pb.StateFileHandle(
+                                       path=remote.as_uri(), size=7, sha256=hashlib.sha256(b"payload").hexdigest(),
+                                       local_name="../" * depth + escaped.name)])
+    request = tm_pb.DeploySlotRequest(
+        job_id="evil", operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
+        subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127), max_parallelism=128, slot_index=1,
+        routing_version=1, restore=tm_pb.SlotRestore(checkpoint_path=remote.parent.as_uri(), handles=[handle],
+                                                     checkpoint_id=1))
+    with grpc.insecure_channel(tm.address) as channel:
+        err = _error(lambda: tm_grpc.TaskExecutorStub(channel).DeploySlot(request, timeout=30))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "plain file name" in err.details()
+    assert not escaped.exists() and not list(tmp_path.glob("**/escaped-by-restore*"))
