@@ -201,3 +201,20 @@ def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert "plain file name" in err.details()
     assert not escaped.exists() and not list(tmp_path.glob("**/escaped-by-restore*"))
+
+
+@pytest.mark.parametrize("timeout_ms", [2**62, -1, 86_400_001])
+def test_a_wait_beyond_what_the_clock_can_represent_is_invalid_argument(cluster: Any, timeout_ms: int) -> None:
+    """TriggerCheckpoint(wait=true, timeout_ms=2^62) raised OverflowError ("timestamp out of range for
+    platform time_t") in the wait: INTERNAL. Found by the long RPC fuzz run."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        stub = jm_grpc.JobManagerStub(channel)
+        err = _error(lambda: stub.TriggerCheckpoint(
+            jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=timeout_ms), timeout=10))
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT", err.details()
+        assert "timeout_ms must be between 0" in err.details()
+        err = _error(lambda: stub.CommitEpoch(jm_pb.CommitEpochRequest(
+            job_id="j", epoch=0, expected_routing_version=1, wait_for_checkpoint=True, timeout_ms=timeout_ms), timeout=10))
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "timeout_ms must be between 0" in err.details()
+        ok = stub.TriggerCheckpoint(jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=30_000), timeout=40)
+        assert ok.status == "COMPLETED", ok.failure_reason
