@@ -355,3 +355,62 @@ def test_fuzz_checkpoint_reader_bounded(real_checkpoint: RealCheckpoint, tmp_pat
 @pytest.mark.parametrize("reader", sorted(READERS))
 def test_fuzz_checkpoint_reader_long(real_checkpoint: RealCheckpoint, tmp_path: Path, reader: str) -> None:
     _fuzz_readers(real_checkpoint, tmp_path, reader, 200, long_seconds())
+
+
+# -- coverage-guided (atheris) ------------------------------------------------------------------
+
+ATHERIS_TARGETS = ("metadata", "manifest", "kvs")
+
+
+def _seed_corpus(real: RealCheckpoint, target: str, corpus: Path) -> None:
+    corpus.mkdir(parents=True)
+    if target == "metadata":
+        shutil.copyfile(real.chk_dir / "_metadata", corpus / "_metadata")
+        return
+    for index, (_, directory) in real.snapshots.items():
+        for path in directory.iterdir():
+            if (target == "manifest" and path.name == "_snapshot.json") or (target == "kvs" and path.suffix == ".kvs"):
+                shutil.copyfile(path, corpus / f"{index}-{path.name}")
+    assert any(corpus.iterdir()), f"the real checkpoint has no {target} file"
+
+
+def run_atheris(real: RealCheckpoint, tmp: Path, target: str, limit: list[str]) -> dict[str, Any]:
+    """Run the libFuzzer loop on ``target`` in a subprocess; its counts, or a failure with the crash input."""
+    import re
+    import subprocess
+    import sys
+
+    corpus = tmp / f"corpus-{target}"
+    _seed_corpus(real, target, corpus)
+    artifacts = tmp / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz.atheris_readers", target, *limit, "-seed=1", "-timeout=20",
+         "-rss_limit_mb=4096", f"-artifact_prefix={artifacts}/", str(corpus)],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=long_seconds() + 600,
+    )
+    crashes = sorted(p.name for p in artifacts.iterdir())
+    assert proc.returncode == 0 and not crashes, f"atheris {target}: exit {proc.returncode}, {crashes}\n{proc.stderr[-3000:]}"
+    done = re.findall(r"Done (\d+) runs in (\d+) second", proc.stderr)
+    cov = re.findall(r"cov: (\d+) ft: (\d+)", proc.stderr)
+    result = {"test": f"atheris:{target}", "runs": int(done[-1][0]), "seconds": int(done[-1][1]),
+              "cov": int(cov[-1][0]), "ft": int(cov[-1][1]), "crashes": 0}
+    print(result)
+    report = os.environ.get("KEYEDSTATE_FUZZ_REPORT")
+    if report:
+        with open(report, "a", encoding="utf-8") as out:
+            out.write(json.dumps(result) + "\n")
+    return result
+
+
+@pytest.mark.parametrize("target", ATHERIS_TARGETS)
+def test_atheris_checkpoint_parser_bounded(real_checkpoint: RealCheckpoint, tmp_path: Path, target: str) -> None:
+    result = run_atheris(real_checkpoint, tmp_path, target, ["-runs=1500"])
+    assert result["runs"] == 1500 and result["cov"] > 0
+
+
+@pytest.mark.fuzz_long
+@pytest.mark.timeout(0)
+@pytest.mark.parametrize("target", ATHERIS_TARGETS)
+def test_atheris_checkpoint_parser_long(real_checkpoint: RealCheckpoint, tmp_path: Path, target: str) -> None:
+    run_atheris(real_checkpoint, tmp_path, target, [f"-max_total_time={int(long_seconds())}"])
