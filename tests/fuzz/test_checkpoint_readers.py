@@ -110,6 +110,8 @@ class Counts:
     cases: int = 0
     accepted: int = 0
     refused: dict[str, int] | None = None
+    samples: dict[str, str] | None = None
+    """The first message per refusal type."""
 
     def record(self, outcome: BaseException | None) -> None:
         self.cases += 1
@@ -119,6 +121,8 @@ class Counts:
             self.refused = self.refused or {}
             name = type(outcome).__name__
             self.refused[name] = self.refused.get(name, 0) + 1
+            self.samples = self.samples or {}
+            self.samples.setdefault(name, str(outcome)[:300])
 
 
 def _run_case(fn: Callable[[], None], counts: Counts, describe: str) -> None:
@@ -333,7 +337,7 @@ def _fuzz_readers(real: RealCheckpoint, tmp: Path, reader: str, examples: int, s
         run += 1
         if time.monotonic() >= deadline:
             break
-    print(f"{reader}: {counts.cases} cases, {counts.accepted} accepted, refused {counts.refused}")
+    print(f"{reader}: {counts.cases} cases, {counts.accepted} accepted, refused {counts.refused}; first messages {counts.samples}")
     report = os.environ.get("KEYEDSTATE_FUZZ_REPORT")
     if report:
         with open(report, "a", encoding="utf-8") as out:
