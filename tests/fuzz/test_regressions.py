@@ -218,3 +218,20 @@ def test_a_wait_beyond_what_the_clock_can_represent_is_invalid_argument(cluster:
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "timeout_ms must be between 0" in err.details()
         ok = stub.TriggerCheckpoint(jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=30_000), timeout=40)
         assert ok.status == "COMPLETED", ok.failure_reason
+
+
+@pytest.mark.parametrize("slot_index", [-210, -1, 2, 2**31 - 1])
+def test_a_heartbeat_reporting_a_slot_the_taskmanager_does_not_offer_is_refused(cluster: Any, slot_index: int) -> None:
+    """Heartbeat with SlotReport(slot_index=-210) raised IndexError in the JobManager (INTERNAL);
+    -1 silently addressed the last slot. Found by the long RPC fuzz run."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        rm = jm_grpc.ResourceManagerStub(channel)
+        session = rm.RegisterTaskManager(jm_pb.RegisterTaskManagerRequest(
+            taskmanager_id="fz-tm-1", address="127.0.0.1:1", num_slots=2, host="127.0.0.1", backend="hashmap"),
+            timeout=10).jobmanager_session
+        report = jm_pb.SlotReport(slot_index=slot_index, job_id="a", operator_id="b", subtask_index=0)
+        err = _error(lambda: rm.Heartbeat(jm_pb.HeartbeatRequest(
+            taskmanager_id="fz-tm-1", slots=[report], jobmanager_session=session), timeout=10))
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT", err.details()
+        assert "offers 2 slots (0..1)" in err.details()
+        assert rm.Heartbeat(jm_pb.HeartbeatRequest(taskmanager_id="fz-tm-1", jobmanager_session=session), timeout=10).known
