@@ -13,6 +13,7 @@ the control calls, so the reference state can be compared after the run.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,11 @@ class World:
                     return
             except Exception:
                 pass
+        if self.generation:
+            try:  # the replaced job's slots go back to the pool, or the fuzz jobs fill the cluster
+                self.client.cancel_job(self.job)
+            except Exception:
+                pass
         for _ in range(3):
             self.generation += 1
             self.job = f"fuzzjob{self.generation}"
@@ -161,6 +167,38 @@ class World:
         if field_d.name in HOST_FIELDS:
             return st.sampled_from(["127.0.0.1", "", "::1", "x" * 300])
         return None
+
+    def raw_is_safe(self, cls: type[Message], body: bytes) -> bool:
+        """Whether a mutated body, if it parses, still names only loopback addresses and sandboxed paths.
+
+        A bit flip can turn ``127.0.0.1:port`` into a host name (the JobManager would resolve it
+        through the network's DNS server) or a sandbox path into ``/tmp/...``-elsewhere.
+        """
+        try:
+            msg = cls.FromString(body)
+        except Exception:
+            return True  # refused by the server's parser too
+        ok = True
+        root = os.path.realpath(self.sandbox.parents[3])
+        addresses = {self.dead_address, "", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:99999", "[::1]:1",
+                     "127.0.0.1:-5", ":" * 5, "127.0.0.1:" + "9" * 30}
+
+        def check(m: Message) -> None:
+            nonlocal ok
+            for field_d, value in m.ListFields():
+                if field_d.type == FD.TYPE_MESSAGE and not field_d.message_type.GetOptions().map_entry:
+                    for item in (value if field_d.is_repeated else [value]):
+                        check(item)
+                elif field_d.type == FD.TYPE_STRING and not field_d.is_repeated:
+                    if field_d.name in ADDRESS_FIELDS | HOST_FIELDS and value not in addresses | {"::1", "x" * 300}:
+                        ok = False
+                    if field_d.name in PATH_FIELDS and value:
+                        local = value.removeprefix("file://")
+                        if "://" in local or not os.path.normpath(os.path.join(root, "cwd", local)).startswith(root + "/"):
+                            ok = False
+
+        check(msg)
+        return ok
 
     def protect(self, method_name: str, msg: Message) -> None:
         """Keep the reference job, and the real TaskManagers' registrations, out of the fuzzer's reach."""
