@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -222,9 +223,10 @@ class CheckpointMetadata:
                     problem = file_path_problem(f, self.savepoint)
                     if problem:
                         out.append(f"{where} subtask {sub.subtask_index}: {problem}")
-                    if f.local_name and not is_plain_file_name(f.local_name):
-                        # A restore writes the file under this name inside its restore directory.
-                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has local_name "
+                    if not is_plain_file_name(f.local_name or posixpath.basename(f.path)):
+                        # A restore writes the file under this name (or the path's last part) inside
+                        # its restore directory.
+                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path[:100]!r} has local_name "
                                    f"{f.local_name[:100]!r}, which is not a plain file name")
                     if f.size < 0:
                         out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has negative size {f.size}")
