@@ -31,7 +31,7 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.common.keygroups import past_max_parallelism
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
-from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry
+from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry, check_address
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
 from keyedstate.jobmanager.settings import JobManagerSettings
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
@@ -127,6 +127,8 @@ class Dispatcher:
         releases itself before it serves anything (it is fenced while registering). A restarted
         process hosts nothing, so the jobs it hosted fail over.
         """
+        if request.internal_address:
+            check_address(f"TaskManager {request.taskmanager_id}", "internal_address", request.internal_address)
         record, previous = self.registry.register(
             request.taskmanager_id, request.address, request.host, request.num_slots, request.backend, request.metrics_port,
             limits=request.limits if request.HasField("limits") else None,

@@ -19,6 +19,18 @@ from keyedstate.common.lease import lease_bound_ms as lease_bound, lease_duratio
 logger = logging.getLogger(__name__)
 
 
+def check_address(who: str, what: str, address: str) -> None:
+    """``address`` must be ``host:port`` with a port in 1..65535 and a host of printable characters.
+
+    The JobManager connects to it (and resolves the host): garbage such as ``:::::`` or ``0`` took
+    slots and failed every deploy, and sent the host to the DNS resolver.
+    """
+    host, sep, port = address.rpartition(":")
+    if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535 and host.isprintable() and " " not in host
+            and len(address) <= 300):
+        raise InvalidArgumentError(f"{who} sent {what} {address[:100]!r}; expected host:port with a port in 1..65535")
+
+
 class TaskManagerStatus(enum.Enum):
     ACTIVE = "ACTIVE"
     LOST = "LOST"
@@ -99,8 +111,7 @@ class TaskManagerRegistry:
                 f"TaskManager {taskmanager_id} offers {num_slots} slots; taskmanager.numberOfTaskSlots must be "
                 f"between 1 and {MAX_TASK_SLOTS}"
             )
-        if not address or ":" not in address:
-            raise InvalidArgumentError(f"TaskManager {taskmanager_id} sent address {address!r}; expected host:port")
+        check_address(f"TaskManager {taskmanager_id}", "address", address)
         with self._lock:
             previous = self._records.get(taskmanager_id)
             now = self._clock.monotonic_ms()

@@ -173,6 +173,21 @@ def test_metadata_with_a_local_name_that_is_not_a_plain_file_name_is_refused(loc
         CheckpointMetadata.from_json(json_module.dumps(doc))
 
 
+def test_metadata_without_local_name_restores_under_the_paths_last_part_which_must_be_plain() -> None:
+    import json as json_module
+
+    from keyedstate.common.errors import CorruptCheckpointError
+    from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+
+    doc = _metadata_doc()
+    entry = doc["operators"][0]["subtasks"][0]["files"][0]
+    entry["local_name"] = ""
+    assert CheckpointMetadata.from_json(json_module.dumps(doc)).checkpoint_id == 3  # restores as meta.kvs
+    entry["path"] = "op-0/meta\x00.kvs"
+    with pytest.raises(CorruptCheckpointError, match="not a plain file name"):
+        CheckpointMetadata.from_json(json_module.dumps(doc))
+
+
 def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
     """DeploySlot with a restore handle naming ``local_name='../../../<x>'`` downloaded the (verified)
     file to that path: a write anywhere the TaskManager may write."""
@@ -235,3 +250,22 @@ def test_a_heartbeat_reporting_a_slot_the_taskmanager_does_not_offer_is_refused(
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT", err.details()
         assert "offers 2 slots (0..1)" in err.details()
         assert rm.Heartbeat(jm_pb.HeartbeatRequest(taskmanager_id="fz-tm-1", jobmanager_session=session), timeout=10).known
+
+
+@pytest.mark.parametrize("field,value", [
+    ("address", ":::::"), ("address", "127.0.0.1:0"), ("address", "127.0.0.1:99999"), ("address", "127.0.0.1:-5"),
+    ("address", "127.0.0.1"), ("address", "a b:1"), ("internal_address", "0"), ("internal_address", "host:port"),
+])
+def test_a_taskmanager_address_that_is_not_host_and_port_is_refused(cluster: Any, field: str, value: str) -> None:
+    """RegisterTaskManager(address=':::::', internal_address='0') was accepted: the TaskManager took slots, every
+    deploy to it failed, and the JobManager sent '0' to the DNS resolver. Found by the long RPC fuzz run."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        rm = jm_grpc.ResourceManagerStub(channel)
+        request = jm_pb.RegisterTaskManagerRequest(taskmanager_id="fz-tm-2", address="127.0.0.1:1", num_slots=1,
+                                                   host="127.0.0.1", backend="hashmap")
+        setattr(request, field, value)
+        err = _error(lambda: rm.RegisterTaskManager(request, timeout=10))
+        assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT", err.details()
+        assert f"sent {field}" in err.details() and "port in 1..65535" in err.details()
+        overview = jm_grpc.JobManagerStub(channel).GetClusterOverview(jm_pb.ClusterOverviewRequest(), timeout=10)
+        assert [t.taskmanager_id for t in overview.taskmanagers] == ["tm-0"]
