@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import posixpath
 import sys
 import tempfile
 from pathlib import Path
@@ -69,8 +70,8 @@ def _metadata(data: bytes) -> None:
     for _, _, f in meta.files():
         if not _paths.join(BASE, f.path).startswith("file:///checkpoints/job/"):
             raise AssertionError(f"file {f.path!r} escapes the job directory")
-        if f.local_name and not is_plain_file_name(f.local_name):
-            raise AssertionError(f"local_name {f.local_name!r} is not a plain file name")
+        if not is_plain_file_name(f.local_name or posixpath.basename(f.path)):
+            raise AssertionError(f"file {f.path!r} restores under a name that is not a plain file name")
 
 
 def _manifest(data: bytes) -> None:

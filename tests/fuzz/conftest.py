@@ -16,6 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.client import ListState, MapState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from tests.fuzz.rpc_harness import Stats, as_dict
@@ -75,7 +77,15 @@ class FuzzCluster:
     tmp: Path
 
     def assert_healthy(self) -> None:
-        """Every daemon answers its health check; the reference reads back; a new job takes a write."""
+        """Every daemon answers its health check; the reference reads back; a new job takes a write.
+
+        The TaskManagers the fuzzer registered (unreachable addresses) are deregistered first:
+        until their heartbeat timeout passes the JobManager would place the new job's slots on them.
+        """
+        rm = jm_grpc.ResourceManagerStub(self.world.channel(self.world.jm_address))
+        for tm in self.world.client.cluster().taskmanagers:
+            if tm.taskmanager_id not in self.world.tm_ids:
+                rm.DeregisterTaskManager(jm_pb.DeregisterTaskManagerRequest(taskmanager_id=tm.taskmanager_id), timeout=10)
         for address in self.addresses:
             with grpc.insecure_channel(address) as channel:
                 reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)

@@ -42,8 +42,16 @@ PARALLELISM = 2
 STATES = {"value": "v", "list": "l", "map": "m", "reducing": "r"}
 
 PATH_FIELDS = {"target_directory", "restore_path", "checkpoint_base", "target_path", "checkpoint_path", "shared_path", "path"}
-ADDRESS_FIELDS = {"address"}
-HOST_FIELDS = {"host"}
+
+
+def is_address_field(name: str) -> bool:
+    """``address``, ``internal_address``, ...: a daemon connects to (and resolves) what it holds."""
+    return name == "address" or name.endswith("_address")
+
+
+def is_host_field(name: str) -> bool:
+    return name == "host" or name.endswith("_host")
+SAFE_HOSTS = {"127.0.0.1", "", "::1", "x" * 300}
 TM_LIFECYCLE_METHODS = {"RegisterTaskManager", "Heartbeat", "DeregisterTaskManager"}
 
 
@@ -161,12 +169,15 @@ class World:
             return None
         if field_d.name in PATH_FIELDS:
             return st.one_of(ps.NAMEISH, st.sampled_from(ps.HOSTILE_TEXT[:24])).map(self.sandbox_path)
-        if field_d.name in ADDRESS_FIELDS:
-            return st.sampled_from([self.dead_address, "", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:99999",
-                                    "[::1]:1", "127.0.0.1:-5", ":" * 5, "127.0.0.1:" + "9" * 30])
-        if field_d.name in HOST_FIELDS:
-            return st.sampled_from(["127.0.0.1", "", "::1", "x" * 300])
+        if is_address_field(field_d.name):
+            return st.sampled_from(sorted(self.safe_addresses()))
+        if is_host_field(field_d.name):
+            return st.sampled_from(sorted(SAFE_HOSTS))
         return None
+
+    def safe_addresses(self) -> set[str]:
+        return {self.dead_address, "", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:99999", "[::1]:1",
+                "127.0.0.1:-5", ":" * 5, "127.0.0.1:" + "9" * 30}
 
     def raw_is_safe(self, cls: type[Message], body: bytes) -> bool:
         """Whether a mutated body, if it parses, still names only loopback addresses and sandboxed paths.
@@ -179,9 +190,9 @@ class World:
         except Exception:
             return True  # refused by the server's parser too
         ok = True
-        root = os.path.realpath(self.sandbox.parents[3])
-        addresses = {self.dead_address, "", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:99999", "[::1]:1",
-                     "127.0.0.1:-5", ":" * 5, "127.0.0.1:" + "9" * 30}
+        sandbox_root = os.path.realpath(self.sandbox.parents[2])
+        cwd = os.path.join(os.path.realpath(self.sandbox.parents[3]), "cwd")
+        addresses = self.safe_addresses()
 
         def check(m: Message) -> None:
             nonlocal ok
@@ -190,11 +201,12 @@ class World:
                     for item in (value if field_d.is_repeated else [value]):
                         check(item)
                 elif field_d.type == FD.TYPE_STRING and not field_d.is_repeated:
-                    if field_d.name in ADDRESS_FIELDS | HOST_FIELDS and value not in addresses | {"::1", "x" * 300}:
+                    if (is_address_field(field_d.name) and value not in addresses) or (
+                            is_host_field(field_d.name) and value not in SAFE_HOSTS):
                         ok = False
-                    if field_d.name in PATH_FIELDS and value:
+                    if field_d.name in PATH_FIELDS and value and value != self.checkpoint_path:
                         local = value.removeprefix("file://")
-                        if "://" in local or not os.path.normpath(os.path.join(root, "cwd", local)).startswith(root + "/"):
+                        if "://" in local or not os.path.normpath(os.path.join(cwd, local)).startswith(sandbox_root + "/"):
                             ok = False
 
         check(msg)
