@@ -69,6 +69,7 @@ logger = logging.getLogger(__name__)
 FORMAT = "keyedstate-checkpoint"
 VERSION = 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -348,6 +349,9 @@ class _Reader:
         value = self._get(obj, key, where)
         if isinstance(value, bool) or not isinstance(value, int):
             raise _corrupt(self.source, f"field {_join(where, key)!r} must be an integer, got {value!r}")
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            # Every integer travels in an int64 protobuf field (restore handles, CheckpointInfo).
+            raise _corrupt(self.source, f"field {_join(where, key)!r} is {value}, outside the 64-bit range")
         return value
 
     def string(self, obj: Any, key: str, where: str) -> str:

@@ -188,6 +188,23 @@ def test_metadata_without_local_name_restores_under_the_paths_last_part_which_mu
         CheckpointMetadata.from_json(json_module.dumps(doc))
 
 
+@pytest.mark.parametrize("field", ["committed_epoch", "full_size", "incremental_size"])
+def test_metadata_integers_outside_int64_are_a_corrupt_checkpoint(field: str) -> None:
+    """committed_epoch=65494308061327581470640513744896 loaded, then plan_restore's protobuf handle raised
+    ValueError('Value out of range'), untyped. Found by the long checkpoint-reader run."""
+    import json as json_module
+
+    from keyedstate.common.errors import CorruptCheckpointError
+    from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+
+    doc = _metadata_doc()
+    doc["operators"][0]["subtasks"][0][field] = 65494308061327581470640513744896
+    with pytest.raises(CorruptCheckpointError, match="outside the 64-bit range"):
+        CheckpointMetadata.from_json(json_module.dumps(doc))
+    doc["operators"][0]["subtasks"][0][field] = 2**63 - 1
+    CheckpointMetadata.from_json(json_module.dumps(doc))
+
+
 def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
     """DeploySlot with a restore handle naming ``local_name='../../../<x>'`` downloaded the (verified)
     file to that path: a write anywhere the TaskManager may write."""
