@@ -60,7 +60,7 @@ from keyedstate.common.descriptors import (
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
-from keyedstate.common.storage import is_plain_file_name
+from keyedstate.common.storage import MAX_FILE_NAME, is_plain_file_name
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, LEGACY_QUERY, EpochLineage, LineageEntry
 
@@ -301,6 +301,9 @@ class CheckpointMetadata:
 
 def file_path_problem(f: FileRef, savepoint: bool) -> str | None:
     """Why a file's relative path is not allowed, or None."""
+    if len(f.path) > 4096 or any(len(part) > MAX_FILE_NAME for part in f.path.split("/")):
+        # No file system holds it: reading it would fail as a (retryable) storage error.
+        return f"file {f.path[:100]!r}... is longer than a file system allows"
     if savepoint:
         if not _paths.is_inside_relative(f.path):
             return f"file {f.path!r} is not inside the savepoint directory (a savepoint must be self-contained)"

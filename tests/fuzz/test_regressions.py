@@ -205,6 +205,21 @@ def test_metadata_integers_outside_int64_are_a_corrupt_checkpoint(field: str) ->
     CheckpointMetadata.from_json(json_module.dumps(doc))
 
 
+def test_metadata_with_a_path_no_file_system_holds_is_corrupt_not_a_storage_error() -> None:
+    """A 10,000-character file name in _metadata failed verify_files_exist with StorageError (ENAMETOOLONG:
+    UNAVAILABLE, "retry") instead of naming the corrupt checkpoint. Found by the long checkpoint-reader run."""
+    import json as json_module
+
+    from keyedstate.common.errors import CorruptCheckpointError
+    from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
+
+    doc = _metadata_doc()
+    doc["operators"][0]["subtasks"][0]["files"][0]["path"] = "x" * 10_000
+    doc["operators"][0]["subtasks"][0]["files"][0]["local_name"] = "meta.kvs"
+    with pytest.raises(CorruptCheckpointError, match="longer than a file system allows"):
+        CheckpointMetadata.from_json(json_module.dumps(doc))
+
+
 def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
     """DeploySlot with a restore handle naming ``local_name='../../../<x>'`` downloaded the (verified)
     file to that path: a write anywhere the TaskManager may write."""
