@@ -32,7 +32,7 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.common.keygroups import past_max_parallelism
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
-from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry
+from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry, check_address
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
 from keyedstate.jobmanager.settings import JobManagerSettings
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
@@ -140,6 +140,8 @@ class Dispatcher:
                 f"{self.settings.cluster_id!r} (high-availability.cluster-id); point the TaskManager at its own "
                 "cluster's JobManager (jobmanager.rpc.address / jobmanager.rpc.port) or give both the same cluster id"
             )
+        if request.internal_address:
+            check_address(f"TaskManager {request.taskmanager_id}", "internal_address", request.internal_address)
         record, previous = self.registry.register(
             request.taskmanager_id, request.address, request.host, request.num_slots, request.backend, request.metrics_port,
             limits=request.limits if request.HasField("limits") else None,
@@ -178,6 +180,15 @@ class Dispatcher:
 
     def heartbeat(self, request: jm_pb.HeartbeatRequest) -> bool:
         """Record a heartbeat; False when the TaskManager must register again (unknown, or another session)."""
+        known = self.registry.get(request.taskmanager_id)
+        if known is not None:
+            # Checked before anything is recorded: a negative index would address a slot from the end.
+            bad = sorted({s.slot_index for s in request.slots if not 0 <= s.slot_index < known.num_slots})
+            if bad:
+                raise InvalidArgumentError(
+                    f"TaskManager {request.taskmanager_id} reports slot index(es) {bad[:5]} but offers "
+                    f"{known.num_slots} slots (0..{known.num_slots - 1}); report only the slots it offers"
+                )
         if request.jobmanager_session != self.registry.session or not self.registry.heartbeat(request.taskmanager_id):
             return False
         reported = {s.slot_index: SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in request.slots if s.job_id}
@@ -193,7 +204,7 @@ class Dispatcher:
                 self.registry.free_if(request.taskmanager_id, index, subtask)
         for index, subtask in reported.items():
             # A slot no job assigns here (a deploy whose answer was lost): it must not serve.
-            if index < len(record.occupancy) and record.occupancy[index] is None and not self._assigned(
+            if 0 <= index < len(record.occupancy) and record.occupancy[index] is None and not self._assigned(
                     subtask, request.taskmanager_id, index):
                 self.registry.occupy(request.taskmanager_id, index, subtask)
                 self._pool.submit(self._release_orphan, record, index, subtask)

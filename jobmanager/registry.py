@@ -11,11 +11,24 @@ from typing import Callable, Iterable
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Clock, Scheduler
+from keyedstate.common.config.options import MAX_TASK_SLOTS
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.lease import lease_bound_ms as lease_bound, lease_duration_ms as lease_duration
 
 logger = logging.getLogger(__name__)
+
+
+def check_address(who: str, what: str, address: str) -> None:
+    """``address`` must be ``host:port`` with a port in 1..65535 and a host of printable characters.
+
+    The JobManager connects to it (and resolves the host): garbage such as ``:::::`` or ``0`` took
+    slots and failed every deploy, and sent the host to the DNS resolver.
+    """
+    host, sep, port = address.rpartition(":")
+    if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535 and host.isprintable() and " " not in host
+            and len(address) <= 300):
+        raise InvalidArgumentError(f"{who} sent {what} {address[:100]!r}; expected host:port with a port in 1..65535")
 
 
 class TaskManagerStatus(enum.Enum):
@@ -92,10 +105,13 @@ class TaskManagerRegistry:
                  limits: pb.StateLimits | None = None) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
         """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
         validate_id("taskmanager id", taskmanager_id)
-        if num_slots < 1:
-            raise InvalidArgumentError(f"TaskManager {taskmanager_id} offers {num_slots} slots; it must offer at least 1")
-        if not address or ":" not in address:
-            raise InvalidArgumentError(f"TaskManager {taskmanager_id} sent address {address!r}; expected host:port")
+        if not 1 <= num_slots <= MAX_TASK_SLOTS:
+            # The registry keeps one entry per slot: an unbounded count is a memory bomb.
+            raise InvalidArgumentError(
+                f"TaskManager {taskmanager_id} offers {num_slots} slots; taskmanager.numberOfTaskSlots must be "
+                f"between 1 and {MAX_TASK_SLOTS}"
+            )
+        check_address(f"TaskManager {taskmanager_id}", "address", address)
         with self._lock:
             previous = self._records.get(taskmanager_id)
             now = self._clock.monotonic_ms()

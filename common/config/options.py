@@ -51,7 +51,9 @@ TASKMANAGER_BIND_HOST = _opt("taskmanager.bind-host", string_parser, None, "stri
     "Interface the TaskManager listens on; defaults to taskmanager.host.")
 TASKMANAGER_PORT = _opt("taskmanager.rpc.port", port_parser, 0, "int",
     "gRPC port of the TaskManager. 0 picks a free port, which is reported to the JobManager.")
-TASKMANAGER_SLOTS = _opt("taskmanager.numberOfTaskSlots", int_parser(1, 4096), 1, "int",
+MAX_TASK_SLOTS = 4096
+"""The most slots one TaskManager may offer (the JobManager refuses a registration above it)."""
+TASKMANAGER_SLOTS = _opt("taskmanager.numberOfTaskSlots", int_parser(1, MAX_TASK_SLOTS), 1, "int",
     "Slots this TaskManager offers; each hosts the keyed state of one (job, operator, subtask).")
 TASKMANAGER_RESOURCE_ID = _opt("taskmanager.resource-id", string_parser, None, "string",
     "Stable id of this TaskManager. Defaults to one derived from the host and the local state "

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import grpc
 
 from keyedstate.common.errors import ConfigError, UnavailableError
+from keyedstate.common.rpc.decoding import MalformedRequestInterceptor
 from keyedstate.common.security.tls import ChannelSecurity
 
 logger = logging.getLogger(__name__)
@@ -205,7 +206,8 @@ def create_server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{what}-rpc"),
         options=server_options(max_message_bytes),
         maximum_concurrent_rpcs=threads * 64,
-        interceptors=list(interceptors),
+        # Innermost: the plane's own interceptors (authentication) see a call first.
+        interceptors=[*interceptors, MalformedRequestInterceptor()],
     )
     address = f"{_bracket(bind_host)}:{port}"
     try:

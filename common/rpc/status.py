@@ -81,13 +81,35 @@ def status_code(error: e.KeyedStateError) -> grpc.StatusCode:
     return _CODES.get(error.reason, grpc.StatusCode.INTERNAL)
 
 
+MAX_DETAILS_WIRE_BYTES = 4096
+"""The status message travels percent-encoded in a header; gRPC clients drop the whole answer
+(RESOURCE_EXHAUSTED "metadata size exceeds hard limit", 16 KiB) when it is too large, losing the
+status code and reason. Messages that echo a huge input (a 1 MiB state name) are cut to this."""
+
+
+def _wire_size(text: str) -> int:
+    return sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in text.encode("utf-8", "surrogatepass"))
+
+
+def bounded_details(message: str) -> str:
+    """``message`` itself, or its start and end around an ellipsis when its header would be too large."""
+    if len(message) * 12 <= MAX_DETAILS_WIRE_BYTES or _wire_size(message) <= MAX_DETAILS_WIRE_BYTES:
+        return message
+    head, tail = 1200, 400  # the end usually names the fix
+    while True:
+        cut = f"{message[:head]} … [{len(message) - head - tail} characters cut] … {message[-tail:]}"
+        if _wire_size(cut) <= MAX_DETAILS_WIRE_BYTES:
+            return cut
+        head, tail = head // 2, tail // 2
+
+
 def abort_with(context: grpc.ServicerContext, error: e.KeyedStateError) -> None:
     """Abort the call with the error's status code, message and reason (never returns)."""
     metadata: list[tuple[str, str]] = [(REASON_KEY, error.reason.value)]
     if isinstance(error, e.StaleRoutingError):
         metadata.append((ROUTING_VERSION_KEY, str(error.current_version)))
     context.set_trailing_metadata(tuple(metadata))
-    context.abort(status_code(error), error.message)
+    context.abort(status_code(error), bounded_details(error.message))
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyedstate.common.storage._base import CheckpointStorage, FileInfo
+from keyedstate.common.storage._base import MAX_FILE_NAME, CheckpointStorage, FileInfo, is_plain_file_name
 from keyedstate.common.storage._cache import StorageCache
 from keyedstate.common.storage._fsspec import FsspecStorage, join_url
 from keyedstate.common.storage._local import LocalStorage
@@ -16,6 +16,7 @@ from keyedstate.common.storage._registry import open_storage, register_storage, 
 from keyedstate.common.storage._retry import RetryPolicy, Waiter
 
 __all__ = [
+    "MAX_FILE_NAME",
     "CheckpointStorage",
     "FileInfo",
     "FsspecStorage",
@@ -26,6 +27,7 @@ __all__ = [
     "StorageCache",
     "Waiter",
     "join_url",
+    "is_plain_file_name",
     "open_storage",
     "register_storage",
     "s3fs_options",

@@ -6,6 +6,23 @@ from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 
+MAX_FILE_NAME = 255
+
+
+def is_plain_file_name(name: str) -> bool:
+    """True for a single path component that stays in the directory it is joined to.
+
+    Not empty, no separator (``/`` or ``\\``), not ``.`` or ``..``, no NUL, at most 255 characters:
+    checkpoint file names (``local_name``) come from ``_metadata`` and from DeploySlot, and a
+    restore writes each file under its name inside the restore directory.
+    """
+    return (
+        0 < len(name) <= MAX_FILE_NAME
+        and name not in (".", "..")
+        and not any(c in name for c in ("/", "\\", "\x00"))
+    )
+
+
 @dataclass(frozen=True)
 class FileInfo:
     path: str

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -59,6 +60,7 @@ from keyedstate.common.descriptors import (
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
+from keyedstate.common.storage import MAX_FILE_NAME, is_plain_file_name
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, LEGACY_QUERY, EpochLineage, LineageEntry
 
@@ -67,6 +69,7 @@ logger = logging.getLogger(__name__)
 FORMAT = "keyedstate-checkpoint"
 VERSION = 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,11 @@ class CheckpointMetadata:
                     problem = file_path_problem(f, self.savepoint)
                     if problem:
                         out.append(f"{where} subtask {sub.subtask_index}: {problem}")
+                    if not is_plain_file_name(f.local_name or posixpath.basename(f.path)):
+                        # A restore writes the file under this name (or the path's last part) inside
+                        # its restore directory.
+                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path[:100]!r} has local_name "
+                                   f"{f.local_name[:100]!r}, which is not a plain file name")
                     if f.size < 0:
                         out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has negative size {f.size}")
                     if f.sha256 and not _SHA256.match(f.sha256):
@@ -278,8 +286,10 @@ class CheckpointMetadata:
         try:
             text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
             raw = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _corrupt(source, f"not valid UTF-8 JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:
+            # ValueError: not UTF-8, not JSON, or an integer of more than 4300 digits (Python's
+            # int-conversion limit); RecursionError: arrays or objects nested too deep to parse.
+            raise _corrupt(source, f"not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})") from exc
         reader = _Reader(source)
         meta = reader.metadata(raw)
         problems = meta.problems()
@@ -291,6 +301,9 @@ class CheckpointMetadata:
 
 def file_path_problem(f: FileRef, savepoint: bool) -> str | None:
     """Why a file's relative path is not allowed, or None."""
+    if len(f.path) > 4096 or any(len(part) > MAX_FILE_NAME for part in f.path.split("/")):
+        # No file system holds it: reading it would fail as a (retryable) storage error.
+        return f"file {f.path[:100]!r}... is longer than a file system allows"
     if savepoint:
         if not _paths.is_inside_relative(f.path):
             return f"file {f.path!r} is not inside the savepoint directory (a savepoint must be self-contained)"
@@ -339,6 +352,9 @@ class _Reader:
         value = self._get(obj, key, where)
         if isinstance(value, bool) or not isinstance(value, int):
             raise _corrupt(self.source, f"field {_join(where, key)!r} must be an integer, got {value!r}")
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            # Every integer travels in an int64 protobuf field (restore handles, CheckpointInfo).
+            raise _corrupt(self.source, f"field {_join(where, key)!r} is {value}, outside the 64-bit range")
         return value
 
     def string(self, obj: Any, key: str, where: str) -> str:

@@ -24,6 +24,17 @@ def need_checkpointing(dispatcher: Dispatcher) -> object:
     return dispatcher.checkpointing
 
 
+MAX_WAIT_MS = 86_400_000
+"""The longest wait a call may ask for (a day): waits use the OS clock, which overflows far below int64."""
+
+
+def _check_timeout_ms(method: str, timeout_ms: int) -> None:
+    if not 0 <= timeout_ms <= MAX_WAIT_MS:
+        raise InvalidArgumentError(
+            f"{method}: timeout_ms must be between 0 (the server's default) and {MAX_WAIT_MS} (a day), got {timeout_ms}"
+        )
+
+
 class JobManagerServicer(jm_grpc.JobManagerServicer):
     def __init__(self, dispatcher: Dispatcher, epochs: EpochCoordinator) -> None:
         self._d = dispatcher
@@ -78,6 +89,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     # -- checkpoints -------------------------------------------------------------------------
     @rpc_method
     def TriggerCheckpoint(self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.CheckpointInfo:
+        _check_timeout_ms("TriggerCheckpoint", request.timeout_ms)
         return need_checkpointing(self._d).trigger_request(request)  # type: ignore[attr-defined]
 
     @rpc_method
@@ -96,6 +108,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
 
     @rpc_method
     def CommitEpoch(self, request: jm_pb.CommitEpochRequest, context: grpc.ServicerContext) -> jm_pb.CommitEpochResponse:
+        _check_timeout_ms("CommitEpoch", request.timeout_ms)
         outcome = self._epochs.commit(EpochCommit(
             job_id=request.job_id, epoch=request.epoch, query_id=request.query_id, batch_id=request.batch_id,
             winners=list(request.winners), routing_version=request.expected_routing_version,

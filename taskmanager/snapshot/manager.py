@@ -37,7 +37,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.storage import StorageCache
+from keyedstate.common.storage import StorageCache, is_plain_file_name
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, upload_files
@@ -98,6 +98,25 @@ class SnapshotManager:
         if barrier.checkpoint_id <= 0 or not barrier.target_path:
             raise InvalidArgumentError("a checkpoint barrier needs a positive checkpoint_id and a target_path")
         crash_point("taskmanager.checkpoint.barrier")
+        key = (barrier.job_id, barrier.checkpoint_id)
+        with self._lock:
+            running = self._inflight.get(key)
+            if running is not None:
+                # A duplicate barrier (a retried trigger): starting again would delete the local
+                # snapshot the first one is still uploading. Like a duplicate ack, it is not an error.
+                logger.info("checkpoint %d of job %s: duplicate barrier ignored, %d slots already snapshotting",
+                            barrier.checkpoint_id, barrier.job_id, len(running))
+                return len(running)
+            self._inflight[key] = []
+        try:
+            return self._start(barrier, key)
+        except BaseException:
+            with self._lock:
+                if not self._inflight.get(key, True):
+                    del self._inflight[key]  # refused before any slot started
+            raise
+
+    def _start(self, barrier: tm_pb.CheckpointBarrier, key: tuple[str, int]) -> int:
         slots = self._tm.slots.of_job(barrier.job_id)
         for slot in slots:
             # The cut must be consistent: every slot of the job holds the epoch the barrier names.
@@ -108,6 +127,8 @@ class SnapshotManager:
                     f"epoch {barrier.epoch}; the checkpoint cannot be consistent and is refused"
                 )
         started: list[_SlotCheckpoint] = []
+        with self._lock:
+            self._inflight[key] = started  # filled as slots start, so a notify in between sees them
         for slot in slots:
             backend = slot.require_backend()
             local_dir = self._tm.deployer.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / _local_name(barrier)  # type: ignore[union-attr]
@@ -120,8 +141,10 @@ class SnapshotManager:
             work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir, barrier.target_path, savepoint=barrier.savepoint)
             started.append(work)
             self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
-        with self._lock:
-            self._inflight[(barrier.job_id, barrier.checkpoint_id)] = started
+        if not started:
+            with self._lock:
+                if self._inflight.get(key) is started:
+                    del self._inflight[key]  # nothing to track (no slot of the job here)
         logger.info("checkpoint %d of job %s: snapshot of %d slots started", barrier.checkpoint_id, barrier.job_id, len(started))
         return len(started)
 
@@ -326,6 +349,11 @@ class SnapshotManager:
             for f in handle.files:
                 restored_bytes += f.size
                 name = f.local_name or Path(f.path).name
+                if not is_plain_file_name(name):
+                    raise InvalidArgumentError(
+                        f"restore of {slot.subtask}: file {f.path[:200]!r} has local name {name[:100]!r}; it must be a "
+                        "plain file name (no '/', not '..'), or the file would be written outside the restore directory"
+                    )
                 verified = local.get(name)
                 if verified is not None:
                     (target / name).hardlink_to(verified)

@@ -1,0 +1,94 @@
+"""Requests that do not parse are refused as INVALID_ARGUMENT, like any other bad input.
+
+gRPC's Python server answers a request body that is not a valid protobuf of the method's
+request type (truncated, corrupted, a string field that is not UTF-8) with INTERNAL
+"Exception deserializing request!", which reads as a server bug. The interceptor installed by
+:func:`keyedstate.common.rpc.channels.create_server` decodes the body itself and answers
+INVALID_ARGUMENT with the usual reason trailer and a message naming the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.rpc.status import abort_with
+
+logger = logging.getLogger(__name__)
+
+
+class _Malformed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def decode(body: bytes) -> Any:
+        try:
+            return deserializer(body)
+        except (DecodeError, ValueError, TypeError) as exc:
+            return _Malformed(exc)
+
+    return decode
+
+
+def _refuse(method: str, malformed: _Malformed, context: grpc.ServicerContext) -> None:
+    abort_with(context, InvalidArgumentError(
+        f"the request to {method} is not a valid protobuf message of its request type ({malformed.error}); "
+        "send a message built with the keyedstate.v1 protocol (the client library or the generated stubs)"
+    ))
+
+
+class MalformedRequestInterceptor(grpc.ServerInterceptor):
+    """Wraps unary-request handlers so a body that does not decode is INVALID_ARGUMENT, not INTERNAL."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        with self._lock:
+            self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    @staticmethod
+    def _wrap(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if handler.response_streaming:
+            inner_stream = handler.unary_stream
+
+            def unary_stream(request: Any, context: grpc.ServicerContext) -> Any:
+                if isinstance(request, _Malformed):
+                    _refuse(method, request, context)
+                return inner_stream(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream, request_deserializer=_lenient(handler.request_deserializer),
+                response_serializer=handler.response_serializer)
+        inner = handler.unary_unary
+
+        def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                _refuse(method, request, context)
+            return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary, request_deserializer=_lenient(handler.request_deserializer),
+            response_serializer=handler.response_serializer)
