@@ -35,6 +35,7 @@ import grpc
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.ids import validate_id
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.faults import crash_point
 from keyedstate.common.storage import StorageCache, is_plain_file_name
@@ -336,6 +337,9 @@ class SnapshotManager:
     def restore(self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore) -> tuple[KeyedStateBackend, DeployResult]:
         """Download (or find locally) every snapshot overlapping the slot and build its backend."""
         t0 = time.monotonic()
+        for handle in restore.handles:
+            # The handle's operator id names a directory below; refuse traversal before anything is made.
+            validate_id("operator id of a restore handle", handle.operator_id)
         work_root = instance_dir.parent / f"{instance_dir.name}.{_RESTORE_DIR}"
         shutil.rmtree(work_root, ignore_errors=True)
         snapshot_dirs: list[Path] = []

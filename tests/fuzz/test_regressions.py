@@ -250,6 +250,35 @@ def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_
     assert not escaped.exists() and not list(tmp_path.glob("**/escaped-by-restore*"))
 
 
+def test_deploy_slot_refuses_a_restore_handle_whose_operator_id_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
+    """A restore handle's operator id ``x/../../../escaped-dir`` was joined into the restore
+    directory's path: the TaskManager made ``escaped-dir-0/meta.kvs`` outside its directory (the
+    deploy failed, the files stayed). Reported by the RPC fuzz run."""
+    import hashlib
+
+    remote = tmp_path / "remote" / "meta.kvs"
+    remote.parent.mkdir()
+    remote.write_bytes(b"payload")
+    tm = cluster.taskmanagers[0]
+    depth = len(tm.deployer.work_dir.relative_to(tmp_path).parts) + 2  # type: ignore[union-attr]
+    from keyedstate.common._proto.v1 import common_pb2 as pb
+
+    handle = pb.SubtaskStateHandle(operator_id="x/" + "../" * depth + "escaped-dir", subtask_index=0,
+                                   key_groups=pb.KeyGroupRange(start=0, end=127), backend="hashmap",
+                                   files=[pb.StateFileHandle(path=remote.as_uri(), size=7, local_name="meta.kvs",
+                                                             sha256=hashlib.sha256(b"payload").hexdigest())])
+    request = tm_pb.DeploySlotRequest(
+        job_id="evil2", operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
+        subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127), max_parallelism=128, slot_index=1,
+        routing_version=1, restore=tm_pb.SlotRestore(checkpoint_path=remote.parent.as_uri(), handles=[handle],
+                                                     checkpoint_id=1))
+    with grpc.insecure_channel(tm.address) as channel:
+        err = _error(lambda: tm_grpc.TaskExecutorStub(channel).DeploySlot(request, timeout=30))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "operator id of a restore handle" in err.details() and "path separator" in err.details()
+    assert not list(tmp_path.glob("**/escaped-dir*"))
+
+
 @pytest.mark.parametrize("timeout_ms", [2**62, -1, 86_400_001])
 def test_a_wait_beyond_what_the_clock_can_represent_is_invalid_argument(cluster: Any, timeout_ms: int) -> None:
     """TriggerCheckpoint(wait=true, timeout_ms=2^62) raised OverflowError ("timestamp out of range for
