@@ -161,8 +161,12 @@ class MiniCluster:
         config: dict[str, Any] | None = None,
         jobmanager_port: int | None = None,
         placement: PlacementFn | None = None,
+        client_token: str | None = None,
     ) -> None:
-        """``placement`` (optional) says where each daemon runs; without it all run on 127.0.0.1."""
+        """``placement`` (optional) says where each daemon runs; without it all run on 127.0.0.1.
+
+        ``client_token``: the token the MiniCluster's own calls (waiting for TaskManagers) carry
+        on a cluster with security.auth.enabled; None: the environment's (KEYEDSTATE_TOKEN...)."""
         self.base_dir = Path(base_dir)
         self.num_taskmanagers = num_taskmanagers
         self.slots = slots_per_taskmanager
@@ -171,6 +175,7 @@ class MiniCluster:
         # In another network namespace the port is free anyway; 127.0.0.1's answer does no harm.
         self.jobmanager_port = jobmanager_port or free_port()
         self.placement = placement
+        self.client_token = client_token
         self.jobmanager: DaemonProcess | None = None
         self.taskmanagers: list[DaemonProcess] = []
 
@@ -258,7 +263,8 @@ class MiniCluster:
 
         # The cluster's own security.ssl.rest.* keys: a TLS cluster is asked over TLS.
         security = client_security(Configuration(self.config))
-        with StateClient(self.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=1), security) as client:
+        with StateClient(self.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=1), security,
+                         token=self.client_token) as client:
             client.wait_for_taskmanagers(count, timeout_s=timeout_s)
 
     def stop(self) -> None:

@@ -134,10 +134,11 @@ class InProcessRocksDB:
 # -- ours: the executor client against a TaskManager process -------------------------------------------
 @contextlib.contextmanager
 def cluster_state(workdir: Path, batch: int = BATCH, in_flight: int = IN_FLIGHT, config: dict[str, Any] | None = None,
-                  security: Any = None) -> Iterator[tuple[Any, Any, int]]:
+                  security: Any = None, token: str | None = None) -> Iterator[tuple[Any, Any, int]]:
     """A JobManager and ONE TaskManager (real processes, RocksDB backend) and a ValueState handle.
 
-    ``config`` adds keys for every daemon; ``security`` is the client's ChannelSecurity (TLS).
+    ``config`` adds keys for every daemon; ``security`` is the client's ChannelSecurity (TLS),
+    ``token`` its bearer token (security.auth.enabled).
     Yields (ValueState, StateClient, TaskManager pid).
     """
     from keyedstate.common.client import ClientSettings, StateClient, ValueState
@@ -145,11 +146,13 @@ def cluster_state(workdir: Path, batch: int = BATCH, in_flight: int = IN_FLIGHT,
     from keyedstate.common.minicluster import MiniCluster
 
     mc = MiniCluster(workdir / "cluster", num_taskmanagers=1, slots_per_taskmanager=1, backend="rocksdb",
-                     config={"state.checkpoints.dir": (workdir / "cluster" / "checkpoints").as_uri(), **(config or {})})
+                     config={"state.checkpoints.dir": (workdir / "cluster" / "checkpoints").as_uri(), **(config or {})},
+                     client_token=token)
     mc.start()
     client = None
     try:
-        client = StateClient(mc.jobmanager_address, ClientSettings(batch_size=batch, max_in_flight=in_flight), security)
+        client = StateClient(mc.jobmanager_address, ClientSettings(batch_size=batch, max_in_flight=in_flight), security,
+                             token=token)
         client.submit_job(JOB, [OperatorSpec(OPERATOR, 1, (StateDescriptor(STATE, StateKind.VALUE),))])
         state = ValueState(client, JOB, OPERATOR, STATE, key_serializer="bytes", value_serializer="bytes")
         tm = mc.taskmanagers[0].process

@@ -32,12 +32,12 @@ from bench.scenarios.client_path import (
 logger = logging.getLogger(__name__)
 
 NAME = "client_path_tls"
-TITLE = "Client path over TLS: batched put/get with security.ssl.enabled vs plaintext"
+TITLE = "Client path over TLS with tokens: batched put/get with security.ssl.enabled and security.auth.enabled vs plaintext"
 TARGET = 0.9
 
 
-def _certificates(base: Path) -> tuple[dict[str, Any], Any]:
-    """Daemon config for TLS on both planes, and the client's ChannelSecurity."""
+def _certificates(base: Path) -> tuple[dict[str, Any], Any, str]:
+    """Daemon config for TLS on both planes and authentication, the client's ChannelSecurity and token."""
     import trustme
 
     from keyedstate.common.security import ChannelSecurity
@@ -54,15 +54,23 @@ def _certificates(base: Path) -> tuple[dict[str, Any], Any]:
             files[f"security.ssl.{name}.{suffix}"] = str(path)
     from keyedstate.common.minicluster import free_port
 
-    config = {"security.ssl.enabled": "true", "jobmanager.internal.port": str(free_port()), **files}
-    return config, ChannelSecurity.from_pem(ca=rest_ca.cert_pem.bytes())
+    from keyedstate.common.auth import hash_token, new_token
+
+    # Authentication on as well: every call carries a bearer token the servers check (the
+    # daemons identify each other by their internal certificates, so they need none).
+    token = new_token()
+    tokens_file = base / "tokens.yaml"
+    tokens_file.write_text(f"tokens:\n- name: bench\n  sha256: {hash_token(token)}\n  role: admin\n  jobs: ['*']\n")
+    config = {"security.ssl.enabled": "true", "jobmanager.internal.port": str(free_port()), **files,
+              "security.auth.enabled": "true", "security.auth.tokens-file": str(tokens_file)}
+    return config, ChannelSecurity.from_pem(ca=rest_ca.cert_pem.bytes()), token
 
 
 def run(ctx: BenchContext) -> ScenarioResult:
     sizes = Sizes.for_ctx(ctx)
     n = sizes.keys
     keys, values = dataset(n, ctx.seed)
-    tls_config, security = _certificates(ctx.workdir / "pki")
+    tls_config, security, token = _certificates(ctx.workdir / "pki")
     rates: dict[str, list[float]] = {"plain put": [], "tls put": [], "plain get": [], "tls get": []}
     # CPU seconds (client process + the TaskManager process) per phase: unlike wall-clock rates,
     # barely moved by whatever else the machine runs.
@@ -76,7 +84,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
     # The TLS cluster first: its internal port was picked free just now, before the plaintext
     # cluster's TaskManager takes any port.
-    with cluster_state(ctx.workdir / "tls", BATCH, IN_FLIGHT, tls_config, security) as (tls, _tc, tls_pid), \
+    with cluster_state(ctx.workdir / "tls", BATCH, IN_FLIGHT, tls_config, security, token) as (tls, _tc, tls_pid), \
             cluster_state(ctx.workdir / "plain") as (plain, _pc, plain_pid):
         for _ in range(sizes.repeats):
             for label, state, pid in (("plain", plain, plain_pid), ("tls", tls, tls_pid)):
@@ -101,7 +109,8 @@ def run(ctx: BenchContext) -> ScenarioResult:
         Series(NAME, "TLS (both planes)", [0, 1], [max(rates["tls put"]), max(rates["tls get"])], "operation (0 = put, 1 = get)", "keys/s", "bar"),
     ]
     params = {"keys": n, "batch": BATCH, "in_flight": IN_FLIGHT, "repeats": f"{sizes.repeats} alternating pairs",
-              "tls": "security.ssl.enabled (TLS 1.3, ECDSA P-256 certificates from trustme), client plane without client certificates"}
+              "tls": "security.ssl.enabled (TLS 1.3, ECDSA P-256 certificates from trustme), client plane without client "
+                     "certificates; security.auth.enabled with a bearer token on every call"}
     print(f"   TLS/plaintext put {put_ratio:.3f}, get {get_ratio:.3f}", flush=True)
     total = n * sizes.repeats
     notes = [f"CPU seconds per 1M keys (client + TaskManager): " + ", ".join(
