@@ -1,0 +1,82 @@
+"""Product bugs the chaos suite found, each reproduced deterministically (``xfail(strict=True)``).
+
+When a fix lands, the test passes, strict xfail turns that into a failure, and the marker goes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from keyedstate.common.client import ClientSettings, ListState, ReducingState, StateClient
+from keyedstate.common.errors import KeyedStateError
+from tests.integration.partitions._partitions import (
+    EVENTS,
+    OPERATOR,
+    TOTALS,
+    keys_by_subtask,
+    operators,
+    taskmanager_of,
+)
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
+
+JOB = "finding"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "direct-mode client never refreshes its routing after a ListAppend/Reduce whose outcome is unknown: once the "
+    "TaskManager owning a subtask died, every later call goes to the dead address (chaos seed 1020)"))
+@pytest.mark.parametrize("write", ["list_append", "reduce"])
+def test_a_direct_write_reaches_the_new_owner_after_its_taskmanager_died(process_cluster: Any, write: str) -> None:
+    # Chaos seed 1020 (direct mode): tm1 killed with kill -9 and restarted (on a new port); the job
+    # failed over in a second, but the writer of subtask 1 failed every append for the rest of the
+    # run with "failed to connect ... <tm1's old address>", the outcome-unknown error the client
+    # raises for a non-idempotent call, which refreshes nothing. A Spark executor's cached client
+    # (foreach_batch(..., exactly_once=False)) is stuck the same way, so its tasks keep failing.
+    cluster = process_cluster(taskmanagers=3, slots=2, config={
+        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": "10",
+        "restart-strategy.fixed-delay.delay": "100 ms"})
+    client = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5.0, max_attempts=5, backoff_s=0.05))
+    admin = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5.0, max_attempts=5, backoff_s=0.05))
+    try:
+        routing = client.submit_job(JOB, operators(2))
+        key = keys_by_subtask(routing, [f"k{i:03d}" for i in range(40)])[1][0]
+        owner = taskmanager_of(admin, JOB, 1)[0]
+        events = ListState(client, JOB, OPERATOR, EVENTS, key_serializer="str", value_serializer="str")
+        totals = ReducingState(client, JOB, OPERATOR, TOTALS, key_serializer="str")
+
+        def write_once(n: int) -> None:
+            if write == "list_append":
+                events.append_many([key], [f"e{n}"])
+            else:
+                totals.add_many([key], [(1, n)])
+
+        write_once(0)  # the client now holds the routing table that names the owner
+        cluster.taskmanagers[int(owner.split("-")[1])].kill()
+        deadline = time.monotonic() + 60
+        while True:
+            info = admin.job_info(JOB)
+            if info.status == "RUNNING" and info.routing_version > routing.version:
+                break
+            assert time.monotonic() < deadline, f"the job did not run again after {owner} died: {info.status}"
+            time.sleep(0.05)
+        assert taskmanager_of(admin, JOB, 1)[0] != owner
+
+        # The failover is complete and subtask 1 has a new owner; a call may fail once (its outcome
+        # was unknown), but the client must find the new owner within a few tries.
+        errors: list[str] = []
+        for n in range(1, 21):
+            try:
+                write_once(n)
+                break
+            except KeyedStateError as exc:
+                errors.append(exc.message[:200])
+                time.sleep(0.2)
+        else:
+            pytest.fail(f"20 {write} calls after the failover all failed (4 s); the last: {errors[-1]}")
+    finally:
+        client.close()
+        admin.close()
