@@ -126,7 +126,7 @@ class DirectChaosRun:
             healed_at = time.monotonic()
             self.timeline.log("every fault undone")
             info = self._wait_running(admin)
-            running = self._stable_deployment()
+            running = self._stable_deployment(admin)
             self.timeline.log(f"last deployment: routing v{running.routing_version} RUNNING "
                               f"({info.restarts} restarts in all)")
             self._wait(lambda: time.monotonic() >= running.at + QUIET_S, QUIET_S + 5, "writes after the last deployment")
@@ -180,13 +180,19 @@ class DirectChaosRun:
             time.sleep(0.2)
         raise ChaosFailure("the job did not run again within 90 s after every fault was undone")
 
-    def _stable_deployment(self) -> Any:
-        """The first sighting of the deployment that is RUNNING and has not changed for 3 s."""
+    def _stable_deployment(self, admin: Any) -> Any:
+        """The monitor's first sighting of the deployment the JobManager runs, once it has not changed for 3 s."""
         assert self.monitor is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            try:
+                info = admin.job_info(JOB)
+            except Exception:
+                time.sleep(0.2)
+                continue
             latest = self.monitor.latest()
-            if latest is not None and latest.status == "RUNNING" and time.monotonic() - latest.at >= 3.0:
+            if (info.status == "RUNNING" and latest is not None and latest.status == "RUNNING"
+                    and latest.routing_version == info.routing_version and time.monotonic() - latest.at >= 3.0):
                 return next(ob for ob in self.monitor.observations
                             if ob.status == "RUNNING" and ob.routing_version == latest.routing_version)
             time.sleep(0.1)

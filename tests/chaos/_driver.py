@@ -29,6 +29,8 @@ Faults that only the driver can inject come in the config file (``tests/chaos/_s
   ``before-batch`` (foreachBatch entered, nothing sent) or ``after-return`` (foreachBatch's work
   done, before Spark writes its commit log entry).
 
+``java_options`` are added to the driver JVM's options.
+
 Usage: python _driver.py CONFIG_JSON OUT_DIR
 """
 
@@ -125,7 +127,7 @@ def main(config_path: str, out_dir: str) -> int:
         .config("spark.sql.shuffle.partitions", "4").config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.warehouse.dir", str(work / "warehouse")).config("spark.local.dir", str(work / "local"))
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={work}")
+        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={work} {conf.get('java_options', '')}".strip())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -119,7 +119,7 @@ class FaultActions:
         if not self.trigger(record):
             return
         daemon = "jobmanager" if f.kind == "jm_pause" else f"taskmanager-{f.target[2:]}"
-        with self.cluster.lock:
+        with self.cluster.locks[daemon]:
             proc = self.cluster.process(daemon)
             if proc is None or not proc.alive:
                 record.note = f"{daemon} was not running"

@@ -148,7 +148,9 @@ class ChaosCluster:
         self.timeline = timeline
         self.net = net
         self.records = records
-        self.lock = threading.RLock()
+        self.locks: dict[str, threading.RLock] = {d: threading.RLock() for d in self.daemons()}
+        """One per daemon: a start waits for its registration (a TaskManager's for the JobManager), so
+        a start holds up nothing but other kills and starts of the same daemon."""
         self.killed: set[int] = set()
         """ids of DaemonProcess objects the harness killed (any other death is a crash)."""
         self.armed: dict[str, FaultRecord | None] = {}
@@ -217,7 +219,7 @@ class ChaosCluster:
 
     def kill(self, daemon: str, why: str) -> bool:
         """SIGKILL ``daemon``; False if it was not running."""
-        with self.lock:
+        with self.locks[daemon]:
             proc = self.process(daemon)
             if not proc.alive:
                 return False
@@ -228,7 +230,7 @@ class ChaosCluster:
 
     def start_daemon(self, daemon: str, why: str, arm: bool = True) -> None:
         """Start ``daemon`` again (same host, port for the JobManager, resource id and local directory)."""
-        with self.lock:
+        with self.locks[daemon]:
             proc = self.process(daemon)
             if proc is not None and proc.alive:
                 return
@@ -244,7 +246,7 @@ class ChaosCluster:
 
     def restart_jobmanager(self, why: str, overrides: dict[str, str] | None = None, arm: bool = True) -> None:
         """kill -9 and start the JobManager, with ``overrides`` on the run's configuration (none: the normal one)."""
-        with self.lock:
+        with self.locks["jobmanager"]:
             self.kill("jobmanager", why)
             self.cluster.config = {**self.base_config, **(overrides or {})}
             self.start_daemon("jobmanager", why, arm=arm)
@@ -257,13 +259,14 @@ class ChaosCluster:
         handled: set[int] = set()
         while not self._stop.wait(0.05):
             for daemon in self.daemons():
-                with self.lock:
-                    proc = self.process(daemon)
-                    if proc is None or proc.alive or id(proc) in self.killed or id(proc) in handled:
-                        continue
-                    handled.add(id(proc))
-                    proc.kill()  # reap it and close its log
-                    record = self.armed.get(daemon)
+                # No lock: the harness marks a process it kills before killing it, and a start
+                # replaces the process object, so a dead object not marked died by itself.
+                proc = self.process(daemon)
+                if proc is None or proc.alive or id(proc) in self.killed or id(proc) in handled:
+                    continue
+                handled.add(id(proc))
+                record = self.armed.get(daemon)
+                proc.kill()  # reap it and close its log
                 log = proc.log_tail(400)
                 crash = re.search(r"crash point (\S+) reached \(#(\d+)\)", log)
                 if record is not None and crash and crash.group(1) == record.fault.variant:
@@ -333,15 +336,14 @@ class ChaosCluster:
             proc = self.process(daemon)
             if proc is not None and proc.alive:
                 proc.resume()
-        with self.lock:
-            if self.cluster.config != self.base_config:
-                self.restart_jobmanager("settling: the normal configuration", arm=False)
-            for daemon in self.daemons():
-                proc = self.process(daemon)
-                if proc is not None and not proc.alive:
-                    if daemon != "jobmanager" and _daemon_index(daemon) in self.permanently_down:
-                        continue
-                    self.start_daemon(daemon, "settling", arm=False)
+        if self.cluster.config != self.base_config:
+            self.restart_jobmanager("settling: the normal configuration", arm=False)
+        for daemon in self.daemons():  # the JobManager first: TaskManagers register with it to start
+            proc = self.process(daemon)
+            if proc is not None and not proc.alive:
+                if daemon != "jobmanager" and _daemon_index(daemon) in self.permanently_down:
+                    continue
+                self.start_daemon(daemon, "settling", arm=False)
 
     def close(self) -> None:
         self._stop.set()

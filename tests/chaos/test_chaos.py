@@ -19,9 +19,9 @@ from collections import Counter
 import pytest
 
 from tests.chaos._schedule import CATALOGUE, MODIFIERS, NETWORK_KINDS, FaultSchedule
-from tests.chaos.conftest import seed_param, soak_seeds
+from tests.chaos.conftest import seed_param
 
-DEFAULT_SEEDS = [1001, 1005, 1007]
+DEFAULT_SEEDS = [78, 104, 11, 269, 453]
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 
@@ -34,7 +34,7 @@ def test_chaos(seed: int, chaos_run) -> None:
 
 
 def test_a_seed_always_draws_the_same_schedule() -> None:
-    for seed in [*DEFAULT_SEEDS, *range(1000, 1100)]:
+    for seed in [*DEFAULT_SEEDS, *range(1000, 1100)]:  # the soak's seeds start at 1000
         first, again = FaultSchedule.from_seed(seed), FaultSchedule.from_seed(seed)
         assert first == again and first.to_json() == again.to_json(), seed
     assert len({FaultSchedule.from_seed(s).to_json() for s in range(1000, 1100)}) > 90
@@ -49,7 +49,7 @@ def test_the_default_seeds_cover_the_main_fault_kinds() -> None:
 
 
 def test_the_soak_seeds_cover_the_whole_catalogue() -> None:
-    counts = Counter(k for s in soak_seeds() for k in FaultSchedule.from_seed(s).kinds())
+    counts = Counter(k for s in range(1000, 1060) for k in FaultSchedule.from_seed(s).kinds())
     missing = sorted(set(CATALOGUE) - set(counts))
     assert not missing, f"the soak's seeds never draw {missing}; drawn: {dict(counts)}"
     assert set(MODIFIERS) <= set(counts)
