@@ -209,6 +209,7 @@ class EpochChaosRun:
             self._finish(ending)
         except ChaosFailure as exc:
             self.result.failure = str(exc)
+            self._salvage()
         except Exception as exc:
             self.result.failure = f"the harness failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"
         finally:
@@ -320,11 +321,13 @@ class EpochChaosRun:
             if kills:
                 cause = next((r for r in self.records if r.fault.kind == "driver_kill"
                               and r.fault.at_batch == kills[-1]["batch"] and r.fault.variant == kills[-1]["point"]), None)
-        driver.reap()
         if cause is None:
+            driver.reap()
             code = driver.process.returncode if driver.process is not None else None
             raise ChaosFailure(f"driver {driver.n} died without an outcome and no fault killed it (exit code {code}); "
                                f"its log {driver.log_path} ends:\n{driver.log_tail()}")
+        # A driver whose Python process alone was killed leaves its JVM behind until the JVM notices
+        # (its executors may still run tasks meanwhile); the run's end reaps whatever is left.
         delay = cause.fault.restart_after_s or 0.0
         self.timeline.log(f"driver {driver.n} was killed (fault {cause.index + 1}); restarting it in {delay:.1f} s")
         return delay
@@ -489,6 +492,34 @@ class EpochChaosRun:
         if not result.exact:
             raise ChaosFailure(f"the stream {self.result.outcome}, but the state is not the reference of batches "
                                f"{expected}: {result.text}")
+
+    def _salvage(self) -> None:
+        """After a failure: undo the faults and count what the state lost or doubled against the batches
+        Spark recorded (or those and the next), for the summary. The failure stands whatever this finds."""
+        if self.result.events_checked:
+            return  # a comparison already counted them
+        try:
+            for driver in self.drivers:
+                driver.reap()
+            self.done.set()
+            self.actions.join(timeout_s=60)
+            self.cluster.settle()
+            info = self.pipeline.wait_for_job(lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"),
+                                              "RUNNING (or terminal)", 60)
+            if info.status != "RUNNING":
+                return
+            recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
+            results = [compare(self.pipeline, self._files(recorded))]
+            planned = spark_log.batch_files(self.pipeline.spark_checkpoint)
+            nxt = (max(recorded) + 1) if recorded else 0
+            if nxt in planned:
+                results.append(compare(self.pipeline, self._files(recorded + [nxt])))
+            best = min(results, key=lambda c: (c.lost + c.doubled + c.unexpected, c.wrong_keys))
+            self._count(best)
+            self.timeline.log(f"after the failure: against Spark's recorded batches {recorded}: {best.lost} lost, "
+                              f"{best.doubled} doubled, {best.unexpected} unexpected")
+        except Exception as exc:  # the failure is reported either way
+            self.timeline.log(f"after the failure, the state could not be compared: {type(exc).__name__}: {exc}")
 
     def _count(self, c: Comparison) -> None:
         self.result.events_checked = c.events

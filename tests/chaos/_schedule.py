@@ -256,7 +256,7 @@ class FaultSchedule:
 
     def replay_command(self) -> str:
         return (f"KEYEDSTATE_CHAOS_SEEDS={self.seed} .venv/bin/python -m pytest tests/chaos -m chaos_soak "
-                f"(or: pytest tests/chaos -m 'chaos or chaos_soak' -k seed_{self.seed})")
+                f"(a default or soak seed also: pytest tests/chaos -m 'chaos or chaos_soak' -k 'seed_{self.seed}]')")
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "mode": self.mode, "netns": self.netns, "files": self.files,
