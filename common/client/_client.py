@@ -126,6 +126,9 @@ class StateClient:
         self._stubs: dict[str, tm_grpc.KeyedStateStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._routing: dict[str, Routing] = {}
+        self._suspect: set[str] = set()
+        """Jobs whose cached table may name a dead owner: a call failed with an unknown outcome, which is not
+        retried, so nothing else would fetch the table again and every later call would go to that address."""
         self._descriptors: dict[tuple[str, str, str], StateDescriptor] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -254,9 +257,15 @@ class StateClient:
     def routing(self, job_id: str, refresh: bool = False) -> Routing:
         """The job's routing table: cached, or fetched from the JobManager with ``refresh``."""
         routing = self._routing.get(job_id)
-        if routing is None or refresh:
-            table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
+        if routing is None or refresh or job_id in self._suspect:
+            try:
+                table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
+            except UnavailableError:
+                if routing is None or refresh:
+                    raise
+                return routing  # the JobManager is away: the cached table is the best guess; fetch next time
             routing = self._store_routing(table, fetched=True)
+            self._suspect.discard(job_id)
         return routing
 
     def _store_routing(self, table: pb.RoutingTable, fetched: bool = False) -> Routing:
@@ -526,6 +535,7 @@ class StateClient:
                 for _lane, _unit, f in in_flight:  # the caller gets the error now; stop the rest
                     f.cancel()
                 if retryable:
+                    self._suspect.add(routing.job_id)  # the owner may be gone: the next call fetches the table
                     raise UnavailableError(
                         f"{error.message}. The outcome of this {method} is unknown (the TaskManager may have applied "
                         "it), so it was not retried; use epoch transactions for exactly-once updates"

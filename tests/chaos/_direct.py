@@ -106,11 +106,8 @@ class DirectChaosRun:
             routing = admin.submit_job(JOB, operators(self.schedule.parallelism))
             keys = [f"k{i:03d}" for i in range(60)]
             by_subtask = keys_by_subtask(routing, keys)
-            # The writers fetch the routing table again after a failed call: the client alone stays on a
-            # dead TaskManager's address after a ListAppend whose outcome is unknown (test_findings.py).
-            self.writers = [AppendWriter(f"p{s}", address, JOB, by_subtask[s], refresh_after_error=True)
-                            for s in sorted(by_subtask)]
-            self.writers.append(AppendWriter("mixed", address, JOB, keys, refresh_after_error=True))
+            self.writers = [AppendWriter(f"p{s}", address, JOB, by_subtask[s]) for s in sorted(by_subtask)]
+            self.writers.append(AppendWriter("mixed", address, JOB, keys))
             self.monitor = JobMonitor(address, JOB)
             for w in self.writers:
                 w.start()

@@ -1,7 +1,4 @@
-"""Product bugs the chaos suite found, each reproduced deterministically (``xfail(strict=True)``).
-
-When a fix lands, the test passes, strict xfail turns that into a failure, and the marker goes.
-"""
+"""Product bugs the chaos suite found, each reproduced deterministically, and fixed: these tests keep them fixed."""
 
 from __future__ import annotations
 
@@ -26,16 +23,14 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 JOB = "finding"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "direct-mode client never refreshes its routing after a ListAppend/Reduce whose outcome is unknown: once the "
-    "TaskManager owning a subtask died, every later call goes to the dead address (chaos seed 1020)"))
 @pytest.mark.parametrize("write", ["list_append", "reduce"])
 def test_a_direct_write_reaches_the_new_owner_after_its_taskmanager_died(process_cluster: Any, write: str) -> None:
     # Chaos seed 1020 (direct mode): tm1 killed with kill -9 and restarted (on a new port); the job
     # failed over in a second, but the writer of subtask 1 failed every append for the rest of the
     # run with "failed to connect ... <tm1's old address>", the outcome-unknown error the client
-    # raises for a non-idempotent call, which refreshes nothing. A Spark executor's cached client
-    # (foreach_batch(..., exactly_once=False)) is stuck the same way, so its tasks keep failing.
+    # raised for a non-idempotent call, which refreshed nothing. A Spark executor's cached client
+    # (foreach_batch(..., exactly_once=False)) was stuck the same way, so its tasks kept failing.
+    # Fixed: such an error marks the job's cached table suspect, and the next call fetches it again.
     cluster = process_cluster(taskmanagers=3, slots=2, config={
         "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": "10",
         "restart-strategy.fixed-delay.delay": "100 ms"})

@@ -165,12 +165,8 @@ class AppendWriter:
     like one Spark executor whose partition holds those keys; records every acknowledged call."""
 
     def __init__(self, name: str, address: str, job_id: str, keys: list[str], *, batch: int = 10,
-                 pause_s: float = 0.02, refresh_after_error: bool = False) -> None:
-        """``refresh_after_error``: fetch the routing table again after a failed call. The client
-        itself does not after a ListAppend whose outcome is unknown (a TaskManager that died), so
-        without it a writer whose owner died keeps calling the dead address (tests/chaos/test_findings.py)."""
+                 pause_s: float = 0.02) -> None:
         self.name = name
-        self.refresh_after_error = refresh_after_error
         self.job_id = job_id
         self.keys = keys
         self.batch = batch
@@ -203,11 +199,6 @@ class AppendWriter:
             except KeyedStateError as exc:
                 self.failed.append((sent, f"{type(exc).__name__}: {exc.message[:160]}"))
                 self._stop.wait(0.1)
-                if self.refresh_after_error:
-                    try:
-                        self.client.routing(self.job_id, refresh=True)
-                    except KeyedStateError:
-                        pass
                 continue
             acked = time.monotonic()
             # This writer alone uses its client, so the cached table is the one the last try used.
