@@ -91,6 +91,7 @@ class DirectChaosRun:
         self.result.duration_s = time.monotonic() - started
         self.result.faults = [{"kind": r.fault.kind, "variant": r.fault.variant, "fired": r.fired, "at": r.at,
                                "line": r.line()} for r in self.records]
+        self.result.operator_actions = self.timeline.operator_actions()
         self.result.timeline = self.timeline.lines()
         return self.result
 

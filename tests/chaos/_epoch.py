@@ -229,6 +229,7 @@ class EpochChaosRun:
         self.result.duration_s = time.monotonic() - started
         self.result.faults = [{"kind": r.fault.kind, "variant": r.fault.variant, "fired": r.fired, "at": r.at,
                                "line": r.line()} for r in self.records]
+        self.result.operator_actions = self.timeline.operator_actions()
         self.result.timeline = self.timeline.lines()
         return self.result
 
@@ -547,6 +548,7 @@ class EpochChaosRun:
         runs += unfinished
         ran |= {b for (_, b), n in open_calls.items() if n}
         self.result.driver_starts = len(self.drivers)
+        self.result.queries_started = sum(1 for e in events if e["ev"] == "query" and e.get("state") == "started")
         self.result.batch_runs = runs
         self.result.batches_rerun = max(0, runs - len(ran))
 

@@ -82,6 +82,10 @@ class RunResult:
     batch_runs: int = 0
     batches_rerun: int = 0
     replays: int = 0
+    queries_started: int = 0
+    """Structured Streaming queries started (a driver's first, and each one after a query.stop())."""
+    operator_actions: int = 0
+    """statectl rescales, savepoints, cancels and restores (the remedies included)."""
     events_checked: int = 0
     lost: int = 0
     doubled: int = 0
@@ -103,7 +107,8 @@ class RunResult:
                  f"outcome: {self.outcome}",
                  f"events checked {self.events_checked}: {self.lost} lost, {self.doubled} doubled, "
                  f"{self.unexpected} unexpected; {self.driver_starts} driver start(s), {self.batch_runs} batch run(s), "
-                 f"{self.batches_rerun} re-run(s), {self.replays} replay(s) of committed batches", "",
+                 f"{self.batches_rerun} re-run(s), {self.replays} replay(s) of committed batches, "
+                 f"{self.queries_started} quer(ies) started, {self.operator_actions} operator action(s)", "",
                  "faults:"]
         lines += [f"  {f['line']}" for f in self.faults]
         if self.findings:
@@ -133,6 +138,10 @@ class Timeline:
     def lines(self) -> list[str]:
         with self._lock:
             return list(self._lines)
+
+    def operator_actions(self) -> int:
+        """How many statectl actions the harness took as the operator (each logs one ``operator:`` line)."""
+        return sum(1 for line in self.lines() if " operator: " in line)
 
 
 def _daemon_index(daemon: str) -> int:

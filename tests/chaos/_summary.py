@@ -19,7 +19,7 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
         for f in r.faults:
             scheduled[f["kind"]] += 1
             injected[f["kind"]] += int(f["fired"])
-    failures = [{"seed": r.seed, "mode": r.mode, "netns": r.netns, "failure": (r.failure or "").splitlines()[0][:400],
+    failures = [{"seed": r.seed, "mode": r.mode, "netns": r.netns, "failure": ((r.failure or "").splitlines() or ["?"])[0][:400],
                  "lost": r.lost, "doubled": r.doubled, "logs": r.log_dir} for r in results if not r.passed]
     return {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -35,6 +35,8 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
         "batch_runs": sum(r.batch_runs for r in results),
         "batches_rerun": sum(r.batches_rerun for r in results),
         "replays_of_committed_batches": sum(r.replays for r in results),
+        "queries_started": sum(r.queries_started for r in results),
+        "operator_actions": sum(r.operator_actions for r in results),
         "events_checked": sum(r.events_checked for r in results),
         "events_lost": sum(r.lost for r in results),
         "events_doubled": sum(r.doubled for r in results),
@@ -51,12 +53,13 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# Chaos soak, {s['generated']}",
         "",
-        "| runs | passed | failed | events checked | lost | doubled | batch runs | re-runs | replays | driver starts | time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| runs | passed | failed | events checked | lost | doubled | batch runs | re-runs | replays | driver starts "
+        "| queries started | operator actions | time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {s['runs']} ({', '.join(f'{n} {m}' for m, n in sorted(s['modes'].items()))}; {s['netns_runs']} on netns) "
         f"| {s['passed']} | {s['failed']} | {s['events_checked']} | {s['events_lost']} | {s['events_doubled']} "
         f"| {s['batch_runs']} | {s['batches_rerun']} | {s['replays_of_committed_batches']} | {s['driver_starts']} "
-        f"| {s['duration_s'] / 60:.1f} min |",
+        f"| {s['queries_started']} | {s['operator_actions']} | {s['duration_s'] / 60:.1f} min |",
         "",
         "| fault kind | scheduled | injected |",
         "|---|---|---|",
