@@ -257,13 +257,8 @@ class StateClient:
     def routing(self, job_id: str, refresh: bool = False) -> Routing:
         """The job's routing table: cached, or fetched from the JobManager with ``refresh``."""
         routing = self._routing.get(job_id)
-        if routing is None or refresh or job_id in self._suspect:
-            try:
-                table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
-            except UnavailableError:
-                if routing is None or refresh:
-                    raise
-                return routing  # the JobManager is away: the cached table is the best guess; fetch next time
+        if routing is None or refresh:
+            table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
             routing = self._store_routing(table, fetched=True)
             self._suspect.discard(job_id)
         return routing
@@ -351,7 +346,7 @@ class StateClient:
         pending: list[_Unit] | None = None  # None: first round, everything
         failed_units: list[_Unit] | None
         results: list[tuple[Part, Any]] = []
-        refresh = False
+        refresh = job_id in self._suspect
         sent_under = -1  # the routing version the pending units were built for
         for attempt in range(1, attempts + 1):
             routing = self._routing_for(job_id, scope if pinned else None, refresh)
@@ -386,7 +381,13 @@ class StateClient:
 
     def _routing_for(self, job_id: str, scope: EpochScope | None, refresh: bool) -> Routing:
         """The routing to send with: the pinned version inside an epoch scope, else the newest known."""
-        routing = self.routing(job_id, refresh=refresh)
+        try:
+            routing = self.routing(job_id, refresh=refresh)
+        except UnavailableError:
+            cached = self._routing.get(job_id)
+            if cached is None or job_id not in self._suspect:
+                raise
+            routing = cached  # only suspect, and the JobManager is away: the cached table may still be right
         if scope is None:
             return routing
         if routing.version < scope.routing_version:

@@ -449,6 +449,8 @@ def keep_logs(base: Path, target: Path) -> None:
         if path.is_file() and (path.suffix in (".log", ".jsonl", ".json", ".txt") or path.name == "_metadata"):
             if "spark-checkpoint" in path.parts or "spark-work" in path.parts:
                 continue
+            if path.suffix == ".log" and path.stem.isdigit():
+                continue  # a RocksDB write-ahead log, not a log to read
             dest = target / path.relative_to(base)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)

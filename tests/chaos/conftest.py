@@ -87,6 +87,7 @@ def chaos_run(request: pytest.FixtureRequest, tmp_path: Path,
             try:
                 keep_logs(base, kept)
                 result.log_dir = str(kept)
+                (kept / "report.txt").write_text(result.report() + "\n", encoding="utf-8")
             except OSError as exc:
                 logger.warning("could not keep the logs of seed %d: %s", schedule.seed, exc)
         return result
