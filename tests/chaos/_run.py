@@ -160,8 +160,9 @@ class ChaosCluster:
         self.locks: dict[str, threading.RLock] = {d: threading.RLock() for d in self.daemons()}
         """One per daemon: a start waits for its registration (a TaskManager's for the JobManager), so
         a start holds up nothing but other kills and starts of the same daemon."""
-        self.killed: set[int] = set()
-        """ids of DaemonProcess objects the harness killed (any other death is a crash)."""
+        self.killed: dict[int, DaemonProcess] = {}
+        """The DaemonProcess objects the harness killed, by id (any other death is a crash); the values keep
+        them alive, so that no later object takes a dead one's id."""
         self.armed: dict[str, FaultRecord | None] = {}
         self.permanently_down: set[int] = set()
         self.findings: list[str] = []
@@ -232,7 +233,7 @@ class ChaosCluster:
             proc = self.process(daemon)
             if not proc.alive:
                 return False
-            self.killed.add(id(proc))
+            self.killed[id(proc)] = proc
             proc.kill()
         self.timeline.log(f"kill -9 {daemon} ({why})")
         return True
@@ -265,15 +266,17 @@ class ChaosCluster:
 
     def _watch(self) -> None:
         """Credit crash points, restart crashed daemons as scheduled, and report any other death."""
-        handled: set[int] = set()
+        handled: dict[int, DaemonProcess] = {}
         while not self._stop.wait(0.05):
             for daemon in self.daemons():
                 # No lock: the harness marks a process it kills before killing it, and a start
-                # replaces the process object, so a dead object not marked died by itself.
+                # replaces the process object, so a dead object not marked died by itself. A new
+                # object is in place a moment before its process is spawned: not dead, not started.
                 proc = self.process(daemon)
-                if proc is None or proc.alive or id(proc) in self.killed or id(proc) in handled:
+                if (proc is None or proc.process is None or proc.alive or id(proc) in self.killed
+                        or id(proc) in handled):
                     continue
-                handled.add(id(proc))
+                handled[id(proc)] = proc
                 record = self.armed.get(daemon)
                 proc.kill()  # reap it and close its log
                 log = proc.log_tail(400)
