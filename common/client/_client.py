@@ -352,6 +352,7 @@ class StateClient:
             routing = self._routing_for(job_id, scope if pinned else None, refresh)
             if routing.job_status not in ("RUNNING", ""):
                 if routing.job_status in ("FAILED", "CANCELED"):
+                    self._suspect.add(job_id)  # a restore or a resubmission brings it back: the next call looks again
                     raise KeyedStateError(f"job {job_id!r} is {routing.job_status}", reason=Reason.JOB_NOT_RUNNING)
                 failed_units = pending  # None: nothing was sent yet, everything goes next round
                 error: KeyedStateError = UnavailableError(f"job {job_id!r} is {routing.job_status}")

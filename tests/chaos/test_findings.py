@@ -75,3 +75,42 @@ def test_a_direct_write_reaches_the_new_owner_after_its_taskmanager_died(process
     finally:
         client.close()
         admin.close()
+
+
+def test_a_direct_write_reaches_a_job_restored_after_it_was_failed_or_cancelled(process_cluster: Any) -> None:
+    # Chaos seed 1071 (direct mode): the job FAILED (restart budget used up) and the operator restored
+    # it from its latest checkpoint under the same job id, but every writer kept failing with "job is
+    # FAILED": a client that had fetched a table saying FAILED or CANCELED never fetched it again.
+    cluster = process_cluster(taskmanagers=2, slots=2)
+    client = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5.0, max_attempts=5, backoff_s=0.05))
+    admin = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5.0, max_attempts=5, backoff_s=0.05))
+    try:
+        client.submit_job(JOB, operators(2))
+        events = ListState(client, JOB, OPERATOR, EVENTS, key_serializer="str", value_serializer="str")
+        events.append_many(["k"], ["e0"])
+        checkpoint = admin.trigger_checkpoint(JOB, timeout_s=60)
+        assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+        admin.cancel_job(JOB)
+        with pytest.raises(KeyedStateError, match="CANCELED"):
+            for _ in range(10):  # the client learns it from a refused call and a fresh table
+                events.append_many(["k"], ["lost"])
+                time.sleep(0.1)
+        admin.submit_job(JOB, operators(2), restore_path=checkpoint.path)
+        deadline = time.monotonic() + 30
+        while admin.job_info(JOB).status != "RUNNING":
+            assert time.monotonic() < deadline, "the restored job did not run"
+            time.sleep(0.05)
+        errors: list[str] = []
+        for n in range(1, 21):
+            try:
+                events.append_many(["k"], [f"e{n}"])
+                break
+            except KeyedStateError as exc:
+                errors.append(exc.message[:200])
+                time.sleep(0.2)
+        else:
+            pytest.fail(f"20 appends to the restored job all failed (4 s); the last: {errors[-1]}")
+        assert events.get_many(["k"]) == [["e0", f"e{n}"]]
+    finally:
+        client.close()
+        admin.close()
