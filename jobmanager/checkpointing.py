@@ -378,6 +378,12 @@ class Checkpointing:
         status = JobStatus(record.status)
         if status.terminal:
             job.status, job.failure_cause = status, record.failure_cause
+            # Its completed checkpoints are still what job info, the checkpoint list and a resubmission's
+            # refusal name, as before the restart: the operator restores a FAILED job from them.
+            self.attach(job, recovering=True)
+            if job.coordinator is not None:
+                job.coordinator.recover(self._completed_checkpoints(job))
+                self.detach(job)  # no checkpoints of a finished job; the store still answers
             self._d.adopt(job)
             return job
         job.status = JobStatus.RESTARTING

@@ -158,6 +158,9 @@ class StateClient:
         self._stubs: dict[str, tm_grpc.KeyedStateStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._routing: dict[str, Routing] = {}
+        self._suspect: set[str] = set()
+        """Jobs whose cached table may name a dead owner: a call failed with an unknown outcome, which is not
+        retried, so nothing else would fetch the table again and every later call would go to that address."""
         self._descriptors: dict[tuple[str, str, str], StateDescriptor] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -304,6 +307,7 @@ class StateClient:
         if routing is None or refresh or routing.job_status in _TERMINAL:
             table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
             routing = self._store_routing(table, fetched=True)
+            self._suspect.discard(job_id)
         return routing
 
     def _store_routing(self, table: pb.RoutingTable, fetched: bool = False) -> Routing:
@@ -402,7 +406,7 @@ class StateClient:
         pending: list[_Unit] | None = None  # None: first round, everything
         failed_units: list[_Unit] | None
         results: list[tuple[Part, Any]] = []
-        refresh = False
+        refresh = job_id in self._suspect
         sent_under = -1  # the routing version the pending units were built for
         sent_with: Routing | None = None  # the routing the latest requests were sent under
         try:
@@ -445,7 +449,13 @@ class StateClient:
 
     def _routing_for(self, job_id: str, scope: EpochScope | None, refresh: bool) -> Routing:
         """The routing to send with: the pinned version inside an epoch scope, else the newest known."""
-        routing = self.routing(job_id, refresh=refresh)
+        try:
+            routing = self.routing(job_id, refresh=refresh)
+        except UnavailableError:
+            cached = self._routing.get(job_id)
+            if cached is None or job_id not in self._suspect:
+                raise
+            routing = cached  # only suspect, and the JobManager is away: the cached table may still be right
         if scope is None:
             return routing
         if routing.version < scope.routing_version:
@@ -604,6 +614,7 @@ class StateClient:
                     last_error = error
                     return
                 if retryable:
+                    self._suspect.add(routing.job_id)  # the owner may be gone: the next call fetches the table
                     error = UnavailableError(
                         f"{error.message}. The outcome of this {method} is unknown (the TaskManager may have applied "
                         "it), so it was not retried; use epoch transactions for exactly-once updates"

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Iterator
 from keyedstate.common.client import ClientSettings, ListState, ReducingState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import JobStateError, StaleRoutingError, UnavailableError
-from keyedstate.common.minicluster import DaemonProcess, MiniCluster
+from keyedstate.common.minicluster import DaemonProcess, MiniCluster, PlacementFn
 from keyedstate.common.spark import KeyedStateRuntime
 
 # Executors cannot import the test tree: the process function travels by value.
@@ -257,7 +257,10 @@ class ExactlyOncePipeline:
         seed: int = 0,
         tm_env: dict[int, dict[str, str]] | None = None,
         jm_env: dict[str, str] | None = None,
+        placement: PlacementFn | None = None,
     ) -> None:
+        """``placement`` puts the daemons elsewhere than 127.0.0.1 (network-namespace hosts of the
+        netns fixture: ``lambda daemon: net.placement(host_of[daemon])``)."""
         self.spark = spark
         self.base = Path(base_dir)
         self.job_id = job_id
@@ -285,7 +288,8 @@ class ExactlyOncePipeline:
              for i in range(events_per_file)]
             for f in range(files)
         ]
-        self.cluster = _CrashableMiniCluster(self.base / "cluster", taskmanagers, slots, "rocksdb", conf, tm_env=tm_env)
+        self.cluster = _CrashableMiniCluster(self.base / "cluster", taskmanagers, slots, "rocksdb", conf, tm_env=tm_env,
+                                             placement=placement)
         self._jm_env = jm_env
         self.runs: list[QueryRun] = []
         self._client: StateClient | None = None

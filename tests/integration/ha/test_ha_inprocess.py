@@ -116,3 +116,25 @@ def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state
     _wait_for(lambda: client.job_info("job").status == "RUNNING", 30, "the job resuming")
     assert state.get_many(keys) == [1] * 200
     assert client.job_info("job").latest_checkpoint_path == source.path
+
+
+def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(inprocess_cluster: Any, tmp_path: Path) -> None:
+    # Chaos seed 1071: a job FAILED (restart budget used up), the JobManager restarted, and job info
+    # named no checkpoint any more, so the operator could not find the one to restore it from.
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, jm=_ha(tmp_path))
+    client = cluster.client()
+    client.submit_job("job", _ops())
+    ValueState(client, "job", OP, "v", value_serializer="int").put_many(["a", "b"], [1, 2])
+    checkpoint = client.trigger_checkpoint("job", timeout_s=60)
+    assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+    client.cancel_job("job")
+    before = client.job_info("job")
+    assert (before.latest_checkpoint_id, before.latest_checkpoint_path) == (checkpoint.checkpoint_id, checkpoint.path)
+    _restart_jobmanager(cluster, tmp_path)
+    after = client.job_info("job")
+    assert after.status == "CANCELED"
+    assert (after.latest_checkpoint_id, after.latest_checkpoint_path) == (checkpoint.checkpoint_id, checkpoint.path)
+    client.wait_for_taskmanagers(1, timeout_s=30)
+    client.submit_job("again", _ops(), restore_path=after.latest_checkpoint_path)
+    _wait_for(lambda: client.job_info("again").status == "RUNNING", 30, "the job restored from it running")
+    assert ValueState(client, "again", OP, "v", value_serializer="int").get_many(["a", "b"]) == [1, 2]
