@@ -221,17 +221,7 @@ class EpochChaosRun:
             except Exception:
                 pass
         self._account()
-        problems = self.cluster.findings + self.actions.errors
-        self.result.findings = problems
-        if self.result.failure is None and problems:
-            self.result.failure = "; ".join(problems)[:3000]
-        self.result.passed = self.result.failure is None
-        self.result.duration_s = time.monotonic() - started
-        self.result.faults = [{"kind": r.fault.kind, "variant": r.fault.variant, "fired": r.fired, "at": r.at,
-                               "line": r.line()} for r in self.records]
-        self.result.operator_actions = self.timeline.operator_actions()
-        self.result.timeline = self.timeline.lines()
-        return self.result
+        return self.result.conclude(self.cluster.findings + self.actions.errors, started, self.records, self.timeline)
 
     def close(self) -> None:
         self.done.set()

@@ -95,6 +95,19 @@ class RunResult:
     timeline: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
 
+    def conclude(self, problems: list[str], started: float, records: list[FaultRecord], timeline: Timeline) -> RunResult:
+        """Fill in the verdict, duration, faults and timeline at the end of a run (either mode)."""
+        self.findings = problems
+        if self.failure is None and problems:
+            self.failure = "; ".join(problems)[:3000]
+        self.passed = self.failure is None
+        self.duration_s = time.monotonic() - started
+        self.faults = [{"kind": r.fault.kind, "variant": r.fault.variant, "fired": r.fired, "at": r.at,
+                        "line": r.line()} for r in records]
+        self.operator_actions = timeline.operator_actions()
+        self.timeline = timeline.lines()
+        return self
+
     def fired_kinds(self) -> list[str]:
         return [f["kind"] for f in self.faults if f["fired"]]
 

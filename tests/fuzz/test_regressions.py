@@ -220,31 +220,38 @@ def test_metadata_with_a_path_no_file_system_holds_is_corrupt_not_a_storage_erro
         CheckpointMetadata.from_json(json_module.dumps(doc))
 
 
-def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
-    """DeploySlot with a restore handle naming ``local_name='../../../<x>'`` downloaded the (verified)
-    file to that path: a write anywhere the TaskManager may write."""
+def _deploy_restoring(cluster: Any, tmp_path: Any, job_id: str, operator_id: str, local_name: str) -> grpc.RpcError:
+    """DeploySlot restoring one verified file (right size and sha256) under the given handle names; the refusal."""
     import hashlib
 
-    remote = tmp_path / "remote" / "meta.kvs"
-    remote.parent.mkdir()
-    remote.write_bytes(b"payload")
-    escaped = tmp_path / "escaped-by-restore"
-    tm = cluster.taskmanagers[0]
-    restore_dir = tm.deployer.work_dir  # type: ignore[union-attr]
-    depth = len(restore_dir.relative_to(tmp_path).parts) + 2
     from keyedstate.common._proto.v1 import common_pb2 as pb
 
-    handle = pb.SubtaskStateHandle(operator_id="op2", subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127),
+    remote = tmp_path / "remote" / "meta.kvs"
+    remote.parent.mkdir(exist_ok=True)
+    remote.write_bytes(b"payload")
+    handle = pb.SubtaskStateHandle(operator_id=operator_id, subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127),
                                    backend="hashmap", files=[pb.StateFileHandle(
                                        path=remote.as_uri(), size=7, sha256=hashlib.sha256(b"payload").hexdigest(),
-                                       local_name="../" * depth + escaped.name)])
+                                       local_name=local_name)])
     request = tm_pb.DeploySlotRequest(
-        job_id="evil", operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
+        job_id=job_id, operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
         subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127), max_parallelism=128, slot_index=1,
         routing_version=1, restore=tm_pb.SlotRestore(checkpoint_path=remote.parent.as_uri(), handles=[handle],
                                                      checkpoint_id=1))
-    with grpc.insecure_channel(tm.address) as channel:
-        err = _error(lambda: tm_grpc.TaskExecutorStub(channel).DeploySlot(request, timeout=30))
+    with grpc.insecure_channel(cluster.taskmanagers[0].address) as channel:
+        return _error(lambda: tm_grpc.TaskExecutorStub(channel).DeploySlot(request, timeout=30))
+
+
+def _depth_to(cluster: Any, tmp_path: Any) -> int:
+    """How many ``..`` lead from a restore directory of the first TaskManager up to ``tmp_path``."""
+    return len(cluster.taskmanagers[0].deployer.work_dir.relative_to(tmp_path).parts) + 2
+
+
+def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
+    """DeploySlot with a restore handle naming ``local_name='../../../<x>'`` downloaded the (verified)
+    file to that path: a write anywhere the TaskManager may write."""
+    escaped = tmp_path / "escaped-by-restore"
+    err = _deploy_restoring(cluster, tmp_path, "evil", "op2", "../" * _depth_to(cluster, tmp_path) + escaped.name)
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert "plain file name" in err.details()
     assert not escaped.exists() and not list(tmp_path.glob("**/escaped-by-restore*"))
@@ -254,26 +261,8 @@ def test_deploy_slot_refuses_a_restore_handle_whose_operator_id_leaves_the_resto
     """A restore handle's operator id ``x/../../../escaped-dir`` was joined into the restore
     directory's path: the TaskManager made ``escaped-dir-0/meta.kvs`` outside its directory (the
     deploy failed, the files stayed). Reported by the RPC fuzz run."""
-    import hashlib
-
-    remote = tmp_path / "remote" / "meta.kvs"
-    remote.parent.mkdir()
-    remote.write_bytes(b"payload")
-    tm = cluster.taskmanagers[0]
-    depth = len(tm.deployer.work_dir.relative_to(tmp_path).parts) + 2  # type: ignore[union-attr]
-    from keyedstate.common._proto.v1 import common_pb2 as pb
-
-    handle = pb.SubtaskStateHandle(operator_id="x/" + "../" * depth + "escaped-dir", subtask_index=0,
-                                   key_groups=pb.KeyGroupRange(start=0, end=127), backend="hashmap",
-                                   files=[pb.StateFileHandle(path=remote.as_uri(), size=7, local_name="meta.kvs",
-                                                             sha256=hashlib.sha256(b"payload").hexdigest())])
-    request = tm_pb.DeploySlotRequest(
-        job_id="evil2", operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
-        subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127), max_parallelism=128, slot_index=1,
-        routing_version=1, restore=tm_pb.SlotRestore(checkpoint_path=remote.parent.as_uri(), handles=[handle],
-                                                     checkpoint_id=1))
-    with grpc.insecure_channel(tm.address) as channel:
-        err = _error(lambda: tm_grpc.TaskExecutorStub(channel).DeploySlot(request, timeout=30))
+    err = _deploy_restoring(cluster, tmp_path, "evil2", "x/" + "../" * _depth_to(cluster, tmp_path) + "escaped-dir",
+                            "meta.kvs")
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert "operator id of a restore handle" in err.details() and "path separator" in err.details()
     assert not list(tmp_path.glob("**/escaped-dir*"))
