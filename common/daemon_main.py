@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -54,6 +55,10 @@ def run_daemon(prog: str, description: str, create: Callable[[Configuration], An
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr and the daemon goes on: what a
+    # daemon that stopped answering waits on. faulthandler writes from C, so this works even when
+    # every Python thread is stuck on a lock.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     ident = getattr(daemon, "id", None)
     print(f"{prog}{' ' + ident if ident else ''} serving on {daemon.address}", flush=True)
     # Wake up twice a second: CPython runs signal handlers only on the main thread, and a

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 from collections import Counter
@@ -227,6 +228,15 @@ class ChaosCluster:
         if daemon == "jobmanager":
             return self.cluster.jobmanager
         return self.cluster.taskmanagers[_daemon_index(daemon)]
+
+    def dump_threads(self) -> None:
+        """Ask every live daemon for its threads' stacks (SIGUSR1: they land in its log), for a failed run's report."""
+        for daemon in self.daemons():
+            try:
+                self.process(daemon).signal(signal.SIGUSR1)
+            except (OSError, IndexError, AttributeError):
+                continue
+        time.sleep(0.5)  # faulthandler writes at once; let the files catch up before they are copied
 
     def _arm(self, daemon: str) -> dict[str, str]:
         """The environment of the next incarnation of ``daemon``: its next crash point that has not fired."""

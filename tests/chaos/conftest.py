@@ -78,6 +78,8 @@ def chaos_run(request: pytest.FixtureRequest, tmp_path: Path,
             chaos = DirectChaosRun(schedule, base, net, deadline_s=deadline_s or 180.0)
         try:
             result = chaos.run()
+            if not result.passed:
+                chaos.cluster.dump_threads()  # what a daemon that stopped answering waits on, in its log
         finally:
             chaos.close()
         result._soak = soak  # type: ignore[attr-defined]

@@ -57,3 +57,23 @@ def test_two_taskmanager_processes_serve_100k_keys(process_cluster, backend: str
         assert attrs.get_many(keys[1000:1010], ["plan"] * 10) == [None] * 10
         # Every key is found again by a full scan across the four subtasks.
         assert set(totals.keys()) == set(keys)
+
+
+def test_sigusr1_dumps_every_thread_and_the_daemon_goes_on(process_cluster) -> None:
+    # The tool for a daemon that stopped answering: its threads' stacks, without stopping it.
+    import os
+    import signal
+    import time
+
+    cluster = process_cluster(taskmanagers=1, slots=1)
+    jm = cluster.jobmanager
+    assert jm is not None and jm.process is not None
+    os.kill(jm.process.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    log = ""
+    while time.monotonic() < deadline and "most recent call first" not in log:
+        time.sleep(0.1)
+        log = jm.log_path.read_text(errors="replace")
+    assert "most recent call first" in log and "Thread 0x" in log, log[-2000:]
+    with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=10)) as client:
+        assert len(client.cluster().taskmanagers) == 1
