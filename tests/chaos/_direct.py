@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos._faults import FaultActions
-from tests.chaos._run import ChaosCluster, FaultRecord, RunResult, Timeline
+from tests.chaos._run import ChaosCluster, FaultRecord, RunResult, Timeline, fault_records
 from tests.chaos._schedule import DIRECT_SECONDS, FaultSchedule
 from tests.integration.partitions._partitions import (
     AppendWriter,
@@ -51,10 +51,7 @@ class DirectChaosRun:
         self.base = Path(base)
         self.deadline_s = deadline_s
         self.timeline = Timeline()
-        self.records = [FaultRecord(i, f) for i, f in enumerate(schedule.faults)]
-        for r in self.records:
-            if r.fault.kind in ("heartbeat_only", "restart_budget"):
-                r.fired, r.at, r.context = True, 0.0, "configuration"
+        self.records = fault_records(schedule)
         self.cluster = ChaosCluster(schedule, self.base, self.timeline, self.records, net,
                                     config={"execution.checkpointing.interval": "1 s"}, job_id=JOB)
         self.pipeline = self.cluster.pipeline

@@ -51,6 +51,7 @@ from tests.chaos._run import (
     checkpoint_epoch,
     checkpoints_on_disk,
     compare,
+    fault_records,
 )
 from tests.chaos._schedule import FaultSchedule
 from tests.integration.exactly_once._pipeline import essence
@@ -176,10 +177,7 @@ class EpochChaosRun:
         self.base = Path(base)
         self.deadline_s = deadline_s
         self.timeline = Timeline()
-        self.records = [FaultRecord(i, f) for i, f in enumerate(schedule.faults)]
-        for r in self.records:
-            if r.fault.kind in ("heartbeat_only", "restart_budget"):
-                r.fired, r.at, r.context = True, 0.0, "configuration"
+        self.records = fault_records(schedule)
         self.cluster = ChaosCluster(schedule, self.base, self.timeline, self.records, net)
         self.pipeline = self.cluster.pipeline
         self.progress = ProgressLog(self.base / "progress.jsonl")

@@ -67,6 +67,15 @@ class FaultRecord:
         return f"{self.index + 1}. [{self.fault.kind}] {state}{'; ' + self.note if self.note else ''}"
 
 
+def fault_records(schedule: FaultSchedule) -> list[FaultRecord]:
+    """One record per scheduled fault; the configuration faults count as fired from the start."""
+    records = [FaultRecord(i, f) for i, f in enumerate(schedule.faults)]
+    for r in records:
+        if r.fault.kind in ("heartbeat_only", "restart_budget"):
+            r.fired, r.at, r.context = True, 0.0, "configuration"
+    return records
+
+
 @dataclass
 class RunResult:
     """One chaos run, as the soak summary and failure messages need it."""
