@@ -312,7 +312,11 @@ class ChaosCluster:
                 record = self.armed.get(daemon)
                 proc.kill()  # reap it and close its log
                 log = proc.log_tail(400)
-                crash = re.search(r"crash point (\S+) reached \(#(\d+)\)", log)
+                # The log file is shared by a daemon's incarnations: read this one's part only (from
+                # its last "serving on"), or a crash line of the one before would be credited.
+                own = log[log.rfind("serving on"):] if "serving on" in log else log
+                crashes = list(re.finditer(r"crash point (\S+) reached \(#(\d+)\)", own))
+                crash = crashes[-1] if crashes else None
                 if record is not None and crash and crash.group(1) == record.fault.variant:
                     record.fired, record.at = True, self.timeline.now()
                     record.context = self.context()
