@@ -12,12 +12,13 @@ the token and counted in ``keyedstate_<component>_auth_refused_total``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter
 
 from keyedstate.common.errors import AuthenticationError, KeyedStateError, PermissionDeniedError
+from keyedstate.common.rpc.interceptors import HandlerWrappingInterceptor
 from keyedstate.common.rpc.status import abort_with
 from keyedstate.common.auth._credentials import AUTHORIZATION, BEARER
 from keyedstate.common.auth._methods import RULES, MethodRule
@@ -63,7 +64,7 @@ def certificate_name(context: grpc.ServicerContext) -> str | None:
     return None
 
 
-class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(HandlerWrappingInterceptor):
     """Authenticates and authorizes every call on one server (one plane)."""
 
     def __init__(
@@ -75,27 +76,14 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         certificate_role: Role | None = None,
         rules: dict[str, MethodRule] | None = None,
     ) -> None:
+        super().__init__()
         self._tokens = tokens
         self._metrics = metrics
         self._component = component
         self._certificate_role = certificate_role
         self._rules = RULES if rules is None else rules
-        # The wrapped handler of each method, built once: a server's handlers do not change.
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
-    def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(details)
-        if handler is None:
-            return None  # UNIMPLEMENTED, as without the interceptor
-        method = details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(method, handler)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
-
-    def _wrap(self, method: str, handler: Any) -> Any:
+    def wrap(self, method: str, handler: Any) -> Any:
         rule = self._rules.get(method)
         check = self._check
 

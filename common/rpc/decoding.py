@@ -10,13 +10,13 @@ INVALID_ARGUMENT with the usual reason trailer and a message naming the fix.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.rpc.interceptors import HandlerWrappingInterceptor
 from keyedstate.common.rpc.status import abort_with
 
 logger = logging.getLogger(__name__)
@@ -49,28 +49,13 @@ def _refuse(method: str, malformed: _Malformed, context: grpc.ServicerContext) -
     ))
 
 
-class MalformedRequestInterceptor(grpc.ServerInterceptor):
+class MalformedRequestInterceptor(HandlerWrappingInterceptor):
     """Wraps unary-request handlers so a body that does not decode is INVALID_ARGUMENT, not INTERNAL."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+    def wraps(self, handler: grpc.RpcMethodHandler) -> bool:
+        return not handler.request_streaming
 
-    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
-        handler = continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
-            return handler
-        method = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(method, handler)
-        with self._lock:
-            self._wrapped[method] = (handler, wrapped)
-        return wrapped
-
-    @staticmethod
-    def _wrap(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         if handler.response_streaming:
             inner_stream = handler.unary_stream
 

@@ -1,0 +1,39 @@
+"""The shape every server interceptor of the runtime shares: replace a method's handler by a wrapped one."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import grpc
+
+
+class HandlerWrappingInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """A server interceptor that wraps each method's handler, building the wrapper once per method.
+
+    A server's handlers do not change, so the wrapper built for a method is reused for as long
+    as gRPC hands out the same handler (a plain dict: two threads racing build two equal
+    wrappers, one of which is kept). Subclasses say which handlers they wrap and how.
+    """
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None or not self.wraps(handler):
+            return handler  # None: UNIMPLEMENTED, as without the interceptor
+        method = details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self.wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def wraps(self, handler: grpc.RpcMethodHandler) -> bool:
+        """Whether ``handler`` is one this interceptor wraps (default: all)."""
+        return True
+
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The handler to serve ``method`` with instead of ``handler``."""
+        raise NotImplementedError
