@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import secrets
 import threading
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from keyedstate.common.errors import ConfigError, InvalidArgumentError
+from keyedstate.common.filestamp import FileStamp, file_stamp
 from keyedstate.common.ids import validate_name
 from keyedstate.common.auth._roles import ALL_JOBS, Principal, Role
 
@@ -130,7 +130,7 @@ class TokenStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: FileStamp | None = None
         self._entries: dict[str, TokenEntry] = {}
         self.reloads = 0
         stamp = self._stat()
@@ -140,13 +140,8 @@ class TokenStore:
         self._stamp = stamp
         logger.info("auth: %d token(s) loaded from %s", len(self._entries), self.path)
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        # Size and inode as well: an editor's atomic replace within one mtime tick still shows.
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def _stat(self) -> FileStamp | None:
+        return file_stamp(self.path)
 
     def _read(self) -> dict[str, TokenEntry]:
         try:

@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from keyedstate.common.errors import ConfigError
+from keyedstate.common.filestamp import file_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -214,17 +215,7 @@ class ReloadingMaterial:
         """Counts replacements: a holder of credentials made from an older generation rebuilds them."""
 
     def _stat(self) -> tuple[Any, ...]:
-        out = []
-        for path in self.files.paths():
-            if path is None:
-                out.append(None)
-                continue
-            try:
-                st = os.stat(os.path.expanduser(path))
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append("missing")
-        return tuple(out)
+        return tuple(None if path is None else (file_stamp(os.path.expanduser(path)) or "missing") for path in self.files.paths())
 
     @property
     def material(self) -> PemMaterial:
