@@ -67,8 +67,13 @@ def discover() -> tuple[dict[str, tuple[str, str]], list[report.ScenarioOutcome]
         if not isinstance(name, str) or not isinstance(title, str) or not callable(run):
             continue  # a helper module, not a scenario
         if name in found:
-            broken.append(report.ScenarioOutcome(name, title, error=f"NAME {name!r} is defined by both "
-                                                 f"{found[name][0]} and {module_name}; rename one"))
+            broken.append(
+                report.ScenarioOutcome(
+                    name,
+                    title,
+                    error=f"NAME {name!r} is defined by both {found[name][0]} and {module_name}; rename one",
+                )
+            )
             continue
         found[name] = (module_name, title)
     ordered = dict(sorted(found.items(), key=lambda kv: _order_key(kv[0])))
@@ -85,15 +90,31 @@ def run_worker(module_name: str, mode: Mode, workdir: Path, outdir: Path, seed: 
     return 0
 
 
-def run_scenario(name: str, module_name: str, title: str, mode: Mode, base: Path, outdir: Path, seed: int,
-                 timeout_s: float | None) -> report.ScenarioOutcome:
+def run_scenario(
+    name: str, module_name: str, title: str, mode: Mode, base: Path, outdir: Path, seed: int, timeout_s: float | None
+) -> report.ScenarioOutcome:
     """Parent side: run one scenario in a child process and collect its result or error."""
     workdir = base / name
     workdir.mkdir(parents=True, exist_ok=True)
     result_path = base / f"{name}.result.json"
     err_path = base / f"{name}.stderr.log"
-    cmd = [sys.executable, "-m", "bench", "--_worker", module_name, "--_mode", mode, "--_workdir", str(workdir),
-           "--out", str(outdir), "--_seed", str(seed), "--_result", str(result_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--_worker",
+        module_name,
+        "--_mode",
+        mode,
+        "--_workdir",
+        str(workdir),
+        "--out",
+        str(outdir),
+        "--_seed",
+        str(seed),
+        "--_result",
+        str(result_path),
+    ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     start = time.perf_counter()
@@ -134,17 +155,25 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="small data sizes; the whole run takes under 2 minutes")
     p.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results directory (default {DEFAULT_OUT})")
     p.add_argument("--keep", action="store_true", help="keep the work directory (data, logs) after the run")
-    p.add_argument("--results-md", action="store_true",
-                   help="also write bench/RESULTS.md and copy the charts to bench/results/")
+    p.add_argument(
+        "--results-md", action="store_true", help="also write bench/RESULTS.md and copy the charts to bench/results/"
+    )
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--timeout", type=float, default=None,
-                   help=f"seconds per scenario before it is killed (default: {QUICK_TIMEOUT_S:.0f} quick, none full)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds per scenario before it is killed (default: {QUICK_TIMEOUT_S:.0f} quick, none full)",
+    )
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     # Internal: the child process that runs one scenario.
     for hidden in ("--_worker", "--_mode", "--_workdir", "--_result"):
@@ -167,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in wanted if n not in scenarios]
         if unknown:
-            print(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(scenarios) or 'none'}", file=sys.stderr)
+            print(
+                f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(scenarios) or 'none'}", file=sys.stderr
+            )
             return 2
         scenarios = {n: v for n, v in scenarios.items() if n in wanted}
         broken = []
@@ -178,10 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="keyedstate-bench-"))
 
     machine = machine_info()
-    params: dict[str, Any] = {"mode": mode, "seed": args.seed, "scenarios": list(scenarios), "out": str(outdir),
-                              "workdir": str(base), "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])])}
+    params: dict[str, Any] = {
+        "mode": mode,
+        "seed": args.seed,
+        "scenarios": list(scenarios),
+        "out": str(outdir),
+        "workdir": str(base),
+        "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+    }
     print(describe(machine))
-    print(f"params  : mode={mode}, seed={args.seed}, scenarios={','.join(scenarios) or 'none'}, out={outdir}, workdir={base}")
+    print(
+        f"params  : mode={mode}, seed={args.seed}, scenarios={','.join(scenarios) or 'none'}, out={outdir}, workdir={base}"
+    )
     sys.stdout.flush()
 
     outcomes: list[report.ScenarioOutcome] = list(broken)
@@ -209,11 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"drawing the charts failed:\n{traceback.format_exc()}", file=sys.stderr)
     report.write_json(outdir / "results.json", machine, params, outcomes)
     print(report.format_results(outcomes))
-    print(f"\nresults: {outdir / 'results.json'}; charts: {', '.join(p.name for p in charts) or 'none'}; "
-          f"total {params['total_s']} s")
+    print(
+        f"\nresults: {outdir / 'results.json'}; charts: {', '.join(p.name for p in charts) or 'none'}; "
+        f"total {params['total_s']} s"
+    )
     if args.results_md:
-        markdown = report.results_markdown(machine, params, outcomes, RESULTS_CHARTS.name,
-                                           [p.stem for p in charts], params["command"])
+        markdown = report.results_markdown(
+            machine, params, outcomes, RESULTS_CHARTS.name, [p.stem for p in charts], params["command"]
+        )
         report.publish_results(RESULTS_MD, charts, RESULTS_CHARTS, markdown)
         print(f"wrote {RESULTS_MD} and {RESULTS_CHARTS}/")
     return 1 if any(oc.error for oc in outcomes) else 0

@@ -30,19 +30,32 @@ def redis_server(workdir: Path) -> Iterator[int]:
     )
     if binary is None:
         raise RedisUnavailable(
-            "redis-server is not installed; `make bench` installs it with "
-            "`apt-get install -y redis-server`"
+            "redis-server is not installed; `make bench` installs it with `apt-get install -y redis-server`"
         )
     try:
-        import redis  # noqa: F401
+        import redis
     except ImportError as exc:  # pragma: no cover - the bench extra has it
         raise RedisUnavailable("the redis package is missing; pip install -e '.[bench]'") from exc
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(workdir), "--protected-mode", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--protected-mode",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     try:
         import redis

@@ -20,8 +20,20 @@ logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Distribution names whose versions change the figures.
-PACKAGES = ("rocksdict", "grpcio", "protobuf", "pyspark", "pyarrow", "pandas", "redis", "hiredis", "fsspec", "s3fs",
-            "moto", "matplotlib")
+PACKAGES = (
+    "rocksdict",
+    "grpcio",
+    "protobuf",
+    "pyspark",
+    "pyarrow",
+    "pandas",
+    "redis",
+    "hiredis",
+    "fsspec",
+    "s3fs",
+    "moto",
+    "matplotlib",
+)
 
 
 def _cpu_model() -> str:
@@ -67,12 +79,17 @@ def _redis_server_version() -> str | None:
 
 def _git_commit() -> str | None:
     try:
-        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -42,10 +42,14 @@ def result_from_json(data: dict[str, Any]) -> ScenarioResult:
     """Rebuild a ScenarioResult from its ``to_json()`` form (``met`` and runner fields are dropped)."""
     ratios = [Ratio(**{k: v for k, v in r.items() if k != "met"}) for r in data.get("ratios", [])]
     return ScenarioResult(
-        name=data["name"], title=data["title"], params=dict(data.get("params", {})),
+        name=data["name"],
+        title=data["title"],
+        params=dict(data.get("params", {})),
         measurements=[Measurement(**m) for m in data.get("measurements", [])],
-        ratios=ratios, series=[Series(**s) for s in data.get("series", [])],
-        notes=list(data.get("notes", [])), skipped=data.get("skipped"),
+        ratios=ratios,
+        series=[Series(**s) for s in data.get("series", [])],
+        notes=list(data.get("notes", [])),
+        skipped=data.get("skipped"),
     )
 
 
@@ -79,7 +83,9 @@ def _table(headers: list[str], rows: list[list[str]], align_right: set[int]) -> 
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in align_right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in align_right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
 
     return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
@@ -237,22 +243,36 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def results_markdown(machine: dict[str, Any], params: dict[str, Any], outcomes: list[ScenarioOutcome],
-                     chart_dir: str, charts: list[str], command: str) -> str:
+def results_markdown(
+    machine: dict[str, Any],
+    params: dict[str, Any],
+    outcomes: list[ScenarioOutcome],
+    chart_dir: str,
+    charts: list[str],
+    command: str,
+) -> str:
     """``bench/RESULTS.md``: machine, targets with verdicts, every scenario's figures and notes, charts."""
-    lines = ["# Benchmark results", "",
-             f"Produced by `{command}` ({params.get('mode', '?')} mode). Every target is a ratio measured in this one run "
-             "on this machine; absolute figures are for context and drift between runs.", "",
-             "## Machine", "",
-             f"- CPU: {machine.get('cpu')}, {machine.get('cores')} cores, {machine.get('ram_gb')} GiB RAM, {machine.get('os')}",
-             f"- Python {machine.get('python')}, commit `{machine.get('git_commit')}`",
-             "- " + ", ".join(f"{k} {v}" for k, v in machine.get("versions", {}).items() if v), "",
-             "## Targets", "",
-             "| scenario | ratio | value | target | verdict |", "|---|---|---:|---|---|"]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Produced by `{command}` ({params.get('mode', '?')} mode). Every target is a ratio measured in this one run "
+        "on this machine; absolute figures are for context and drift between runs.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {machine.get('cpu')}, {machine.get('cores')} cores, {machine.get('ram_gb')} GiB RAM, {machine.get('os')}",
+        f"- Python {machine.get('python')}, commit `{machine.get('git_commit')}`",
+        "- " + ", ".join(f"{k} {v}" for k, v in machine.get("versions", {}).items() if v),
+        "",
+        "## Targets",
+        "",
+        "| scenario | ratio | value | target | verdict |",
+        "|---|---|---:|---|---|",
+    ]
     for oc in outcomes:
         if oc.error:
             lines.append(f"| {oc.name} | (error) | | | ERROR |")
-        for r in (oc.result.ratios if oc.result else []):
+        for r in oc.result.ratios if oc.result else []:
             lines.append(f"| {oc.name} | {_md_escape(r.name)} | {r.value:.3g} | {target_text(r)} | {verdict(r)} |")
     lines += ["", summary_line(outcomes), ""]
     for oc in outcomes:
@@ -268,12 +288,17 @@ def results_markdown(machine: dict[str, Any], params: dict[str, Any], outcomes: 
             lines += ["Parameters: " + ", ".join(f"`{k}={v}`" for k, v in res.params.items()), ""]
         if res.measurements:
             lines += ["| measurement | value | unit | note |", "|---|---:|---|---|"]
-            lines += [f"| {_md_escape(m.name)} | {format_value(m.value)} | {m.unit} | {_md_escape(m.note)} |" for m in res.measurements]
+            lines += [
+                f"| {_md_escape(m.name)} | {format_value(m.value)} | {m.unit} | {_md_escape(m.note)} |"
+                for m in res.measurements
+            ]
             lines.append("")
         if res.ratios:
             lines += ["| ratio | value | target | verdict | note |", "|---|---:|---|---|---|"]
-            lines += [f"| {_md_escape(r.name)} | {r.value:.3g} | {target_text(r)} | {verdict(r)} | {_md_escape(r.note)} |"
-                      for r in res.ratios]
+            lines += [
+                f"| {_md_escape(r.name)} | {r.value:.3g} | {target_text(r)} | {verdict(r)} | {_md_escape(r.note)} |"
+                for r in res.ratios
+            ]
             lines.append("")
         for note in res.notes:
             lines += [f"- {note}"]

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._procs import stop_process
 from keyedstate.common.client import ClientSettings, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.minicluster import MiniCluster, free_port
-from bench._procs import stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +50,27 @@ class S3Endpoint:
     @property
     def config(self) -> dict[str, str]:
         """The ``s3.*`` keys of the runtime for this endpoint."""
-        return {"s3.endpoint": self.url, "s3.access-key": ACCESS_KEY, "s3.secret-key": SECRET_KEY,
-                "s3.region": REGION, "s3.path.style.access": "true"}
+        return {
+            "s3.endpoint": self.url,
+            "s3.access-key": ACCESS_KEY,
+            "s3.secret-key": SECRET_KEY,
+            "s3.region": REGION,
+            "s3.path.style.access": "true",
+        }
 
     def s3fs(self) -> Any:
         """A plain s3fs file system on the endpoint (the baselines' client)."""
         import s3fs
 
-        return s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=self.url,
-                                 client_kwargs={"region_name": REGION}, skip_instance_cache=True,
-                                 use_listings_cache=False, config_kwargs={"s3": {"addressing_style": "path"}})
+        return s3fs.S3FileSystem(
+            key=ACCESS_KEY,
+            secret=SECRET_KEY,
+            endpoint_url=self.url,
+            client_kwargs={"region_name": REGION},
+            skip_instance_cache=True,
+            use_listings_cache=False,
+            config_kwargs={"s3": {"addressing_style": "path"}},
+        )
 
     def clear(self, prefix: str = "") -> None:
         """Delete every object (under ``prefix``): moto keeps them in this machine's memory."""
@@ -89,8 +100,14 @@ def moto_s3(workdir: Path, *, nice: int = 10) -> Iterator[S3Endpoint]:
     def lower_priority() -> None:
         os.nice(nice)
 
-    proc = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log, env=env,
-                            preexec_fn=lower_priority if nice else None, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=log,
+        env=env,
+        preexec_fn=lower_priority if nice else None,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -99,7 +116,9 @@ def moto_s3(workdir: Path, *, nice: int = 10) -> Iterator[S3Endpoint]:
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on port {port}; see {workdir / 'moto.log'}") from None
+                    raise RuntimeError(
+                        f"moto_server did not start on port {port}; see {workdir / 'moto.log'}"
+                    ) from None
                 time.sleep(0.1)
         endpoint = S3Endpoint(f"http://127.0.0.1:{port}", "bench", proc.pid)
         endpoint.s3fs().call_s3("create_bucket", Bucket=endpoint.bucket)
@@ -140,11 +159,18 @@ OPERATOR = "op"
 STATE = "v"
 
 
-def submit(client: StateClient, *, job_id: str = JOB, restore_path: str = "", config: dict[str, Any] | None = None) -> ValueState:
+def submit(
+    client: StateClient, *, job_id: str = JOB, restore_path: str = "", config: dict[str, Any] | None = None
+) -> ValueState:
     """Submit the one-slot job with one ValueState of raw bytes; return its handle."""
     ops = [OperatorSpec(OPERATOR, 1, (StateDescriptor(STATE, StateKind.VALUE),))]
-    client.submit_job(job_id, ops, max_parallelism=128, restore_path=restore_path,
-                      config={k: str(v) for k, v in (config or {}).items()})
+    client.submit_job(
+        job_id,
+        ops,
+        max_parallelism=128,
+        restore_path=restore_path,
+        config={k: str(v) for k, v in (config or {}).items()},
+    )
     return ValueState(client, job_id, OPERATOR, STATE, key_serializer="bytes", value_serializer="bytes")
 
 
@@ -174,12 +200,12 @@ class StateFiller:
 
     def keys(self, chunk: int) -> list[bytes]:
         raw = random.Random(self.seed * 1_000_003 + chunk).randbytes(KEY_BYTES * CHUNK_KEYS)
-        return [raw[i:i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
+        return [raw[i : i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
 
     def values(self, chunk: int, version: int = 0, n: int = CHUNK_KEYS) -> list[bytes]:
         size = self.value_bytes
         raw = random.Random((self.seed * 7919 + chunk) * 131 + version).randbytes(size * n)
-        return [raw[i:i + size] for i in range(0, len(raw), size)]
+        return [raw[i : i + size] for i in range(0, len(raw), size)]
 
     def fill_to(self, state: ValueState, total_bytes: int) -> float:
         """Write chunks until about ``total_bytes`` of keys and values are stored; returns seconds."""
@@ -269,11 +295,11 @@ class ServingLoad:
             keys = self._chunk_keys(chunk)
             start = self._rnd.randrange(0, len(keys) - self.batch)
             try:
-                got = self.state.get_many(keys[start:start + self.batch])
+                got = self.state.get_many(keys[start : start + self.batch])
                 if any(v is None for v in got):
                     raise AssertionError("a stored key read back as missing")
                 hot_start = self._rnd.randrange(0, max(1, self.hot - self.batch))
-                hot = keys[hot_start:hot_start + min(self.batch, self.hot)]
+                hot = keys[hot_start : hot_start + min(self.batch, self.hot)]
                 version += 1
                 self.state.put_many(hot, [value] * len(hot))
             except BaseException as exc:  # reported by stop(); the benchmark must not hide a failure

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 # CLOCK_BOOTTIME counts through suspend (Linux); elsewhere the monotonic clock is the best there is.
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)

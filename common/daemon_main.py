@@ -7,7 +7,8 @@ import faulthandler
 import logging
 import signal
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from keyedstate.common.config import Configuration, secret_overrides
 from keyedstate.common.config._secrets import SAFER_WAYS
@@ -18,13 +19,21 @@ from keyedstate.common.logs import setup_logging
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", "-c", metavar="FILE", help="YAML file with Flink-style keys")
-    parser.add_argument("-D", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (repeatable)")
+    parser.add_argument(
+        "-D",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (repeatable)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
 
-def run_daemon(prog: str, description: str, create: Callable[[Configuration], Any], argv: list[str] | None = None) -> int:
+def run_daemon(
+    prog: str, description: str, create: Callable[[Configuration], Any], argv: list[str] | None = None
+) -> int:
     """Parse the command line, start the daemon, serve until SIGTERM/SIGINT, stop it cleanly.
 
     Exit codes: 0 after a clean shutdown, 2 when the configuration or start-up fails (the
@@ -36,8 +45,11 @@ def run_daemon(prog: str, description: str, create: Callable[[Configuration], An
     log = logging.getLogger(f"keyedstate.{prog}")
     for key in secret_overrides(args.overrides):
         # The command line of a process is world-readable (ps, /proc/<pid>/cmdline).
-        log.warning("secret %s was given with -D, so any user on this host can read it in the process list; "
-                    "instead %s", key, SAFER_WAYS)
+        log.warning(
+            "secret %s was given with -D, so any user on this host can read it in the process list; instead %s",
+            key,
+            SAFER_WAYS,
+        )
     try:
         conf = Configuration.load(args.config, args.overrides)
         for key, value in sorted(conf.redacted().items()):

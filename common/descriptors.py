@@ -72,7 +72,9 @@ class StateDescriptor:
         if self.kind is StateKind.REDUCING and not self.reduce_fields:
             raise InvalidArgumentError(f"reducing state {self.name!r} needs at least one reduce field")
         if self.kind is not StateKind.REDUCING and self.reduce_fields:
-            raise InvalidArgumentError(f"state {self.name!r} is {self.kind.value}; only reducing state has reduce fields")
+            raise InvalidArgumentError(
+                f"state {self.name!r} is {self.kind.value}; only reducing state has reduce fields"
+            )
 
     # -- reducing-state vectors ---------------------------------------------------------------
     @property
@@ -124,7 +126,9 @@ class OperatorSpec:
         if dupes:
             raise InvalidArgumentError(f"operator {self.operator_id!r} declares state {sorted(dupes)[0]!r} twice")
         if self.parallelism < 1:
-            raise InvalidArgumentError(f"operator {self.operator_id!r}: parallelism must be at least 1, got {self.parallelism}")
+            raise InvalidArgumentError(
+                f"operator {self.operator_id!r}: parallelism must be at least 1, got {self.parallelism}"
+            )
 
     def state(self, name: str) -> StateDescriptor:
         for s in self.states:
@@ -142,9 +146,17 @@ class OperatorSpec:
         return cls(msg.operator_id, msg.parallelism, tuple(StateDescriptor.from_proto(s) for s in msg.states))
 
 
-_KIND_TO_PB = {StateKind.VALUE: pb.VALUE, StateKind.LIST: pb.LIST, StateKind.MAP: pb.MAP, StateKind.REDUCING: pb.REDUCING}
+_KIND_TO_PB = {
+    StateKind.VALUE: pb.VALUE,
+    StateKind.LIST: pb.LIST,
+    StateKind.MAP: pb.MAP,
+    StateKind.REDUCING: pb.REDUCING,
+}
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
-_TTL_TO_PB = {TtlUpdateType.ON_CREATE_AND_WRITE: pb.ON_CREATE_AND_WRITE, TtlUpdateType.ON_READ_AND_WRITE: pb.ON_READ_AND_WRITE}
+_TTL_TO_PB = {
+    TtlUpdateType.ON_CREATE_AND_WRITE: pb.ON_CREATE_AND_WRITE,
+    TtlUpdateType.ON_READ_AND_WRITE: pb.ON_READ_AND_WRITE,
+}
 _TTL_FROM_PB = {v: k for k, v in _TTL_TO_PB.items()}
 _FN_TO_PB = {ReduceFunction.SUM: pb.SUM, ReduceFunction.MIN: pb.MIN, ReduceFunction.MAX: pb.MAX}
 _FN_FROM_PB = {v: k for k, v in _FN_TO_PB.items()}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, NewType
+from typing import NewType
 
 from keyedstate.common.errors import InvalidArgumentError
 

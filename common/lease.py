@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from keyedstate.common.errors import Reason, UnavailableError
 

@@ -52,8 +52,13 @@ def _server_class(host: str, tls: HttpTls | None) -> type[ThreadingWSGIServer]:
 class MetricsServer:
     """Serves ``registry`` on the first free port of ``port_range`` (``(-1, -1)`` disables it)."""
 
-    def __init__(self, registry: CollectorRegistry, port_range: tuple[int, int], host: str = "0.0.0.0",
-                 tls: HttpTls | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        port_range: tuple[int, int],
+        host: str = "0.0.0.0",
+        tls: HttpTls | None = None,
+    ) -> None:
         self.registry = registry
         self.port: int | None = None
         self.scheme = "https" if tls is not None else "http"

@@ -20,11 +20,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
 
 from keyedstate.common.errors import UnavailableError
 
@@ -263,8 +263,9 @@ class MiniCluster:
 
         # The cluster's own security.ssl.rest.* keys: a TLS cluster is asked over TLS.
         security = client_security(Configuration(self.config))
-        with StateClient(self.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=1), security,
-                         token=self.client_token) as client:
+        with StateClient(
+            self.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=1), security, token=self.client_token
+        ) as client:
             client.wait_for_taskmanagers(count, timeout_s=timeout_s)
 
     def stop(self) -> None:
@@ -284,5 +285,3 @@ class MiniCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-

@@ -17,8 +17,9 @@ import json
 import logging
 import pickle
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from keyedstate.common.errors import ConfigError, InvalidArgumentError
 
@@ -330,7 +331,7 @@ class PickleSerializer:
     def loads(self, data: bytes) -> Any:
         try:
             return pickle.loads(data)
-        except Exception as exc:  # noqa: BLE001 - unpickling can fail with any error type
+        except Exception as exc:  # unpickling can fail with any error type
             raise InvalidArgumentError(
                 f"stored bytes {bytes(data)[:32]!r} cannot be unpickled ({type(exc).__name__}: {exc}): "
                 "they were written with another serializer, or a class they need cannot be imported"
@@ -377,7 +378,7 @@ class MsgpackSerializer:
         msgpack = _msgpack()
         try:
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
+        except Exception as exc:  # msgpack raises several unrelated types
             raise InvalidArgumentError(
                 f"stored bytes {bytes(data)[:32]!r} are not MessagePack ({type(exc).__name__}: {exc}): "
                 "they were written with another serializer"

@@ -39,11 +39,16 @@ def _spark(base: Path) -> Any:
     previous = os.getcwd()
     os.chdir(scratch)
     try:
-        spark = (SparkSession.builder.master("local[2,4]").appName("keyedstate-main-job")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "4")
-                 .config("spark.driver.host", "127.0.0.1")
-                 .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
+        spark = (
+            SparkSession.builder.master("local[2,4]")
+            .appName("keyedstate-main-job")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .getOrCreate()
+        )
     finally:
         os.chdir(previous)
     spark.sparkContext.setLogLevel("ERROR")
@@ -60,19 +65,31 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
     _say(f"generating {files * events_per_file} events for {users} users in {files} Parquet files")
     events = generate_events(base / "input", files, events_per_file, users)
 
-    cluster = MiniCluster(base / "cluster", num_taskmanagers=2, slots_per_taskmanager=4, backend="rocksdb", config={
-        "state.checkpoints.dir": checkpoints, "execution.checkpointing.num-retained": 2,
-        "execution.checkpointing.incremental": "true",
-        "heartbeat.interval": "500 ms", "heartbeat.timeout": "3 s",
-        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 3,
-        "restart-strategy.fixed-delay.delay": "500 ms", "metrics.reporter.prom.port": "9249-9299",
-    })
+    cluster = MiniCluster(
+        base / "cluster",
+        num_taskmanagers=2,
+        slots_per_taskmanager=4,
+        backend="rocksdb",
+        config={
+            "state.checkpoints.dir": checkpoints,
+            "execution.checkpointing.num-retained": 2,
+            "execution.checkpointing.incremental": "true",
+            "heartbeat.interval": "500 ms",
+            "heartbeat.timeout": "3 s",
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": 3,
+            "restart-strategy.fixed-delay.delay": "500 ms",
+            "metrics.reporter.prom.port": "9249-9299",
+        },
+    )
     _say("starting a local cluster: 1 JobManager, 2 TaskManagers (RocksDB, file:// checkpoints)")
     cluster.start()
     spark = None
     try:
-        _say(f"JobManager at {cluster.jobmanager_address}; TaskManagers at "
-             + ", ".join(t.address for t in cluster.taskmanagers))
+        _say(
+            f"JobManager at {cluster.jobmanager_address}; TaskManagers at "
+            + ", ".join(t.address for t in cluster.taskmanagers)
+        )
         runtime = KeyedStateRuntime(cluster.jobmanager_address, "sessions-demo", OPERATORS)
         spark = _spark(base)
         process = runtime.foreach_batch(process_partition, key_col="user", operator="sessions")
@@ -88,17 +105,26 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
             t0 = time.monotonic()
             process(df, batch_id)
             cp = runtime.last_checkpoint
-            _say(f"batch {batch_id}: committed in {time.monotonic() - t0:.1f} s; checkpoint "
-                 f"{cp.checkpoint_id if cp else '-'} ({cp.incremental_size if cp else 0} bytes uploaded)")
+            _say(
+                f"batch {batch_id}: committed in {time.monotonic() - t0:.1f} s; checkpoint "
+                f"{cp.checkpoint_id if cp else '-'} ({cp.incremental_size if cp else 0} bytes uploaded)"
+            )
             if "recovered_at" in recovery and "restarted" not in recovery:
                 recovery["restarted"] = 1
                 cluster.restart_taskmanager(1)
                 _say("restarted the killed TaskManager; it registered again")
 
-        stream = (spark.readStream.schema("user string, ts long, kind string, amount long")
-                  .option("maxFilesPerTrigger", 1).parquet(str(base / "input")))
-        query = (stream.writeStream.foreachBatch(on_batch)
-                 .option("checkpointLocation", str(base / "spark-checkpoint")).trigger(processingTime="0 seconds").start())
+        stream = (
+            spark.readStream.schema("user string, ts long, kind string, amount long")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(base / "input"))
+        )
+        query = (
+            stream.writeStream.foreachBatch(on_batch)
+            .option("checkpointLocation", str(base / "spark-checkpoint"))
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
         while query.isActive and runtime.batches_run + runtime.batches_skipped < files:
             time.sleep(0.5)
             if query.exception() is not None:
@@ -119,7 +145,7 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
         print(f" TaskManager killed   {'batch ' + str(kill_at):>10}   job restarts: {info.restarts}")
         print(f" recovery time        {recovery_s:>9.1f}s   (kill -> job RUNNING again)")
         print(f" mismatches           {mismatches:>10}")
-        print(f" metrics              JobManager and TaskManagers serve Prometheus on ports 9249-9299 (/metrics)")
+        print(" metrics              JobManager and TaskManagers serve Prometheus on ports 9249-9299 (/metrics)")
         print(f" logs                 {base / 'cluster' / 'log'}")
         print("=" * 72)
         if mismatches:
@@ -148,8 +174,10 @@ def _watch_recovery(runtime: Any, recovery: dict[str, float]) -> None:
                 seen_restart = True
             if seen_restart and info.status == "RUNNING":
                 recovery["recovered_at"] = time.monotonic()
-                _say(f"job RUNNING again after {recovery['recovered_at'] - recovery['killed_at']:.1f} s "
-                     f"(restored from {info.latest_checkpoint_path})")
+                _say(
+                    f"job RUNNING again after {recovery['recovered_at'] - recovery['killed_at']:.1f} s "
+                    f"(restored from {info.latest_checkpoint_path})"
+                )
                 return
         except Exception:
             pass
@@ -169,8 +197,12 @@ def _verify(runtime: Any, expected: dict[str, dict[str, Any]]) -> int:
     for i, user in enumerate(users):
         exp = expected[user]
         kinds = dict(kinds_state.items(user))
-        if (session[i] != exp["session"] or closed[i] != exp["closed"] or tuple(totals[i] or ()) != exp["totals"]
-                or kinds != exp["kinds"]):
+        if (
+            session[i] != exp["session"]
+            or closed[i] != exp["closed"]
+            or tuple(totals[i] or ()) != exp["totals"]
+            or kinds != exp["kinds"]
+        ):
             bad += 1
             if bad <= 3:
                 _say(f"mismatch for {user}: got {session[i]}, {closed[i]}, {totals[i]}, {kinds}; expected {exp}")

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from keyedstate.common.descriptors import (
     OperatorSpec,
@@ -29,16 +30,22 @@ GAP_MS = 30 * 60 * 1000
 KINDS = ("view", "click", "cart", "buy")
 
 OPERATORS = [
-    OperatorSpec("sessions", 4, (
-        StateDescriptor("session", StateKind.VALUE, TtlConfig(24 * 3600 * 1000)),
-        StateDescriptor("closed", StateKind.LIST),
-        StateDescriptor("kinds", StateKind.MAP),
-        StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("amount"))),
-    )),
+    OperatorSpec(
+        "sessions",
+        4,
+        (
+            StateDescriptor("session", StateKind.VALUE, TtlConfig(24 * 3600 * 1000)),
+            StateDescriptor("closed", StateKind.LIST),
+            StateDescriptor("kinds", StateKind.MAP),
+            StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("amount"))),
+        ),
+    ),
 ]
 
 
-def generate_events(directory: Path, files: int, events_per_file: int, users: int, seed: int = 42) -> list[dict[str, Any]]:
+def generate_events(
+    directory: Path, files: int, events_per_file: int, users: int, seed: int = 42
+) -> list[dict[str, Any]]:
     """Write ``files`` Parquet files of events in time order; return every event."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -51,14 +58,22 @@ def generate_events(directory: Path, files: int, events_per_file: int, users: in
         rows = []
         for _ in range(events_per_file):
             ts += rnd.randint(0, 2_000)
-            rows.append({"user": f"u{rnd.randrange(users):05d}", "ts": ts, "kind": rnd.choice(KINDS),
-                         "amount": rnd.randint(1, 10_000)})
+            rows.append(
+                {
+                    "user": f"u{rnd.randrange(users):05d}",
+                    "ts": ts,
+                    "kind": rnd.choice(KINDS),
+                    "amount": rnd.randint(1, 10_000),
+                }
+            )
         pq.write_table(pa.Table.from_pylist(rows), directory / f"events-{f:03d}.parquet")
         everything.extend(rows)
     return everything
 
 
-def _sessionize(state: dict[str, Any] | None, events: list[dict[str, Any]], closed: list[dict[str, Any]]) -> dict[str, Any]:
+def _sessionize(
+    state: dict[str, Any] | None, events: list[dict[str, Any]], closed: list[dict[str, Any]]
+) -> dict[str, Any]:
     for e in events:
         if state is not None and e["ts"] - state["last"] > GAP_MS:
             closed.append({"start": state["start"], "end": state["last"], "events": state["events"]})
@@ -124,6 +139,10 @@ def reference(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         kinds: dict[str, int] = defaultdict(int)
         for e in evs:
             kinds[e["kind"]] += 1
-        result[user] = {"session": session, "closed": closed, "kinds": dict(kinds),
-                        "totals": (len(evs), sum(e["amount"] for e in evs))}
+        result[user] = {
+            "session": session,
+            "closed": closed,
+            "kinds": dict(kinds),
+            "totals": (len(evs), sum(e["amount"] for e in evs)),
+        }
     return result

@@ -19,11 +19,11 @@ import json
 import logging
 from dataclasses import dataclass
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError, KeyedStateError, NotFoundError
 from keyedstate.common.storage import CheckpointStorage, open_storage
-from keyedstate.jobmanager.checkpoint import GcEntry, GcPlan, execute, plan_gc
-from keyedstate.jobmanager.checkpoint import _paths
+from keyedstate.jobmanager.checkpoint import GcEntry, GcPlan, _paths, execute, plan_gc
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +98,13 @@ def _ask_jobmanager(args: argparse.Namespace, conf: Configuration) -> _JobManage
     try:
         listing = client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=args.job), retry=False)  # noqa: SLF001
     except KeyedStateError as exc:
-        return _JobManagerView(False, note=(
-            f"the JobManager at {address} did not list the checkpoints of {args.job} ({exc.message}); "
-            "assuming no checkpoint of it is in progress"
-        ))
+        return _JobManagerView(
+            False,
+            note=(
+                f"the JobManager at {address} did not list the checkpoints of {args.job} ({exc.message}); "
+                "assuming no checkpoint of it is in progress"
+            ),
+        )
     finally:
         client.close()
     in_progress = frozenset(c.checkpoint_id for c in listing.checkpoints if c.status == "IN_PROGRESS")
@@ -114,21 +117,29 @@ def _print(args: argparse.Namespace, plan: GcPlan, removed: list[GcEntry], view:
         return e.path + ("/" if e.is_dir else "")
 
     if args.json:
-        print(json.dumps({
-            "job_dir": plan.job_dir,
-            "dry_run": bool(args.dry_run),
-            "removed" if not args.dry_run else "would_remove": [
-                {"path": e.path, "reason": e.why, "dir": e.is_dir} for e in removed
-            ],
-            "kept": [{"path": e.path, "reason": e.why, "dir": e.is_dir} for e in plan.keep],
-            "notes": [view.note] if view.note else [],
-        }, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "job_dir": plan.job_dir,
+                    "dry_run": bool(args.dry_run),
+                    "removed" if not args.dry_run else "would_remove": [
+                        {"path": e.path, "reason": e.why, "dir": e.is_dir} for e in removed
+                    ],
+                    "kept": [{"path": e.path, "reason": e.why, "dir": e.is_dir} for e in plan.keep],
+                    "notes": [view.note] if view.note else [],
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
         return
     if view.note:
         print(f"note: {view.note}")
     verb = "would remove" if args.dry_run else "removed"
-    print(f"gc of {plan.job_dir}: {len(removed)} {verb}, {len(plan.keep)} kept"
-          + (" (dry run: nothing was removed)" if args.dry_run else ""))
+    print(
+        f"gc of {plan.job_dir}: {len(removed)} {verb}, {len(plan.keep)} kept"
+        + (" (dry run: nothing was removed)" if args.dry_run else "")
+    )
     for e in removed:
         print(f"  {verb}  {shown(e)}  ({e.why})")
     for e in plan.keep:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -25,20 +26,20 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
-    CompletedCheckpoint,
-    EpochCut,
     CheckpointCoordinator,
     CheckpointException,
     CheckpointFailureReason,
     CheckpointingSettings,
     CheckpointStatsTracker,
+    CompletedCheckpoint,
+    EpochCut,
+    _paths,
     find_latest_checkpoint,
     load_completed_checkpoint,
     plan_restore,
     verify_checksums,
     verify_files_exist,
 )
-from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
 from keyedstate.jobmanager.ha.job_store import JobRecord
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
@@ -161,12 +162,19 @@ class Checkpointing:
         if not recovering:
             job.checkpoints_from = id_counter.get()
         job.coordinator = CheckpointCoordinator(
-            job.job_id, settings, storage, job_dir, _JobGateway(self._d, job),
+            job.job_id,
+            settings,
+            storage,
+            job_dir,
+            _JobGateway(self._d, job),
             id_counter=id_counter,
             store=store,
-            clock=self._jm.clock, scheduler=self._jm.scheduler,
-            operators=lambda: job.spec.operators, max_parallelism=job.spec.max_parallelism,
-            tasks=lambda: set(job.assignments), stats=CheckpointStatsTracker(job.job_id, self._jm.metrics_registry),
+            clock=self._jm.clock,
+            scheduler=self._jm.scheduler,
+            operators=lambda: job.spec.operators,
+            max_parallelism=job.spec.max_parallelism,
+            tasks=lambda: set(job.assignments),
+            stats=CheckpointStatsTracker(job.job_id, self._jm.metrics_registry),
             on_failover=lambda reason, message: self._on_checkpoint_failover(job.job_id, reason, message),
             savepoints_dir=job.config.get(o.SAVEPOINTS_DIR),
         )
@@ -210,8 +218,9 @@ class Checkpointing:
         checkpoint = load_completed_checkpoint(storage, path)
         self.restore_plan(job, checkpoint)  # compatibility: cheap, so before reading every file
         verify_files_exist(storage, checkpoint.metadata, checkpoint.external_path)
-        verify_checksums(storage, checkpoint.metadata, checkpoint.external_path,
-                         threads=job.config.get(o.ROCKSDB_TRANSFER_THREADS))
+        verify_checksums(
+            storage, checkpoint.metadata, checkpoint.external_path, threads=job.config.get(o.ROCKSDB_TRANSFER_THREADS)
+        )
         return checkpoint
 
     def adopt_restore(self, job: Job, checkpoint: CompletedCheckpoint) -> None:
@@ -230,15 +239,20 @@ class Checkpointing:
     def _restored_from(self, job: Job, checkpoint: CompletedCheckpoint) -> None:
         if job.coordinator is not None:
             own = checkpoint.external_path.startswith(self.job_dir(job) + "/") and not checkpoint.metadata.savepoint
-            already = any(c.checkpoint_id == checkpoint.checkpoint_id and c.external_path == checkpoint.external_path
-                          for c in job.coordinator.store.all())
+            already = any(
+                c.checkpoint_id == checkpoint.checkpoint_id and c.external_path == checkpoint.external_path
+                for c in job.coordinator.store.all()
+            )
             job.coordinator.restore_from(checkpoint, claim=own and not already)
 
     def restore_plan(self, job: Job, checkpoint: CompletedCheckpoint) -> RestorePlan:
         """Which subtask of ``job`` restores what from ``checkpoint``; IncompatibleCheckpointError if it does not fit."""
         plan = plan_restore(
-            checkpoint.metadata, list(job.spec.operators), job.spec.max_parallelism,
-            checkpoint_dir=checkpoint.external_path, job_id=job.job_id,
+            checkpoint.metadata,
+            list(job.spec.operators),
+            job.spec.max_parallelism,
+            checkpoint_dir=checkpoint.external_path,
+            job_id=job.job_id,
         )
         slots = {
             subtask: tm_pb.SlotRestore(
@@ -263,23 +277,37 @@ class Checkpointing:
             # A checkpoint in flight or the minimum pause is waited out rather than refused.
             turn_ms = request.timeout_ms or coordinator.settings.timeout_ms
             pending = coordinator.trigger_waiting(
-                turn_ms, savepoint=request.savepoint, target_dir=request.target_directory or None, closed=self._stop,
+                turn_ms,
+                savepoint=request.savepoint,
+                target_dir=request.target_directory or None,
+                closed=self._stop,
             )
         except CheckpointException as exc:
             return jm_pb.CheckpointInfo(status="FAILED", failure_reason=_failure(exc))
-        info = jm_pb.CheckpointInfo(checkpoint_id=pending.checkpoint_id, status="IN_PROGRESS",
-                                    path=pending.target_path, savepoint=request.savepoint)
+        info = jm_pb.CheckpointInfo(
+            checkpoint_id=pending.checkpoint_id,
+            status="IN_PROGRESS",
+            path=pending.target_path,
+            savepoint=request.savepoint,
+        )
         if not request.wait:
             return info
-        return self._wait(coordinator, pending.checkpoint_id, request.timeout_ms / 1000.0 if request.timeout_ms else None,
-                          request.savepoint)
+        return self._wait(
+            coordinator,
+            pending.checkpoint_id,
+            request.timeout_ms / 1000.0 if request.timeout_ms else None,
+            request.savepoint,
+        )
 
-    def _wait(self, coordinator: CheckpointCoordinator, checkpoint_id: int, timeout: float | None, savepoint: bool) -> jm_pb.CheckpointInfo:
+    def _wait(
+        self, coordinator: CheckpointCoordinator, checkpoint_id: int, timeout: float | None, savepoint: bool
+    ) -> jm_pb.CheckpointInfo:
         try:
             completed = coordinator.wait_for(checkpoint_id, timeout)
         except CheckpointException as exc:
-            return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="FAILED",
-                                        failure_reason=_failure(exc), savepoint=savepoint)
+            return jm_pb.CheckpointInfo(
+                checkpoint_id=checkpoint_id, status="FAILED", failure_reason=_failure(exc), savepoint=savepoint
+            )
         except CheckpointError as exc:
             return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="IN_PROGRESS", failure_reason=exc.message)
         return checkpoint_info(completed)
@@ -303,12 +331,20 @@ class Checkpointing:
         coordinator = self._coordinator(job_id)
         entries = []
         for e in coordinator.stats.history():
-            entries.append(jm_pb.CheckpointInfo(
-                checkpoint_id=e.checkpoint_id, path=e.path or "", status=e.status,
-                failure_reason=f"{e.failure_reason}: {e.failure_message}" if e.failure_reason else "",
-                epoch=e.epoch, trigger_timestamp_ms=e.trigger_timestamp_ms, duration_ms=e.duration_ms or 0,
-                full_size=e.full_size or 0, incremental_size=e.incremental_size or 0, savepoint=e.savepoint,
-            ))
+            entries.append(
+                jm_pb.CheckpointInfo(
+                    checkpoint_id=e.checkpoint_id,
+                    path=e.path or "",
+                    status=e.status,
+                    failure_reason=f"{e.failure_reason}: {e.failure_message}" if e.failure_reason else "",
+                    epoch=e.epoch,
+                    trigger_timestamp_ms=e.trigger_timestamp_ms,
+                    duration_ms=e.duration_ms or 0,
+                    full_size=e.full_size or 0,
+                    incremental_size=e.incremental_size or 0,
+                    savepoint=e.savepoint,
+                )
+            )
         return jm_pb.ListCheckpointsResponse(checkpoints=entries)
 
     def checkpoint_now(self, job: Job) -> CompletedCheckpoint:
@@ -334,9 +370,14 @@ class Checkpointing:
         if not self.ha.enabled:
             return
         record = JobRecord(
-            spec=job.spec.to_dict(), status=job.status.value, routing_version=job.routing_version,
-            restarts=job.restarts, failure_cause=job.failure_cause, restore_path=job.restore_path,
-            taskmanagers=sorted(job.last_taskmanagers), checkpoints_from=job.checkpoints_from,
+            spec=job.spec.to_dict(),
+            status=job.status.value,
+            routing_version=job.routing_version,
+            restarts=job.restarts,
+            failure_cause=job.failure_cause,
+            restore_path=job.restore_path,
+            taskmanagers=sorted(job.last_taskmanagers),
+            checkpoints_from=job.checkpoints_from,
         )
         try:
             self.ha.put_job(record)
@@ -392,8 +433,11 @@ class Checkpointing:
         if job.coordinator is not None:
             job.coordinator.recover(self._completed_checkpoints(job))
             latest = job.coordinator.latest_completed()
-            logger.info("job %s recovered: latest completed checkpoint %s", job.job_id,
-                        latest.external_path if latest is not None else "none")
+            logger.info(
+                "job %s recovered: latest completed checkpoint %s",
+                job.job_id,
+                latest.external_path if latest is not None else "none",
+            )
         self._d.adopt(job)
         self.persist(job)
         return job
@@ -411,18 +455,31 @@ class Checkpointing:
         loaded = []
         for pointer in self.ha.checkpoint_pointers(job.job_id):
             try:
-                loaded.append(load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path))
+                loaded.append(
+                    load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path)
+                )
             except (CheckpointError, OSError) as exc:
-                logger.error("job %s: checkpoint %d (%s) cannot be loaded, falling back: %s", job.job_id,
-                             pointer.checkpoint_id, pointer.external_path, getattr(exc, "message", exc))
+                logger.error(
+                    "job %s: checkpoint %d (%s) cannot be loaded, falling back: %s",
+                    job.job_id,
+                    pointer.checkpoint_id,
+                    pointer.external_path,
+                    getattr(exc, "message", exc),
+                )
                 self.ha.remove_checkpoint_pointer(job.job_id, pointer.checkpoint_id)
         storage = self.storage(self.job_dir(job), job)
         newest = find_latest_checkpoint(storage, self.job_dir(job))
         # Only one of the job's current run: an older one holds state the job replaced since.
-        if (newest is not None and newest.checkpoint_id >= job.checkpoints_from
-                and all(newest.checkpoint_id > c.checkpoint_id for c in loaded)):
-            logger.warning("job %s: checkpoint %d has _metadata but no pointer (the JobManager died in between); "
-                           "taking it back", job.job_id, newest.checkpoint_id)
+        if (
+            newest is not None
+            and newest.checkpoint_id >= job.checkpoints_from
+            and all(newest.checkpoint_id > c.checkpoint_id for c in loaded)
+        ):
+            logger.warning(
+                "job %s: checkpoint %d has _metadata but no pointer (the JobManager died in between); taking it back",
+                job.job_id,
+                newest.checkpoint_id,
+            )
             loaded.append(newest)
         # The newest must be restorable as a whole; an older one is only a fallback.
         loaded.sort(key=lambda c: c.checkpoint_id)
@@ -432,8 +489,12 @@ class Checkpointing:
                 verify_files_exist(self.storage(latest.external_path, job), latest.metadata, latest.external_path)
                 break
             except (CorruptCheckpointError, OSError) as exc:
-                logger.error("job %s: checkpoint %d is missing files, falling back: %s", job.job_id,
-                             latest.checkpoint_id, getattr(exc, "message", exc))
+                logger.error(
+                    "job %s: checkpoint %d is missing files, falling back: %s",
+                    job.job_id,
+                    latest.checkpoint_id,
+                    getattr(exc, "message", exc),
+                )
                 self.ha.remove_checkpoint_pointer(job.job_id, latest.checkpoint_id)
                 loaded.pop()
         return loaded
@@ -448,8 +509,11 @@ class Checkpointing:
         plan = plan_gc(storage, self.job_dir(job), job.coordinator.store.all(), job.coordinator.in_progress_ids())
         if not plan.remove:
             return []
-        logger.info("job %s: deleting %d leftovers of checkpoints an earlier JobManager never completed",
-                    job.job_id, len(plan.remove))
+        logger.info(
+            "job %s: deleting %d leftovers of checkpoints an earlier JobManager never completed",
+            job.job_id,
+            len(plan.remove),
+        )
         return execute(storage, plan)
 
     def shutdown(self) -> None:
@@ -484,7 +548,13 @@ def checkpoint_info(completed: CompletedCheckpoint) -> jm_pb.CheckpointInfo:
     # Wall-clock trigger to completion; 0 for a checkpoint loaded from storage (no completion time).
     duration = max(0, completed.completion_timestamp_ms - meta.timestamp_ms) if completed.completion_timestamp_ms else 0
     return jm_pb.CheckpointInfo(
-        checkpoint_id=completed.checkpoint_id, path=completed.external_path, status="COMPLETED", epoch=meta.epoch,
-        trigger_timestamp_ms=meta.timestamp_ms, full_size=meta.full_size, incremental_size=meta.incremental_size,
-        savepoint=meta.savepoint, duration_ms=duration,
+        checkpoint_id=completed.checkpoint_id,
+        path=completed.external_path,
+        status="COMPLETED",
+        epoch=meta.epoch,
+        trigger_timestamp_ms=meta.timestamp_ms,
+        full_size=meta.full_size,
+        incremental_size=meta.incremental_size,
+        savepoint=meta.savepoint,
+        duration_ms=duration,
     )

@@ -15,11 +15,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Gauge
 
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
+from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock, Scheduler, ThreadScheduler
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
-from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.common.security.transport import DEFAULT_JOBMANAGER_INTERNAL_PORT
 from keyedstate.jobmanager.dispatcher import Dispatcher
@@ -36,8 +37,13 @@ logger = logging.getLogger(__name__)
 class JobManager:
     """One JobManager process. ``start()`` serves; ``stop()`` shuts down."""
 
-    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, scheduler: Scheduler | None = None,
-                 security: TransportSecurity | None = None) -> None:
+    def __init__(
+        self,
+        conf: Configuration,
+        clock: Clock = SYSTEM_CLOCK,
+        scheduler: Scheduler | None = None,
+        security: TransportSecurity | None = None,
+    ) -> None:
         self.conf = conf
         self.settings = JobManagerSettings.from_config(conf)
         # Loads and checks every certificate now: a bad file stops the start with the key to fix.
@@ -47,13 +53,17 @@ class JobManager:
         self.metrics_registry = CollectorRegistry()
         s = self.settings
         self.registry = TaskManagerRegistry(
-            clock, self.scheduler, s.heartbeat_timeout_ms, check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000)),
+            clock,
+            self.scheduler,
+            s.heartbeat_timeout_ms,
+            check_interval_ms=max(10, min(s.heartbeat_interval_ms, 1000)),
             lease_bound_ms=s.lease_bound_ms,
         )
         # The JobManager's own identity toward TaskManagers: its certificate on the internal mTLS
         # plane, else (auth on) a token of role jobmanager.
         self.gateways = TaskManagerGateways(
-            s.max_message_bytes, security=self.security.channel_security(INTERNAL),
+            s.max_message_bytes,
+            security=self.security.channel_security(INTERNAL),
             token=internal_token(conf, "JobManager", "jobmanager", internal_tls=self.security.enabled(INTERNAL)),
         )
         self.auth_metrics = AuthMetrics(self.metrics_registry, "jobmanager")
@@ -89,8 +99,13 @@ class JobManager:
         if separate:
             security.check_protected_mode("JobManager's internal port", s.bind_host, INTERNAL, "jobmanager.bind-host")
         server, self.port = create_server(
-            s.bind_host, s.port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
-            what="JobManager", port_key="jobmanager.rpc.port", credentials=security.server_credentials(REST),
+            s.bind_host,
+            s.port,
+            threads=s.rpc_threads,
+            max_message_bytes=s.max_message_bytes,
+            what="JobManager",
+            port_key="jobmanager.rpc.port",
+            credentials=security.server_credentials(REST),
             interceptors=server_interceptors(self.conf, self.auth_metrics, "JobManager"),
         )
         self._server = server
@@ -99,24 +114,38 @@ class JobManager:
         if separate:
             internal_port = self.conf.get(o.JOBMANAGER_INTERNAL_PORT)
             internal, self.internal_port = create_server(
-                s.bind_host, DEFAULT_JOBMANAGER_INTERNAL_PORT if internal_port is None else internal_port,
-                threads=s.rpc_threads, max_message_bytes=s.max_message_bytes, what="JobManager-internal",
-                port_key="jobmanager.internal.port", credentials=security.server_credentials(INTERNAL),
-                interceptors=server_interceptors(self.conf, self.auth_metrics, "JobManager", certificate_role=(
-                    Role.INTERNAL if security.enabled(INTERNAL) else None)),
+                s.bind_host,
+                DEFAULT_JOBMANAGER_INTERNAL_PORT if internal_port is None else internal_port,
+                threads=s.rpc_threads,
+                max_message_bytes=s.max_message_bytes,
+                what="JobManager-internal",
+                port_key="jobmanager.internal.port",
+                credentials=security.server_credentials(INTERNAL),
+                interceptors=server_interceptors(
+                    self.conf,
+                    self.auth_metrics,
+                    "JobManager",
+                    certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
+                ),
             )
             self._internal_server = internal
         # Jobs come back from the HA store before the first call is served, so that a Spark
         # driver resubmitting its job after the restart finds it instead of creating it anew.
         recovered = self.dispatcher.checkpointing.recover_jobs(f"{s.address}:{self.port}", self._leadership_lost)
         epochs = EpochCoordinator(
-            jobs=self.dispatcher.job, commit_on=self.gateways.commit_epoch, executor=self.dispatcher.executor,
-            fail_over_now=self.dispatcher.fail_over_now, clock=self.clock, closed=self.dispatcher.closed,
+            jobs=self.dispatcher.job,
+            commit_on=self.gateways.commit_epoch,
+            executor=self.dispatcher.executor,
+            fail_over_now=self.dispatcher.fail_over_now,
+            clock=self.clock,
+            closed=self.dispatcher.closed,
             default_timeout_ms=s.epoch_commit_timeout_ms,
         )
         jm_grpc.add_JobManagerServicer_to_server(JobManagerServicer(self.dispatcher, epochs), server)
         jm_grpc.add_ResourceManagerServicer_to_server(ResourceManagerServicer(self.dispatcher), internal)
-        jm_grpc.add_CheckpointCoordinatorGatewayServicer_to_server(CheckpointCoordinatorGatewayServicer(self.dispatcher), internal)
+        jm_grpc.add_CheckpointCoordinatorGatewayServicer_to_server(
+            CheckpointCoordinatorGatewayServicer(self.dispatcher), internal
+        )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if internal is not server:
@@ -126,15 +155,20 @@ class JobManager:
         self._server = server
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._register_metrics()
-        self._metrics_server = MetricsServer(self.metrics_registry, s.metrics_ports, host=s.bind_host,
-                                             tls=security.http_context())
+        self._metrics_server = MetricsServer(
+            self.metrics_registry, s.metrics_ports, host=s.bind_host, tls=security.http_context()
+        )
         self.registry.start()
         for job in recovered:
             if not job.status.terminal:
                 self.dispatcher.resume_recovered(job)
         if internal is not server:
-            logger.info("jobmanager: internal services (TaskManagers) on %s:%d%s", s.address, self.internal_port,
-                        " with mutual TLS" if security.enabled(INTERNAL) else "")
+            logger.info(
+                "jobmanager: internal services (TaskManagers) on %s:%d%s",
+                s.address,
+                self.internal_port,
+                " with mutual TLS" if security.enabled(INTERNAL) else "",
+            )
         logger.info("jobmanager: serving on %s", self.address)
 
     def _leadership_lost(self, message: str) -> None:
@@ -146,12 +180,17 @@ class JobManager:
     def _register_metrics(self) -> None:
         r = self.metrics_registry
         Gauge("flink_jobmanager_numRegisteredTaskManagers", "Registered TaskManagers.", registry=r).set_function(
-            lambda: len(self.registry.all()))
+            lambda: len(self.registry.all())
+        )
         Gauge("flink_jobmanager_taskSlotsTotal", "Slots of all TaskManagers.", registry=r).set_function(
-            self.registry.total_slot_count)
-        Gauge("flink_jobmanager_taskSlotsAvailable", "Free slots.", registry=r).set_function(self.registry.free_slot_count)
+            self.registry.total_slot_count
+        )
+        Gauge("flink_jobmanager_taskSlotsAvailable", "Free slots.", registry=r).set_function(
+            self.registry.free_slot_count
+        )
         Gauge("flink_jobmanager_numRunningJobs", "Jobs in RUNNING.", registry=r).set_function(
-            lambda: sum(1 for j in self.dispatcher.jobs() if j.status.value == "RUNNING"))
+            lambda: sum(1 for j in self.dispatcher.jobs() if j.status.value == "RUNNING")
+        )
 
     def stop(self, grace_s: float = 5.0) -> None:
         if self._stopped.is_set():

@@ -9,14 +9,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.clock import Clock, Scheduler
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -29,8 +31,8 @@ from keyedstate.common.errors import (
     Reason,
 )
 from keyedstate.common.ids import SubtaskId
-from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.common.keygroups import past_max_parallelism
+from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
 from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry, check_address
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
@@ -38,6 +40,7 @@ from keyedstate.jobmanager.settings import JobManagerSettings
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
 
 logger = logging.getLogger(__name__)
+
 
 class Dispatcher:
     def __init__(
@@ -75,7 +78,9 @@ class Dispatcher:
             job = self._jobs.get(job_id)
         if job is None:
             known = ", ".join(sorted(self._jobs)) or "none"
-            raise NotFoundError(f"unknown job {job_id!r} (known jobs: {known}); submit it first", reason=Reason.UNKNOWN_JOB)
+            raise NotFoundError(
+                f"unknown job {job_id!r} (known jobs: {known}); submit it first", reason=Reason.UNKNOWN_JOB
+            )
         return job
 
     def adopt(self, job: Job) -> None:
@@ -91,8 +96,9 @@ class Dispatcher:
         """The newest routing version handed out per job id (a registering TaskManager's floors)."""
         with self._lock:
             versions = dict(self._abandoned_versions)
-            versions.update({job.job_id: max(job.routing_version, versions.get(job.job_id, 0))
-                             for job in self._jobs.values()})
+            versions.update(
+                {job.job_id: max(job.routing_version, versions.get(job.job_id, 0)) for job in self._jobs.values()}
+            )
             return versions
 
     def routing(self, job_id: str) -> pb.RoutingTable:
@@ -104,20 +110,30 @@ class Dispatcher:
         tms = []
         now = self.clock.monotonic_ms()
         for r in self.registry.all():
-            tms.append(jm_pb.TaskManagerInfo(
-                taskmanager_id=r.taskmanager_id, address=r.address, num_slots=r.num_slots,
-                free_slots=len(r.free_slots()), status=r.status.value,
-                last_heartbeat_age_ms=max(0, now - r.last_heartbeat_ms),
-                slots=[
-                    jm_pb.SlotReport(slot_index=i, job_id=s.job_id, operator_id=s.operator_id, subtask_index=s.subtask_index)
-                    if s is not None else jm_pb.SlotReport(slot_index=i)
-                    for i, s in enumerate(r.occupancy)
-                ],
-                metrics_port=r.metrics_port,
-            ))
+            tms.append(
+                jm_pb.TaskManagerInfo(
+                    taskmanager_id=r.taskmanager_id,
+                    address=r.address,
+                    num_slots=r.num_slots,
+                    free_slots=len(r.free_slots()),
+                    status=r.status.value,
+                    last_heartbeat_age_ms=max(0, now - r.last_heartbeat_ms),
+                    slots=[
+                        jm_pb.SlotReport(
+                            slot_index=i, job_id=s.job_id, operator_id=s.operator_id, subtask_index=s.subtask_index
+                        )
+                        if s is not None
+                        else jm_pb.SlotReport(slot_index=i)
+                        for i, s in enumerate(r.occupancy)
+                    ],
+                    metrics_port=r.metrics_port,
+                )
+            )
         return jm_pb.ClusterOverview(
-            taskmanagers=tms, jobs=[j.info() for j in self.jobs()],
-            total_slots=self.registry.total_slot_count(), free_slots=self.registry.free_slot_count(),
+            taskmanagers=tms,
+            jobs=[j.info() for j in self.jobs()],
+            total_slots=self.registry.total_slot_count(),
+            free_slots=self.registry.free_slot_count(),
         )
 
     def register_taskmanager(self, request: jm_pb.RegisterTaskManagerRequest) -> list[SubtaskId]:
@@ -133,8 +149,13 @@ class Dispatcher:
         """
         theirs = request.cluster_id or "default"
         if theirs != self.settings.cluster_id:
-            logger.warning("refused TaskManager %s at %s: it belongs to cluster %r, this JobManager to %r",
-                           request.taskmanager_id, request.address, theirs, self.settings.cluster_id)
+            logger.warning(
+                "refused TaskManager %s at %s: it belongs to cluster %r, this JobManager to %r",
+                request.taskmanager_id,
+                request.address,
+                theirs,
+                self.settings.cluster_id,
+            )
             raise ClusterMismatchError(
                 f"TaskManager {request.taskmanager_id!r} belongs to cluster {theirs!r} but this JobManager runs cluster "
                 f"{self.settings.cluster_id!r} (high-availability.cluster-id); point the TaskManager at its own "
@@ -143,15 +164,24 @@ class Dispatcher:
         if request.internal_address:
             check_address(f"TaskManager {request.taskmanager_id}", "internal_address", request.internal_address)
         record, previous = self.registry.register(
-            request.taskmanager_id, request.address, request.host, request.num_slots, request.backend, request.metrics_port,
+            request.taskmanager_id,
+            request.address,
+            request.host,
+            request.num_slots,
+            request.backend,
+            request.metrics_port,
             limits=request.limits if request.HasField("limits") else None,
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)
         self.gateways.route(record.address, request.internal_address)
         if self.settings.connection_loss_detection:
-            self.gateways.watch(record.address, lambda cause: self.registry.mark_lost(record.taskmanager_id, cause, only=record))
-        reported = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
+            self.gateways.watch(
+                record.address, lambda cause: self.registry.mark_lost(record.taskmanager_id, cause, only=record)
+            )
+        reported = {
+            SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id
+        }
         kept: list[SubtaskId] = []
         for job in self.jobs():
             with job.lock:
@@ -166,12 +196,20 @@ class Dispatcher:
                         lost = True
                 # A job already RESTARTING (the loss was seen when the connection broke) redeploys anyway.
                 if lost and job.status is JobStatus.RUNNING:
-                    self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} restarted and lost its slots",
-                                      job.routing_version)
+                    self._pool.submit(
+                        self.fail_over,
+                        job.job_id,
+                        f"TaskManager {record.taskmanager_id} restarted and lost its slots",
+                        job.routing_version,
+                    )
         dropped = sorted(set(reported) - set(kept), key=str)
         if dropped:
-            logger.info("taskmanager %s re-registered; it releases %d slot(s) no job assigns to it any more: %s",
-                        record.taskmanager_id, len(dropped), ", ".join(str(d) for d in dropped))
+            logger.info(
+                "taskmanager %s re-registered; it releases %d slot(s) no job assigns to it any more: %s",
+                record.taskmanager_id,
+                len(dropped),
+                ", ".join(str(d) for d in dropped),
+            )
             # Taken until its heartbeats show them gone: nothing is deployed over a slot the
             # TaskManager has not released yet.
             for subtask in dropped:
@@ -191,7 +229,9 @@ class Dispatcher:
                 )
         if request.jobmanager_session != self.registry.session or not self.registry.heartbeat(request.taskmanager_id):
             return False
-        reported = {s.slot_index: SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in request.slots if s.job_id}
+        reported = {
+            s.slot_index: SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in request.slots if s.job_id
+        }
         record = self.registry.get(request.taskmanager_id)
         if record is None:
             return True
@@ -204,18 +244,29 @@ class Dispatcher:
                 self.registry.free_if(request.taskmanager_id, index, subtask)
         for index, subtask in reported.items():
             # A slot no job assigns here (a deploy whose answer was lost): it must not serve.
-            if 0 <= index < len(record.occupancy) and record.occupancy[index] is None and not self._assigned(
-                    subtask, request.taskmanager_id, index):
+            if (
+                0 <= index < len(record.occupancy)
+                and record.occupancy[index] is None
+                and not self._assigned(subtask, request.taskmanager_id, index)
+            ):
                 self.registry.occupy(request.taskmanager_id, index, subtask)
                 self._pool.submit(self._release_orphan, record, index, subtask)
         return True
 
     def _release_orphan(self, record: TaskManagerRecord, slot_index: int, subtask: SubtaskId) -> None:
-        logger.warning("taskmanager %s hosts %s in slot %d, which no job assigns there; releasing it",
-                       record.taskmanager_id, subtask, slot_index)
+        logger.warning(
+            "taskmanager %s hosts %s in slot %d, which no job assigns there; releasing it",
+            record.taskmanager_id,
+            subtask,
+            slot_index,
+        )
         try:
-            self.gateways.release(record.address, tm_pb.ReleaseSlotRequest(
-                job_id=subtask.job_id, operator_id=subtask.operator_id, subtask_index=subtask.subtask_index))
+            self.gateways.release(
+                record.address,
+                tm_pb.ReleaseSlotRequest(
+                    job_id=subtask.job_id, operator_id=subtask.operator_id, subtask_index=subtask.subtask_index
+                ),
+            )
         except KeyedStateError as exc:
             # Marked until its heartbeats show it gone; a TaskManager that cannot be reached loses its lease.
             logger.info("releasing %s on %s: %s", subtask, record.taskmanager_id, exc.message)
@@ -249,8 +300,12 @@ class Dispatcher:
             if existing is not None and not existing.status.terminal:
                 if not restore_path and existing.spec.same_except_parallelism(spec):
                     if existing.spec != spec:
-                        logger.info("job %s resubmitted with parallelism %s; it keeps its current definition %s",
-                                    spec.job_id, spec.parallelism_summary(), existing.spec.parallelism_summary())
+                        logger.info(
+                            "job %s resubmitted with parallelism %s; it keeps its current definition %s",
+                            spec.job_id,
+                            spec.parallelism_summary(),
+                            existing.spec.parallelism_summary(),
+                        )
                     return self.routing(spec.job_id)
                 raise AlreadyExistsError(
                     f"job {spec.job_id!r} is already {existing.status.value} with a different definition "
@@ -261,8 +316,9 @@ class Dispatcher:
             # Clients keep the newest routing version they saw and ignore older ones, and
             # TaskManagers refuse deploys below their floor, so a job resubmitted under the same
             # id continues the numbering instead of restarting at 1.
-            job.routing_version = max(existing.routing_version if existing is not None else 0,
-                                      self._abandoned_versions.get(spec.job_id, 0))
+            job.routing_version = max(
+                existing.routing_version if existing is not None else 0, self._abandoned_versions.get(spec.job_id, 0)
+            )
             if existing is not None:
                 job.predecessor = _predecessor(existing)
             self._jobs[spec.job_id] = job
@@ -276,8 +332,12 @@ class Dispatcher:
                 self.checkpointing.job_running(job)
                 logger.info(
                     "job %s running: %d subtasks on %d TaskManagers (routing v%d, epoch %d)%s",
-                    job.job_id, len(job.assignments), len({a.taskmanager_id for a in job.assignments.values()}),
-                    job.routing_version, job.committed_epoch, f", restored from {restore_path}" if restore_path else "",
+                    job.job_id,
+                    len(job.assignments),
+                    len({a.taskmanager_id for a in job.assignments.values()}),
+                    job.routing_version,
+                    job.committed_epoch,
+                    f", restored from {restore_path}" if restore_path else "",
                 )
                 return job.routing_table()
         except BaseException:
@@ -312,8 +372,10 @@ class Dispatcher:
         # removed from the registry first, so this deployment cannot include it (fail_over's
         # seen_version relies on that order).
         job.routing_version += 1
-        assignments = [dataclasses.replace(a, routing_version=job.routing_version)
-                       for a in allocate_slots(self.registry, subtasks, prefer=prefer)]
+        assignments = [
+            dataclasses.replace(a, routing_version=job.routing_version)
+            for a in allocate_slots(self.registry, subtasks, prefer=prefer)
+        ]
         # Recorded before any slot is deployed: after a JobManager crash, the next one knows
         # which TaskManagers may hold this deployment and waits until each is fenced.
         job.last_taskmanagers = frozenset(job.last_taskmanagers | {a.taskmanager_id for a in assignments})
@@ -328,10 +390,15 @@ class Dispatcher:
 
         def deploy_one(a: SlotAssignment) -> tm_pb.DeploySlotResponse:
             request = tm_pb.DeploySlotRequest(
-                job_id=job.job_id, operator=ops[a.subtask.operator_id].to_proto(), subtask_index=a.subtask.subtask_index,
+                job_id=job.job_id,
+                operator=ops[a.subtask.operator_id].to_proto(),
+                subtask_index=a.subtask.subtask_index,
                 key_groups=pb.KeyGroupRange(start=a.key_groups.start, end=a.key_groups.end),
-                max_parallelism=job.spec.max_parallelism, slot_index=a.slot_index, routing_version=job.routing_version,
-                checkpoint_base=checkpoint_base, incremental=incremental,
+                max_parallelism=job.spec.max_parallelism,
+                slot_index=a.slot_index,
+                routing_version=job.routing_version,
+                checkpoint_base=checkpoint_base,
+                incremental=incremental,
             )
             restore = plan.slots.get(a.subtask)
             if restore is not None:
@@ -354,7 +421,10 @@ class Dispatcher:
                 self._deploying -= slots
 
     def _deploy_assignments(
-        self, job: Job, plan: RestorePlan, assignments: list[SlotAssignment],
+        self,
+        job: Job,
+        plan: RestorePlan,
+        assignments: list[SlotAssignment],
         deploy_one: Callable[[SlotAssignment], tm_pb.DeploySlotResponse],
     ) -> None:
         futures = {a: self._pool.submit(deploy_one, a) for a in assignments}
@@ -381,8 +451,14 @@ class Dispatcher:
         job.set_epochs(plan.epoch, plan.lineage)
         if plan.slots:
             total = sum(r.restore_duration_ms for r in results)
-            logger.info("job %s restored %d subtasks from %s at epoch %d (sum of restore times %d ms)",
-                        job.job_id, len(results), plan.source, plan.epoch, total)
+            logger.info(
+                "job %s restored %d subtasks from %s at epoch %d (sum of restore times %d ms)",
+                job.job_id,
+                len(results),
+                plan.source,
+                plan.epoch,
+                total,
+            )
 
     def release_slots(self, job: Job, assignments: list[SlotAssignment], discard_local: bool) -> None:
         """Release ``assignments`` on their TaskManagers.
@@ -391,12 +467,19 @@ class Dispatcher:
         may still serve that slot, so nothing it hosted may be deployed elsewhere until its
         lease is certainly over (see the registry).
         """
+
         def release(a: SlotAssignment) -> None:
             try:
-                self.gateways.release(a.address, tm_pb.ReleaseSlotRequest(
-                    job_id=job.job_id, operator_id=a.subtask.operator_id, subtask_index=a.subtask.subtask_index,
-                    discard_local_state=discard_local, routing_version=a.routing_version,
-                ))
+                self.gateways.release(
+                    a.address,
+                    tm_pb.ReleaseSlotRequest(
+                        job_id=job.job_id,
+                        operator_id=a.subtask.operator_id,
+                        subtask_index=a.subtask.subtask_index,
+                        discard_local_state=discard_local,
+                        routing_version=a.routing_version,
+                    ),
+                )
             except KeyedStateError as exc:
                 logger.info("releasing %s on %s: %s", a.subtask, a.taskmanager_id, exc.message)
                 self.registry.mark_lost(a.taskmanager_id, f"could not release {a.subtask} ({exc.message})")
@@ -421,11 +504,15 @@ class Dispatcher:
             if now >= deadline or self.closed.is_set():
                 missing = []
                 if free < needed:
-                    missing.append(f"{needed} free slots (only {free} of {self.registry.total_slot_count()} are free; "
-                                   "start more TaskManagers or lower the parallelism)")
+                    missing.append(
+                        f"{needed} free slots (only {free} of {self.registry.total_slot_count()} are free; "
+                        "start more TaskManagers or lower the parallelism)"
+                    )
                 if unfenced:
-                    missing.append(f"TaskManager(s) {', '.join(unfenced)} to come back or to reach the end of their "
-                                   "lease (heartbeat.timeout)")
+                    missing.append(
+                        f"TaskManager(s) {', '.join(unfenced)} to come back or to reach the end of their "
+                        "lease (heartbeat.timeout)"
+                    )
                 if stale:
                     missing.append("TaskManagers to release slots of the job's previous deployment")
                 raise CapacityError(
@@ -471,7 +558,8 @@ class Dispatcher:
         if not known:
             raise NotFoundError(
                 f"job {job_id!r} is unknown to the JobManager, so there is no job to restore; submit it with "
-                f"restore_path / execution.state-recovery.path={path}", reason=Reason.UNKNOWN_JOB,
+                f"restore_path / execution.state-recovery.path={path}",
+                reason=Reason.UNKNOWN_JOB,
             )
         job = self.job(job_id)
         with job.lock:
@@ -505,11 +593,17 @@ class Dispatcher:
         try:
             before = self.checkpointing.checkpoint_now(job)
         except KeyedStateError as exc:
-            raise exc.with_message(f"job {job_id!r} was not restored: the checkpoint a restore takes first (so that the job "
-                               f"can come back if the restore fails) did not complete: {exc.message}. The job keeps "
-                               "running as it was") from exc
+            raise exc.with_message(
+                f"job {job_id!r} was not restored: the checkpoint a restore takes first (so that the job "
+                f"can come back if the restore fails) did not complete: {exc.message}. The job keeps "
+                "running as it was"
+            ) from exc
         with job.lock:
-            if job.status is not JobStatus.RUNNING or job.coordinator is not coordinator or job.routing_version != version:
+            if (
+                job.status is not JobStatus.RUNNING
+                or job.coordinator is not coordinator
+                or job.routing_version != version
+            ):
                 raise JobStateError(
                     f"job {job_id!r} changed while its restore was being prepared (it is {job.status.value} at routing "
                     f"v{job.routing_version}: a failover, rescale or another restore); nothing was restored, try again"
@@ -519,12 +613,17 @@ class Dispatcher:
             self.release_slots(job, previous, discard_local=False)
             job.assignments = {}
             try:
-                unfenced = sorted(a.taskmanager_id for a in previous if self.registry.fenced_at_ms(a.taskmanager_id) > 0)
+                unfenced = sorted(
+                    a.taskmanager_id for a in previous if self.registry.fenced_at_ms(a.taskmanager_id) > 0
+                )
                 if unfenced:
                     raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
-                self.deploy(job, self.checkpointing.restore_plan(job, checkpoint), prefer={
-                    a.subtask: a.taskmanager_id for a in previous})
-            except Exception as exc:  # noqa: BLE001 - whatever failed, the job must not stay RESTARTING
+                self.deploy(
+                    job,
+                    self.checkpointing.restore_plan(job, checkpoint),
+                    prefer={a.subtask: a.taskmanager_id for a in previous},
+                )
+            except Exception as exc:  # whatever failed, the job must not stay RESTARTING
                 error = exc if isinstance(exc, KeyedStateError) else KeyedStateError(f"unexpected error: {exc!r}")
                 raise self._restore_failed(job, path, before.external_path, error) from exc
             self.checkpointing.adopt_restore(job, checkpoint)
@@ -535,8 +634,13 @@ class Dispatcher:
             job.status = JobStatus.RUNNING
             self.checkpointing.persist(job)
             self.checkpointing.job_running(job)
-            logger.info("job %s restored in place from %s (routing v%d, epoch %d)", job_id, checkpoint.external_path,
-                        job.routing_version, job.committed_epoch)
+            logger.info(
+                "job %s restored in place from %s (routing v%d, epoch %d)",
+                job_id,
+                checkpoint.external_path,
+                job.routing_version,
+                job.committed_epoch,
+            )
             return job.routing_table()
 
     def _restore_failed(self, job: Job, path: str, before: str, exc: KeyedStateError) -> KeyedStateError:
@@ -544,17 +648,26 @@ class Dispatcher:
         try:
             self.deploy(job, self.checkpointing.plan_latest(job))
         except KeyedStateError as again:
-            self.fail_over_now(job, f"restore from {path} failed ({exc.message}), and so did redeploying the job as it "
-                                    f"was ({again.message})")
-            return exc.with_message(f"restoring job {job.job_id!r} from {path} failed: {exc.message}. Redeploying it as it "
-                                f"was failed too ({again.message}), so it fails over from {before}, the checkpoint taken "
-                                f"just before the restore (statectl job info {job.job_id} shows its progress)")
+            self.fail_over_now(
+                job,
+                f"restore from {path} failed ({exc.message}), and so did redeploying the job as it "
+                f"was ({again.message})",
+            )
+            return exc.with_message(
+                f"restoring job {job.job_id!r} from {path} failed: {exc.message}. Redeploying it as it "
+                f"was failed too ({again.message}), so it fails over from {before}, the checkpoint taken "
+                f"just before the restore (statectl job info {job.job_id} shows its progress)"
+            )
         job.status = JobStatus.RUNNING
         self.checkpointing.persist(job)
         self.checkpointing.job_running(job)
-        logger.warning("job %s: restore from %s failed (%s); running again from %s", job.job_id, path, exc.message, before)
-        return exc.with_message(f"restoring job {job.job_id!r} from {path} failed: {exc.message}. The job runs again as it "
-                            f"was before the restore (redeployed from {before}, the checkpoint taken just before it)")
+        logger.warning(
+            "job %s: restore from %s failed (%s); running again from %s", job.job_id, path, exc.message, before
+        )
+        return exc.with_message(
+            f"restoring job {job.job_id!r} from {path} failed: {exc.message}. The job runs again as it "
+            f"was before the restore (redeployed from {before}, the checkpoint taken just before it)"
+        )
 
     def rescale(self, job_id: str, parallelism: dict[str, int]) -> pb.RoutingTable:
         """Redeploy the job at new parallelism from a checkpoint taken for the purpose.
@@ -584,7 +697,9 @@ class Dispatcher:
             job.assignments = {}
             job.spec = new_spec
             try:
-                unfenced = sorted(a.taskmanager_id for a in previous if self.registry.fenced_at_ms(a.taskmanager_id) > 0)
+                unfenced = sorted(
+                    a.taskmanager_id for a in previous if self.registry.fenced_at_ms(a.taskmanager_id) > 0
+                )
                 if unfenced:
                     raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
                 self.deploy(job, self.checkpointing.plan_latest(job))
@@ -593,13 +708,20 @@ class Dispatcher:
                 job.spec = old_spec
                 cause = f"rescale to {parallelism} failed: {exc.message}"
                 self.fail_over_now(job, cause)
-                raise exc.with_message(f"rescaling job {job_id!r} failed ({exc.message}); it restarts at its previous "
-                                       "parallelism from its latest checkpoint") from exc
+                raise exc.with_message(
+                    f"rescaling job {job_id!r} failed ({exc.message}); it restarts at its previous "
+                    "parallelism from its latest checkpoint"
+                ) from exc
             job.status = JobStatus.RUNNING
             self.checkpointing.persist(job)
             self.checkpointing.job_running(job)
-            logger.info("job %s rescaled to %s (routing v%d, epoch %d)", job_id, new_spec.parallelism_summary(),
-                        job.routing_version, job.committed_epoch)
+            logger.info(
+                "job %s rescaled to %s (routing v%d, epoch %d)",
+                job_id,
+                new_spec.parallelism_summary(),
+                job.routing_version,
+                job.committed_epoch,
+            )
             return job.routing_table()
 
     def _check_rescalable(self, job: Job, new_spec: JobSpec) -> None:
@@ -628,8 +750,12 @@ class Dispatcher:
         self.gateways.forget(record.address)
         for job in self.jobs():
             if any(a.taskmanager_id == record.taskmanager_id for a in job.assignments.values()):
-                self._pool.submit(self.fail_over, job.job_id, f"TaskManager {record.taskmanager_id} lost: {cause}",
-                                  job.routing_version)
+                self._pool.submit(
+                    self.fail_over,
+                    job.job_id,
+                    f"TaskManager {record.taskmanager_id} lost: {cause}",
+                    job.routing_version,
+                )
 
     def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None:
         """Restart the job from its latest completed checkpoint (after the restart strategy's delay).
@@ -669,8 +795,12 @@ def _predecessor(previous: Job) -> str:
     """Where the state of a cancelled or failed job went, for a job resubmitted under its id."""
     latest = previous.coordinator.latest_completed() if previous.coordinator is not None else None
     if latest is None:
-        return (f"The previous run of job {previous.job_id!r} ({previous.status.value}) left no completed checkpoint "
-                f"it still knows of (its committed epoch was {previous.committed_epoch})")
-    return (f"The previous run of job {previous.job_id!r} ({previous.status.value}) has its latest checkpoint at "
-            f"{latest.external_path}, holding epoch {latest.metadata.epoch}: statectl job restore {previous.job_id} "
-            f"--from {latest.external_path}")
+        return (
+            f"The previous run of job {previous.job_id!r} ({previous.status.value}) left no completed checkpoint "
+            f"it still knows of (its committed epoch was {previous.committed_epoch})"
+        )
+    return (
+        f"The previous run of job {previous.job_id!r} ({previous.status.value}) has its latest checkpoint at "
+        f"{latest.external_path}, holding epoch {latest.metadata.epoch}: statectl job restore {previous.job_id} "
+        f"--from {latest.external_path}"
+    )

@@ -21,7 +21,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.jobs import JobStatus
@@ -51,16 +52,22 @@ class RestartStrategy:
         if kind == "fixed-delay":
             delay = conf.get(o.RESTART_FIXED_DELAY)
             return cls(kind, conf.get(o.RESTART_FIXED_ATTEMPTS), delay, delay, 1.0)
-        return cls(kind, conf.get(o.RESTART_EXP_ATTEMPTS), conf.get(o.RESTART_EXP_INITIAL),
-                   conf.get(o.RESTART_EXP_MAX), conf.get(o.RESTART_EXP_MULTIPLIER))
+        return cls(
+            kind,
+            conf.get(o.RESTART_EXP_ATTEMPTS),
+            conf.get(o.RESTART_EXP_INITIAL),
+            conf.get(o.RESTART_EXP_MAX),
+            conf.get(o.RESTART_EXP_MULTIPLIER),
+        )
 
     def delay_for(self, restart_number: int) -> int:
         """Delay before restart number ``restart_number`` (1-based)."""
         return int(min(self.max_delay_ms, self.delay_ms * self.multiplier ** (restart_number - 1)))
 
 
-def fail_over(dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str, cause: str,
-              seen_version: int | None = None) -> None:
+def fail_over(
+    dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str, cause: str, seen_version: int | None = None
+) -> None:
     """Restart ``job_id`` from its latest completed checkpoint, as the restart strategy allows.
 
     ``seen_version`` is the routing version the failure was seen under: if the job has been
@@ -118,8 +125,10 @@ def run_restarts(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job)
                     return  # cancelled, or resubmitted, meanwhile
                 if job.restarts >= strategy.attempts:
                     job.status = JobStatus.FAILED
-                    job.failure_cause = (f"{job.failure_cause} (restart strategy {strategy.kind}: {job.restarts} of "
-                                         f"{strategy.attempts} restarts used)")
+                    job.failure_cause = (
+                        f"{job.failure_cause} (restart strategy {strategy.kind}: {job.restarts} of "
+                        f"{strategy.attempts} restarts used)"
+                    )
                     logger.error("job %s FAILED: %s", job.job_id, job.failure_cause)
                     failed_assignments = list(job.assignments.values())
                     job.assignments = {}

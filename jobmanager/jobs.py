@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
@@ -42,7 +43,9 @@ class JobSpec:
     def __post_init__(self) -> None:
         validate_id("job id", self.job_id)
         if not self.operators:
-            raise InvalidArgumentError(f"job {self.job_id!r} declares no operators; declare at least one with its states")
+            raise InvalidArgumentError(
+                f"job {self.job_id!r} declares no operators; declare at least one with its states"
+            )
         ids = [o.operator_id for o in self.operators]
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError(f"job {self.job_id!r} declares an operator id twice: {ids}")
@@ -114,7 +117,9 @@ class Job:
     """The epoch every slot of the job holds (docs/exactly-once.md); moves back on every restore."""
     lineage: EpochLineage = EMPTY_LINEAGE
     """Which Spark query's batches the epochs up to ``committed_epoch`` are."""
-    restore_path: str = ""  # what the job was submitted or last restored from: a failover before its first checkpoint restores it
+    restore_path: str = (
+        ""  # what the job was submitted or last restored from: a failover before its first checkpoint restores it
+    )
     checkpoints_from: int = 0
     """The first checkpoint id of the job's current run of checkpoints: a ``chk-<n>`` below it in
     the job's directory holds state the job no longer has (a run before a resubmission or an
@@ -162,8 +167,12 @@ class Job:
             for a in sorted(self.assignments.values(), key=lambda a: (a.subtask.operator_id, a.subtask.subtask_index))
         ]
         return pb.RoutingTable(
-            job_id=self.job_id, version=self.routing_version, max_parallelism=self.spec.max_parallelism,
-            routes=routes, job_status=self.status.value, limits=strictest_limits(a.limits for a in self.assignments.values()),
+            job_id=self.job_id,
+            version=self.routing_version,
+            max_parallelism=self.spec.max_parallelism,
+            routes=routes,
+            job_status=self.status.value,
+            limits=strictest_limits(a.limits for a in self.assignments.values()),
         )
 
     def info(self) -> jm_pb.JobInfo:
@@ -180,8 +189,10 @@ class Job:
             restarts=self.restarts,
             routing_version=self.routing_version,
             durable_epoch=latest.metadata.epoch if latest is not None else -1,
-            lineage=[pb.LineageEntry(query_id=e.query_id, offset=e.offset, first_epoch=e.first_epoch)
-                     for e in self.lineage.entries],
+            lineage=[
+                pb.LineageEntry(query_id=e.query_id, offset=e.offset, first_epoch=e.first_epoch)
+                for e in self.lineage.entries
+            ],
         )
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 def resume(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> None:
     """Bring one recovered job back to RUNNING (runs on the dispatcher's pool).
 
@@ -51,8 +52,13 @@ def resume(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> No
             with job.lock:
                 job.failure_cause = ""
                 checkpointing.persist(job)
-            logger.info("job %s resumed after the JobManager restart in %.2f s (routing v%d, epoch %d)",
-                        job.job_id, time.monotonic() - started, job.routing_version, job.committed_epoch)
+            logger.info(
+                "job %s resumed after the JobManager restart in %.2f s (routing v%d, epoch %d)",
+                job.job_id,
+                time.monotonic() - started,
+                job.routing_version,
+                job.committed_epoch,
+            )
         return
     finally:
         with job.lock:

@@ -6,15 +6,16 @@ import enum
 import logging
 import threading
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config.options import MAX_TASK_SLOTS
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
-from keyedstate.common.lease import lease_bound_ms as lease_bound, lease_duration_ms as lease_duration
+from keyedstate.common.lease import lease_bound_ms as lease_bound
+from keyedstate.common.lease import lease_duration_ms as lease_duration
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,15 @@ def check_address(who: str, what: str, address: str) -> None:
     slots and failed every deploy, and sent the host to the DNS resolver.
     """
     host, sep, port = address.rpartition(":")
-    if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535 and host.isprintable() and " " not in host
-            and len(address) <= 300):
+    if not (
+        sep
+        and host
+        and port.isdigit()
+        and 1 <= int(port) <= 65535
+        and host.isprintable()
+        and " " not in host
+        and len(address) <= 300
+    ):
         raise InvalidArgumentError(f"{who} sent {what} {address[:100]!r}; expected host:port with a port in 1..65535")
 
 
@@ -71,7 +79,11 @@ class TaskManagerRegistry:
     """
 
     def __init__(
-        self, clock: Clock, scheduler: Scheduler, heartbeat_timeout_ms: int, check_interval_ms: int,
+        self,
+        clock: Clock,
+        scheduler: Scheduler,
+        heartbeat_timeout_ms: int,
+        check_interval_ms: int,
         lease_bound_ms: int | None = None,
     ) -> None:
         """``lease_bound_ms``: see :func:`keyedstate.common.lease.lease_bound_ms` (default: from the timeout alone)."""
@@ -79,7 +91,11 @@ class TaskManagerRegistry:
         self._scheduler = scheduler
         self._timeout = heartbeat_timeout_ms
         self._check_interval = check_interval_ms
-        self._lease_bound = lease_bound_ms if lease_bound_ms is not None else lease_bound(lease_duration(heartbeat_timeout_ms, heartbeat_timeout_ms))
+        self._lease_bound = (
+            lease_bound_ms
+            if lease_bound_ms is not None
+            else lease_bound(lease_duration(heartbeat_timeout_ms, heartbeat_timeout_ms))
+        )
         self._records: dict[str, TaskManagerRecord] = {}
         self._fenced_by: dict[str, int] = {}  # lost TaskManagers: when their last lease is certainly over
         self._started_ms = clock.monotonic_ms()
@@ -101,8 +117,16 @@ class TaskManagerRegistry:
         if self._timer is not None:
             self._timer.cancel()
 
-    def register(self, taskmanager_id: str, address: str, host: str, num_slots: int, backend: str, metrics_port: int,
-                 limits: pb.StateLimits | None = None) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
+    def register(
+        self,
+        taskmanager_id: str,
+        address: str,
+        host: str,
+        num_slots: int,
+        backend: str,
+        metrics_port: int,
+        limits: pb.StateLimits | None = None,
+    ) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
         """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
         validate_id("taskmanager id", taskmanager_id)
         if not 1 <= num_slots <= MAX_TASK_SLOTS:
@@ -116,8 +140,16 @@ class TaskManagerRegistry:
             previous = self._records.get(taskmanager_id)
             now = self._clock.monotonic_ms()
             record = TaskManagerRecord(
-                taskmanager_id, address, host, num_slots, backend, metrics_port, now,
-                lease_until_ms=now + self._lease_bound, occupancy=[None] * num_slots, limits=limits,
+                taskmanager_id,
+                address,
+                host,
+                num_slots,
+                backend,
+                metrics_port,
+                now,
+                lease_until_ms=now + self._lease_bound,
+                occupancy=[None] * num_slots,
+                limits=limits,
             )
             self._records[taskmanager_id] = record
             # It fenced itself before registering: whatever it was given before is no longer served.
@@ -140,7 +172,9 @@ class TaskManagerRegistry:
         # A TaskManager deregisters after it closed its server and slots: fenced.
         self.mark_lost(taskmanager_id, "deregistered (shut down)", fenced=True)
 
-    def mark_lost(self, taskmanager_id: str, cause: str, only: TaskManagerRecord | None = None, fenced: bool = False) -> None:
+    def mark_lost(
+        self, taskmanager_id: str, cause: str, only: TaskManagerRecord | None = None, fenced: bool = False
+    ) -> None:
         """Remove the TaskManager and tell the listeners; with ``only``, just if that registration is current.
 
         ``fenced``: it certainly serves nothing any more. Otherwise its slots may be given to
@@ -197,7 +231,9 @@ class TaskManagerRegistry:
                 return bound
             return self._started_ms + self._lease_bound  # maybe leased by an earlier JobManager
 
-    def wait_fenced(self, taskmanager_ids: Iterable[str], timeout_ms: int, closed: threading.Event | None = None) -> list[str]:
+    def wait_fenced(
+        self, taskmanager_ids: Iterable[str], timeout_ms: int, closed: threading.Event | None = None
+    ) -> list[str]:
         """Wait until every TaskManager named is fenced; returns those still not fenced at the timeout."""
         ids = sorted(set(taskmanager_ids))
         deadline = self._clock.monotonic_ms() + timeout_ms

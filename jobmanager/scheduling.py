@@ -25,7 +25,9 @@ class SlotAssignment:
     """The size limits of its TaskManager (None: not reported); not part of the assignment's identity."""
 
 
-def plan_subtasks(job_id: str, operators: list[OperatorSpec], max_parallelism: int) -> list[tuple[SubtaskId, KeyGroupRange]]:
+def plan_subtasks(
+    job_id: str, operators: list[OperatorSpec], max_parallelism: int
+) -> list[tuple[SubtaskId, KeyGroupRange]]:
     """Every subtask of the job with the key-group range it owns (Flink's KeyGroupRangeAssignment)."""
     return [
         (SubtaskId(job_id, op.operator_id, i), key_group_range_for_subtask(max_parallelism, op.parallelism, i))
@@ -34,7 +36,9 @@ def plan_subtasks(job_id: str, operators: list[OperatorSpec], max_parallelism: i
     ]
 
 
-def check_free_slots(registry: TaskManagerRegistry, needed: int, avoid: set[str] = frozenset()) -> list[TaskManagerRecord]:  # type: ignore[assignment]
+def check_free_slots(
+    registry: TaskManagerRegistry, needed: int, avoid: set[str] = frozenset()
+) -> list[TaskManagerRecord]:  # type: ignore[assignment]
     """The TaskManagers to allocate from; CapacityError naming the shortfall if they lack ``needed`` free slots."""
     with registry.lock:
         records = [r for r in registry.all() if r.taskmanager_id not in avoid]
@@ -80,7 +84,9 @@ def allocate_slots(
             slot_index = free[tm_id].pop(0)
             record = by_id[tm_id]
             record.occupancy[slot_index] = subtask
-            assignments.append(SlotAssignment(subtask, key_groups, tm_id, record.address, slot_index, limits=record.limits))
+            assignments.append(
+                SlotAssignment(subtask, key_groups, tm_id, record.address, slot_index, limits=record.limits)
+            )
         return assignments
 
 

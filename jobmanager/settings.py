@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.lease import LEASE_FRACTION, MIN_RENEWALS, lease_bound_ms, lease_duration_ms
 
@@ -74,4 +75,3 @@ class JobManagerSettings:
             lease_bound_ms=lease_bound_ms(lease),
             cluster_id=o.cluster_id(conf),
         )
-

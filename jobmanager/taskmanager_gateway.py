@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 
@@ -31,8 +31,13 @@ class TaskManagerGateways:
     """A cached channel and stub per TaskManager address; every call maps errors to domain errors."""
 
     def __init__(
-        self, max_message_bytes: int, deploy_timeout_s: float = 600.0, control_timeout_s: float = 30.0,
-        barrier_timeout_s: float = 10.0, security: ChannelSecurity | None = None, token: str | None = None,
+        self,
+        max_message_bytes: int,
+        deploy_timeout_s: float = 600.0,
+        control_timeout_s: float = 30.0,
+        barrier_timeout_s: float = 10.0,
+        security: ChannelSecurity | None = None,
+        token: str | None = None,
     ) -> None:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TaskExecutorStub]] = {}
         self._internal: dict[str, str] = {}
@@ -54,8 +59,9 @@ class TaskManagerGateways:
                 # Private: a TaskManager restarted on its old port must not inherit the backoff
                 # of the connection to its dead predecessor (see open_channel).
                 target = self._internal.get(address, address)
-                channel = open_channel(target, self._max_message, private=True, security=self._security,
-                                       token=self._token)
+                channel = open_channel(
+                    target, self._max_message, private=True, security=self._security, token=self._token
+                )
                 entry = (channel, pb_grpc.TaskExecutorStub(channel))
                 self._stubs[address] = entry
             return entry[1]
@@ -92,12 +98,18 @@ class TaskManagerGateways:
                 # outlives the throwaway subscription); its outcome arrives here.
                 channel.subscribe(_ignore, try_to_connect=True)
                 channel.unsubscribe(_ignore)
-            elif connectivity is grpc.ChannelConnectivity.TRANSIENT_FAILURE and state["was_ready"] and not state["fired"]:
+            elif (
+                connectivity is grpc.ChannelConnectivity.TRANSIENT_FAILURE and state["was_ready"] and not state["fired"]
+            ):
                 state["fired"] = True
                 channel.unsubscribe(on_change)
                 # Not on gRPC's callback thread: the listener fails jobs over.
-                threading.Thread(target=on_broken, args=(f"the connection to {address} broke (refused after it was up)",),
-                                 name="jm-tm-broken", daemon=True).start()
+                threading.Thread(
+                    target=on_broken,
+                    args=(f"the connection to {address} broke (refused after it was up)",),
+                    name="jm-tm-broken",
+                    daemon=True,
+                ).start()
 
         with self._lock:
             self._watchers.setdefault(address, []).append(on_change)

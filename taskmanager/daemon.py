@@ -20,14 +20,15 @@ from prometheus_client import CollectorRegistry
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
+from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
-from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
@@ -45,7 +46,9 @@ logger = logging.getLogger(__name__)
 class TaskManager:
     """One TaskManager process. ``start()`` serves and registers; ``stop()`` shuts down cleanly."""
 
-    def __init__(self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, security: TransportSecurity | None = None) -> None:
+    def __init__(
+        self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, security: TransportSecurity | None = None
+    ) -> None:
         self.conf = conf
         self.settings = TaskManagerSettings.from_config(conf)
         # Loads and checks every certificate now: a bad file stops the start with the key to fix.
@@ -98,22 +101,37 @@ class TaskManager:
         if separate:
             security.check_protected_mode("TaskManager's internal port", s.bind_host, INTERNAL, "taskmanager.bind-host")
         server, self.port = create_server(
-            s.bind_host, s.rpc_port, threads=s.rpc_threads, max_message_bytes=s.max_message_bytes,
-            what="TaskManager", port_key="taskmanager.rpc.port", credentials=security.server_credentials(REST),
+            s.bind_host,
+            s.rpc_port,
+            threads=s.rpc_threads,
+            max_message_bytes=s.max_message_bytes,
+            what="TaskManager",
+            port_key="taskmanager.rpc.port",
+            credentials=security.server_credentials(REST),
             interceptors=server_interceptors(self.conf, auth_metrics, "TaskManager"),
         )
         self._server = server
         internal, internal_port = server, self.port
         if separate:
             internal, internal_port = create_server(
-                s.bind_host, self.conf.get(o.TASKMANAGER_INTERNAL_PORT) or 0, threads=s.rpc_threads,
-                max_message_bytes=s.max_message_bytes, what="TaskManager-internal", port_key="taskmanager.internal.port",
+                s.bind_host,
+                self.conf.get(o.TASKMANAGER_INTERNAL_PORT) or 0,
+                threads=s.rpc_threads,
+                max_message_bytes=s.max_message_bytes,
+                what="TaskManager-internal",
+                port_key="taskmanager.internal.port",
                 credentials=security.server_credentials(INTERNAL),
-                interceptors=server_interceptors(self.conf, auth_metrics, "TaskManager", certificate_role=(
-                    Role.INTERNAL if security.enabled(INTERNAL) else None)),
+                interceptors=server_interceptors(
+                    self.conf,
+                    auth_metrics,
+                    "TaskManager",
+                    certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
+                ),
             )
             self._internal_server = internal
-        tm_grpc.add_KeyedStateServicer_to_server(KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs), server)
+        tm_grpc.add_KeyedStateServicer_to_server(
+            KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs), server
+        )
         tm_grpc.add_TaskExecutorServicer_to_server(
             TaskExecutorServicer(self.deployer, self.lease, getattr(self, "checkpoints", None), self.epochs), internal
         )
@@ -130,17 +148,35 @@ class TaskManager:
         self.metrics.slots_total.set(s.num_slots)
         self.metrics.slots_available.set_function(self.slots.free_count)
         self.metrics.watch_slots(self._slot_stats)
-        self._metrics_server = MetricsServer(self.registry, s.metrics_ports, host=s.bind_host, tls=security.http_context())
+        self._metrics_server = MetricsServer(
+            self.registry, s.metrics_ports, host=s.bind_host, tls=security.http_context()
+        )
         logger.info(
-            "taskmanager %s: serving on %s with %d %s slots (local dir %s)", self.id, self.address, s.num_slots, s.backend, work
+            "taskmanager %s: serving on %s with %d %s slots (local dir %s)",
+            self.id,
+            self.address,
+            s.num_slots,
+            s.backend,
+            work,
         )
         self.connection = JobManagerConnection(
-            s.jobmanager_address, self.id, self.address, s.host, s.num_slots, s.backend,
-            self._metrics_server.port or 0, self._slot_reports, self._retain_slots, self.lease, self.clock, self._stop,
+            s.jobmanager_address,
+            self.id,
+            self.address,
+            s.host,
+            s.num_slots,
+            s.backend,
+            self._metrics_server.port or 0,
+            self._slot_reports,
+            self._retain_slots,
+            self.lease,
+            self.clock,
+            self._stop,
             limits=limits.to_proto(),
             internal_address=self.internal_address if internal is not server else "",
             security=security.channel_security(INTERNAL),
-            cluster_id=s.cluster_id, token=token,
+            cluster_id=s.cluster_id,
+            token=token,
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()
@@ -224,7 +260,9 @@ class TaskManager:
     def _slot_reports(self) -> list[jm_pb.SlotReport]:
         return [
             jm_pb.SlotReport(
-                slot_index=s.index, job_id=s.subtask.job_id, operator_id=s.subtask.operator_id,
+                slot_index=s.index,
+                job_id=s.subtask.job_id,
+                operator_id=s.subtask.operator_id,
                 subtask_index=s.subtask.subtask_index,
             )
             for s in self.slots.all()

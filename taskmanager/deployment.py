@@ -6,9 +6,9 @@ import dataclasses
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import OperatorSpec
@@ -35,7 +35,9 @@ class DeployRequest:
     def validate(self) -> None:
         validate_id("job id", self.subtask.job_id)
         if not 1 <= self.max_parallelism <= UPPER_BOUND_MAX_PARALLELISM:
-            raise InvalidArgumentError(f"max parallelism {self.max_parallelism} is outside 1..{UPPER_BOUND_MAX_PARALLELISM}")
+            raise InvalidArgumentError(
+                f"max parallelism {self.max_parallelism} is outside 1..{UPPER_BOUND_MAX_PARALLELISM}"
+            )
         kg = self.key_groups
         if not (0 <= kg.start <= kg.end < self.max_parallelism):
             raise InvalidArgumentError(
@@ -82,8 +84,14 @@ class SlotDeployer:
     def deploy(self, request: DeployRequest, restore: object | None = None) -> DeployResult:
         request.validate()
         slot = self._slots.reserve(
-            request.subtask, request.operator, request.key_groups, request.max_parallelism, request.slot_index,
-            request.routing_version, request.checkpoint_base, request.incremental,
+            request.subtask,
+            request.operator,
+            request.key_groups,
+            request.max_parallelism,
+            request.slot_index,
+            request.routing_version,
+            request.checkpoint_base,
+            request.incremental,
         )
         started = time.monotonic()
         try:
@@ -103,15 +111,25 @@ class SlotDeployer:
         result = dataclasses.replace(result, committed_epoch=backend.committed_epoch())
         logger.info(
             "deployed %s in slot %d key groups %s (%s, %.0f ms)",
-            request.subtask, request.slot_index, request.key_groups, "restored" if restore else "empty",
+            request.subtask,
+            request.slot_index,
+            request.key_groups,
+            "restored" if restore else "empty",
             (time.monotonic() - started) * 1000,
         )
         return result
 
     def create_empty(self, slot: Slot, instance_dir: Path) -> KeyedStateBackend:
         return create_backend(
-            self.backend_kind, slot.subtask, slot.key_groups, slot.max_parallelism, slot.operator.states,
-            local_dir=self.work_dir, limits=self._limits, clock=self._clock, resources=self._resources,
+            self.backend_kind,
+            slot.subtask,
+            slot.key_groups,
+            slot.max_parallelism,
+            slot.operator.states,
+            local_dir=self.work_dir,
+            limits=self._limits,
+            clock=self._clock,
+            resources=self._resources,
         )
 
     def retain(self, kept: set[SubtaskId]) -> list[SubtaskId]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 
@@ -121,7 +121,9 @@ class JobManagerConnection:
                     raise refused from exc
                 if self._clock.monotonic_ms() >= deadline:
                     break
-                logger.info("taskmanager %s: JobManager at %s not reachable yet; retrying", self._tm_id, self.jobmanager_address)
+                logger.info(
+                    "taskmanager %s: JobManager at %s not reachable yet; retrying", self._tm_id, self.jobmanager_address
+                )
                 self._stop.wait(delay)
                 delay = min(delay * 2, 2.0)
         detail = f" ({from_rpc_error(last, plane=self._plane).message})" if isinstance(last, grpc.RpcError) else ""
@@ -160,7 +162,11 @@ class JobManagerConnection:
         self.registrations += 1
         logger.info(
             "taskmanager %s: registered with JobManager %s (session %s, lease %d ms, %d slots kept)",
-            self._tm_id, self.jobmanager_address, self._session, self.lease_duration_ms, len(kept),
+            self._tm_id,
+            self.jobmanager_address,
+            self._session,
+            self.lease_duration_ms,
+            len(kept),
         )
 
     def start_heartbeats(self) -> None:
@@ -171,7 +177,9 @@ class JobManagerConnection:
         """One heartbeat: renew the lease, or revoke it and register again when the JobManager disowns us."""
         sent_at = self._clock.boottime_ms()
         response = self._stub.Heartbeat(
-            jm_pb.HeartbeatRequest(taskmanager_id=self._tm_id, slots=self._slot_reports(), jobmanager_session=self._session),
+            jm_pb.HeartbeatRequest(
+                taskmanager_id=self._tm_id, slots=self._slot_reports(), jobmanager_session=self._session
+            ),
             timeout=_RPC_TIMEOUT_S,
         )
         if response.known:
@@ -187,14 +195,21 @@ class JobManagerConnection:
                 self.heartbeat_once()
             except grpc.RpcError as exc:
                 # The lease runs out by itself if this goes on; nothing else to do but try again.
-                logger.warning("taskmanager %s: heartbeat to %s failed: %s (lease %d ms left)", self._tm_id,
-                               self.jobmanager_address, exc.code(), self.lease.remaining_ms())
+                logger.warning(
+                    "taskmanager %s: heartbeat to %s failed: %s (lease %d ms left)",
+                    self._tm_id,
+                    self.jobmanager_address,
+                    exc.code(),
+                    self.lease.remaining_ms(),
+                )
             except Exception:  # the loop must survive anything; the next beat retries
                 logger.exception("taskmanager %s: heartbeat failed", self._tm_id)
 
     def deregister(self) -> None:
         try:
-            self._stub.DeregisterTaskManager(jm_pb.DeregisterTaskManagerRequest(taskmanager_id=self._tm_id), timeout=2.0)
+            self._stub.DeregisterTaskManager(
+                jm_pb.DeregisterTaskManagerRequest(taskmanager_id=self._tm_id), timeout=2.0
+            )
         except grpc.RpcError as exc:
             logger.info("taskmanager %s: deregistration skipped (%s)", self._tm_id, exc.code())
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -18,51 +18,80 @@ class TaskManagerMetrics:
     def __init__(self, registry: CollectorRegistry, taskmanager_id: str) -> None:
         self.registry = registry
         self._requests = Counter(
-            "keyedstate_taskmanager_state_requests", "Keyed-state calls served, by method.", ["method"], registry=registry
+            "keyedstate_taskmanager_state_requests",
+            "Keyed-state calls served, by method.",
+            ["method"],
+            registry=registry,
         )
         self._keys = Counter(
-            "keyedstate_taskmanager_state_keys", "Keys carried by keyed-state calls, by method.", ["method"], registry=registry
+            "keyedstate_taskmanager_state_keys",
+            "Keys carried by keyed-state calls, by method.",
+            ["method"],
+            registry=registry,
         )
         self.slots_total = Gauge("flink_taskmanager_Status_taskSlotsTotal", "Slots offered.", registry=registry)
         self.slots_available = Gauge("flink_taskmanager_Status_taskSlotsAvailable", "Free slots.", registry=registry)
         self.checkpoint_sync_ms = Histogram(
             "keyedstate_taskmanager_checkpoint_sync_duration_ms",
             "Synchronous part of a slot snapshot (native checkpoint / consistent copy).",
-            _SLOT_LABELS, registry=registry, buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+            _SLOT_LABELS,
+            registry=registry,
+            buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
         )
         self.checkpoint_async_ms = Histogram(
             "keyedstate_taskmanager_checkpoint_async_duration_ms",
             "Asynchronous part of a slot snapshot (upload).",
-            _SLOT_LABELS, registry=registry, buckets=(10, 50, 100, 500, 1000, 5000, 10_000, 60_000, 300_000),
+            _SLOT_LABELS,
+            registry=registry,
+            buckets=(10, 50, 100, 500, 1000, 5000, 10_000, 60_000, 300_000),
         )
         self.checkpoint_bytes = Counter(
-            "keyedstate_taskmanager_checkpoint_uploaded_bytes", "Bytes uploaded by slot snapshots.", _SLOT_LABELS, registry=registry
+            "keyedstate_taskmanager_checkpoint_uploaded_bytes",
+            "Bytes uploaded by slot snapshots.",
+            _SLOT_LABELS,
+            registry=registry,
         )
         self.restore_ms = Gauge(
-            "keyedstate_taskmanager_restore_duration_ms", "Duration of the last restore of a slot.", _SLOT_LABELS, registry=registry
+            "keyedstate_taskmanager_restore_duration_ms",
+            "Duration of the last restore of a slot.",
+            _SLOT_LABELS,
+            registry=registry,
         )
         # What restores read: from checkpoint storage, or from the local copy (local recovery).
         self.restore_downloaded_files = Counter(
-            "keyedstate_taskmanager_restore_downloaded_files", "Checkpoint files restores downloaded from checkpoint storage.",
-            _SLOT_LABELS, registry=registry,
+            "keyedstate_taskmanager_restore_downloaded_files",
+            "Checkpoint files restores downloaded from checkpoint storage.",
+            _SLOT_LABELS,
+            registry=registry,
         )
         self.restore_downloaded_bytes = Counter(
-            "keyedstate_taskmanager_restore_downloaded_bytes", "Bytes restores downloaded from checkpoint storage.",
-            _SLOT_LABELS, registry=registry,
+            "keyedstate_taskmanager_restore_downloaded_bytes",
+            "Bytes restores downloaded from checkpoint storage.",
+            _SLOT_LABELS,
+            registry=registry,
         )
         self.restore_local_files = Counter(
             "keyedstate_taskmanager_restore_local_files",
             "Checkpoint files restores took from the verified local copy instead of downloading them.",
-            _SLOT_LABELS, registry=registry,
+            _SLOT_LABELS,
+            registry=registry,
         )
         self.restore_local_bytes = Counter(
-            "keyedstate_taskmanager_restore_local_bytes", "Bytes restores took from the verified local copy.",
-            _SLOT_LABELS, registry=registry,
+            "keyedstate_taskmanager_restore_local_bytes",
+            "Bytes restores took from the verified local copy.",
+            _SLOT_LABELS,
+            registry=registry,
         )
         self._counters: dict[str, tuple[Counter, Counter]] = {}
 
-    def record_restore(self, labels: tuple[str, str, str], downloaded_files: int, downloaded_bytes: int,
-                       local_files: int, local_bytes: int) -> None:
+    def record_restore(
+        self,
+        labels: tuple[str, str, str],
+        downloaded_files: int,
+        downloaded_bytes: int,
+        local_files: int,
+        local_bytes: int,
+    ) -> None:
         """Count one slot restore's reads (``labels``: job, operator, subtask)."""
         self.restore_downloaded_files.labels(*labels).inc(downloaded_files)
         self.restore_downloaded_bytes.labels(*labels).inc(downloaded_bytes)
@@ -95,7 +124,9 @@ class _SlotStatsCollector(Collector):
                     metric = "flink_taskmanager_job_task_operator_rocksdb_" + name.replace("-", "_").replace(".", "_")
                     family = families.get(metric)
                     if family is None:
-                        family = GaugeMetricFamily(metric, f"RocksDB property {name} per slot.", labels=list(_SLOT_LABELS))
+                        family = GaugeMetricFamily(
+                            metric, f"RocksDB property {name} per slot.", labels=list(_SLOT_LABELS)
+                        )
                         families[metric] = family
                     family.add_metric(list(labels), float(value))
         except Exception:  # a scrape must never fail because one slot is closing

@@ -7,7 +7,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.security.transport import jobmanager_internal_port
 

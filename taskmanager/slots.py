@@ -91,14 +91,26 @@ class SlotTable:
                 raise StaleRoutingError(
                     f"{subtask} would be deployed under routing v{routing_version}, but this TaskManager takes deployments "
                     f"of job {subtask.job_id!r} only from v{floor} on (a newer one was made or an older one released "
-                    "since); the deploy arrived late and is refused", current_version=floor,
+                    "since); the deploy arrived late and is refused",
+                    current_version=floor,
                 )
             existing = self._by_subtask.get(subtask)
             if existing is not None:
                 raise AlreadyExistsError(f"{subtask} is already deployed in slot {existing.index} of {self._tm}")
             if self._slots[slot_index] is not None:
-                raise CapacityError(f"slot {slot_index} of TaskManager {self._tm} is taken by {self._slots[slot_index].subtask}")  # type: ignore[union-attr]
-            slot = Slot(slot_index, subtask, operator, key_groups, max_parallelism, routing_version, checkpoint_base, incremental)
+                raise CapacityError(
+                    f"slot {slot_index} of TaskManager {self._tm} is taken by {self._slots[slot_index].subtask}"
+                )  # type: ignore[union-attr]
+            slot = Slot(
+                slot_index,
+                subtask,
+                operator,
+                key_groups,
+                max_parallelism,
+                routing_version,
+                checkpoint_base,
+                incremental,
+            )
             self._slots[slot_index] = slot
             self._by_subtask[subtask] = slot
             self._version_floor[subtask.job_id] = max(floor, routing_version)
@@ -126,8 +138,12 @@ class SlotTable:
             if slot is None:
                 return None
             if up_to_version is not None and slot.routing_version > up_to_version:
-                logger.info("not releasing %s: it is deployed under routing v%d, the release is for v%d (late)",
-                            subtask, slot.routing_version, up_to_version)
+                logger.info(
+                    "not releasing %s: it is deployed under routing v%d, the release is for v%d (late)",
+                    subtask,
+                    slot.routing_version,
+                    up_to_version,
+                )
                 return None
             del self._by_subtask[subtask]
             self._slots[slot.index] = None
@@ -155,7 +171,8 @@ class SlotTable:
             if routing_version <= 0:
                 raise StaleRoutingError(
                     f"the call to {slot.subtask} carries no routing version; every state call must carry the version "
-                    "of the routing table it was routed with (GetRouting)", current_version=slot.routing_version,
+                    "of the routing table it was routed with (GetRouting)",
+                    current_version=slot.routing_version,
                 )
             raise StaleRoutingError(
                 f"{slot.subtask} on TaskManager {self._tm} is deployed under routing version {slot.routing_version}, "

@@ -49,8 +49,10 @@ MB = 1 << 20
 
 def _sync_ms_sum(metrics: TaskManagerMetrics) -> tuple[float, float]:
     m = metrics.scrape()
-    return (m.get("keyedstate_taskmanager_checkpoint_sync_duration_ms_sum", 0.0),
-            m.get("keyedstate_taskmanager_checkpoint_sync_duration_ms_count", 0.0))
+    return (
+        m.get("keyedstate_taskmanager_checkpoint_sync_duration_ms_sum", 0.0),
+        m.get("keyedstate_taskmanager_checkpoint_sync_duration_ms_count", 0.0),
+    )
 
 
 def _checkpoint(client: Any, job: str, metrics: TaskManagerMetrics) -> dict[str, float]:
@@ -63,9 +65,15 @@ def _checkpoint(client: Any, job: str, metrics: TaskManagerMetrics) -> dict[str,
     after = _sync_ms_sum(metrics)
     if after[1] <= before[1]:
         raise RuntimeError("the TaskManager reported no synchronous phase for the checkpoint")
-    return {"id": info.checkpoint_id, "path": info.path, "duration_s": info.duration_ms / 1000, "wall_s": wall,
-            "full_size": info.full_size, "incremental_size": info.incremental_size,
-            "sync_ms": (after[0] - before[0]) / (after[1] - before[1])}
+    return {
+        "id": info.checkpoint_id,
+        "path": info.path,
+        "duration_s": info.duration_ms / 1000,
+        "wall_s": wall,
+        "full_size": info.full_size,
+        "incremental_size": info.incremental_size,
+        "sync_ms": (after[0] - before[0]) / (after[1] - before[1]),
+    }
 
 
 def _local_copy(base: Path, checkpoint_id: int) -> list[Path]:
@@ -123,8 +131,15 @@ def run(ctx: BenchContext) -> ScenarioResult:
                     durations.append(full["duration_s"])
                     sizes.append(full["full_size"] / MB)
                     syncs.append(full["sync_ms"])
-                    logger.info("state %d MB (%d keys, loaded in %.1f s): full checkpoint %.0f MB in %.2f s, sync %.1f ms",
-                                mb, filler.keys_written, load_s, full["full_size"] / MB, full["duration_s"], full["sync_ms"])
+                    logger.info(
+                        "state %d MB (%d keys, loaded in %.1f s): full checkpoint %.0f MB in %.2f s, sync %.1f ms",
+                        mb,
+                        filler.keys_written,
+                        load_s,
+                        full["full_size"] / MB,
+                        full["duration_s"],
+                        full["sync_ms"],
+                    )
                 # Full checkpoint vs. plain upload of the same files, alternating, best of two or three.
                 plain_s: list[float] = []
                 full_s = [full["duration_s"]]
@@ -154,8 +169,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
                 # Incremental: restore the full checkpoint into a job with incremental checkpoints
                 # (its first checkpoint uploads everything), rewrite 1% of the keys, checkpoint again.
-                state = submit(client, job_id="incr", restore_path=str(under_load["path"]),
-                               config={"execution.checkpointing.incremental": "true"})
+                state = submit(
+                    client,
+                    job_id="incr",
+                    restore_path=str(under_load["path"]),
+                    config={"execution.checkpointing.incremental": "true"},
+                )
                 restore_ms = metrics.scrape().get("keyedstate_taskmanager_restore_duration_ms", 0.0)
                 metrics.wait_quiet()
                 first_incr = _checkpoint(client, "incr", metrics)
@@ -171,16 +190,31 @@ def run(ctx: BenchContext) -> ScenarioResult:
     measurements += [
         Measurement("state keys", filler.keys_written, "keys", f"16 B keys, {VALUE_BYTES} B random values"),
         Measurement("full checkpoint (top size)", min(full_s), "s", f"{full_bytes / MB:.0f} MB, best of {len(full_s)}"),
-        Measurement("plain s3fs.put of the same files", min(plain_s), "s", f"best of {len(plain_s)}, batch_size={TRANSFER_THREADS}"),
+        Measurement(
+            "plain s3fs.put of the same files",
+            min(plain_s),
+            "s",
+            f"best of {len(plain_s)}, batch_size={TRANSFER_THREADS}",
+        ),
         Measurement("synchronous phase, worst", sync_worst, "ms", "time the write path was blocked for the cut"),
         Measurement("synchronous phase, median", sorted(syncs)[len(syncs) // 2], "ms", f"{len(syncs)} checkpoints"),
         Measurement("restore into the incremental job (local copy)", restore_ms, "ms"),
-        Measurement("incremental checkpoint after 1% rewrite", second_incr["incremental_size"] / MB, "MB",
-                    f"{changed} keys rewritten; full checkpoint {full_bytes / MB:.0f} MB"),
-        Measurement("serving without checkpoint", rate_idle, "keys/s", f"before {rate_before:.0f}, after {rate_after:.0f}"),
-        Measurement("serving during checkpoint upload", rate_during, "keys/s",
-                    f"full checkpoint of {under_load['full_size'] / MB:.0f} MB took {under_load['duration_s']:.1f} s "
-                    f"(sync {under_load['sync_ms']:.1f} ms)"),
+        Measurement(
+            "incremental checkpoint after 1% rewrite",
+            second_incr["incremental_size"] / MB,
+            "MB",
+            f"{changed} keys rewritten; full checkpoint {full_bytes / MB:.0f} MB",
+        ),
+        Measurement(
+            "serving without checkpoint", rate_idle, "keys/s", f"before {rate_before:.0f}, after {rate_after:.0f}"
+        ),
+        Measurement(
+            "serving during checkpoint upload",
+            rate_during,
+            "keys/s",
+            f"full checkpoint of {under_load['full_size'] / MB:.0f} MB took {under_load['duration_s']:.1f} s "
+            f"(sync {under_load['sync_ms']:.1f} ms)",
+        ),
         Measurement("TaskManager peak RSS", tm_rss.peak / MB, "MB"),
     ]
     ratios += [
@@ -200,7 +234,8 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "threads for the restore-time verification; with moto and the event loop already using both cores, that "
             "CPU adds to the wall time (py-spy: 20% of the TaskManager's samples during an upload). The JobManager's "
             "part (trigger, acknowledgement, _metadata) is a few ms. What would close it: a cheaper digest (xxh3), or "
-            "hashing inside the upload's own read of each file.")
+            "hashing inside the upload's own read of each file."
+        )
     if rate_during / rate_idle < 0.7:
         notes.append(
             "Serving during the upload: a py-spy profile of the TaskManager during a full checkpoint under this load "
@@ -210,12 +245,26 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "The upload competes for the GIL and the two cores with serving; the transfer threads now run at nice 10. "
             "What would close it: upload from a separate low-priority process (no GIL shared with serving), a cheaper "
             "file digest than sha256 (xxh3: 12 GB/s here against 0.7 GB/s; a checkpoint format change), and HTTPS "
-            "endpoints (S3 then skips payload signing).")
-    notes.append("moto_server runs as its own process at nice 10: a real S3 uses none of the TaskManager host's CPU, "
-                 "but here it shares the same two cores with the TaskManager and the client.")
+            "endpoints (S3 then skips payload signing)."
+        )
+    notes.append(
+        "moto_server runs as its own process at nice 10: a real S3 uses none of the TaskManager host's CPU, "
+        "but here it shares the same two cores with the TaskManager and the client."
+    )
     return ScenarioResult(
-        NAME, TITLE,
-        params={"sizes_mb": sizes_mb, "value_bytes": VALUE_BYTES, "key_bytes": 16, "transfer_threads": TRANSFER_THREADS,
-                "changed_fraction": CHANGED_FRACTION, "managed_memory": "512mb", "load_window_s": load_seconds},
-        measurements=measurements, ratios=ratios, series=series, notes=notes,
+        NAME,
+        TITLE,
+        params={
+            "sizes_mb": sizes_mb,
+            "value_bytes": VALUE_BYTES,
+            "key_bytes": 16,
+            "transfer_threads": TRANSFER_THREADS,
+            "changed_fraction": CHANGED_FRACTION,
+            "managed_memory": "512mb",
+            "load_window_s": load_seconds,
+        },
+        measurements=measurements,
+        ratios=ratios,
+        series=series,
+        notes=notes,
     )

@@ -74,10 +74,10 @@ def dataset(n: int, seed: int) -> tuple[list[bytes], list[bytes]]:
     rng = random.Random(seed)
     kb = rng.randbytes(KEY_BYTES * n)
     vb = rng.randbytes(VALUE_BYTES * n)
-    keys = [kb[i:i + KEY_BYTES] for i in range(0, len(kb), KEY_BYTES)]
+    keys = [kb[i : i + KEY_BYTES] for i in range(0, len(kb), KEY_BYTES)]
     if len(set(keys)) != n:  # 128-bit random keys never collide in practice; fail loudly if they do
         raise RuntimeError("duplicate keys in the generated data set; change the seed")
-    values = [vb[i:i + VALUE_BYTES] for i in range(0, len(vb), VALUE_BYTES)]
+    values = [vb[i : i + VALUE_BYTES] for i in range(0, len(vb), VALUE_BYTES)]
     return keys, values
 
 
@@ -133,8 +133,14 @@ class InProcessRocksDB:
 
 # -- ours: the executor client against a TaskManager process -------------------------------------------
 @contextlib.contextmanager
-def cluster_state(workdir: Path, batch: int = BATCH, in_flight: int = IN_FLIGHT, config: dict[str, Any] | None = None,
-                  security: Any = None, token: str | None = None) -> Iterator[tuple[Any, Any, int]]:
+def cluster_state(
+    workdir: Path,
+    batch: int = BATCH,
+    in_flight: int = IN_FLIGHT,
+    config: dict[str, Any] | None = None,
+    security: Any = None,
+    token: str | None = None,
+) -> Iterator[tuple[Any, Any, int]]:
     """A JobManager and ONE TaskManager (real processes, RocksDB backend) and a ValueState handle.
 
     ``config`` adds keys for every daemon; ``security`` is the client's ChannelSecurity (TLS),
@@ -145,14 +151,20 @@ def cluster_state(workdir: Path, batch: int = BATCH, in_flight: int = IN_FLIGHT,
     from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
     from keyedstate.common.minicluster import MiniCluster
 
-    mc = MiniCluster(workdir / "cluster", num_taskmanagers=1, slots_per_taskmanager=1, backend="rocksdb",
-                     config={"state.checkpoints.dir": (workdir / "cluster" / "checkpoints").as_uri(), **(config or {})},
-                     client_token=token)
+    mc = MiniCluster(
+        workdir / "cluster",
+        num_taskmanagers=1,
+        slots_per_taskmanager=1,
+        backend="rocksdb",
+        config={"state.checkpoints.dir": (workdir / "cluster" / "checkpoints").as_uri(), **(config or {})},
+        client_token=token,
+    )
     mc.start()
     client = None
     try:
-        client = StateClient(mc.jobmanager_address, ClientSettings(batch_size=batch, max_in_flight=in_flight), security,
-                             token=token)
+        client = StateClient(
+            mc.jobmanager_address, ClientSettings(batch_size=batch, max_in_flight=in_flight), security, token=token
+        )
         client.submit_job(JOB, [OperatorSpec(OPERATOR, 1, (StateDescriptor(STATE, StateKind.VALUE),))])
         state = ValueState(client, JOB, OPERATOR, STATE, key_serializer="bytes", value_serializer="bytes")
         tm = mc.taskmanagers[0].process
@@ -179,7 +191,9 @@ def client_get(state: Any, keys: list[bytes]) -> list[bytes | None]:
 def check_values(got: list[bytes | None], expected: list[bytes], who: str) -> None:
     if got != expected:
         bad = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e) if len(got) == len(expected) else -1
-        raise AssertionError(f"{who} returned wrong values (first mismatch at #{bad}, {len(got)} values for {len(expected)} keys)")
+        raise AssertionError(
+            f"{who} returned wrong values (first mismatch at #{bad}, {len(got)} values for {len(expected)} keys)"
+        )
 
 
 def _cpu_s(pid: int) -> float:
@@ -189,8 +203,9 @@ def _cpu_s(pid: int) -> float:
     return t.user + t.system
 
 
-def paired_rates(n: int, ours: Callable[[], Any], baseline: Callable[[], Any], repeats: int,
-                 server_pid: int) -> tuple[list[float], list[float], tuple[float, float, float]]:
+def paired_rates(
+    n: int, ours: Callable[[], Any], baseline: Callable[[], Any], repeats: int, server_pid: int
+) -> tuple[list[float], list[float], tuple[float, float, float]]:
     """keys/s of ``ours`` and ``baseline``, run alternately so that each pair sees the same machine load.
 
     Also returns CPU seconds per key: (ours in this process, ours in the server, the baseline), which
@@ -226,10 +241,19 @@ def run(ctx: BenchContext) -> ScenarioResult:
     try:
         with cluster_state(ctx.workdir) as (state, _client, tm_pid):
             ours_put_all, base_put_all, cpu_put = paired_rates(
-                n, lambda: client_put(state, keys, values), lambda: base.put_batches(keys, values), sizes.repeats, tm_pid)
+                n,
+                lambda: client_put(state, keys, values),
+                lambda: base.put_batches(keys, values),
+                sizes.repeats,
+                tm_pid,
+            )
             ours_get_all, base_get_all, cpu_get = paired_rates(
-                n, lambda: check_values(client_get(state, keys), values, "the executor client"),
-                lambda: check_values(base.get_batches(keys), values, "in-process rocksdict"), sizes.repeats, tm_pid)
+                n,
+                lambda: check_values(client_get(state, keys), values, "the executor client"),
+                lambda: check_values(base.get_batches(keys), values, "in-process rocksdict"),
+                sizes.repeats,
+                tm_pid,
+            )
 
             m = sizes.single_ops
             single_keys, single_values = keys[:m], values[:m]
@@ -277,14 +301,50 @@ def run(ctx: BenchContext) -> ScenarioResult:
     ]
     labels = ["put", "get"]
     series = [
-        Series("client_path", "in-process rocksdict", [0, 1], [base_put, base_get], "operation (0 = put, 1 = get)", "keys/s", "bar"),
-        Series("client_path", "executor client (batched)", [0, 1], [ours_put, ours_get], "operation (0 = put, 1 = get)", "keys/s", "bar"),
-        Series("client_path", "executor client (single key)", [0, 1], [single_put, single_get], "operation (0 = put, 1 = get)", "keys/s", "bar"),
+        Series(
+            "client_path",
+            "in-process rocksdict",
+            [0, 1],
+            [base_put, base_get],
+            "operation (0 = put, 1 = get)",
+            "keys/s",
+            "bar",
+        ),
+        Series(
+            "client_path",
+            "executor client (batched)",
+            [0, 1],
+            [ours_put, ours_get],
+            "operation (0 = put, 1 = get)",
+            "keys/s",
+            "bar",
+        ),
+        Series(
+            "client_path",
+            "executor client (single key)",
+            [0, 1],
+            [single_put, single_get],
+            "operation (0 = put, 1 = get)",
+            "keys/s",
+            "bar",
+        ),
     ]
-    params = {"keys": n, "key_bytes": KEY_BYTES, "value_bytes": VALUE_BYTES, "batch": BATCH, "in_flight": IN_FLIGHT,
-              "keys_per_call": CALL_KEYS, "single_ops": sizes.single_ops, "repeats": f"{sizes.repeats} alternating pairs (figures: best; ratios: median pair)",
-              "taskmanager": "1 process, 1 slot, rocksdb", "ops": "/".join(labels)}
+    params = {
+        "keys": n,
+        "key_bytes": KEY_BYTES,
+        "value_bytes": VALUE_BYTES,
+        "batch": BATCH,
+        "in_flight": IN_FLIGHT,
+        "keys_per_call": CALL_KEYS,
+        "single_ops": sizes.single_ops,
+        "repeats": f"{sizes.repeats} alternating pairs (figures: best; ratios: median pair)",
+        "taskmanager": "1 process, 1 slot, rocksdb",
+        "ops": "/".join(labels),
+    }
     logger.info("client path: put %.0f/%.0f get %.0f/%.0f keys/s", ours_put, base_put, ours_get, base_get)
-    print(f"   client put {ours_put:,.0f} keys/s vs in-process {base_put:,.0f}; get {ours_get:,.0f} vs {base_get:,.0f}; "
-          f"median put {statistics.median(ours_put_all):,.0f}", flush=True)
+    print(
+        f"   client put {ours_put:,.0f} keys/s vs in-process {base_put:,.0f}; get {ours_get:,.0f} vs {base_get:,.0f}; "
+        f"median put {statistics.median(ours_put_all):,.0f}",
+        flush=True,
+    )
     return ScenarioResult(NAME, TITLE, params, measurements, ratios, series, notes)

@@ -14,19 +14,17 @@ large size is at most the time per slot at 1,000).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
-
-from keyedstate.jobmanager.checkpoint import EpochCut
-
 import gc
 import logging
 import statistics
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.result import BenchContext, Measurement, Ratio, ScenarioResult, Series
+from keyedstate.jobmanager.checkpoint import EpochCut
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +53,21 @@ class ImmediateAckTaskManagers:
         for op in operators:
             for i in range(op.parallelism):
                 kg = key_group_range_for_subtask(max_parallelism, op.parallelism, i)
-                h = pb.SubtaskStateHandle(operator_id=op.operator_id, subtask_index=i, backend="rocksdb",
-                                          key_groups=pb.KeyGroupRange(start=kg.start, end=kg.end))
+                h = pb.SubtaskStateHandle(
+                    operator_id=op.operator_id,
+                    subtask_index=i,
+                    backend="rocksdb",
+                    key_groups=pb.KeyGroupRange(start=kg.start, end=kg.end),
+                )
                 tag = f"{op.operator_id}-{i}"
                 for n in range(2):
-                    h.files.add(path=f"shared/{tag}-{n:06d}.sst", size=64 << 20, sha256=f"{n:064x}",
-                                local_name=f"{n:06d}.sst", shared=True)
+                    h.files.add(
+                        path=f"shared/{tag}-{n:06d}.sst",
+                        size=64 << 20,
+                        sha256=f"{n:064x}",
+                        local_name=f"{n:06d}.sst",
+                        shared=True,
+                    )
                 for name, size in (("MANIFEST-000005", 4096), ("CURRENT", 16), ("OPTIONS-000007", 7000)):
                     h.files.add(path=f"{tag}/{name}", size=size, sha256="f" * 64, local_name=name, shared=False)
                 h.full_size = sum(f.size for f in h.files)
@@ -88,13 +95,22 @@ def _coordinator(slots: int, job_dir: Path) -> tuple[Any, ImmediateAckTaskManage
 
     if slots % SLOTS_PER_OPERATOR:
         raise ValueError(f"slots must be a multiple of {SLOTS_PER_OPERATOR}, got {slots}")
-    operators = [OperatorSpec(f"op{i}", SLOTS_PER_OPERATOR, (StateDescriptor("s", StateKind.VALUE),))
-                 for i in range(slots // SLOTS_PER_OPERATOR)]
+    operators = [
+        OperatorSpec(f"op{i}", SLOTS_PER_OPERATOR, (StateDescriptor("s", StateKind.VALUE),))
+        for i in range(slots // SLOTS_PER_OPERATOR)
+    ]
     gateway = ImmediateAckTaskManagers(operators, MAX_PARALLELISM)
     url = job_dir.as_uri()
     coordinator = CheckpointCoordinator(
-        f"scale-{slots}", CheckpointingSettings(incremental=True), open_storage(url), url, gateway,
-        clock=SYSTEM_CLOCK, scheduler=ThreadScheduler(), operators=operators, max_parallelism=MAX_PARALLELISM,
+        f"scale-{slots}",
+        CheckpointingSettings(incremental=True),
+        open_storage(url),
+        url,
+        gateway,
+        clock=SYSTEM_CLOCK,
+        scheduler=ThreadScheduler(),
+        operators=operators,
+        max_parallelism=MAX_PARALLELISM,
     )
     gateway.coordinator = coordinator
     return coordinator, gateway
@@ -128,11 +144,19 @@ def measure(slots: int, workdir: Path, repeats: int = REPEATS) -> dict[str, floa
     if not meta.exists():
         raise AssertionError(f"checkpoint {last_id} completed but {meta} does not exist")
     if gateway.notified[-1] != (last_id, True):
-        raise AssertionError(f"the TaskManagers were not told that checkpoint {last_id} completed: {gateway.notified[-3:]}")
+        raise AssertionError(
+            f"the TaskManagers were not told that checkpoint {last_id} completed: {gateway.notified[-3:]}"
+        )
     coordinator.shutdown()
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-            "metadata_bytes": meta.stat().st_size, "peak_bytes": peak - setup_bytes,
-            "retained_bytes": current - setup_bytes, "setup_bytes": setup_bytes}
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "metadata_bytes": meta.stat().st_size,
+        "peak_bytes": peak - setup_bytes,
+        "retained_bytes": current - setup_bytes,
+        "setup_bytes": setup_bytes,
+    }
 
 
 def run(ctx: BenchContext) -> ScenarioResult:
@@ -144,21 +168,38 @@ def run(ctx: BenchContext) -> ScenarioResult:
     for s in sizes:
         r = results[s]
         measurements += [
-            Measurement(f"{s} slots: trigger -> _metadata", r["median_s"] * 1000, "ms",
-                        f"median of {REPEATS} ({r['min_s'] * 1000:.0f}-{r['max_s'] * 1000:.0f})"),
+            Measurement(
+                f"{s} slots: trigger -> _metadata",
+                r["median_s"] * 1000,
+                "ms",
+                f"median of {REPEATS} ({r['min_s'] * 1000:.0f}-{r['max_s'] * 1000:.0f})",
+            ),
             Measurement(f"{s} slots: acks coordinated", s / r["median_s"], "acks/s"),
             Measurement(f"{s} slots: _metadata size", r["metadata_bytes"] / 1024, "KiB"),
-            Measurement(f"{s} slots: memory peak during a checkpoint", r["peak_bytes"] / (1 << 20), "MiB",
-                        "tracemalloc, above the idle coordinator"),
-            Measurement(f"{s} slots: memory kept after it", r["retained_bytes"] / (1 << 20), "MiB",
-                        "the completed checkpoint retained"),
+            Measurement(
+                f"{s} slots: memory peak during a checkpoint",
+                r["peak_bytes"] / (1 << 20),
+                "MiB",
+                "tracemalloc, above the idle coordinator",
+            ),
+            Measurement(
+                f"{s} slots: memory kept after it",
+                r["retained_bytes"] / (1 << 20),
+                "MiB",
+                "the completed checkpoint retained",
+            ),
         ]
     per_slot_growth = (rl["median_s"] / large) / (rs["median_s"] / small)
     ratios = [
         Ratio(f"{small} slots: time / 1 s", rs["median_s"] / 1.0, 1.0, "<=", "under 1 s for 1,000 slots"),
         Ratio(f"time per slot at {large} / at {small}", per_slot_growth, 1.0, "<=", "linear or better"),
-        Ratio(f"memory per slot at {large} / at {small}", (rl["peak_bytes"] / large) / (rs["peak_bytes"] / small),
-              None, "<=", "peak during a checkpoint"),
+        Ratio(
+            f"memory per slot at {large} / at {small}",
+            (rl["peak_bytes"] / large) / (rs["peak_bytes"] / small),
+            None,
+            "<=",
+            "peak during a checkpoint",
+        ),
     ]
     notes = []
     if per_slot_growth > 1.0:
@@ -172,12 +213,30 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "long-lived job model so collections skip it."
         )
     series = [
-        Series("coordinator_scale", "trigger -> _metadata (ms)", [float(s) for s in sizes],
-               [results[s]["median_s"] * 1000 for s in sizes], "slots", "ms"),
-        Series("coordinator_scale_memory", "peak memory during a checkpoint (MiB)", [float(s) for s in sizes],
-               [results[s]["peak_bytes"] / (1 << 20) for s in sizes], "slots", "MiB"),
+        Series(
+            "coordinator_scale",
+            "trigger -> _metadata (ms)",
+            [float(s) for s in sizes],
+            [results[s]["median_s"] * 1000 for s in sizes],
+            "slots",
+            "ms",
+        ),
+        Series(
+            "coordinator_scale_memory",
+            "peak memory during a checkpoint (MiB)",
+            [float(s) for s in sizes],
+            [results[s]["peak_bytes"] / (1 << 20) for s in sizes],
+            "slots",
+            "MiB",
+        ),
     ]
-    params = {"slots": list(sizes), "operators_of": SLOTS_PER_OPERATOR, "max_parallelism": MAX_PARALLELISM,
-              "files_per_ack": "2 shared + 3 private", "storage": "file://", "repeats": f"median of {REPEATS}"}
+    params = {
+        "slots": list(sizes),
+        "operators_of": SLOTS_PER_OPERATOR,
+        "max_parallelism": MAX_PARALLELISM,
+        "files_per_ack": "2 shared + 3 private",
+        "storage": "file://",
+        "repeats": f"median of {REPEATS}",
+    }
     print("   " + "; ".join(f"{s} slots {results[s]['median_s'] * 1000:.0f} ms" for s in sizes), flush=True)
     return ScenarioResult(NAME, TITLE, params, measurements, ratios, series, notes)

@@ -69,7 +69,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 chunk = rnd.randrange(filler.chunks)
                 keys = filler.keys(chunk)
                 start = rnd.randrange(len(keys) - 1000)
-                got = state.get_many(keys[start:start + 1000])
+                got = state.get_many(keys[start : start + 1000])
                 if any(v is None for v in got):
                     raise RuntimeError(f"a stored key of chunk {chunk} read back as missing")
                 reads += len(got)
@@ -87,20 +87,37 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "RSS beyond the budget is memory RocksDB does not charge to the shared cache (table readers of open files, "
             "compaction buffers, iterators' pinned blocks) plus malloc fragmentation. rocksdict 0.3.29 exposes no "
             "strict_capacity_limit for the cache, so the cache itself may also overshoot under pinned blocks; lowering "
-            "state.backend.rocksdb.block.cache-size or max_open_files, or jemalloc, would close it.")
+            "state.backend.rocksdb.block.cache-size or max_open_files, or jemalloc, would close it."
+        )
     return ScenarioResult(
-        NAME, TITLE,
+        NAME,
+        TITLE,
         notes=notes,
-        params={"managed_memory_mb": MANAGED_MB, "state_mb": state_mb, "value_bytes": VALUE_BYTES, "key_bytes": 16,
-                "read_seconds": read_seconds, "env": ENV},
+        params={
+            "managed_memory_mb": MANAGED_MB,
+            "state_mb": state_mb,
+            "value_bytes": VALUE_BYTES,
+            "key_bytes": 16,
+            "read_seconds": read_seconds,
+            "env": ENV,
+        },
         measurements=[
             Measurement("idle TaskManager RSS", idle / MB, "MB"),
-            Measurement("state loaded", filler.bytes_written / MB, "MB", f"{filler.keys_written} keys in {load_s:.1f} s"),
+            Measurement(
+                "state loaded", filler.bytes_written / MB, "MB", f"{filler.keys_written} keys in {load_s:.1f} s"
+            ),
             Measurement("RSS after loading", after_load / MB, "MB"),
             Measurement("peak RSS", peak / MB, "MB", f"{len(sampler.samples)} samples, every 50 ms"),
             Measurement("random batched reads while sampling", read_rate, "keys/s"),
         ],
-        ratios=[Ratio("peak RSS / (managed + idle RSS)", peak / budget, TARGET, "<=",
-                      f"budget {budget / MB:.0f} MB = {MANAGED_MB} MB managed + {idle / MB:.0f} MB idle")],
+        ratios=[
+            Ratio(
+                "peak RSS / (managed + idle RSS)",
+                peak / budget,
+                TARGET,
+                "<=",
+                f"budget {budget / MB:.0f} MB = {MANAGED_MB} MB managed + {idle / MB:.0f} MB idle",
+            )
+        ],
         series=[Series("memory_rss", "TaskManager RSS", times, rss_mb, "seconds since job submit", "RSS (MB)")],
     )

@@ -40,6 +40,7 @@ def redis_rates(port: int, keys: list[bytes], values: list[bytes], repeats: int)
     r = redis.Redis(host="127.0.0.1", port=port)
     n = len(keys)
     try:
+
         def pipe_set() -> None:
             for a, b in _chunks(n, REDIS_BATCH):
                 p = r.pipeline(transaction=False)
@@ -81,21 +82,37 @@ def run(ctx: BenchContext) -> ScenarioResult:
     n = sizes.keys
     repeats = 2 if ctx.quick else 3
     keys, values = dataset(n, ctx.seed)
-    params = {"keys": n, "key_bytes": 16, "value_bytes": 100, "redis_batch": REDIS_BATCH,
-              "redis": "redis-server on 127.0.0.1, --save '' --appendonly no (no durability)",
-              "ours": "executor client -> 1 TaskManager process, RocksDB, WAL on", "repeats": f"best of {repeats}"}
+    params = {
+        "keys": n,
+        "key_bytes": 16,
+        "value_bytes": 100,
+        "redis_batch": REDIS_BATCH,
+        "redis": "redis-server on 127.0.0.1, --save '' --appendonly no (no durability)",
+        "ours": "executor client -> 1 TaskManager process, RocksDB, WAL on",
+        "repeats": f"best of {repeats}",
+    }
 
     with cluster_state(ctx.workdir) as (state, _client, _pid):
         ours_put, _ = best_rate(n, lambda: client_put(state, keys, values), repeats)
-        ours_get, _ = best_rate(n, lambda: check_values(client_get(state, keys), values, "the executor client"), repeats)
-    measurements = [Measurement("ours: batched put (put_many)", ours_put, "keys/s"),
-                    Measurement("ours: batched get (get_many)", ours_get, "keys/s")]
+        ours_get, _ = best_rate(
+            n, lambda: check_values(client_get(state, keys), values, "the executor client"), repeats
+        )
+    measurements = [
+        Measurement("ours: batched put (put_many)", ours_put, "keys/s"),
+        Measurement("ours: batched get (get_many)", ours_get, "keys/s"),
+    ]
     try:
         with redis_server(ctx.workdir / "redis") as port:
             rates = redis_rates(port, keys, values, repeats)
     except RedisUnavailable as exc:
-        return ScenarioResult(NAME, TITLE, params, measurements, notes=[f"Redis baselines not run: {exc}"],
-                              skipped=f"{exc} (run `make bench-deps`)")
+        return ScenarioResult(
+            NAME,
+            TITLE,
+            params,
+            measurements,
+            notes=[f"Redis baselines not run: {exc}"],
+            skipped=f"{exc} (run `make bench-deps`)",
+        )
     measurements += [
         Measurement("redis pipelined SET", rates["SET"], "keys/s", f"{REDIS_BATCH} per pipeline"),
         Measurement("redis pipelined GET", rates["GET"], "keys/s", f"{REDIS_BATCH} per pipeline"),
@@ -109,10 +126,37 @@ def run(ctx: BenchContext) -> ScenarioResult:
         Ratio("our get / redis MGET", ours_get / rates["MGET"]),
     ]
     series = [
-        Series("redis_compare", "keyedstate (durable, RocksDB)", [0, 1], [ours_put, ours_get], "operation (0 = write, 1 = read)", "keys/s", "bar"),
-        Series("redis_compare", "redis pipelined SET/GET", [0, 1], [rates["SET"], rates["GET"]], "operation (0 = write, 1 = read)", "keys/s", "bar"),
-        Series("redis_compare", "redis MSET/MGET", [0, 1], [rates["MSET"], rates["MGET"]], "operation (0 = write, 1 = read)", "keys/s", "bar"),
+        Series(
+            "redis_compare",
+            "keyedstate (durable, RocksDB)",
+            [0, 1],
+            [ours_put, ours_get],
+            "operation (0 = write, 1 = read)",
+            "keys/s",
+            "bar",
+        ),
+        Series(
+            "redis_compare",
+            "redis pipelined SET/GET",
+            [0, 1],
+            [rates["SET"], rates["GET"]],
+            "operation (0 = write, 1 = read)",
+            "keys/s",
+            "bar",
+        ),
+        Series(
+            "redis_compare",
+            "redis MSET/MGET",
+            [0, 1],
+            [rates["MSET"], rates["MGET"]],
+            "operation (0 = write, 1 = read)",
+            "keys/s",
+            "bar",
+        ),
     ]
-    print(f"   ours put {ours_put:,.0f} get {ours_get:,.0f}; redis SET {rates['SET']:,.0f} GET {rates['GET']:,.0f} "
-          f"MSET {rates['MSET']:,.0f} MGET {rates['MGET']:,.0f} keys/s", flush=True)
+    print(
+        f"   ours put {ours_put:,.0f} get {ours_get:,.0f}; redis SET {rates['SET']:,.0f} GET {rates['GET']:,.0f} "
+        f"MSET {rates['MSET']:,.0f} MGET {rates['MGET']:,.0f} keys/s",
+        flush=True,
+    )
     return ScenarioResult(NAME, TITLE, params, measurements, ratios, series)

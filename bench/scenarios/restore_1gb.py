@@ -113,18 +113,42 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "s3fs event loop as the baseline, then verifies each file's sha256 (0.7 GB/s on this machine, ~1.4 s of CPU "
             "per GB), which on two busy cores adds directly to the wall time. What would close it: hash while the bytes "
             "stream in (one pass, overlapped with the network), a cheaper digest than sha256 (xxh3 runs at 12 GB/s here; "
-            "a checkpoint format change), and more parallel ranged GETs for the large SST files.")
+            "a checkpoint format change), and more parallel ranged GETs for the large SST files."
+        )
     return ScenarioResult(
-        NAME, TITLE,
-        params={"state_mb": size_mb, "value_bytes": VALUE_BYTES, "key_bytes": 16, "transfer_threads": TRANSFER_THREADS,
-                "local_recovery": False},
+        NAME,
+        TITLE,
+        params={
+            "state_mb": size_mb,
+            "value_bytes": VALUE_BYTES,
+            "key_bytes": 16,
+            "transfer_threads": TRANSFER_THREADS,
+            "local_recovery": False,
+        },
         measurements=[
-            Measurement("state", filler.keys_written, "keys", f"{size / MB:.0f} MB of checkpoint files; loaded in {load_s:.1f} s"),
-            Measurement("restore (download, verify, open)", best_ours, "s", f"TaskManager restore_duration_ms, best of {len(ours)}"),
+            Measurement(
+                "state",
+                filler.keys_written,
+                "keys",
+                f"{size / MB:.0f} MB of checkpoint files; loaded in {load_s:.1f} s",
+            ),
+            Measurement(
+                "restore (download, verify, open)",
+                best_ours,
+                "s",
+                f"TaskManager restore_duration_ms, best of {len(ours)}",
+            ),
             Measurement("job submit with restore, end to end", min(walls), "s", "client's SubmitJob call"),
-            Measurement("plain s3fs.get of the same objects", best_plain, "s", f"best of {len(plain)}, batch_size={TRANSFER_THREADS}"),
+            Measurement(
+                "plain s3fs.get of the same objects",
+                best_plain,
+                "s",
+                f"best of {len(plain)}, batch_size={TRANSFER_THREADS}",
+            ),
             Measurement("restore throughput", size / MB / best_ours, "MB/s"),
-            Measurement("verified keys", 3 * CHUNK_KEYS * len(ours), "keys", "read back and compared after each restore"),
+            Measurement(
+                "verified keys", 3 * CHUNK_KEYS * len(ours), "keys", "read back and compared after each restore"
+            ),
         ],
         ratios=[Ratio("restore / plain s3fs download", best_ours / best_plain, 1.25, "<=")],
         notes=notes,

@@ -28,8 +28,9 @@ import logging
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from bench.result import BenchContext, Measurement, Ratio, ScenarioResult, Series
 from bench.w1 import data as w1data
@@ -57,10 +58,26 @@ class W1Sizes:
     @classmethod
     def for_ctx(cls, ctx: BenchContext) -> W1Sizes:
         if ctx.quick:
-            return cls(events=40_000, users=4_000, files=4, files_per_trigger=2, twsip_events=200, twsip_files=2,
-                       repeats=1, warmup_events=0)
-        return cls(events=2_000_000, users=200_000, files=20, files_per_trigger=2, twsip_events=10_000, twsip_files=4,
-                   repeats=2, warmup_events=20_000)
+            return cls(
+                events=40_000,
+                users=4_000,
+                files=4,
+                files_per_trigger=2,
+                twsip_events=200,
+                twsip_files=2,
+                repeats=1,
+                warmup_events=0,
+            )
+        return cls(
+            events=2_000_000,
+            users=200_000,
+            files=20,
+            files_per_trigger=2,
+            twsip_events=10_000,
+            twsip_files=4,
+            repeats=2,
+            warmup_events=20_000,
+        )
 
 
 def _say(msg: str) -> None:
@@ -84,16 +101,25 @@ def run(ctx: BenchContext) -> ScenarioResult:
     data = w1data.generate(work / "input", sizes.events, sizes.users, sizes.files, ctx.seed)
     twsip_data = w1data.subset(data, work / "input-twsip", sizes.twsip_events, sizes.twsip_files)
     params: dict[str, Any] = {
-        "events": sizes.events, "users": sizes.users, "files": sizes.files,
-        "rows_per_file": sizes.events // sizes.files, "files_per_trigger": sizes.files_per_trigger,
-        "micro_batches": -(-sizes.files // sizes.files_per_trigger), "seed": ctx.seed,
-        "amounts": "integer cents 1..10000 (exact sums)", "user_key": "int64 (int key serializer)",
-        "repeats": sizes.repeats, "reported": "best of the repeats, for every variant alike",
-        "warmup": (f"each Spark variant first runs once on {sizes.warmup_events} events" if sizes.warmup_events
-                   else "none: quick mode is a smoke run, cold starts dominate and its ratios mean little"),
+        "events": sizes.events,
+        "users": sizes.users,
+        "files": sizes.files,
+        "rows_per_file": sizes.events // sizes.files,
+        "files_per_trigger": sizes.files_per_trigger,
+        "micro_batches": -(-sizes.files // sizes.files_per_trigger),
+        "seed": ctx.seed,
+        "amounts": "integer cents 1..10000 (exact sums)",
+        "user_key": "int64 (int key serializer)",
+        "repeats": sizes.repeats,
+        "reported": "best of the repeats, for every variant alike",
+        "warmup": (
+            f"each Spark variant first runs once on {sizes.warmup_events} events"
+            if sizes.warmup_events
+            else "none: quick mode is a smoke run, cold starts dominate and its ratios mean little"
+        ),
         "twsip_subset": f"first {sizes.twsip_events} events in {sizes.twsip_files} files",
         "ours": f"MiniCluster: 1 JobManager + {PARALLELISM} TaskManager processes x 1 slot, RocksDB, file:// "
-                "incremental checkpoints, exactly-once epochs, checkpoint per micro-batch (waited for)",
+        "incremental checkpoints, exactly-once epochs, checkpoint per micro-batch (waited for)",
         **settings.as_params(),
     }
     rates: dict[str, float] = {}
@@ -101,8 +127,10 @@ def run(ctx: BenchContext) -> ScenarioResult:
     measurements: list[Measurement] = []
 
     # -- single-process baselines (no Spark, no cluster) -------------------------------------
-    for label, fn in (("rocksdict in-process", lambda i: local.run_rocksdict(data, sizes.files_per_trigger, work / f"rocksdict-{i}")),
-                      ("pure Python", lambda i: local.run_pure_python(data, sizes.files_per_trigger))):
+    for label, fn in (
+        ("rocksdict in-process", lambda i: local.run_rocksdict(data, sizes.files_per_trigger, work / f"rocksdict-{i}")),
+        ("pure Python", lambda i: local.run_pure_python(data, sizes.files_per_trigger)),
+    ):
         times = []
         for i in range(sizes.repeats):
             seconds, final = fn(i)
@@ -114,14 +142,20 @@ def run(ctx: BenchContext) -> ScenarioResult:
         shutil.rmtree(work / f"rocksdict-{i}", ignore_errors=True)
 
     # -- Spark variants ----------------------------------------------------------------------
+    from bench._redis import RedisUnavailable, redis_server
     from keyedstate.common.minicluster import MiniCluster
 
-    from bench._redis import RedisUnavailable, redis_server
-
     with contextlib.ExitStack() as stack:
-        cluster = MiniCluster(work / "cluster", num_taskmanagers=PARALLELISM, slots_per_taskmanager=1, backend="rocksdb",
-                              config={"state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
-                                      "execution.checkpointing.incremental": "true"})
+        cluster = MiniCluster(
+            work / "cluster",
+            num_taskmanagers=PARALLELISM,
+            slots_per_taskmanager=1,
+            backend="rocksdb",
+            config={
+                "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
+                "execution.checkpointing.incremental": "true",
+            },
+        )
         stack.callback(cluster.stop)
         # The daemons start while the JVM does (both take seconds, and neither is timed).
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -139,22 +173,32 @@ def run(ctx: BenchContext) -> ScenarioResult:
         jobs = itertools.count()
 
         def ours(d: w1data.W1Data, tag: str) -> float:
-            run_ = sparkjobs.run_ours(spark, d, sizes.files_per_trigger, cluster.jobmanager_address,
-                                      f"w1-{tag}-{next(jobs)}", PARALLELISM, work / f"ours-{tag}-{next(jobs)}")
+            run_ = sparkjobs.run_ours(
+                spark,
+                d,
+                sizes.files_per_trigger,
+                cluster.jobmanager_address,
+                f"w1-{tag}-{next(jobs)}",
+                PARALLELISM,
+                work / f"ours-{tag}-{next(jobs)}",
+            )
             _check("ours", d, run_.final)
             if tag == "timed":
                 ours_runs.append(run_)
             return run_.seconds
 
         def native(d: w1data.W1Data, tag: str) -> float:
-            seconds, final = sparkjobs.run_native(spark, d, sizes.files_per_trigger, work / f"native-{tag}-{next(jobs)}")
+            seconds, final = sparkjobs.run_native(
+                spark, d, sizes.files_per_trigger, work / f"native-{tag}-{next(jobs)}"
+            )
             _check("spark native", d, final)
             return seconds
 
         def redis_variant(d: w1data.W1Data, tag: str) -> float:
             _flush_redis(redis_port)
-            seconds, final = sparkjobs.run_redis(spark, d, sizes.files_per_trigger, redis_port,
-                                                 work / f"redis-{tag}-{next(jobs)}")
+            seconds, final = sparkjobs.run_redis(
+                spark, d, sizes.files_per_trigger, redis_port, work / f"redis-{tag}-{next(jobs)}"
+            )
             _check("redis", d, final)
             return seconds
 
@@ -191,15 +235,33 @@ def run(ctx: BenchContext) -> ScenarioResult:
         notes.extend(_taskmanager_profile(data, sizes, ours_runs))
         notes.extend(_ceiling(rates))
 
-    measurements += [Measurement(f"{label}", rate, "events/s",
-                                 note=f"{twsip_data.events} events" if label == "tWSiP" else f"{data.events} events")
-                     for label, rate in rates.items()]
+    measurements += [
+        Measurement(
+            f"{label}",
+            rate,
+            "events/s",
+            note=f"{twsip_data.events} events" if label == "tWSiP" else f"{data.events} events",
+        )
+        for label, rate in rates.items()
+    ]
     ratios = _ratios(rates)
     order = ["ours", "spark native", "redis", "tWSiP", "rocksdict in-process", "pure Python"]
-    series = [Series("w1_throughput", f"{label} ({twsip_data.events} events)" if label == "tWSiP" else label,
-                     [float(data.events)], [rates[label]], "events", "events/s", kind="bar")
-              for label in order if label in rates]
-    return ScenarioResult(NAME, TITLE, params=params, measurements=measurements, ratios=ratios, series=series, notes=notes)
+    series = [
+        Series(
+            "w1_throughput",
+            f"{label} ({twsip_data.events} events)" if label == "tWSiP" else label,
+            [float(data.events)],
+            [rates[label]],
+            "events",
+            "events/s",
+            kind="bar",
+        )
+        for label in order
+        if label in rates
+    ]
+    return ScenarioResult(
+        NAME, TITLE, params=params, measurements=measurements, ratios=ratios, series=series, notes=notes
+    )
 
 
 def _ratios(rates: dict[str, float]) -> list[Ratio]:
@@ -221,6 +283,7 @@ def _ours_breakdown(runs: list[sparkjobs.OursRun]) -> list[str]:
     best = min(runs, key=lambda r: r.seconds)
     if not best.timings:
         return []
+
     def ms(values: list[float]) -> str:
         return f"{statistics.median(values) * 1000:.0f} ms"
 
@@ -265,9 +328,11 @@ def _taskmanager_profile(data: w1data.W1Data, sizes: W1Sizes, runs: list[sparkjo
         best = min(runs, key=lambda r: r.seconds)
         if best.timings:
             saved = (commit_ms - proposed_ms) / 1000 * len(best.timings)
-            notes.append(f"With that fast path this run's ours would take ~{max(0.1, best.seconds - saved):.1f} s "
-                         f"instead of {best.seconds:.1f} s (estimate: the commit time saved per batch, both slots "
-                         "committing in parallel)")
+            notes.append(
+                f"With that fast path this run's ours would take ~{max(0.1, best.seconds - saved):.1f} s "
+                f"instead of {best.seconds:.1f} s (estimate: the commit time saved per batch, both slots "
+                "committing in parallel)"
+            )
     return notes
 
 
@@ -288,8 +353,10 @@ def _ceiling(rates: dict[str, float]) -> list[str]:
 def _users_per_batch(data: w1data.W1Data, files_per_trigger: int) -> list[list[int]]:
     import pyarrow.parquet as pq
 
-    return [[u for f in files for u in pq.read_table(f, columns=["user"]).column("user").to_pylist()]
-            for files in data.file_batches(files_per_trigger)]
+    return [
+        [u for f in files for u in pq.read_table(f, columns=["user"]).column("user").to_pylist()]
+        for files in data.file_batches(files_per_trigger)
+    ]
 
 
 # -- redis-server for the Redis variant ---------------------------------------------------------

@@ -28,7 +28,7 @@ class W1Data:
     sums: np.ndarray  # sums[u] = sum of amounts of user u
 
     def file_batches(self, files_per_batch: int) -> list[list[Path]]:
-        return [self.files[i:i + files_per_batch] for i in range(0, len(self.files), files_per_batch)]
+        return [self.files[i : i + files_per_batch] for i in range(0, len(self.files), files_per_batch)]
 
     def expected(self) -> dict[int, tuple[int, int]]:
         """``{user: (count, sum)}`` for every user with at least one event."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 def preaggregate(batches: Iterable[Any]) -> Any:
@@ -46,14 +47,14 @@ def redis_update(port: int) -> Any:
             if client is None:  # one connection per reused Python worker
                 client = _REDIS[port] = redis.Redis(host="127.0.0.1", port=port)
             raw = agg.column("user").to_numpy().astype(">i8").tobytes()
-            keys = [raw[i:i + 8] for i in range(0, len(raw), 8)]
+            keys = [raw[i : i + 8] for i in range(0, len(raw), 8)]
             delta = np.stack([agg.column("n").to_numpy(), agg.column("total").to_numpy()], axis=1)
             for start in range(0, len(keys), _REDIS_CHUNK):
-                part = keys[start:start + _REDIS_CHUNK]
+                part = keys[start : start + _REDIS_CHUNK]
                 old = client.mget(part)
                 current = np.frombuffer(b"".join(v if v is not None else bytes(16) for v in old), dtype=">i8")
-                new = (current.reshape(-1, 2) + delta[start:start + len(part)]).astype(">i8").tobytes()
-                client.mset({k: new[i * 16:i * 16 + 16] for i, k in enumerate(part)})
+                new = (current.reshape(-1, 2) + delta[start : start + len(part)]).astype(">i8").tobytes()
+                client.mset({k: new[i * 16 : i * 16 + 16] for i, k in enumerate(part)})
             updated = len(keys)
         yield pa.RecordBatch.from_pydict({"keys": [updated]}, schema=pa.schema([("keys", pa.int64())]))
 

@@ -85,4 +85,4 @@ def run_pure_python(data: W1Data, files_per_batch: int) -> tuple[float, dict[int
 def _int_keys(users: np.ndarray) -> list[bytes]:
     """The int serializer's bytes (8-byte big-endian) for each user, without a per-key struct call."""
     raw = users.astype(">i8").tobytes()
-    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]

@@ -18,16 +18,16 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.clock import SystemClock
+from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.slots import SlotTable
@@ -54,8 +54,10 @@ class SlotProfile:
         def fmt(items: list[tuple[str, float]]) -> str:
             return ", ".join(f"{name} {share:.0%}" for name, share in items[:top])
 
-        return (f"staging {self.stage_us_per_key:.1f} us/key [{fmt(self.stage_top)}]; "
-                f"commit {self.commit_us_per_key:.1f} us/key [{fmt(self.commit_top)}]")
+        return (
+            f"staging {self.stage_us_per_key:.1f} us/key [{fmt(self.stage_top)}]; "
+            f"commit {self.commit_us_per_key:.1f} us/key [{fmt(self.commit_top)}]"
+        )
 
 
 def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) -> SlotProfile:
@@ -66,8 +68,16 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
         subtask = SubtaskId("w1", "w1", 0)
         manager = EpochManager(table, lambda s: work / s.instance_dir_name())
         slot = table.reserve(subtask, OperatorSpec("w1", 1, STATES), KeyGroupRange(0, MP - 1), MP, 0, 1, "", False)
-        backend = create_backend("rocksdb", subtask, KeyGroupRange(0, MP - 1), MP, STATES, local_dir=work,
-                                 limits=StateLimits(), clock=SystemClock())
+        backend = create_backend(
+            "rocksdb",
+            subtask,
+            KeyGroupRange(0, MP - 1),
+            MP,
+            STATES,
+            local_dir=work,
+            limits=StateLimits(),
+            clock=SystemClock(),
+        )
         table.activate(slot, backend)
         rng = np.random.default_rng(1)
         stage = cProfile.Profile()
@@ -79,7 +89,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
             for epoch in range(epochs):  # epochs are contiguous from 0
                 users = np.sort(rng.choice(keys * 3, size=keys, replace=False)).astype(np.int64)
                 raw = users.astype(">i8").tobytes()
-                kb = [raw[i:i + 8] for i in range(0, len(raw), 8)]
+                kb = [raw[i : i + 8] for i in range(0, len(raw), 8)]
                 staged_keys += len(kb)
                 ops = [VECTOR.pack(1, int(u)) for u in users.tolist()]
                 for k, u in zip(kb, users.tolist()):
@@ -91,7 +101,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
                 t0 = time.perf_counter()
                 with _maybe(stage, profiled):
                     for a in range(0, len(kb), REQUEST_KEYS):
-                        view.reduce("totals", kb[a:a + REQUEST_KEYS], ops[a:a + REQUEST_KEYS], b"", False)
+                        view.reduce("totals", kb[a : a + REQUEST_KEYS], ops[a : a + REQUEST_KEYS], b"", False)
                 t1 = time.perf_counter()
                 with _maybe(commit, profiled):
                     manager.commit(request)
@@ -110,8 +120,12 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
             out.write(f"\n== {label}: top {top} by own time\n")
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
     return SlotProfile(
-        staged_keys // epochs, times["stage"] / staged_keys * 1e6, times["commit"] / staged_keys * 1e6,
-        _shares(stage) if profiled else [], _shares(commit) if profiled else [], out.getvalue(),
+        staged_keys // epochs,
+        times["stage"] / staged_keys * 1e6,
+        times["commit"] / staged_keys * 1e6,
+        _shares(stage) if profiled else [],
+        _shares(commit) if profiled else [],
+        out.getvalue(),
     )
 
 
@@ -129,8 +143,10 @@ def _maybe(prof: cProfile.Profile, enabled: bool) -> Iterator[None]:
 def _shares(prof: cProfile.Profile) -> list[tuple[str, float]]:
     """(function, share of the profiled own time), largest first."""
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    rows = [((Path(f).stem + "." + fn) if f != "~" else fn.strip("<>").replace("method ", ""), tt)
-            for (f, _, fn), (_, _, tt, _, _) in stats.items()]
+    rows = [
+        ((Path(f).stem + "." + fn) if f != "~" else fn.strip("<>").replace("method ", ""), tt)
+        for (f, _, fn), (_, _, tt, _, _) in stats.items()
+    ]
     total = sum(tt for _, tt in rows) or 1.0
     merged: dict[str, float] = {}
     for name, tt in rows:
@@ -157,9 +173,12 @@ def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no
 
     original = proposed_commit.__wrapped__  # type: ignore[attr-defined]
     backend = self.backend
-    if (not isinstance(backend, RocksDBKeyedStateBackend) or self._store is None
-            or any(kind is not StateKind.REDUCING for _, kind in self.states)
-            or epoch <= read_committed_epoch(backend)):
+    if (
+        not isinstance(backend, RocksDBKeyedStateBackend)
+        or self._store is None
+        or any(kind is not StateKind.REDUCING for _, kind in self.states)
+        or epoch <= read_committed_epoch(backend)
+    ):
         return original(self, epoch, winners, routing_version)
     with self.lock.exclusive():
         self._check_open()
@@ -168,15 +187,15 @@ def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no
         for partition in sorted(winners):
             begin, end = r.attempt_data_range(epoch, partition, winners[partition].attempt)
             for sk, value in self._store.scan(begin, end):
-                keys, values = staged.setdefault(int.from_bytes(sk[r.ATTEMPT_PREFIX_LEN:skip], "big"), ([], []))
+                keys, values = staged.setdefault(int.from_bytes(sk[r.ATTEMPT_PREFIX_LEN : skip], "big"), ([], []))
                 keys.append(sk[skip:])
                 values.append(value)
         now = backend.clock.now_ms()
         wb = rocksdict.WriteBatch(raw_mode=True)
         applied = 0
-        with backend._op, backend._write_lock:  # noqa: SLF001
+        with backend._op, backend._write_lock:
             for sid, (keys, values) in staged.items():
-                st = backend._lookup(self.states[sid][0])  # noqa: SLF001
+                st = backend._lookup(self.states[sid][0])
                 header, handle, decode, combine = st.codec.header(now), st.handle, st.codec.decode, st.reducer.combine
                 latest: dict[bytes, bytes | None] = {}
                 for key, value, current in zip(keys, values, st.store.get(keys)):
@@ -193,8 +212,8 @@ def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no
                     latest[key] = new
                     wb.put(key, header + new, handle)
                 applied += len(keys)
-            wb.put(COMMITTED_EPOCH, str(epoch).encode("ascii"), backend._meta_h)  # noqa: SLF001
-            backend._write(wb)  # noqa: SLF001
+            wb.put(COMMITTED_EPOCH, str(epoch).encode("ascii"), backend._meta_h)
+            backend._write(wb)
         self.committed_epoch = epoch
         self._discard(*r.through_epoch(epoch))
         return epoch, applied
@@ -219,8 +238,10 @@ if __name__ == "__main__":
     keys = int(args[0]) if args else 63_000
     with proposed_path() if "--proposed" in sys.argv else contextlib.nullcontext():
         plain = measure(keys, profiled=False)
-        print(f"~{plain.keys_per_epoch} keys per epoch: staging {plain.stage_us_per_key:.1f} us/key, "
-              f"commit {plain.commit_us_per_key:.1f} us/key (no profiler)")
+        print(
+            f"~{plain.keys_per_epoch} keys per epoch: staging {plain.stage_us_per_key:.1f} us/key, "
+            f"commit {plain.commit_us_per_key:.1f} us/key (no profiler)"
+        )
         profiled = measure(keys)
         print(profiled.summary())
         print(profiled.report)

@@ -11,9 +11,10 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.w1.data import SCHEMA_DDL, W1Data
 
@@ -65,7 +66,8 @@ def start_session(workdir: Path, settings: SparkSettings) -> Any:
     os.chdir(scratch)
     try:
         spark = (
-            SparkSession.builder.master(settings.master).appName("keyedstate-bench-w1")
+            SparkSession.builder.master(settings.master)
+            .appName("keyedstate-bench-w1")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.host", "127.0.0.1")
@@ -88,8 +90,9 @@ def start_session(workdir: Path, settings: SparkSettings) -> Any:
 
 
 def _stream(spark: Any, data: W1Data, files_per_trigger: int) -> Any:
-    return (spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", files_per_trigger)
-            .parquet(str(data.directory)))
+    return (
+        spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", files_per_trigger).parquet(str(data.directory))
+    )
 
 
 QUERY_TIMEOUT_S = 1800
@@ -101,8 +104,10 @@ def _run_query(writer: Any, timeout_s: float = QUERY_TIMEOUT_S) -> float:
     query = writer.trigger(availableNow=True).start()
     if not query.awaitTermination(timeout_s):
         query.stop()
-        raise RuntimeError(f"streaming query {query.name or query.id} did not finish within {timeout_s:.0f} s; "
-                           "its Spark and cluster logs are in the scenario's work directory (run with --keep)")
+        raise RuntimeError(
+            f"streaming query {query.name or query.id} did not finish within {timeout_s:.0f} s; "
+            "its Spark and cluster logs are in the scenario's work directory (run with --keep)"
+        )
     elapsed = time.perf_counter() - start
     if query.exception() is not None:
         raise RuntimeError(f"streaming query failed: {query.exception()}")
@@ -117,9 +122,13 @@ STATE = "totals"
 def operators(parallelism: int) -> list[Any]:
     from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 
-    return [OperatorSpec(OPERATOR, parallelism, (
-        StateDescriptor(STATE, StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("sum"))),
-    ))]
+    return [
+        OperatorSpec(
+            OPERATOR,
+            parallelism,
+            (StateDescriptor(STATE, StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("sum"))),),
+        )
+    ]
 
 
 @dataclass
@@ -130,19 +139,30 @@ class OursRun:
     final: dict[int, tuple[int, int]]
 
 
-def run_ours(spark: Any, data: W1Data, files_per_trigger: int, jobmanager: str, job_id: str, parallelism: int,
-             workdir: Path, process: Callable[..., None] | None = None) -> OursRun:
+def run_ours(
+    spark: Any,
+    data: W1Data,
+    files_per_trigger: int,
+    jobmanager: str,
+    job_id: str,
+    parallelism: int,
+    workdir: Path,
+    process: Callable[..., None] | None = None,
+) -> OursRun:
     """foreachBatch through KeyedStateRuntime: epoch commit and a checkpoint per micro-batch."""
-    from keyedstate.common.spark import KeyedStateRuntime
-
     from bench.w1 import executor
+    from keyedstate.common.spark import KeyedStateRuntime
 
     runtime = KeyedStateRuntime(jobmanager, job_id, operators(parallelism))
     try:
-        on_batch = runtime.foreach_batch(process or executor.ours_process, key_col="user", operator=OPERATOR,
-                                         key_serializer="int")
-        writer = (_stream(spark, data, files_per_trigger).writeStream.foreachBatch(on_batch)
-                  .option("checkpointLocation", str(workdir / "spark-checkpoint-ours")))
+        on_batch = runtime.foreach_batch(
+            process or executor.ours_process, key_col="user", operator=OPERATOR, key_serializer="int"
+        )
+        writer = (
+            _stream(spark, data, files_per_trigger)
+            .writeStream.foreachBatch(on_batch)
+            .option("checkpointLocation", str(workdir / "spark-checkpoint-ours"))
+        )
         seconds = _run_query(writer)
         final = read_state(runtime, data.users)
         return OursRun(seconds, runtime.batches_run, list(runtime.timings), final)
@@ -169,7 +189,9 @@ def read_state(runtime: Any, users: int) -> dict[int, tuple[int, int]]:
 
 
 # -- the alternatives --------------------------------------------------------------------------
-def run_native(spark: Any, data: W1Data, files_per_trigger: int, workdir: Path) -> tuple[float, dict[int, tuple[int, int]]]:
+def run_native(
+    spark: Any, data: W1Data, files_per_trigger: int, workdir: Path
+) -> tuple[float, dict[int, tuple[int, int]]]:
     """Spark's own streaming ``groupBy(user).agg(count, sum)`` on the RocksDB state store (update mode, noop sink).
 
     The final state is read afterwards, untimed, with the state data source reader.
@@ -177,8 +199,11 @@ def run_native(spark: Any, data: W1Data, files_per_trigger: int, workdir: Path) 
     from pyspark.sql import functions as F
 
     checkpoint = workdir / "spark-checkpoint-native"
-    agg = _stream(spark, data, files_per_trigger).groupBy("user").agg(
-        F.count(F.lit(1)).alias("count"), F.sum("amount").alias("sum"))
+    agg = (
+        _stream(spark, data, files_per_trigger)
+        .groupBy("user")
+        .agg(F.count(F.lit(1)).alias("count"), F.sum("amount").alias("sum"))
+    )
     writer = agg.writeStream.format("noop").outputMode("update").option("checkpointLocation", str(checkpoint))
     seconds = _run_query(writer)
     final = read_native_state(spark, checkpoint)
@@ -194,7 +219,9 @@ def read_native_state(spark: Any, checkpoint: Path) -> dict[int, tuple[int, int]
     return out
 
 
-def run_twsip(spark: Any, data: W1Data, files_per_trigger: int, workdir: Path) -> tuple[float, dict[int, tuple[int, int]]]:
+def run_twsip(
+    spark: Any, data: W1Data, files_per_trigger: int, workdir: Path
+) -> tuple[float, dict[int, tuple[int, int]]]:
     """``transformWithStateInPandas`` with a ValueState per user; the output (one row per updated user) is collected."""
     from bench.w1 import executor
 
@@ -204,15 +231,27 @@ def run_twsip(spark: Any, data: W1Data, files_per_trigger: int, workdir: Path) -
         for row in df.collect():
             final[int(row["user"])] = (int(row["count"]), int(row["sum"]))
 
-    out = _stream(spark, data, files_per_trigger).groupBy("user").transformWithStateInPandas(
-        statefulProcessor=executor.twsip_processor(), outputStructType="user long, count long, sum long",
-        outputMode="Update", timeMode="None")
-    writer = out.writeStream.foreachBatch(collect).outputMode("update").option(
-        "checkpointLocation", str(workdir / "spark-checkpoint-twsip"))
+    out = (
+        _stream(spark, data, files_per_trigger)
+        .groupBy("user")
+        .transformWithStateInPandas(
+            statefulProcessor=executor.twsip_processor(),
+            outputStructType="user long, count long, sum long",
+            outputMode="Update",
+            timeMode="None",
+        )
+    )
+    writer = (
+        out.writeStream.foreachBatch(collect)
+        .outputMode("update")
+        .option("checkpointLocation", str(workdir / "spark-checkpoint-twsip"))
+    )
     return _run_query(writer), final
 
 
-def run_redis(spark: Any, data: W1Data, files_per_trigger: int, port: int, workdir: Path) -> tuple[float, dict[int, tuple[int, int]]]:
+def run_redis(
+    spark: Any, data: W1Data, files_per_trigger: int, port: int, workdir: Path
+) -> tuple[float, dict[int, tuple[int, int]]]:
     """The same foreachBatch + mapInArrow pipeline doing MGET/MSET against redis-server.
 
     Rows are repartitioned by user first: two tasks updating one key would lose an update.
@@ -228,8 +267,11 @@ def run_redis(spark: Any, data: W1Data, files_per_trigger: int, port: int, workd
     def on_batch(df: Any, batch_id: int) -> None:
         df.repartition(int(parts), "user").mapInArrow(update, "keys long").collect()
 
-    writer = (_stream(spark, data, files_per_trigger).writeStream.foreachBatch(on_batch)
-              .option("checkpointLocation", str(workdir / "spark-checkpoint-redis")))
+    writer = (
+        _stream(spark, data, files_per_trigger)
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(workdir / "spark-checkpoint-redis"))
+    )
     seconds = _run_query(writer)
     client = redis.Redis(host="127.0.0.1", port=port)
     final: dict[int, tuple[int, int]] = {}

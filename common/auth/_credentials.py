@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import grpc
 
@@ -37,7 +38,9 @@ def read_token_file(path: str | Path, what: str = "security.auth.token-file") ->
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {what} {p}: {exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        logger.warning("token file %s can be read by other users (mode %o); restrict it with chmod 600", p, mode & 0o777)
+        logger.warning(
+            "token file %s can be read by other users (mode %o); restrict it with chmod 600", p, mode & 0o777
+        )
     return check_token(text.strip(), f"{what} {p}")
 
 
@@ -50,7 +53,9 @@ def check_token(token: str, where: str) -> str:
 
 
 def resolve_token(
-    token_file: str | None = None, environ: Mapping[str, str] | None = None, resolve_path: Callable[[str], str] | None = None,
+    token_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    resolve_path: Callable[[str], str] | None = None,
 ) -> str | None:
     """This process's token: ``token_file``, else ``$KEYEDSTATE_TOKEN_FILE``, else ``$KEYEDSTATE_TOKEN``; None without one.
 
@@ -87,8 +92,10 @@ class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
 
 
 class BearerTokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor,
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
 ):
     """Adds ``authorization: Bearer <token>`` to every call of a channel."""
 

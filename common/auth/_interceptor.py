@@ -17,13 +17,13 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from keyedstate.common.errors import AuthenticationError, KeyedStateError, PermissionDeniedError
-from keyedstate.common.rpc.interceptors import HandlerWrappingInterceptor
-from keyedstate.common.rpc.status import abort_with
 from keyedstate.common.auth._credentials import AUTHORIZATION, BEARER
 from keyedstate.common.auth._methods import RULES, MethodRule
 from keyedstate.common.auth._roles import Principal, Role, roles_granting
 from keyedstate.common.auth._tokens import TokenStore, fingerprint
+from keyedstate.common.errors import AuthenticationError, KeyedStateError, PermissionDeniedError
+from keyedstate.common.rpc.interceptors import HandlerWrappingInterceptor
+from keyedstate.common.rpc.status import abort_with
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class AuthMetrics:
         self.refused = Counter(
             f"keyedstate_{component}_auth_refused",
             "Calls refused by authentication (UNAUTHENTICATED) or authorization (PERMISSION_DENIED), by method.",
-            ["method", "code"], registry=registry,
+            ["method", "code"],
+            registry=registry,
         )
 
     def count(self, method: str, code: grpc.StatusCode) -> None:
@@ -98,7 +99,8 @@ class AuthInterceptor(HandlerWrappingInterceptor):
                 return response
 
             return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer)
+                unary_unary, handler.request_deserializer, handler.response_serializer
+            )
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
@@ -107,7 +109,8 @@ class AuthInterceptor(HandlerWrappingInterceptor):
                 yield from inner_stream(request, context)
 
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer)
+                unary_stream, handler.request_deserializer, handler.response_serializer
+            )
         # Client-streaming calls carry their job in a later message; none is served today, and
         # one added later is authenticated here and authorized on its permission alone.
         if handler.stream_unary is not None:
@@ -118,7 +121,8 @@ class AuthInterceptor(HandlerWrappingInterceptor):
                 return inner_su(requests, context)
 
             return grpc.stream_unary_rpc_method_handler(
-                stream_unary, handler.request_deserializer, handler.response_serializer)
+                stream_unary, handler.request_deserializer, handler.response_serializer
+            )
         inner_ss = handler.stream_stream
 
         def stream_stream(requests: Any, context: grpc.ServicerContext) -> Any:
@@ -126,51 +130,81 @@ class AuthInterceptor(HandlerWrappingInterceptor):
             yield from inner_ss(requests, context)
 
         return grpc.stream_stream_rpc_method_handler(
-            stream_stream, handler.request_deserializer, handler.response_serializer)
+            stream_stream, handler.request_deserializer, handler.response_serializer
+        )
 
     # -- the checks --------------------------------------------------------------------------
-    def _check(self, method: str, rule: MethodRule | None, request: Any, context: grpc.ServicerContext) -> Principal | None:
+    def _check(
+        self, method: str, rule: MethodRule | None, request: Any, context: grpc.ServicerContext
+    ) -> Principal | None:
         try:
             return self._authorize(method, rule, request, context)
         except KeyedStateError as exc:
-            code = grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, AuthenticationError) else grpc.StatusCode.PERMISSION_DENIED
+            code = (
+                grpc.StatusCode.UNAUTHENTICATED
+                if isinstance(exc, AuthenticationError)
+                else grpc.StatusCode.PERMISSION_DENIED
+            )
             self._metrics.count(method, code)
             abort_with(context, exc)
             raise  # abort_with raises; this keeps type checkers content
 
-    def _authorize(self, method: str, rule: MethodRule | None, request: Any, context: grpc.ServicerContext) -> Principal | None:
+    def _authorize(
+        self, method: str, rule: MethodRule | None, request: Any, context: grpc.ServicerContext
+    ) -> Principal | None:
         principal, presented = self._authenticate(context)
         name = method.rsplit("/", 1)[-1]
         if rule is None:
-            self._refuse(method, context, principal, f"{method} has no permission defined on this {self._component}, so "
-                         "every caller is refused; this is a bug in keyedstate (report it)")
+            self._refuse(
+                method,
+                context,
+                principal,
+                f"{method} has no permission defined on this {self._component}, so "
+                "every caller is refused; this is a bug in keyedstate (report it)",
+            )
         assert rule is not None
         permission = rule.permission_for(request) if request is not None or not callable(rule.permission) else None
         if permission is not None and permission.value == "public":
             return principal
         if principal is None:
             if presented is None:
-                message = f"{name} needs an identity: this {self._component} requires authentication " \
-                          f"(security.auth.enabled) and the call carried no token; {_HOW_TO_AUTHENTICATE}"
+                message = (
+                    f"{name} needs an identity: this {self._component} requires authentication "
+                    f"(security.auth.enabled) and the call carried no token; {_HOW_TO_AUTHENTICATE}"
+                )
             else:
-                message = f"{name} was refused: the token is not accepted by this {self._component} (mistyped, revoked, " \
-                          f"or issued for another cluster); check the token, or ask for a token in " \
-                          f"security.auth.tokens-file"
-            logger.warning("auth: UNAUTHENTICATED %s from %s: %s", method, context.peer(),
-                           "no token" if presented is None else f"unknown token {fingerprint(presented)}")
+                message = (
+                    f"{name} was refused: the token is not accepted by this {self._component} (mistyped, revoked, "
+                    f"or issued for another cluster); check the token, or ask for a token in "
+                    f"security.auth.tokens-file"
+                )
+            logger.warning(
+                "auth: UNAUTHENTICATED %s from %s: %s",
+                method,
+                context.peer(),
+                "no token" if presented is None else f"unknown token {fingerprint(presented)}",
+            )
             raise AuthenticationError(message)
         if permission is None or not principal.may(permission):
             needed = permission.value if permission is not None else "(unknown)"
             roles = " or ".join(r.value for r in roles_granting(permission)) if permission is not None else "none"
-            self._refuse(method, context, principal,
-                         f"{principal.describe()} may not call {name}: it needs permission {needed} "
-                         f"(role {roles})" + self._job_phrase(rule, request))
+            self._refuse(
+                method,
+                context,
+                principal,
+                f"{principal.describe()} may not call {name}: it needs permission {needed} "
+                f"(role {roles})" + self._job_phrase(rule, request),
+            )
         if rule.job is not None and request is not None:
             job = rule.job(request)
             if not principal.covers(job):
-                self._refuse(method, context, principal,
-                             f"{principal.describe()} has no access to job {job!r}: {name} needs permission "
-                             f"{permission.value} on job {job!r}; use a token whose jobs include {job!r}")  # type: ignore[union-attr]
+                self._refuse(
+                    method,
+                    context,
+                    principal,
+                    f"{principal.describe()} has no access to job {job!r}: {name} needs permission "
+                    f"{permission.value} on job {job!r}; use a token whose jobs include {job!r}",
+                )  # type: ignore[union-attr]
         return principal
 
     @staticmethod
@@ -192,7 +226,7 @@ class AuthInterceptor(HandlerWrappingInterceptor):
         token = None
         for key, value in context.invocation_metadata() or ():
             if key == AUTHORIZATION:
-                token = value[len(BEARER):].strip() if value.startswith(BEARER) else value.strip()
+                token = value[len(BEARER) :].strip() if value.startswith(BEARER) else value.strip()
                 break
         if not token or self._tokens is None:
             return None, token or None

@@ -7,8 +7,9 @@ descriptors, so a new RPC cannot go out unprotected.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from keyedstate.common.auth._roles import Permission as P
 from keyedstate.common.auth._roles import Principal

@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
+from keyedstate.common.auth._roles import ALL_JOBS, Principal, Role
 from keyedstate.common.errors import ConfigError, InvalidArgumentError
 from keyedstate.common.filestamp import FileStamp, file_stamp
 from keyedstate.common.ids import validate_name
-from keyedstate.common.auth._roles import ALL_JOBS, Principal, Role
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +63,12 @@ class TokenEntry:
         return Principal(self.name, self.role, self.jobs, "token")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "sha256": self.sha256, "role": self.role.value,
-                "jobs": [ALL_JOBS] if self.jobs is None else sorted(self.jobs)}
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "role": self.role.value,
+            "jobs": [ALL_JOBS] if self.jobs is None else sorted(self.jobs),
+        }
 
 
 def parse_entry(raw: Any, where: str) -> TokenEntry:
@@ -74,7 +78,9 @@ def parse_entry(raw: Any, where: str) -> TokenEntry:
         raise ConfigError(f"{where}: store the token's sha256 (statectl auth token prints it), never the token")
     unknown = set(raw) - {"name", "sha256", "role", "jobs"}
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; use name, sha256, role, jobs")
+        raise ConfigError(
+            f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; use name, sha256, role, jobs"
+        )
     try:
         name = validate_name("token name", raw.get("name"))
     except InvalidArgumentError as exc:
@@ -91,7 +97,7 @@ def parse_entry(raw: Any, where: str) -> TokenEntry:
         ) from None
     jobs_raw = raw.get("jobs")
     if jobs_raw is None or jobs_raw == [] or not isinstance(jobs_raw, (list, str)):
-        raise ConfigError(f"{where} ({name}): jobs must list the job ids it may touch, or [\"*\"] for all")
+        raise ConfigError(f'{where} ({name}): jobs must list the job ids it may touch, or ["*"] for all')
     jobs_list = [jobs_raw] if isinstance(jobs_raw, str) else list(jobs_raw)
     if ALL_JOBS in jobs_list:
         jobs = None
@@ -116,7 +122,9 @@ def parse_tokens(text: str, source: str) -> dict[str, TokenEntry]:
     for i, raw in enumerate(data.get("tokens") or []):
         entry = parse_entry(raw, f"tokens file {source}, entry {i + 1}")
         if entry.sha256 in by_hash:
-            raise ConfigError(f"tokens file {source}: {entry.name!r} and {by_hash[entry.sha256].name!r} have the same hash")
+            raise ConfigError(
+                f"tokens file {source}: {entry.name!r} and {by_hash[entry.sha256].name!r} have the same hash"
+            )
         if entry.name in names:
             raise ConfigError(f"tokens file {source}: the name {entry.name!r} is used twice; names must be unique")
         names.add(entry.name)
@@ -159,8 +167,11 @@ class TokenStore:
                 return
             self._stamp = stamp
             if stamp is None:
-                logger.error("auth: tokens file %s disappeared; keeping the %d token(s) loaded before",
-                             self.path, len(self._entries))
+                logger.error(
+                    "auth: tokens file %s disappeared; keeping the %d token(s) loaded before",
+                    self.path,
+                    len(self._entries),
+                )
                 return
             try:
                 entries = self._read()

@@ -28,33 +28,41 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf import json_format
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
 from keyedstate.common.keygroups import past_max_parallelism
 
 
 def _client(args: argparse.Namespace) -> Any:
+    from keyedstate.common.auth import token_from_config
     from keyedstate.common.client import ClientSettings, StateClient
     from keyedstate.common.client._client import client_security
-
-    from keyedstate.common.auth import token_from_config
 
     conf = Configuration.load(args.config, args.overrides)
     address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
     settings = ClientSettings.from_config(conf)
     # A CLI should fail fast when the JobManager is down, not retry for a minute.
-    settings = ClientSettings(timeout_s=args.timeout, max_attempts=2, backoff_s=0.2,
-                              batch_size=settings.batch_size, max_in_flight=settings.max_in_flight)
+    settings = ClientSettings(
+        timeout_s=args.timeout,
+        max_attempts=2,
+        backoff_s=0.2,
+        batch_size=settings.batch_size,
+        max_in_flight=settings.max_in_flight,
+    )
     return StateClient(address, settings, client_security(conf), token=token_from_config(conf))
 
 
 def _print_json(message: Any) -> None:
     if hasattr(message, "DESCRIPTOR"):
-        message = json_format.MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        message = json_format.MessageToDict(
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
     print(json.dumps(message, indent=2, sort_keys=True))
 
 
@@ -68,6 +76,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 # -- commands ----------------------------------------------------------------------------------
+
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     with _client(args) as client:
@@ -88,12 +97,31 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     rows = []
     for tm in overview.taskmanagers:
         used = [f"{s.slot_index}:{s.job_id}/{s.operator_id}/{s.subtask_index}" for s in tm.slots if s.job_id]
-        rows.append([tm.taskmanager_id, tm.address, tm.status, tm.num_slots, tm.free_slots,
-                     f"{tm.last_heartbeat_age_ms} ms", ", ".join(used) or "-"])
+        rows.append(
+            [
+                tm.taskmanager_id,
+                tm.address,
+                tm.status,
+                tm.num_slots,
+                tm.free_slots,
+                f"{tm.last_heartbeat_age_ms} ms",
+                ", ".join(used) or "-",
+            ]
+        )
     print(_table(["TASKMANAGER", "ADDRESS", "STATUS", "SLOTS", "FREE", "HEARTBEAT", "ASSIGNED"], rows))
     print()
-    jobs = [[j.job_id, j.status, ", ".join(f"{op.operator_id}x{op.parallelism}" for op in j.operators),
-             j.max_parallelism, j.latest_checkpoint_id or "-", j.committed_epoch, j.failure_cause or "-"] for j in overview.jobs]
+    jobs = [
+        [
+            j.job_id,
+            j.status,
+            ", ".join(f"{op.operator_id}x{op.parallelism}" for op in j.operators),
+            j.max_parallelism,
+            j.latest_checkpoint_id or "-",
+            j.committed_epoch,
+            j.failure_cause or "-",
+        ]
+        for j in overview.jobs
+    ]
     print(_table(["JOB", "STATUS", "OPERATORS", "MAX-PAR", "CHECKPOINT", "EPOCH", "FAILURE"], jobs))
     return 0
 
@@ -103,9 +131,16 @@ def cmd_job(args: argparse.Namespace) -> int:
         if args.action == "list":
             overview = client.cluster()
             if args.json:
-                _print_json({"jobs": [json_format.MessageToDict(j, preserving_proto_field_name=True) for j in overview.jobs]})
+                _print_json(
+                    {"jobs": [json_format.MessageToDict(j, preserving_proto_field_name=True) for j in overview.jobs]}
+                )
             else:
-                print(_table(["JOB", "STATUS", "CHECKPOINT"], [[j.job_id, j.status, j.latest_checkpoint_id or "-"] for j in overview.jobs]))
+                print(
+                    _table(
+                        ["JOB", "STATUS", "CHECKPOINT"],
+                        [[j.job_id, j.status, j.latest_checkpoint_id or "-"] for j in overview.jobs],
+                    )
+                )
             return 0
         if not args.job:
             raise InvalidArgumentError(f"statectl job {args.action} needs a JOB id")
@@ -126,8 +161,12 @@ def cmd_job(args: argparse.Namespace) -> int:
             _check_rescale_capacity(client, args.job, args.parallelism)
             from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 
-            table = client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=args.job, parallelism={"": args.parallelism}),
-                                    timeout=args.timeout, retry=False)
+            table = client._jm_call(
+                "RescaleJob",
+                jm_pb.RescaleJobRequest(job_id=args.job, parallelism={"": args.parallelism}),
+                timeout=args.timeout,
+                retry=False,
+            )
             print(f"job {args.job} rescaled to parallelism {args.parallelism} (routing v{table.version})")
     return 0
 
@@ -167,16 +206,32 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
             if args.json:
                 _print_json(listing)
             else:
-                print(_table(["ID", "STATUS", "KIND", "EPOCH", "DURATION", "FULL", "INCREMENTAL", "PATH/REASON"], [
-                    [c.checkpoint_id, c.status, "savepoint" if c.savepoint else "checkpoint", c.epoch,
-                     f"{c.duration_ms} ms", c.full_size, c.incremental_size, c.path or c.failure_reason]
-                    for c in listing.checkpoints]))
+                print(
+                    _table(
+                        ["ID", "STATUS", "KIND", "EPOCH", "DURATION", "FULL", "INCREMENTAL", "PATH/REASON"],
+                        [
+                            [
+                                c.checkpoint_id,
+                                c.status,
+                                "savepoint" if c.savepoint else "checkpoint",
+                                c.epoch,
+                                f"{c.duration_ms} ms",
+                                c.full_size,
+                                c.incremental_size,
+                                c.path or c.failure_reason,
+                            ]
+                            for c in listing.checkpoints
+                        ],
+                    )
+                )
     return 0
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        info = client.trigger_checkpoint(args.job, savepoint=True, target_directory=args.dir or "", timeout_s=args.timeout)
+        info = client.trigger_checkpoint(
+            args.job, savepoint=True, target_directory=args.dir or "", timeout_s=args.timeout
+        )
     return _report_checkpoint(info, args.json)
 
 
@@ -188,13 +243,18 @@ def _report_checkpoint(info: Any, as_json: bool, waited: bool = True) -> int:
     elif info.status == "COMPLETED":
         print(f"{kind} {info.checkpoint_id} completed in {info.duration_ms} ms: {info.path}")
     elif info.status == "IN_PROGRESS" and waited:
-        print(f"statectl: {kind} {info.checkpoint_id} did not complete within --timeout; it may still complete "
-              f"(statectl checkpoint list shows it): {info.failure_reason or info.path}", file=sys.stderr)
+        print(
+            f"statectl: {kind} {info.checkpoint_id} did not complete within --timeout; it may still complete "
+            f"(statectl checkpoint list shows it): {info.failure_reason or info.path}",
+            file=sys.stderr,
+        )
     elif info.status == "IN_PROGRESS":
         print(f"{kind} {info.checkpoint_id} triggered: {info.path}")
     else:
-        print(f"statectl: {kind} {info.checkpoint_id or ''} {info.status}: {info.failure_reason or info.path}",
-              file=sys.stderr)
+        print(
+            f"statectl: {kind} {info.checkpoint_id or ''} {info.status}: {info.failure_reason or info.path}",
+            file=sys.stderr,
+        )
     if info.status == "COMPLETED" or (info.status == "IN_PROGRESS" and not waited):
         return 0
     return 1
@@ -230,20 +290,25 @@ def cmd_auth(args: argparse.Namespace) -> int:
     from keyedstate.common.auth._tokens import parse_entry
 
     token = new_token()
-    entry: TokenEntry = parse_entry({"name": args.name, "sha256": hash_token(token), "role": role.value, "jobs": jobs},
-                                    "the new token")
+    entry: TokenEntry = parse_entry(
+        {"name": args.name, "sha256": hash_token(token), "role": role.value, "jobs": jobs}, "the new token"
+    )
     try:
         fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise InvalidArgumentError(f"--out {args.out} exists; choose a new file (a token is never overwritten)") from None
+        raise InvalidArgumentError(
+            f"--out {args.out} exists; choose a new file (a token is never overwritten)"
+        ) from None
     except OSError as exc:
         raise InvalidArgumentError(f"cannot create --out {args.out}: {exc.strerror}") from None
     with os.fdopen(fd, "w") as out:
         out.write(token + "\n")
     print("# add to the tokens file (security.auth.tokens-file) of the JobManager and TaskManagers:")
     print(yaml.safe_dump({"tokens": [entry.to_dict()]}, sort_keys=False), end="")
-    print(f"# the token is in {args.out} (mode 600); give it to its user as security.auth.token-file or KEYEDSTATE_TOKEN_FILE",
-          file=sys.stderr)
+    print(
+        f"# the token is in {args.out} (mode 600); give it to its user as security.auth.token-file or KEYEDSTATE_TOKEN_FILE",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -259,13 +324,18 @@ def _add_common_options(parser: argparse.ArgumentParser, overrides_dest: str) ->
     """
     s = argparse.SUPPRESS
     parser.add_argument("--jobmanager", "-m", metavar="HOST:PORT", default=s, help="JobManager address")
-    parser.add_argument("--config", "-c", metavar="FILE", default=s,
-                        help="YAML config (for jobmanager.rpc.* and storage keys)")
+    parser.add_argument(
+        "--config", "-c", metavar="FILE", default=s, help="YAML config (for jobmanager.rpc.* and storage keys)"
+    )
     parser.add_argument("-D", dest=overrides_dest, action="append", default=s, metavar="KEY=VALUE")
     parser.add_argument("--json", action="store_true", default=s, help="print JSON instead of tables")
-    parser.add_argument("--timeout", type=float, default=s,
-                        help=f"seconds to wait for the JobManager (default {_DEFAULT_TIMEOUT_S:g}; savepoint: "
-                             f"{_COMMAND_TIMEOUT_S['savepoint']:g})")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=s,
+        help=f"seconds to wait for the JobManager (default {_DEFAULT_TIMEOUT_S:g}; savepoint: "
+        f"{_COMMAND_TIMEOUT_S['savepoint']:g})",
+    )
     # Accepted only to refuse it with the safer way (see main).
     parser.add_argument("--token", dest="token_on_command_line", default=s, help=argparse.SUPPRESS)
 
@@ -291,8 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("cluster", parents=[common], help="TaskManagers, slots and jobs")
-    p.add_argument("--wait", type=int, metavar="N", default=0,
-                   help="first wait (up to --timeout) until N TaskManagers are registered; exit 1 if they are not")
+    p.add_argument(
+        "--wait",
+        type=int,
+        metavar="N",
+        default=0,
+        help="first wait (up to --timeout) until N TaskManagers are registered; exit 1 if they are not",
+    )
     p.set_defaults(fn=cmd_cluster)
 
     p = sub.add_parser("job", parents=[common], help="list, inspect, cancel, restore or rescale jobs")
@@ -344,8 +419,11 @@ def _refuse_secrets_on_command_line(args: argparse.Namespace, parser: argparse.A
     for key in secret_overrides(getattr(args, "overrides", [])):
         if any(word in key.lower() for word in ("token", "password", "passwd")):
             parser.error(f"-D {key}=... is refused: {_TOKEN_REFUSAL}")
-        print(f"statectl: warning: secret {key} was given with -D, so any user on this host can read it in the "
-              f"process list; instead {SAFER_WAYS}", file=sys.stderr)
+        print(
+            f"statectl: warning: secret {key} was given with -D, so any user on this host can read it in the "
+            f"process list; instead {SAFER_WAYS}",
+            file=sys.stderr,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,8 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except UnavailableError as exc:
         print(f"statectl: {exc}", file=sys.stderr)
-        print("statectl: is the JobManager running and reachable? Point statectl at it with --jobmanager HOST:PORT "
-              "(or jobmanager.rpc.address and jobmanager.rpc.port in --config / -D)", file=sys.stderr)
+        print(
+            "statectl: is the JobManager running and reachable? Point statectl at it with --jobmanager HOST:PORT "
+            "(or jobmanager.rpc.address and jobmanager.rpc.port in --config / -D)",
+            file=sys.stderr,
+        )
         return 1
     except KeyedStateError as exc:
         print(f"statectl: {exc}", file=sys.stderr)

@@ -1,15 +1,26 @@
 """The executor client: import this inside PySpark executors (no JVM needed).
 
-    from keyedstate.common.client import StateClient, ValueState
-    client = StateClient("jobmanager-host:6123")
-    counts = ValueState(client, "my-job", "counter", "count", key_serializer="str", value_serializer="int")
-    counts.put_many(["a", "b"], [1, 2])
+from keyedstate.common.client import StateClient, ValueState
+client = StateClient("jobmanager-host:6123")
+counts = ValueState(client, "my-job", "counter", "count", key_serializer="str", value_serializer="int")
+counts.put_many(["a", "b"], [1, 2])
 """
 
 from keyedstate.common.client._client import ClientSettings, StateClient, client_security
-from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.client._epoch import EpochScope
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.client._states import ListState, MapState, ReducingState, ValueState
+from keyedstate.common.security.tls import ChannelSecurity
 
-__all__ = ["ChannelSecurity", "client_security", "ClientSettings", "EpochScope", "StateClient", "Routing", "ValueState", "ListState", "MapState", "ReducingState"]
+__all__ = [
+    "ChannelSecurity",
+    "ClientSettings",
+    "EpochScope",
+    "ListState",
+    "MapState",
+    "ReducingState",
+    "Routing",
+    "StateClient",
+    "ValueState",
+    "client_security",
+]

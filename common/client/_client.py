@@ -10,19 +10,23 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import grpc
+import xxhash
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
+from keyedstate.common.auth import resolve_token, token_from_config
 from keyedstate.common.client._epoch import EpochScope, as_scope
 from keyedstate.common.client._routing import Limits, Routing
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
 from keyedstate.common.errors import (
     BatchOutcome,
@@ -38,19 +42,30 @@ from keyedstate.common.errors import (
 from keyedstate.common.keygroups import HASH_SEED
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
-from keyedstate.common.auth import resolve_token, token_from_config
 from keyedstate.common.security.tls import REST, ChannelSecurity
 from keyedstate.common.security.transport import TransportSecurity
-
-import xxhash
 
 logger = logging.getLogger(__name__)
 
 _xxh64 = xxhash.xxh64_intdigest
 
 # Calls whose second application changes nothing: retried after any transport failure.
-IDEMPOTENT = frozenset({"ValueGet", "ValuePut", "Clear", "ListGet", "ListUpdate", "MapPut", "MapGet", "MapRemove",
-                        "MapContains", "ListScan", "MapScan", "ScanKeys"})
+IDEMPOTENT = frozenset(
+    {
+        "ValueGet",
+        "ValuePut",
+        "Clear",
+        "ListGet",
+        "ListUpdate",
+        "MapPut",
+        "MapGet",
+        "MapRemove",
+        "MapContains",
+        "ListScan",
+        "MapScan",
+        "ScanKeys",
+    }
+)
 _TERMINAL = frozenset({"FAILED", "CANCELED"})
 READS = frozenset({"ValueGet", "ListGet", "MapGet", "MapContains"})
 WRITES = frozenset({"ValuePut", "Clear", "Reduce", "ListAppend", "ListUpdate", "MapPut", "MapRemove"})
@@ -140,8 +155,14 @@ def _not_applied(err: grpc.RpcError) -> bool:
 class StateClient:
     """Routes keyed-state calls of one or more jobs to the TaskManagers that own the keys."""
 
-    def __init__(self, jobmanager_address: str, settings: ClientSettings | None = None,
-                 security: ChannelSecurity | None = None, *, token: str | None = None) -> None:
+    def __init__(
+        self,
+        jobmanager_address: str,
+        settings: ClientSettings | None = None,
+        security: ChannelSecurity | None = None,
+        *,
+        token: str | None = None,
+    ) -> None:
         """``security``: TLS for every channel (None: plaintext); :meth:`from_config` builds it from the
         security.ssl.rest.* keys, :meth:`ChannelSecurity.from_pem` from PEM bytes.
 
@@ -152,8 +173,9 @@ class StateClient:
         self.settings = settings or ClientSettings()
         self.security = security
         self._token = token if token is not None else resolve_token()
-        self._jm_channel = open_channel(jobmanager_address, self.settings.max_message_bytes, security=security,
-                                        token=self._token)
+        self._jm_channel = open_channel(
+            jobmanager_address, self.settings.max_message_bytes, security=security, token=self._token
+        )
         self.jobmanager = jm_grpc.JobManagerStub(self._jm_channel)
         self._stubs: dict[str, tm_grpc.KeyedStateStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
@@ -196,10 +218,17 @@ class StateClient:
         config: dict[str, str] | None = None,
     ) -> Routing:
         """Register (or re-attach to) a job; returns its routing. Submitting the same job again is a no-op."""
-        table = self._jm_call("SubmitJob", jm_pb.SubmitJobRequest(
-            job_id=job_id, operators=[op.to_proto() for op in operators], max_parallelism=max_parallelism,
-            restore_path=restore_path, config={k: str(v) for k, v in (config or {}).items()},
-        ), timeout=max(self.settings.timeout_s, 600.0))
+        table = self._jm_call(
+            "SubmitJob",
+            jm_pb.SubmitJobRequest(
+                job_id=job_id,
+                operators=[op.to_proto() for op in operators],
+                max_parallelism=max_parallelism,
+                restore_path=restore_path,
+                config={k: str(v) for k, v in (config or {}).items()},
+            ),
+            timeout=max(self.settings.timeout_s, 600.0),
+        )
         return self._store_routing(table)
 
     def restore_job(self, job_id: str, restore_path: str) -> Routing:
@@ -209,8 +238,12 @@ class StateClient:
         damaged checkpoint leaves the job as it was; a running job whose redeploy fails comes back
         as it was (see ``statectl job restore`` in the README). Not retried: the answer says what happened.
         """
-        table = self._jm_call("RestoreJob", jm_pb.RestoreJobRequest(job_id=job_id, restore_path=restore_path),
-                              timeout=max(self.settings.timeout_s, 600.0), retry=False)
+        table = self._jm_call(
+            "RestoreJob",
+            jm_pb.RestoreJobRequest(job_id=job_id, restore_path=restore_path),
+            timeout=max(self.settings.timeout_s, 600.0),
+            retry=False,
+        )
         return self._store_routing(table, fetched=True)
 
     def cancel_job(self, job_id: str) -> jm_pb.JobInfo:
@@ -250,19 +283,36 @@ class StateClient:
                 )
             time.sleep(0.1)
 
-    def trigger_checkpoint(self, job_id: str, *, savepoint: bool = False, target_directory: str = "",
-                           wait: bool = True, timeout_s: float = 600.0) -> jm_pb.CheckpointInfo:
-        return self._jm_call("TriggerCheckpoint", jm_pb.TriggerCheckpointRequest(
-            job_id=job_id, savepoint=savepoint, target_directory=target_directory, wait=wait,
-            timeout_ms=int(timeout_s * 1000),
-        ), timeout=timeout_s + 30, retry=False)
+    def trigger_checkpoint(
+        self,
+        job_id: str,
+        *,
+        savepoint: bool = False,
+        target_directory: str = "",
+        wait: bool = True,
+        timeout_s: float = 600.0,
+    ) -> jm_pb.CheckpointInfo:
+        return self._jm_call(
+            "TriggerCheckpoint",
+            jm_pb.TriggerCheckpointRequest(
+                job_id=job_id,
+                savepoint=savepoint,
+                target_directory=target_directory,
+                wait=wait,
+                timeout_ms=int(timeout_s * 1000),
+            ),
+            timeout=timeout_s + 30,
+            retry=False,
+        )
 
     def begin_batch(self, job_id: str, query_id: str, batch_id: int) -> jm_pb.BeginBatchResponse:
         """Where batch ``batch_id`` of ``query_id`` stands: its job epoch and what to do (docs/exactly-once.md).
 
         Raises EpochGapError when the job's state cannot take the batch (it would skip epochs).
         """
-        response = self._jm_call("BeginBatch", jm_pb.BeginBatchRequest(job_id=job_id, query_id=query_id, batch_id=batch_id))
+        response = self._jm_call(
+            "BeginBatch", jm_pb.BeginBatchRequest(job_id=job_id, query_id=query_id, batch_id=batch_id)
+        )
         self._store_routing(response.routing, fetched=True)
         return response
 
@@ -291,9 +341,15 @@ class StateClient:
         else:
             attempts = list(winners)
         request = jm_pb.CommitEpochRequest(
-            job_id=job_id, epoch=epoch, checkpoint=checkpoint, wait_for_checkpoint=wait_for_checkpoint,
-            expected_routing_version=expected_routing_version, query_id=query_id,
-            batch_id=epoch if batch_id is None else batch_id, winners=attempts, timeout_ms=int(timeout_s * 1000),
+            job_id=job_id,
+            epoch=epoch,
+            checkpoint=checkpoint,
+            wait_for_checkpoint=wait_for_checkpoint,
+            expected_routing_version=expected_routing_version,
+            query_id=query_id,
+            batch_id=epoch if batch_id is None else batch_id,
+            winners=attempts,
+            timeout_ms=int(timeout_s * 1000),
         )
         return self._jm_call("CommitEpoch", request, timeout=timeout_s + 30, retry=False)
 
@@ -317,7 +373,12 @@ class StateClient:
         routing = Routing.from_proto(table)
         with self._lock:
             current = self._routing.get(routing.job_id)
-            if fetched or current is None or routing.version >= current.version or routing.job_status != current.job_status:
+            if (
+                fetched
+                or current is None
+                or routing.version >= current.version
+                or routing.job_status != current.job_status
+            ):
                 self._routing[routing.job_id] = routing
         return self._routing[routing.job_id]
 
@@ -351,8 +412,9 @@ class StateClient:
             with self._lock:
                 stub = self._stubs.get(address)
                 if stub is None:
-                    channel = open_channel(address, self.settings.max_message_bytes, security=self.security,
-                                           token=self._token)
+                    channel = open_channel(
+                        address, self.settings.max_message_bytes, security=self.security, token=self._token
+                    )
                     self._channels[address] = channel
                     stub = tm_grpc.KeyedStateStub(channel)
                     self._stubs[address] = stub
@@ -427,7 +489,17 @@ class StateClient:
                         units = self._units(routing, operator_id, method, keys, pending, scope if numbered else None)
                     sent_under, sent_with = routing.version, routing
                     sent, failed_units, error = self._send_units(
-                        routing, operator_id, state, method, units, build, scope, numbered, idempotent, order_free, pinned,
+                        routing,
+                        operator_id,
+                        state,
+                        method,
+                        units,
+                        build,
+                        scope,
+                        numbered,
+                        idempotent,
+                        order_free,
+                        pinned,
                         ledger,
                     )
                     results.extend(sent)
@@ -435,7 +507,9 @@ class StateClient:
                         return results
                 if attempt == attempts:
                     raise error
-                logger.debug("retrying %s of %s/%s after %s (attempt %d)", method, job_id, operator_id, error.message, attempt)
+                logger.debug(
+                    "retrying %s of %s/%s after %s (attempt %d)", method, job_id, operator_id, error.message, attempt
+                )
                 pending = failed_units
                 refresh = True
                 if not isinstance(error, StaleRoutingError):
@@ -468,7 +542,12 @@ class StateClient:
         return routing
 
     def _units(
-        self, routing: Routing, operator_id: str, method: str, keys: list[bytes], pending: list[_Unit] | None,
+        self,
+        routing: Routing,
+        operator_id: str,
+        method: str,
+        keys: list[bytes],
+        pending: list[_Unit] | None,
         numbering: EpochScope | None,
     ) -> list[_Unit]:
         """Requests to send, by owning subtask: all keys on the first round, the failed ones regrouped after."""
@@ -523,7 +602,7 @@ class StateClient:
             return [range(a, min(a + batch, n_keys)) for a in range(0, n_keys, batch)]
         if len(indices) <= batch:
             return [indices]
-        return [indices[a:a + batch] for a in range(0, len(indices), batch)]
+        return [indices[a : a + batch] for a in range(0, len(indices), batch)]
 
     def _send_units(
         self,
@@ -562,8 +641,12 @@ class StateClient:
             lane = lanes.get(unit.subtask)
             if lane is None:
                 target = tm_pb.StateTarget(
-                    job_id=routing.job_id, operator_id=operator_id, subtask_index=unit.subtask, state_name=state,
-                    routing_version=routing.version, epoch=context,
+                    job_id=routing.job_id,
+                    operator_id=operator_id,
+                    subtask_index=unit.subtask,
+                    state_name=state,
+                    routing_version=routing.version,
+                    epoch=context,
                 )
                 address = routes.addresses[unit.subtask]
                 lane = lanes[unit.subtask] = _Lane(target, address, getattr(self._stub(address), method), deque())
@@ -644,7 +727,12 @@ class StateClient:
             drain_one()
 
     def stream_call(
-        self, job_id: str, operator_id: str, method: str, subtask: int, request: tm_pb.ScanRequest,
+        self,
+        job_id: str,
+        operator_id: str,
+        method: str,
+        subtask: int,
+        request: tm_pb.ScanRequest,
         epoch: pb.EpochContext | EpochScope | None = None,
     ) -> Iterator[tm_pb.ScanChunk]:
         """A server-streaming scan of one subtask (retries before the first chunk only)."""
@@ -666,7 +754,11 @@ class StateClient:
                 return
             except grpc.RpcError as exc:
                 error = from_rpc_error(exc, f"{method} on TaskManager {address}")
-                if first and isinstance(error, (StaleRoutingError, UnavailableError)) and attempt < self.settings.max_attempts:
+                if (
+                    first
+                    and isinstance(error, (StaleRoutingError, UnavailableError))
+                    and attempt < self.settings.max_attempts
+                ):
                     time.sleep(self.settings.backoff_s)
                     continue
                 raise error from exc
@@ -713,7 +805,12 @@ def _positions(part: Part, n_keys: int) -> Iterable[int]:
 
 
 def _with_outcome(
-    error: KeyedStateError, ledger: _Ledger, method: str, keys: list[bytes], routing: Routing, operator_id: str,
+    error: KeyedStateError,
+    ledger: _Ledger,
+    method: str,
+    keys: list[bytes],
+    routing: Routing,
+    operator_id: str,
 ) -> KeyedStateError:
     """``error`` again, its message saying which keys of the failed call were applied on which subtasks."""
     n = len(keys)
@@ -734,28 +831,38 @@ def _with_outcome(
             not_applied.setdefault(table[(_xxh64(keys[i], HASH_SEED) & 0xFFFFFFFF) % m], set()).add(i)
 
     def groups(by_subtask: dict[int, set[int]]) -> str:
-        return ", ".join(f"subtask {s} ({len(p)} key{'s' if len(p) != 1 else ''})" for s, p in sorted(by_subtask.items()))
+        return ", ".join(
+            f"subtask {s} ({len(p)} key{'s' if len(p) != 1 else ''})" for s, p in sorted(by_subtask.items())
+        )
 
     if not done and not maybe:
         if ledger.requests <= 1 and len(not_applied) <= 1:
             return error  # one request, refused whole: the TaskManager's error says it all
-        detail = f"nothing of this {method} of {n} keys was applied on any subtask; send it again once the cause is fixed"
+        detail = (
+            f"nothing of this {method} of {n} keys was applied on any subtask; send it again once the cause is fixed"
+        )
     else:
         said = []
         if done:
             said.append(f"applied on {groups(applied)}")
         if maybe:
-            said.append(f"outcome unknown on {groups(unknown)} (no answer came back: the TaskManager may have "
-                        "applied them; read them back before sending them again)")
+            said.append(
+                f"outcome unknown on {groups(unknown)} (no answer came back: the TaskManager may have "
+                "applied them; read them back before sending them again)"
+            )
         if not_applied:
             said.append(f"not applied on {groups(not_applied)}")
-        detail = (f"this {method} of {n} keys was applied in part: {'; '.join(said)}. Send again only the keys not "
-                  "applied (error.outcome holds the positions of each group in the call), or a list append or reduce "
-                  "counts twice")
+        detail = (
+            f"this {method} of {n} keys was applied in part: {'; '.join(said)}. Send again only the keys not "
+            "applied (error.outcome holds the positions of each group in the call), or a list append or reduce "
+            "counts twice"
+        )
     message = f"{error.message}. {detail[0].upper()}{detail[1:]}"
     restated = error.with_message(message)
     restated.outcome = BatchOutcome(
-        method, tuple(sorted(done)), tuple(sorted(set().union(*not_applied.values()) if not_applied else ())),
+        method,
+        tuple(sorted(done)),
+        tuple(sorted(set().union(*not_applied.values()) if not_applied else ())),
         tuple(sorted(maybe)),
     )
     return restated
@@ -773,7 +880,11 @@ def _shown(item: bytes) -> str:
 
 
 def check_limits(
-    routing: Routing, method: str, keys: Sequence[bytes], columns: Mapping[str, Sequence[bytes]], namespace: bytes,
+    routing: Routing,
+    method: str,
+    keys: Sequence[bytes],
+    columns: Mapping[str, Sequence[bytes]],
+    namespace: bytes,
 ) -> None:
     """Refuse a whole call that a TaskManager of the job would refuse in part (SizeLimitError), before sending any of it.
 

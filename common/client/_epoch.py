@@ -52,8 +52,9 @@ class EpochScope:
             self._acknowledged.setdefault((operator_id, subtask_index), set()).add(sequence)
 
     def context_for(self, sequence: int) -> pb.EpochContext:
-        return pb.EpochContext(epoch=self.context.epoch, partition=self.context.partition,
-                               attempt=self.context.attempt, sequence=sequence)
+        return pb.EpochContext(
+            epoch=self.context.epoch, partition=self.context.partition, attempt=self.context.attempt, sequence=sequence
+        )
 
     def ledger(self) -> dict[tuple[str, int], int]:
         """``(operator_id, subtask_index)`` -> write requests that slot acknowledged."""
@@ -63,14 +64,22 @@ class EpochScope:
     def unacknowledged(self) -> dict[tuple[str, int], int]:
         """Write requests issued but never acknowledged, per slot (a task must not win with any)."""
         with self._lock:
-            return {k: n - len(self._acknowledged.get(k, ())) for k, n in self._issued.items()
-                    if n != len(self._acknowledged.get(k, ()))}
+            return {
+                k: n - len(self._acknowledged.get(k, ()))
+                for k, n in self._issued.items()
+                if n != len(self._acknowledged.get(k, ()))
+            }
 
     def winner(self) -> pb.PartitionAttempt:
         """This attempt as a commit's winner, with its ledger."""
         return pb.PartitionAttempt(
-            partition=self.context.partition, attempt=self.context.attempt, has_ledger=True,
-            writes=[pb.SlotWrites(operator_id=op, subtask_index=i, requests=n) for (op, i), n in sorted(self.ledger().items())],
+            partition=self.context.partition,
+            attempt=self.context.attempt,
+            has_ledger=True,
+            writes=[
+                pb.SlotWrites(operator_id=op, subtask_index=i, requests=n)
+                for (op, i), n in sorted(self.ledger().items())
+            ],
         )
 
     def __repr__(self) -> str:

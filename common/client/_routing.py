@@ -61,6 +61,7 @@ class Routing:
         if routes is None:
             known = ", ".join(sorted(self.operators)) or "none"
             raise NotFoundError(
-                f"job {self.job_id!r} has no operator {operator_id!r} (operators: {known})", reason=Reason.UNKNOWN_OPERATOR
+                f"job {self.job_id!r} has no operator {operator_id!r} (operators: {known})",
+                reason=Reason.UNKNOWN_OPERATOR,
             )
         return routes

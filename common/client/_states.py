@@ -6,7 +6,8 @@ Spark partition should use: they carry thousands of keys per call and pipeline t
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterator, Sequence, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -21,15 +22,19 @@ V = TypeVar("V")
 UK = TypeVar("UK")
 
 
-_HANDLE_NAMES = {StateKind.VALUE: "ValueState", StateKind.LIST: "ListState", StateKind.MAP: "MapState",
-                 StateKind.REDUCING: "ReducingState"}
+_HANDLE_NAMES = {
+    StateKind.VALUE: "ValueState",
+    StateKind.LIST: "ListState",
+    StateKind.MAP: "MapState",
+    StateKind.REDUCING: "ReducingState",
+}
 
 
 def _pick(column: list[Any], indices: Part) -> list[Any]:
     if indices is None:
         return column
     if type(indices) is range:
-        return column[indices.start:indices.stop]
+        return column[indices.start : indices.stop]
     return [column[i] for i in indices]
 
 
@@ -44,9 +49,10 @@ def _scatter(n: int, results: list[tuple[Part, Any]], field: str) -> list[Any]:
             out = list(values)
         elif type(indices) is range:
             if len(values) != len(indices):
-                raise KeyedStateError(f"a TaskManager answered {len(values)} {field} for {len(indices)} keys",
-                                      reason=Reason.INTERNAL)
-            out[indices.start:indices.stop] = values
+                raise KeyedStateError(
+                    f"a TaskManager answered {len(values)} {field} for {len(indices)} keys", reason=Reason.INTERNAL
+                )
+            out[indices.start : indices.stop] = values
         else:
             for j, i in enumerate(indices):
                 out[i] = values[j]
@@ -99,8 +105,9 @@ class _Handle(Generic[K]):
                 getattr(request, name).extend(_pick(column, indices))
             return request
 
-        return self.client.keyed_call(self.job_id, self.operator_id, self.name, method, keys, build, self.epoch,
-                                      columns=columns, namespace=ns)
+        return self.client.keyed_call(
+            self.job_id, self.operator_id, self.name, method, keys, build, self.epoch, columns=columns, namespace=ns
+        )
 
     def _keys(self, keys: Sequence[Any]) -> list[bytes]:
         return self.key_serializer.dumps_many(list(keys))
@@ -122,9 +129,14 @@ class _Handle(Generic[K]):
 
         routing = self.client.routing(self.job_id, refresh=True)
         for subtask in range(routing.operator(self.operator_id).parallelism):
-            request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
-                job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name))
-            for chunk in self.client.stream_call(self.job_id, self.operator_id, "ScanKeys", subtask, request, self.epoch):
+            request = tm_pb.ScanRequest(
+                target=tm_pb.StateTarget(
+                    job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name
+                )
+            )
+            for chunk in self.client.stream_call(
+                self.job_id, self.operator_id, "ScanKeys", subtask, request, self.epoch
+            ):
                 for key, ns in zip(chunk.keys, chunk.namespaces):
                     if ns == self.namespace:
                         yield self.key_serializer.loads(key)
@@ -139,9 +151,17 @@ class _Handle(Generic[K]):
 class ValueState(_Handle[K], Generic[K, V]):
     kind = StateKind.VALUE
 
-    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
-                 key_serializer: str | Serializer[Any] = "str", value_serializer: str | Serializer[Any] = "pickle",
-                 namespace: bytes = b"", epoch: pb.EpochContext | EpochScope | None = None) -> None:
+    def __init__(
+        self,
+        client: StateClient,
+        job_id: str,
+        operator_id: str,
+        name: str,
+        key_serializer: str | Serializer[Any] = "str",
+        value_serializer: str | Serializer[Any] = "pickle",
+        namespace: bytes = b"",
+        epoch: pb.EpochContext | EpochScope | None = None,
+    ) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
 
@@ -168,9 +188,17 @@ class ValueState(_Handle[K], Generic[K, V]):
 class ListState(_Handle[K], Generic[K, V]):
     kind = StateKind.LIST
 
-    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
-                 key_serializer: str | Serializer[Any] = "str", value_serializer: str | Serializer[Any] = "pickle",
-                 namespace: bytes = b"", epoch: pb.EpochContext | EpochScope | None = None) -> None:
+    def __init__(
+        self,
+        client: StateClient,
+        job_id: str,
+        operator_id: str,
+        name: str,
+        key_serializer: str | Serializer[Any] = "str",
+        value_serializer: str | Serializer[Any] = "pickle",
+        namespace: bytes = b"",
+        epoch: pb.EpochContext | EpochScope | None = None,
+    ) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
 
@@ -201,9 +229,14 @@ class ListState(_Handle[K], Generic[K, V]):
         """Stream a list of any size, in chunks."""
         kb = self.key_serializer.dumps(key)
         subtask = self.client.subtask_of(self.job_id, self.operator_id, kb)
-        request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
-            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name),
-            has_key=True, key=kb, namespace=self.namespace)
+        request = tm_pb.ScanRequest(
+            target=tm_pb.StateTarget(
+                job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name
+            ),
+            has_key=True,
+            key=kb,
+            namespace=self.namespace,
+        )
         loads = self.value_serializer.loads
         for chunk in self.client.stream_call(self.job_id, self.operator_id, "ListScan", subtask, request, self.epoch):
             for e in chunk.values:
@@ -213,17 +246,29 @@ class ListState(_Handle[K], Generic[K, V]):
 class MapState(_Handle[K], Generic[K, UK, V]):
     kind = StateKind.MAP
 
-    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
-                 key_serializer: str | Serializer[Any] = "str", user_key_serializer: str | Serializer[Any] = "str",
-                 value_serializer: str | Serializer[Any] = "pickle", namespace: bytes = b"",
-                 epoch: pb.EpochContext | EpochScope | None = None) -> None:
+    def __init__(
+        self,
+        client: StateClient,
+        job_id: str,
+        operator_id: str,
+        name: str,
+        key_serializer: str | Serializer[Any] = "str",
+        user_key_serializer: str | Serializer[Any] = "str",
+        value_serializer: str | Serializer[Any] = "pickle",
+        namespace: bytes = b"",
+        epoch: pb.EpochContext | EpochScope | None = None,
+    ) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self.user_key_serializer: Serializer[Any] = get_serializer(user_key_serializer)
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
 
     def put_many(self, keys: Sequence[K], user_keys: Sequence[UK], values: Sequence[V]) -> None:
-        self._call("MapPut", self._keys(keys), user_keys=self.user_key_serializer.dumps_many(list(user_keys)),
-                   values=self.value_serializer.dumps_many(list(values)))
+        self._call(
+            "MapPut",
+            self._keys(keys),
+            user_keys=self.user_key_serializer.dumps_many(list(user_keys)),
+            values=self.value_serializer.dumps_many(list(values)),
+        )
 
     def put(self, key: K, user_key: UK, value: V) -> None:
         self.put_many([key], [user_key], [value])
@@ -264,9 +309,15 @@ class MapState(_Handle[K], Generic[K, UK, V]):
     def _scan(self, key: K, keys_only: bool) -> Iterator[tuple[UK, V | None]]:
         kb = self.key_serializer.dumps(key)
         subtask = self.client.subtask_of(self.job_id, self.operator_id, kb)
-        request = tm_pb.ScanRequest(target=tm_pb.StateTarget(
-            job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name),
-            has_key=True, key=kb, namespace=self.namespace, keys_only=keys_only)
+        request = tm_pb.ScanRequest(
+            target=tm_pb.StateTarget(
+                job_id=self.job_id, operator_id=self.operator_id, subtask_index=subtask, state_name=self.name
+            ),
+            has_key=True,
+            key=kb,
+            namespace=self.namespace,
+            keys_only=keys_only,
+        )
         uk_loads = self.user_key_serializer.loads
         v_loads = self.value_serializer.loads
         for chunk in self.client.stream_call(self.job_id, self.operator_id, "MapScan", subtask, request, self.epoch):
@@ -286,14 +337,23 @@ class ReducingState(_Handle[K]):
 
     kind = StateKind.REDUCING
 
-    def __init__(self, client: StateClient, job_id: str, operator_id: str, name: str,
-                 key_serializer: str | Serializer[Any] = "str", namespace: bytes = b"",
-                 epoch: pb.EpochContext | EpochScope | None = None) -> None:
+    def __init__(
+        self,
+        client: StateClient,
+        job_id: str,
+        operator_id: str,
+        name: str,
+        key_serializer: str | Serializer[Any] = "str",
+        namespace: bytes = b"",
+        epoch: pb.EpochContext | EpochScope | None = None,
+    ) -> None:
         super().__init__(client, job_id, operator_id, name, key_serializer, namespace, epoch)
         self._format = self.descriptor.vector_format
         self.fields = tuple(f.name for f in self.descriptor.reduce_fields)
 
-    def add_many(self, keys: Sequence[K], operands: Sequence[Sequence[float | int]], return_values: bool = False) -> list[tuple[Any, ...]] | None:
+    def add_many(
+        self, keys: Sequence[K], operands: Sequence[Sequence[float | int]], return_values: bool = False
+    ) -> list[tuple[Any, ...]] | None:
         pack = self._format.pack
         try:
             encoded = [pack(*op) for op in operands]
@@ -308,11 +368,25 @@ class ReducingState(_Handle[K]):
         ns = self.namespace
 
         def build(target: tm_pb.StateTarget, indices: Part) -> tm_pb.KeyedRequest:
-            return tm_pb.KeyedRequest(target=target, keys=_pick(kb, indices), values=_pick(encoded, indices),
-                                      namespace=ns, return_values=return_values)
+            return tm_pb.KeyedRequest(
+                target=target,
+                keys=_pick(kb, indices),
+                values=_pick(encoded, indices),
+                namespace=ns,
+                return_values=return_values,
+            )
 
-        results = self.client.keyed_call(self.job_id, self.operator_id, self.name, "Reduce", kb, build, self.epoch,
-                                         columns={"values": encoded}, namespace=ns)
+        results = self.client.keyed_call(
+            self.job_id,
+            self.operator_id,
+            self.name,
+            "Reduce",
+            kb,
+            build,
+            self.epoch,
+            columns={"values": encoded},
+            namespace=ns,
+        )
         if not return_values:
             return None
         unpack = self._format.unpack

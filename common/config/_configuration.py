@@ -5,8 +5,9 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -20,19 +21,46 @@ T = TypeVar("T")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_UNITS = {
-    "": 1, "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
-    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
-    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
-    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
+    "": 1,
+    "ms": 1,
+    "milli": 1,
+    "millis": 1,
+    "millisecond": 1,
+    "milliseconds": 1,
+    "s": 1000,
+    "sec": 1000,
+    "secs": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "mins": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
 }
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _MEMORY_UNITS = {
-    "": 1, "b": 1, "bytes": 1,
-    "k": 1 << 10, "kb": 1 << 10, "kibibytes": 1 << 10,
-    "m": 1 << 20, "mb": 1 << 20, "mebibytes": 1 << 20,
-    "g": 1 << 30, "gb": 1 << 30, "gibibytes": 1 << 30,
-    "t": 1 << 40, "tb": 1 << 40, "tebibytes": 1 << 40,
+    "": 1,
+    "b": 1,
+    "bytes": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kibibytes": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mebibytes": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gibibytes": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tebibytes": 1 << 40,
 }
 
 
@@ -109,9 +137,13 @@ class Configuration:
             try:
                 text = p.read_text(encoding="utf-8")
             except OSError as exc:
-                raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}; pass an existing YAML file to --config") from exc
+                raise ConfigError(
+                    f"cannot read config file {p}: {exc.strerror or exc}; pass an existing YAML file to --config"
+                ) from exc
             except UnicodeDecodeError as exc:
-                raise ConfigError(f"config file {p} is not UTF-8 text ({exc.reason} at byte {exc.start}); pass a YAML file") from exc
+                raise ConfigError(
+                    f"config file {p} is not UTF-8 text ({exc.reason} at byte {exc.start}); pass a YAML file"
+                ) from exc
             try:
                 data = yaml.safe_load(text) or {}
             except yaml.YAMLError as exc:
@@ -171,7 +203,10 @@ class Configuration:
                     shown_raw, shown_mapped = (REDACTED, REDACTED) if option.secret else (raw, mapped)
                     logger.warning(
                         "config key %r is deprecated; use %r instead (value %r read as %r)",
-                        legacy, option.key, shown_raw, shown_mapped,
+                        legacy,
+                        option.key,
+                        shown_raw,
+                        shown_mapped,
                     )
                 return option.parser(legacy, mapped)
         return option.default  # type: ignore[return-value]
@@ -214,6 +249,7 @@ class Configuration:
 
 
 # -- parsers used by the option table -----------------------------------------------------------
+
 
 def string_parser(key: str, value: Any) -> str:
     if isinstance(value, (Mapping, list)):
@@ -292,8 +328,10 @@ def memory_at_least(minimum: int) -> Callable[[str, Any], int]:
     def parse(key: str, value: Any) -> int:
         size = parse_memory_bytes(value, key)
         if size < minimum:
-            raise ConfigError(f"{key}: must be at least {minimum} byte{'s' if minimum != 1 else ''}, got {value!r}; "
-                              f"set a size such as '64kb' or '16mb', or remove {key} for the default")
+            raise ConfigError(
+                f"{key}: must be at least {minimum} byte{'s' if minimum != 1 else ''}, got {value!r}; "
+                f"set a size such as '64kb' or '16mb', or remove {key} for the default"
+            )
         return size
 
     return parse

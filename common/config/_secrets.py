@@ -8,13 +8,32 @@ are not secrets themselves.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 REDACTED = "******"
 
-_SENSITIVE_WORDS = ("password", "passwd", "secret", "token", "credential", "apikey", "api-key", "api_key",
-                    "access-key", "access.key", "access_key", "private-key", "private.key", "auth-params",
-                    "service-key", "basic-auth", "jaas.config", "account.key", "session-key")
+_SENSITIVE_WORDS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "credential",
+    "apikey",
+    "api-key",
+    "api_key",
+    "access-key",
+    "access.key",
+    "access_key",
+    "private-key",
+    "private.key",
+    "auth-params",
+    "service-key",
+    "basic-auth",
+    "jaas.config",
+    "account.key",
+    "session-key",
+)
 # A path to a secret is not the secret (and operators need to see which file is used).
 _FILE_SUFFIXES = ("-file", ".file", "_file", "-path", ".path", "-dir", ".dir")
 

@@ -6,8 +6,9 @@ import errno
 import logging
 import socket
 import threading
+from collections.abc import Callable, Sequence
 from concurrent import futures
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -115,8 +116,10 @@ class ReloadingChannel(grpc.Channel):
                 for callback, connect in self._subscriptions:
                     old.unsubscribe(callback)
                     self._channel.subscribe(callback, try_to_connect=connect)
-                logger.info("tls: certificates changed; new connections use them (old channel closes in %.0f s)",
-                            self.RETIRE_AFTER_S)
+                logger.info(
+                    "tls: certificates changed; new connections use them (old channel closes in %.0f s)",
+                    self.RETIRE_AFTER_S,
+                )
                 timer = threading.Timer(self.RETIRE_AFTER_S, old.close)
                 timer.daemon = True
                 timer.start()
@@ -159,7 +162,9 @@ class ReloadingChannel(grpc.Channel):
 class _DynamicCallable:
     """A multi-callable of whichever inner channel is current (rebuilt after a swap)."""
 
-    def __init__(self, owner: ReloadingChannel, kind: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, owner: ReloadingChannel, kind: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         self._owner = owner
         self._factory = (kind, method, args, kwargs)
         self._bound: tuple[grpc.Channel, Any] | None = None
@@ -211,13 +216,19 @@ def create_server(
     )
     address = f"{_bracket(bind_host)}:{port}"
     try:
-        bound = server.add_secure_port(address, credentials) if credentials is not None else server.add_insecure_port(address)
+        bound = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
     except RuntimeError as exc:
         raise ConfigError(
             f"{what} cannot listen on {bind_host}:{port} ({exc}); choose a free port with {port_key} (0 picks any)"
         ) from exc
     if bound == 0:
-        raise ConfigError(f"{what} cannot listen on {bind_host}:{port}; choose a free port with {port_key} (0 picks any)")
+        raise ConfigError(
+            f"{what} cannot listen on {bind_host}:{port}; choose a free port with {port_key} (0 picks any)"
+        )
     return server, bound
 
 
@@ -236,7 +247,9 @@ def _check_port_free(host: str, port: int, what: str, port_key: str) -> None:
                     f"{what} port {port} on {host} is already in use; stop the other process or set {port_key} "
                     "to a free port (0 picks any)"
                 ) from exc
-            raise ConfigError(f"{what} cannot bind {host}:{port}: {exc.strerror}; check {port_key} and the bind host") from exc
+            raise ConfigError(
+                f"{what} cannot bind {host}:{port}: {exc.strerror}; check {port_key} and the bind host"
+            ) from exc
 
 
 def _bracket(host: str) -> str:

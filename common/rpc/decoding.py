@@ -10,7 +10,8 @@ INVALID_ARGUMENT with the usual reason trailer and a message naming the fix.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -43,10 +44,13 @@ def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 
 
 def _refuse(method: str, malformed: _Malformed, context: grpc.ServicerContext) -> None:
-    abort_with(context, InvalidArgumentError(
-        f"the request to {method} is not a valid protobuf message of its request type ({malformed.error}); "
-        "send a message built with the keyedstate.v1 protocol (the client library or the generated stubs)"
-    ))
+    abort_with(
+        context,
+        InvalidArgumentError(
+            f"the request to {method} is not a valid protobuf message of its request type ({malformed.error}); "
+            "send a message built with the keyedstate.v1 protocol (the client library or the generated stubs)"
+        ),
+    )
 
 
 class MalformedRequestInterceptor(HandlerWrappingInterceptor):
@@ -65,8 +69,10 @@ class MalformedRequestInterceptor(HandlerWrappingInterceptor):
                 return inner_stream(request, context)
 
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream, request_deserializer=_lenient(handler.request_deserializer),
-                response_serializer=handler.response_serializer)
+                unary_stream,
+                request_deserializer=_lenient(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
         inner = handler.unary_unary
 
         def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
@@ -75,5 +81,7 @@ class MalformedRequestInterceptor(HandlerWrappingInterceptor):
             return inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
-            unary_unary, request_deserializer=_lenient(handler.request_deserializer),
-            response_serializer=handler.response_serializer)
+            unary_unary,
+            request_deserializer=_lenient(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )

@@ -17,8 +17,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from cryptography import x509
@@ -120,7 +121,7 @@ def load_material(
     of the CA file (the internal plane, where every peer checks it against that same file).
     """
     plane = files.plane
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     cert_key, key_key, ca_key = (key_name(plane, w) for w in ("cert", "key", "ca"))
     if need_identity and not (files.cert and files.key):
         missing = cert_key if not files.cert else key_key
@@ -130,7 +131,9 @@ def load_material(
         )
     if bool(files.cert) != bool(files.key):
         missing = cert_key if not files.cert else key_key
-        raise ConfigError(f"{missing} is not set; {cert_key} and {key_key} go together (a certificate and its private key)")
+        raise ConfigError(
+            f"{missing} is not set; {cert_key} and {key_key} go together (a certificate and its private key)"
+        )
     if need_ca and not files.ca:
         raise ConfigError(
             f"{ca_key} is not set; the {plane} plane needs the CA certificate that signs its peers' certificates "
@@ -154,7 +157,9 @@ def load_material(
                 f"openssl pkey -in {files.key} -out key.pem (and protect the file with chmod 600)"
             ) from exc
         except (ValueError, Exception) as exc:  # cryptography raises ValueError or UnsupportedAlgorithm
-            raise ConfigError(f"{key_key}: {files.key} holds no PEM private key ('-----BEGIN PRIVATE KEY-----')") from exc
+            raise ConfigError(
+                f"{key_key}: {files.key} holds no PEM private key ('-----BEGIN PRIVATE KEY-----')"
+            ) from exc
         if _public_der(private.public_key()) != _public_der(leaf.public_key()):
             raise ConfigError(
                 f"{key_key}: the private key in {files.key} does not belong to the certificate in {files.cert} "
@@ -215,7 +220,9 @@ class ReloadingMaterial:
         """Counts replacements: a holder of credentials made from an older generation rebuilds them."""
 
     def _stat(self) -> tuple[Any, ...]:
-        return tuple(None if path is None else (file_stamp(os.path.expanduser(path)) or "missing") for path in self.files.paths())
+        return tuple(
+            None if path is None else (file_stamp(os.path.expanduser(path)) or "missing") for path in self.files.paths()
+        )
 
     @property
     def material(self) -> PemMaterial:
@@ -236,14 +243,21 @@ class ReloadingMaterial:
             except ConfigError as exc:
                 if stamp != self._rejected:
                     self._rejected = stamp
-                    logger.warning("tls: keeping the current %s certificates: the changed files do not load: %s",
-                                   self.files.plane, exc)
+                    logger.warning(
+                        "tls: keeping the current %s certificates: the changed files do not load: %s",
+                        self.files.plane,
+                        exc,
+                    )
                 return self._material
             self._stamp = stamp
             self._material = material
             self.generation += 1
-            logger.info("tls: reloaded the %s plane's certificates from %s (valid until %s)", self.files.plane,
-                        self.files.cert or self.files.ca, material.not_after)
+            logger.info(
+                "tls: reloaded the %s plane's certificates from %s (valid until %s)",
+                self.files.plane,
+                self.files.cert or self.files.ca,
+                material.not_after,
+            )
             return material
 
 
@@ -276,16 +290,27 @@ class ChannelSecurity:
     read the paths follows rotations, one that cannot uses the bytes it was shipped.
     """
 
-    def __init__(self, reloading: ReloadingMaterial | None, server_name: str | None = None,
-                 material: PemMaterial | None = None, plane: str = REST) -> None:
+    def __init__(
+        self,
+        reloading: ReloadingMaterial | None,
+        server_name: str | None = None,
+        material: PemMaterial | None = None,
+        plane: str = REST,
+    ) -> None:
         self._reloading = reloading
         self._fixed = material
         self.server_name = server_name
         self.plane = plane
 
     @classmethod
-    def from_pem(cls, ca: bytes | None = None, cert: bytes | None = None, key: bytes | None = None,
-                 server_name: str | None = None, plane: str = REST) -> ChannelSecurity:
+    def from_pem(
+        cls,
+        ca: bytes | None = None,
+        cert: bytes | None = None,
+        key: bytes | None = None,
+        server_name: str | None = None,
+        plane: str = REST,
+    ) -> ChannelSecurity:
         """Fixed PEM bytes (no files), e.g. given to the client API directly."""
         return cls(None, server_name, PemMaterial(cert, key, ca), plane)
 
@@ -322,14 +347,17 @@ class ChannelSecurity:
         return (_unpickle_channel_security, (files, self.material(check=False), self.server_name, self.plane))
 
 
-def _unpickle_channel_security(files: PemFiles | None, material: PemMaterial, server_name: str | None,
-                               plane: str) -> ChannelSecurity:
+def _unpickle_channel_security(
+    files: PemFiles | None, material: PemMaterial, server_name: str | None, plane: str
+) -> ChannelSecurity:
     if files is not None and all(p is None or os.access(os.path.expanduser(p), os.R_OK) for p in files.paths()):
         try:
             loader = _client_loader(files)
             return ChannelSecurity(ReloadingMaterial(files, loader), server_name, plane=plane)
         except ConfigError as exc:
-            logger.warning("tls: cannot use the %s files here (%s); using the certificates shipped with the client", plane, exc)
+            logger.warning(
+                "tls: cannot use the %s files here (%s); using the certificates shipped with the client", plane, exc
+            )
     return ChannelSecurity(None, server_name, material, plane)
 
 
@@ -339,30 +367,49 @@ def _client_loader(files: PemFiles) -> Callable[[], PemMaterial]:
 
 # -- handshake failures, as a user sees them ---------------------------------------------------
 
+
 def handshake_hint(details: str, plane: str = REST) -> str | None:
     """What to fix, for a connection failure whose gRPC details show a TLS problem (None: no idea)."""
     enabled, ca, cert, name = (key_name(plane, w) for w in ("enabled", "ca", "cert", "server-name"))
     text = details or ""
     if "WRONG_VERSION_NUMBER" in text:
-        return (f"the server does not speak TLS: it is a plaintext port, or not this runtime's; set {enabled}: false "
-                f"on this side or turn TLS on at the server")
+        return (
+            f"the server does not speak TLS: it is a plaintext port, or not this runtime's; set {enabled}: false "
+            f"on this side or turn TLS on at the server"
+        )
     if "certificate has expired" in text:
-        return "the server's certificate has expired: the server's operator must renew it (replacing the file is enough)"
+        return (
+            "the server's certificate has expired: the server's operator must renew it (replacing the file is enough)"
+        )
     if "CERTIFICATE_VERIFY_FAILED" in text:
-        return (f"the server's certificate is not issued by a CA this side trusts: set {ca} to the CA that signed "
-                "the server's certificate")
+        return (
+            f"the server's certificate is not issued by a CA this side trusts: set {ca} to the CA that signed "
+            "the server's certificate"
+        )
     if "Hostname Verification" in text or "Peer name" in text:
-        return (f"the server's certificate does not name the host connected to: connect by a name in the "
-                f"certificate or set {name}")
+        return (
+            f"the server's certificate does not name the host connected to: connect by a name in the "
+            f"certificate or set {name}"
+        )
     if "failed to connect to all addresses" in text and "Socket closed" in text:
         # The server hung up during the handshake: OpenSSL gives the client no reason.
-        return (f"the server closed the connection during connection set-up; if it uses TLS, this side needs "
-                f"{enabled}: true and {ca}, and when it requires client certificates, {cert} and "
-                f"{key_name(plane, 'key')} with an unexpired certificate issued by the server's CA")
+        return (
+            f"the server closed the connection during connection set-up; if it uses TLS, this side needs "
+            f"{enabled}: true and {ca}, and when it requires client certificates, {cert} and "
+            f"{key_name(plane, 'key')} with an unexpired certificate issued by the server's CA"
+        )
     return None
 
 
 __all__ = [
-    "ChannelSecurity", "INTERNAL", "PemFiles", "PemMaterial", "REST", "ReloadingMaterial", "handshake_hint",
-    "key_name", "load_material", "server_credentials",
+    "INTERNAL",
+    "REST",
+    "ChannelSecurity",
+    "PemFiles",
+    "PemMaterial",
+    "ReloadingMaterial",
+    "handshake_hint",
+    "key_name",
+    "load_material",
+    "server_credentials",
 ]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.security.tls import (
     INTERNAL,
@@ -49,14 +50,18 @@ def plane_settings(conf: Configuration) -> tuple[PlaneSettings, PlaneSettings]:
     internal_on = conf.get(o.SSL_INTERNAL_ENABLED)
     rest_on = conf.get(o.SSL_REST_ENABLED)
     internal = PlaneSettings(
-        INTERNAL, both if internal_on is None else internal_on,
+        INTERNAL,
+        both if internal_on is None else internal_on,
         PemFiles(INTERNAL, conf.get(o.SSL_INTERNAL_CERT), conf.get(o.SSL_INTERNAL_KEY), conf.get(o.SSL_INTERNAL_CA)),
-        conf.get(o.SSL_INTERNAL_SERVER_NAME), True,
+        conf.get(o.SSL_INTERNAL_SERVER_NAME),
+        True,
     )
     rest = PlaneSettings(
-        REST, both if rest_on is None else rest_on,
+        REST,
+        both if rest_on is None else rest_on,
         PemFiles(REST, conf.get(o.SSL_REST_CERT), conf.get(o.SSL_REST_KEY), conf.get(o.SSL_REST_CA)),
-        conf.get(o.SSL_REST_SERVER_NAME), conf.get(o.SSL_REST_AUTHENTICATION),
+        conf.get(o.SSL_REST_SERVER_NAME),
+        conf.get(o.SSL_REST_AUTHENTICATION),
     )
     return internal, rest
 
@@ -84,8 +89,16 @@ def jobmanager_internal_port(conf: Configuration) -> int:
 class TransportSecurity:
     """The TLS settings and live certificate material of one process (daemon or client)."""
 
-    def __init__(self, internal: PlaneSettings, rest: PlaneSettings, *, auth_enabled: bool = False,
-                 protected_mode: bool = True, reload_interval_s: float = 1.0, role: str = "daemon") -> None:
+    def __init__(
+        self,
+        internal: PlaneSettings,
+        rest: PlaneSettings,
+        *,
+        auth_enabled: bool = False,
+        protected_mode: bool = True,
+        reload_interval_s: float = 1.0,
+        role: str = "daemon",
+    ) -> None:
         self.internal = internal
         self.rest = rest
         self.auth_enabled = auth_enabled
@@ -96,11 +109,19 @@ class TransportSecurity:
         for plane in (internal, rest):
             if plane.enabled:
                 self._material[plane.plane] = ReloadingMaterial(
-                    plane.files, self._loader(plane), check_interval_s=reload_interval_s)
-        if role == "daemon" and internal.enabled and rest.enabled and internal.files.ca and internal.files.ca == rest.files.ca:
+                    plane.files, self._loader(plane), check_interval_s=reload_interval_s
+                )
+        if (
+            role == "daemon"
+            and internal.enabled
+            and rest.enabled
+            and internal.files.ca
+            and internal.files.ca == rest.files.ca
+        ):
             logger.warning(
                 "tls: security.ssl.internal.ca and security.ssl.rest.ca are the same file: a client certificate of "
-                "that CA can reach the internal services; give the internal plane a CA of its own (docs/security.md)")
+                "that CA can reach the internal services; give the internal plane a CA of its own (docs/security.md)"
+            )
 
     def _loader(self, plane: PlaneSettings):  # type: ignore[no-untyped-def]
         if self.role == "daemon":
@@ -110,7 +131,9 @@ class TransportSecurity:
             # A client: it trusts its CA file (default: the system's roots) and shows a
             # certificate when it has one; servers that require one refuse it otherwise.
             need_identity, need_ca, check_issuer = plane.require_client_auth, False, False
-        return lambda: load_material(plane.files, need_identity=need_identity, need_ca=need_ca, check_issuer=check_issuer)
+        return lambda: load_material(
+            plane.files, need_identity=need_identity, need_ca=need_ca, check_issuer=check_issuer
+        )
 
     @classmethod
     def from_config(cls, conf: Configuration, role: str = "daemon") -> TransportSecurity:
@@ -118,14 +141,23 @@ class TransportSecurity:
         internal, rest = plane_settings(conf)
         if role == "client":
             internal = PlaneSettings(INTERNAL, False, internal.files, None, True)
-        return cls(internal, rest, auth_enabled=conf.get(o.AUTH_ENABLED), protected_mode=conf.get(o.PROTECTED_MODE),
-                   reload_interval_s=conf.get(o.SSL_RELOAD_INTERVAL) / 1000.0, role=role)
+        return cls(
+            internal,
+            rest,
+            auth_enabled=conf.get(o.AUTH_ENABLED),
+            protected_mode=conf.get(o.PROTECTED_MODE),
+            reload_interval_s=conf.get(o.SSL_RELOAD_INTERVAL) / 1000.0,
+            role=role,
+        )
 
     @classmethod
     def plaintext(cls) -> TransportSecurity:
         off = PemFiles(REST)
-        return cls(PlaneSettings(INTERNAL, False, PemFiles(INTERNAL), None, True),
-                   PlaneSettings(REST, False, off, None, False), protected_mode=False)
+        return cls(
+            PlaneSettings(INTERNAL, False, PemFiles(INTERNAL), None, True),
+            PlaneSettings(REST, False, off, None, False),
+            protected_mode=False,
+        )
 
     def _plane(self, plane: str) -> PlaneSettings:
         return self.internal if plane == INTERNAL else self.rest
@@ -161,8 +193,11 @@ class TransportSecurity:
         """Protected mode: refuse to listen beyond loopback with neither TLS on ``plane`` nor authentication."""
         if not self.protected_mode or self.auth_enabled or self.enabled(plane) or is_loopback(host):
             return
-        keys = ("security.ssl.internal.enabled with security.ssl.internal.cert, .key and .ca" if plane == INTERNAL
-                else "security.ssl.rest.enabled with security.ssl.rest.cert and .key")
+        keys = (
+            "security.ssl.internal.enabled with security.ssl.internal.cert, .key and .ca"
+            if plane == INTERNAL
+            else "security.ssl.rest.enabled with security.ssl.rest.cert and .key"
+        )
         raise ConfigError(
             f"protected mode: the {what} would listen on {host} ({port_key}) without TLS or authentication, so anyone "
             f"who can reach it could read and change state. Set security.ssl.enabled: true ({keys}; "
@@ -222,5 +257,13 @@ def _ssl_context(files: PemFiles, material: PemMaterial, require_client_auth: bo
     return context
 
 
-__all__ = ["DEFAULT_JOBMANAGER_INTERNAL_PORT", "HttpTls", "PlaneSettings", "TransportSecurity", "internal_plane_separate",
-           "is_loopback", "jobmanager_internal_port", "plane_settings"]
+__all__ = [
+    "DEFAULT_JOBMANAGER_INTERNAL_PORT",
+    "HttpTls",
+    "PlaneSettings",
+    "TransportSecurity",
+    "internal_plane_separate",
+    "is_loopback",
+    "jobmanager_internal_port",
+    "plane_settings",
+]

@@ -14,6 +14,8 @@ Typical use on the driver::
 
 from __future__ import annotations
 
+from keyedstate.common.spark._credentials import TOKEN_FILE_CONF, ship_token_file
+from keyedstate.common.spark._epochs import BatchTiming, KeyedStateRuntime, PartitionState, worker_client
 from keyedstate.common.spark._keygroups import (
     key_bytes_column,
     key_group_column,
@@ -23,16 +25,13 @@ from keyedstate.common.spark._keygroups import (
     spark_hash_int,
     subtask_column,
 )
-from keyedstate.common.spark._credentials import TOKEN_FILE_CONF, ship_token_file
 from keyedstate.common.spark._shipping import package_zip, ship_package
-from keyedstate.common.spark._epochs import BatchTiming, KeyedStateRuntime, PartitionState, worker_client
 
 __all__ = [
-    "BatchTiming",
     "TOKEN_FILE_CONF",
+    "BatchTiming",
     "KeyedStateRuntime",
     "PartitionState",
-    "worker_client",
     "key_bytes_column",
     "key_group_column",
     "key_group_udf",
@@ -43,4 +42,5 @@ __all__ = [
     "ship_token_file",
     "spark_hash_int",
     "subtask_column",
+    "worker_client",
 ]

@@ -34,7 +34,9 @@ _shipped: dict[tuple[str, str], str] = {}
 def ship_token_file(sc: Any, path: str) -> str:
     """Ship ``path`` to every executor of ``sc``'s application; returns the name tasks resolve it by."""
     if not os.path.isfile(path):
-        raise ConfigError(f"executor token file {path} does not exist; write the executors' token (role writer) into it")
+        raise ConfigError(
+            f"executor token file {path} does not exist; write the executors' token (role writer) into it"
+        )
     name = os.path.basename(path)
     key = (str(sc.applicationId), os.path.abspath(path))
     with _lock:

@@ -43,16 +43,15 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.auth import resolve_token
 from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec
-from keyedstate.common.security.tls import ChannelSecurity
-from keyedstate.common.auth import resolve_token
-from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.errors import (
     CheckpointError,
     EpochConflictError,
@@ -63,6 +62,8 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
+from keyedstate.common.security.tls import ChannelSecurity
+from keyedstate.common.spark._credentials import executor_token_name, spark_file
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +98,14 @@ def worker_client(address: str, security: ChannelSecurity | None = None, token_f
 class PartitionState:
     """State handles for one Spark task, bound to its epoch transaction (or direct)."""
 
-    def __init__(self, client: StateClient, job_id: str, operator_id: str, epoch: EpochScope | pb.EpochContext | None,
-                 batch_id: int = -1) -> None:
+    def __init__(
+        self,
+        client: StateClient,
+        job_id: str,
+        operator_id: str,
+        epoch: EpochScope | pb.EpochContext | None,
+        batch_id: int = -1,
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.operator_id = operator_id
@@ -120,18 +127,33 @@ class PartitionState:
             self._handles[key] = handle
         return handle
 
-    def value(self, name: str, *, operator: str | None = None, key_serializer: str = "str",
-              value_serializer: str = "pickle") -> ValueState[Any, Any]:
+    def value(
+        self, name: str, *, operator: str | None = None, key_serializer: str = "str", value_serializer: str = "pickle"
+    ) -> ValueState[Any, Any]:
         return self._get(ValueState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer)
 
-    def list(self, name: str, *, operator: str | None = None, key_serializer: str = "str",
-             value_serializer: str = "pickle") -> ListState[Any, Any]:
+    def list(
+        self, name: str, *, operator: str | None = None, key_serializer: str = "str", value_serializer: str = "pickle"
+    ) -> ListState[Any, Any]:
         return self._get(ListState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer)
 
-    def map(self, name: str, *, operator: str | None = None, key_serializer: str = "str",
-            user_key_serializer: str = "str", value_serializer: str = "pickle") -> MapState[Any, Any, Any]:
-        return self._get(MapState, name, operator, key_serializer=key_serializer,
-                         user_key_serializer=user_key_serializer, value_serializer=value_serializer)
+    def map(
+        self,
+        name: str,
+        *,
+        operator: str | None = None,
+        key_serializer: str = "str",
+        user_key_serializer: str = "str",
+        value_serializer: str = "pickle",
+    ) -> MapState[Any, Any, Any]:
+        return self._get(
+            MapState,
+            name,
+            operator,
+            key_serializer=key_serializer,
+            user_key_serializer=user_key_serializer,
+            value_serializer=value_serializer,
+        )
 
     def reducing(self, name: str, *, operator: str | None = None, key_serializer: str = "str") -> ReducingState[Any]:
         return self._get(ReducingState, name, operator, key_serializer=key_serializer)
@@ -209,8 +231,9 @@ class KeyedStateRuntime:
         self.executor_token_file = executor_token_file
         self._executor_token: tuple[str | None] | None = None
         self.client = StateClient(jobmanager, security=security, token=resolve_token(token_file))
-        routing = self.client.submit_job(job_id, self.operators, max_parallelism=max_parallelism,
-                                         restore_path=restore_path, config=job_config)
+        routing = self.client.submit_job(
+            job_id, self.operators, max_parallelism=max_parallelism, restore_path=restore_path, config=job_config
+        )
         self.max_parallelism = routing.max_parallelism
         # Spark task attempt ids restart at 0 in a new SparkContext. Folding a random per-driver
         # number into every attempt id keeps a restarted driver's attempts distinct from
@@ -268,8 +291,15 @@ class KeyedStateRuntime:
         """
         if max_batch_attempts < 1 or batch_timeout_s <= 0:
             raise InvalidArgumentError("max_batch_attempts must be >= 1 and batch_timeout_s > 0")
-        options = BatchOptions(operator or self.operators[0].operator_id, key_col, key_serializer, exactly_once,
-                               checkpoint, max_batch_attempts, batch_timeout_s)
+        options = BatchOptions(
+            operator or self.operators[0].operator_id,
+            key_col,
+            key_serializer,
+            exactly_once,
+            checkpoint,
+            max_batch_attempts,
+            batch_timeout_s,
+        )
         return _BatchRunner(self, process, options)
 
     def executor_token_name(self, spark: Any) -> str | None:
@@ -352,32 +382,45 @@ class _BatchRunner:
             t1 = time.perf_counter()
             try:
                 response = rt.client.commit_epoch(
-                    job_id, start.epoch, winners, query_id=query_id, batch_id=batch_id,
-                    expected_routing_version=start.routing.version, checkpoint=self._o.checkpoint,
-                    wait_for_checkpoint=True, timeout_s=max(1.0, deadline - time.monotonic()),
+                    job_id,
+                    start.epoch,
+                    winners,
+                    query_id=query_id,
+                    batch_id=batch_id,
+                    expected_routing_version=start.routing.version,
+                    checkpoint=self._o.checkpoint,
+                    wait_for_checkpoint=True,
+                    timeout_s=max(1.0, deadline - time.monotonic()),
                 )
             except EpochGapError:
                 raise
             except (EpochConflictError, JobStateError, UnavailableError, CheckpointError) as exc:
                 last = exc.message
-                logger.warning("job %s: batch %d (epoch %d): %s; trying again", job_id, batch_id, start.epoch, exc.message)
+                logger.warning(
+                    "job %s: batch %d (epoch %d): %s; trying again", job_id, batch_id, start.epoch, exc.message
+                )
                 continue
             finally:
                 commit_s += time.perf_counter() - t1
             cp = response.checkpoint
             if not response.HasField("checkpoint") or cp.status != "COMPLETED" or cp.epoch < start.epoch:
                 # Defence in depth: the JobManager answers only with a completed checkpoint.
-                last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({cp.status})"
+                last = (
+                    f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({cp.status})"
+                )
                 logger.error("job %s: batch %d: %s", job_id, batch_id, last)
                 continue
             skipped = start.action == jm_pb.ALREADY_COMMITTED and runs == 0
             if skipped:
-                logger.info("job %s: batch %d (epoch %d) was already committed; it is durable", job_id, batch_id, start.epoch)
+                logger.info(
+                    "job %s: batch %d (epoch %d) was already committed; it is durable", job_id, batch_id, start.epoch
+                )
             self._done(batch_id, started, tasks_s, commit_s, cp, skipped=skipped)
             return
 
-    def _done(self, batch_id: int, started: float, tasks_s: float, commit_s: float, checkpoint: Any,
-              skipped: bool = False) -> None:
+    def _done(
+        self, batch_id: int, started: float, tasks_s: float, commit_s: float, checkpoint: Any, skipped: bool = False
+    ) -> None:
         rt = self._rt
         if skipped:
             rt.batches_skipped += 1
@@ -402,7 +445,13 @@ class _BatchRunner:
         # The job's current parallelism, read every batch: a rescale changes it.
         parallelism = routing.operator(o.operator_id).parallelism
         parted = repartition_by_key_group(df, o.key_col, self._rt.max_parallelism, parallelism, o.key_serializer)
-        address, job_id, operator_id, process, nonce = self._rt.jobmanager, self._rt.job_id, o.operator_id, self._process, self._rt.driver_nonce
+        address, job_id, operator_id, process, nonce = (
+            self._rt.jobmanager,
+            self._rt.job_id,
+            o.operator_id,
+            self._process,
+            self._rt.driver_nonce,
+        )
         security = self._rt.security
         token_name = self._rt.executor_token_name(df.sparkSession)
         epoch = start.epoch if start is not None else -1
@@ -416,8 +465,12 @@ class _BatchRunner:
             partition, attempt = ctx.partitionId(), (nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
             scope = None
             if epoch >= 0:
-                scope = EpochScope(pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version=version)
-            state = PartitionState(worker_client(address, security, token_name), job_id, operator_id, scope, batch_id=batch_id)
+                scope = EpochScope(
+                    pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version=version
+                )
+            state = PartitionState(
+                worker_client(address, security, token_name), job_id, operator_id, scope, batch_id=batch_id
+            )
             process(iter(batches), state)
             winner = scope.winner().SerializeToString() if scope is not None else b""
             yield pa.RecordBatch.from_pydict(
@@ -425,8 +478,13 @@ class _BatchRunner:
                 schema=pa.schema([("partition", pa.int32()), ("attempt", pa.int64()), ("winner", pa.binary())]),
             )
 
-        schema = StructType([StructField("partition", IntegerType()), StructField("attempt", LongType()),
-                             StructField("winner", BinaryType())])
+        schema = StructType(
+            [
+                StructField("partition", IntegerType()),
+                StructField("attempt", LongType()),
+                StructField("winner", BinaryType()),
+            ]
+        )
         rows = parted.mapInArrow(task, schema).collect()
         if start is None:
             return []

@@ -121,9 +121,7 @@ def _spark_context(spark_or_sc: Any) -> Any:
             "a Spark Connect session has no SparkContext: ship the package with "
             "spark.addArtifacts(keyedstate.common.spark.package_zip(), pyfile=True)"
         )
-    raise InvalidArgumentError(
-        f"ship_package needs a SparkSession or SparkContext, got {type(spark_or_sc).__name__}"
-    )
+    raise InvalidArgumentError(f"ship_package needs a SparkSession or SparkContext, got {type(spark_or_sc).__name__}")
 
 
 def ship_package(spark_or_sc: Any) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol
-
+from typing import Protocol
 
 MAX_FILE_NAME = 255
 
@@ -17,9 +17,7 @@ def is_plain_file_name(name: str) -> bool:
     restore writes each file under its name inside the restore directory.
     """
     return (
-        0 < len(name) <= MAX_FILE_NAME
-        and name not in (".", "..")
-        and not any(c in name for c in ("/", "\\", "\x00"))
+        0 < len(name) <= MAX_FILE_NAME and name not in (".", "..") and not any(c in name for c in ("/", "\\", "\x00"))
     )
 
 
@@ -47,6 +45,7 @@ class CheckpointStorage(Protocol):
 
     def join(self, base: str, *parts: str) -> str:
         """``base`` + ``/`` + parts; parts must not contain ``..`` or ``.`` segments."""
+
     def exists(self, path: str) -> bool: ...
     def read_bytes(self, path: str) -> bytes: ...
     def write_bytes(self, path: str, data: bytes) -> None: ...
@@ -54,6 +53,7 @@ class CheckpointStorage(Protocol):
     def put_file(self, local_path: str, path: str) -> None: ...
     def get_file(self, path: str, local_path: str) -> None:
         """Download to ``local_path`` (replaced atomically; parents created)."""
+
     def size(self, path: str) -> int: ...
     def list(self, path: str, recursive: bool = False) -> Iterator[FileInfo]:
         """Entries under ``path``, sorted by path; a missing path lists as empty.
@@ -61,7 +61,9 @@ class CheckpointStorage(Protocol):
         Non-recursive: the immediate children, directories included. Recursive: every file
         below ``path``, no directory entries. URLs keep the form of ``path`` (scheme included).
         """
+
     def delete(self, path: str) -> None:
         """Delete a file; a missing file is not an error."""
+
     def delete_dir(self, path: str) -> None:
         """Delete a directory tree (or every object under a prefix); missing is not an error."""

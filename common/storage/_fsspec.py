@@ -14,7 +14,8 @@ import os
 import shutil
 import threading
 import uuid
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from fsspec import AbstractFileSystem
 
@@ -33,7 +34,9 @@ TEMP_PREFIX = ".ks-tmp-"
 def join_url(base: str, *parts: str) -> str:
     """Join URL path segments with ``/``, refusing ``..``/``.`` segments and empty parts."""
     if not base:
-        raise InvalidArgumentError("cannot join onto an empty base path; pass an absolute URL such as s3://bucket/checkpoints")
+        raise InvalidArgumentError(
+            "cannot join onto an empty base path; pass an absolute URL such as s3://bucket/checkpoints"
+        )
     cleaned: list[str] = []
     for part in parts:
         segments = [s for s in part.split("/") if s]
@@ -249,8 +252,7 @@ class FsspecStorage(abc.ABC):
         except Exception as exc:
             if self._is_transient(exc):
                 message = (
-                    f"{op} {url} failed after {self._retry.max_attempts} attempts: {_describe(exc)}; "
-                    f"{self._hint(exc)}"
+                    f"{op} {url} failed after {self._retry.max_attempts} attempts: {_describe(exc)}; {self._hint(exc)}"
                 )
             else:
                 message = f"{op} {url} failed: {_describe(exc)}; {self._hint(exc)}"

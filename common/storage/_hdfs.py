@@ -70,7 +70,12 @@ class HdfsStorage(FsspecStorage):
 
     @classmethod
     def from_url(
-        cls, url: str, config: Configuration | None = None, *, retry: RetryPolicy | None = None, waiter: Waiter | None = None
+        cls,
+        url: str,
+        config: Configuration | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        waiter: Waiter | None = None,
     ) -> HdfsStorage:
         parts = urlsplit(url)
         return cls(parts.scheme.lower(), parts.netloc, retry=retry, waiter=waiter)
@@ -91,8 +96,10 @@ class HdfsStorage(FsspecStorage):
                 from fsspec.implementations.webhdfs import WebHDFS
 
                 return WebHDFS(
-                    host=host or "localhost", port=int(port or DEFAULT_WEBHDFS_PORT),
-                    user=os.environ.get("HADOOP_USER_NAME"), skip_instance_cache=True,
+                    host=host or "localhost",
+                    port=int(port or DEFAULT_WEBHDFS_PORT),
+                    user=os.environ.get("HADOOP_USER_NAME"),
+                    skip_instance_cache=True,
                 )
             from fsspec.implementations.arrow import HadoopFileSystem
 
@@ -105,7 +112,9 @@ class HdfsStorage(FsspecStorage):
         except Exception as exc:  # pyarrow raises OSError when libjvm or libhdfs cannot be loaded
             # pyarrow lists every JVM path it tried; the first line says what failed.
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise StorageError(f"cannot connect to {self.scheme}://{self.netloc}: {first_line}; {INSTALL_HINT_HDFS}") from exc
+            raise StorageError(
+                f"cannot connect to {self.scheme}://{self.netloc}: {first_line}; {INSTALL_HINT_HDFS}"
+            ) from exc
 
     def __repr__(self) -> str:
         return f"HdfsStorage({self.scheme}://{self.netloc})"

@@ -13,7 +13,8 @@ import errno
 import logging
 import os
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -39,7 +40,12 @@ class LocalStorage(FsspecStorage):
 
     @classmethod
     def from_url(
-        cls, url: str, config: Configuration | None = None, *, retry: RetryPolicy | None = None, waiter: Waiter | None = None
+        cls,
+        url: str,
+        config: Configuration | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        waiter: Waiter | None = None,
     ) -> LocalStorage:
         return cls(retry=retry, waiter=waiter)
 
@@ -49,14 +55,16 @@ class LocalStorage(FsspecStorage):
 
     def _split(self, url: str) -> tuple[str, str]:
         if url.startswith("file://"):
-            rest = url[len("file://"):]
+            rest = url[len("file://") :]
             if not rest.startswith("/"):
                 raise InvalidArgumentError(
                     f"{url!r}: a file URL needs an absolute path after file://, for example file:///var/lib/checkpoints"
                 )
             return "file://", os.path.abspath(rest)
         if "://" in url:
-            raise InvalidArgumentError(f"{url!r} is not a local path; local storage serves file:// URLs and plain paths")
+            raise InvalidArgumentError(
+                f"{url!r} is not a local path; local storage serves file:// URLs and plain paths"
+            )
         if not url:
             raise InvalidArgumentError("empty path; pass a file:// URL or a directory path")
         return "", os.path.abspath(url)

@@ -30,17 +30,25 @@ class StorageBackend:
     """What to install when importing ``module`` fails."""
 
 
-_LOCAL = StorageBackend("keyedstate.common.storage._local:LocalStorage", "reinstall keyedstate (fsspec is a core dependency)")
-_S3 = StorageBackend("keyedstate.common.storage._s3:S3Storage", "pip install s3fs (or pip install keyedstate, which depends on it)")
+_LOCAL = StorageBackend(
+    "keyedstate.common.storage._local:LocalStorage", "reinstall keyedstate (fsspec is a core dependency)"
+)
+_S3 = StorageBackend(
+    "keyedstate.common.storage._s3:S3Storage", "pip install s3fs (or pip install keyedstate, which depends on it)"
+)
 _HDFS = StorageBackend(
     "keyedstate.common.storage._hdfs:HdfsStorage",
     "pip install fsspec pyarrow (hdfs://) or requests (webhdfs://)",
 )
 
 _REGISTRY: dict[str, StorageBackend] = {
-    "": _LOCAL, "file": _LOCAL,
-    "s3": _S3, "s3a": _S3, "s3n": _S3,
-    "hdfs": _HDFS, "webhdfs": _HDFS,
+    "": _LOCAL,
+    "file": _LOCAL,
+    "s3": _S3,
+    "s3a": _S3,
+    "s3n": _S3,
+    "hdfs": _HDFS,
+    "webhdfs": _HDFS,
 }
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import errno
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from keyedstate.common.errors import ConfigError, Reason, StorageError
 
@@ -16,14 +17,24 @@ T = TypeVar("T")
 
 # OSError numbers that mean "try again": throttling (s3fs maps SlowDown/503 to EBUSY),
 # server errors (500 → EREMOTEIO) and network trouble.
-_TRANSIENT_ERRNOS = frozenset({
-    errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
-    errno.ECONNABORTED, errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN,
-    errno.EREMOTEIO,
-    # A recursive delete that raced a writer still adding files (an upload of an aborted
-    # checkpoint landing during the deletion): the next walk removes them.
-    errno.ENOTEMPTY,
-})
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EBUSY,
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EREMOTEIO,
+        # A recursive delete that raced a writer still adding files (an upload of an aborted
+        # checkpoint landing during the deletion): the next walk removes them.
+        errno.ENOTEMPTY,
+    }
+)
 # Definite answers: retrying cannot change them.
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -95,7 +106,11 @@ def call_with_retries(
             delay = policy.backoff_s(attempt)
             logger.warning(
                 "storage %s failed (attempt %d of %d), retrying in %.2f s: %s",
-                what, attempt, policy.max_attempts, delay, exc,
+                what,
+                attempt,
+                policy.max_attempts,
+                delay,
+                exc,
             )
             if waiter.wait(delay):
                 raise StorageError(

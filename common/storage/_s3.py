@@ -26,7 +26,8 @@ import errno
 import logging
 import os
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import s3fs
 
@@ -39,17 +40,27 @@ logger = logging.getLogger(__name__)
 
 SCHEMES = ("s3", "s3a", "s3n")
 
-_THROTTLE_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable",
-    "InternalError", "RequestTimeout",
-})
+_THROTTLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "ServiceUnavailable",
+        "InternalError",
+        "RequestTimeout",
+    }
+)
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
     from botocore import exceptions as bx
 
     errors: list[type[BaseException]] = [
-        bx.HTTPClientError, bx.ConnectionError, bx.IncompleteReadError, bx.ResponseStreamingError,
+        bx.HTTPClientError,
+        bx.ConnectionError,
+        bx.IncompleteReadError,
+        bx.ResponseStreamingError,
     ]
     try:
         import aiohttp
@@ -122,7 +133,12 @@ class S3Storage(FsspecStorage):
 
     @classmethod
     def from_url(
-        cls, url: str, config: Configuration | None = None, *, retry: RetryPolicy | None = None, waiter: Waiter | None = None
+        cls,
+        url: str,
+        config: Configuration | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        waiter: Waiter | None = None,
     ) -> S3Storage:
         return cls(s3fs_options(config), retry=retry, waiter=waiter)
 
@@ -169,7 +185,7 @@ class S3Storage(FsspecStorage):
                 return
             keys = [name.partition("/")[2] for name in found]
             for i in range(0, len(keys), 1000):
-                batch = keys[i:i + 1000]
+                batch = keys[i : i + 1000]
                 answer = self.fs.call_s3(
                     "delete_objects", Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
                 )
@@ -205,7 +221,9 @@ class S3Storage(FsspecStorage):
         if isinstance(exc, PermissionError):
             return "S3 denied access; check the credentials (s3.access-key / AWS_ACCESS_KEY_ID) and the bucket policy"
         if isinstance(exc, _NETWORK_ERRORS) or isinstance(exc, (ConnectionError, TimeoutError)):
-            endpoint = self._options.get("endpoint_url") or getattr(self._fs, "endpoint_url", None) or "the AWS S3 endpoint"
+            endpoint = (
+                self._options.get("endpoint_url") or getattr(self._fs, "endpoint_url", None) or "the AWS S3 endpoint"
+            )
             return f"cannot reach {endpoint}; check s3.endpoint (or AWS_ENDPOINT_URL) and the network"
         if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
             return "S3 kept throttling (SlowDown/503); spread checkpoints out or raise the request-rate limits"

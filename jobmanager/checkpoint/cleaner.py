@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
@@ -81,7 +82,9 @@ class CheckpointsCleaner:
         future.add_done_callback(self._forget)
         return future
 
-    def revisit(self, keep: Callable[[str], bool] | None = None, what: str = "late uploads of aborted checkpoints") -> Future[list[str]]:
+    def revisit(
+        self, keep: Callable[[str], bool] | None = None, what: str = "late uploads of aborted checkpoints"
+    ) -> Future[list[str]]:
         """Delete the directories passed as ``revisit`` to :meth:`discard` again (call when a checkpoint completes)."""
         with self._lock:
             due = sorted(self._revisits)
@@ -110,8 +113,9 @@ class CheckpointsCleaner:
             except Exception:
                 with self._lock:
                     self.failures += 1
-                logger.warning("could not delete %s (%s); statectl checkpoint gc can remove it later", path, what,
-                               exc_info=True)
+                logger.warning(
+                    "could not delete %s (%s); statectl checkpoint gc can remove it later", path, what, exc_info=True
+                )
         if deleted:
             logger.debug("deleted %d path(s) of %s", len(deleted), what)
         return deleted

@@ -99,12 +99,17 @@ class StandaloneCompletedCheckpointStore:
         with self._lock:
             ids = [c.checkpoint_id for c in self._entries]
             if checkpoint.checkpoint_id in ids:
-                raise CheckpointError(f"checkpoint {checkpoint.checkpoint_id} is already in the completed-checkpoint store")
+                raise CheckpointError(
+                    f"checkpoint {checkpoint.checkpoint_id} is already in the completed-checkpoint store"
+                )
             if checkpoint.savepoint:
                 if self._entries and checkpoint.checkpoint_id < ids[-1]:
                     # A newer checkpoint already completed; the savepoint stays valid at its path.
-                    logger.info("savepoint %d completed after newer checkpoint %d; not kept as restore point",
-                                checkpoint.checkpoint_id, ids[-1])
+                    logger.info(
+                        "savepoint %d completed after newer checkpoint %d; not kept as restore point",
+                        checkpoint.checkpoint_id,
+                        ids[-1],
+                    )
                     return []
                 self._entries.append(checkpoint)
                 return []

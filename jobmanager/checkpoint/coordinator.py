@@ -33,7 +33,7 @@ import concurrent.futures
 import logging
 import threading
 from collections import OrderedDict
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
@@ -176,7 +176,9 @@ class CheckpointCoordinator:
             return self._consecutive_failures
 
     # -- triggering ----------------------------------------------------------------------------
-    def trigger(self, savepoint: bool = False, target_dir: str | None = None, periodic: bool = False) -> PendingCheckpoint:
+    def trigger(
+        self, savepoint: bool = False, target_dir: str | None = None, periodic: bool = False
+    ) -> PendingCheckpoint:
         """Start a checkpoint (or savepoint) and send its barrier; returns it while in progress.
 
         The checkpoint is cut at the epoch the job holds while the barrier goes out (the
@@ -190,35 +192,54 @@ class CheckpointCoordinator:
         if savepoint:
             target_dir = target_dir or self.savepoints_dir
             if not target_dir:
-                raise InvalidArgumentError(
-                    "a savepoint needs a target directory: pass one or set state.savepoints.dir"
-                )
+                raise InvalidArgumentError("a savepoint needs a target directory: pass one or set state.savepoints.dir")
         elif target_dir is not None:
             raise InvalidArgumentError("target_dir applies to savepoints only; checkpoints go to state.checkpoints.dir")
         # Callbacks into the job model run before taking the lock; they may take locks of their own.
         operators = tuple(self._operators())
         with self._gateway.cut() as cut:
             # What runs at the cut is what gets the barrier: read with the epoch, not before it.
-            running = cut.running if cut.running is not None else (
-                frozenset(self._tasks()) if self._tasks is not None else None)
+            running = (
+                cut.running
+                if cut.running is not None
+                else (frozenset(self._tasks()) if self._tasks is not None else None)
+            )
             try:
                 pending = self._create_pending(savepoint, target_dir, cut, periodic, operators, running)
             except CheckpointException as exc:
-                quiet = periodic and exc.failure_reason in (R.TOO_MANY_CHECKPOINT_REQUESTS, R.MINIMUM_TIME_BETWEEN_CHECKPOINTS)
+                quiet = periodic and exc.failure_reason in (
+                    R.TOO_MANY_CHECKPOINT_REQUESTS,
+                    R.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+                )
                 if not quiet:
                     self.stats.report_rejected(exc.failure_reason, exc.detail)
                     logger.info("job=%s checkpoint not triggered: %s", self.job_id, exc.message)
                 raise
             self.stats.report_pending(
-                pending.checkpoint_id, pending.trigger_timestamp_ms, savepoint=savepoint,
-                num_subtasks=len(pending.expected), path=pending.target_path, epoch=cut.epoch,
+                pending.checkpoint_id,
+                pending.trigger_timestamp_ms,
+                savepoint=savepoint,
+                num_subtasks=len(pending.expected),
+                path=pending.target_path,
+                epoch=cut.epoch,
             )
-            logger.info("job=%s checkpoint=%d triggered (%s, %d subtasks, epoch %d, target %s)", self.job_id,
-                        pending.checkpoint_id, "savepoint" if savepoint else "periodic" if periodic else "checkpoint",
-                        len(pending.expected), cut.epoch, pending.target_path)
+            logger.info(
+                "job=%s checkpoint=%d triggered (%s, %d subtasks, epoch %d, target %s)",
+                self.job_id,
+                pending.checkpoint_id,
+                "savepoint" if savepoint else "periodic" if periodic else "checkpoint",
+                len(pending.expected),
+                cut.epoch,
+                pending.target_path,
+            )
             barrier = CheckpointBarrier(
-                self.job_id, pending.checkpoint_id, pending.trigger_timestamp_ms, pending.target_path, savepoint,
-                pending.incremental, cut.epoch,
+                self.job_id,
+                pending.checkpoint_id,
+                pending.trigger_timestamp_ms,
+                pending.target_path,
+                savepoint,
+                pending.incremental,
+                cut.epoch,
             )
             try:
                 self._gateway.send_barrier(barrier)
@@ -228,13 +249,19 @@ class CheckpointCoordinator:
                 detail = getattr(exc, "message", None) or repr(exc)
                 message = f"could not deliver the barrier of checkpoint {pending.checkpoint_id}: {detail}"
                 if not unavailable:
-                    logger.warning("job=%s checkpoint=%d barrier failed", self.job_id, pending.checkpoint_id, exc_info=True)
+                    logger.warning(
+                        "job=%s checkpoint=%d barrier failed", self.job_id, pending.checkpoint_id, exc_info=True
+                    )
                 if self._abort(pending, reason, message):
                     raise CheckpointException(reason, message) from exc
         return pending
 
     def trigger_waiting(
-        self, timeout_ms: int, savepoint: bool = False, target_dir: str | None = None, closed: threading.Event | None = None
+        self,
+        timeout_ms: int,
+        savepoint: bool = False,
+        target_dir: str | None = None,
+        closed: threading.Event | None = None,
     ) -> PendingCheckpoint:
         """:meth:`trigger`, but wait for a free turn instead of being refused.
 
@@ -254,7 +281,9 @@ class CheckpointCoordinator:
                         exc.failure_reason, f"{exc.detail} (waited {timeout_ms} ms for a turn)"
                     ) from exc
 
-    def wait_for_turn(self, refused: CheckpointException, timeout_ms: int, closed: threading.Event | None = None) -> bool:
+    def wait_for_turn(
+        self, refused: CheckpointException, timeout_ms: int, closed: threading.Event | None = None
+    ) -> bool:
         """After a trigger was refused for want of a turn, wait (at most ``timeout_ms``) until one may come.
 
         A checkpoint in flight is waited for until one finishes, the minimum pause until it
@@ -276,7 +305,9 @@ class CheckpointCoordinator:
         with self._lock:
             futures = [p.future for p in self._pending.values() if not p.savepoint]
         if futures:
-            concurrent.futures.wait(futures, timeout=timeout_ms / 1000.0, return_when=concurrent.futures.FIRST_COMPLETED)
+            concurrent.futures.wait(
+                futures, timeout=timeout_ms / 1000.0, return_when=concurrent.futures.FIRST_COMPLETED
+            )
 
     def _sleep(self, delay_ms: int, closed: threading.Event | None) -> None:
         """Sleep on the injected scheduler (so tests advance a manual clock instead of waiting)."""
@@ -301,7 +332,9 @@ class CheckpointCoordinator:
         required = {SubtaskId(self.job_id, op.operator_id, i) for op in operators for i in range(op.parallelism)}
         with self._lock:
             if self._shutdown:
-                raise CheckpointException(R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} is shut down")
+                raise CheckpointException(
+                    R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} is shut down"
+                )
             if periodic and not self._periodic_running:
                 raise CheckpointException(R.PERIODIC_SCHEDULER_SHUTDOWN, "periodic checkpoints are stopped")
             if not savepoint:
@@ -320,11 +353,15 @@ class CheckpointCoordinator:
                         f"{o.CHECKPOINT_MIN_PAUSE.key} is {self.settings.min_pause_ms} ms; retry in {remaining} ms",
                     )
             if not required:
-                raise CheckpointException(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {self.job_id} has no subtasks to checkpoint")
+                raise CheckpointException(
+                    R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {self.job_id} has no subtasks to checkpoint"
+                )
             if running is not None:
                 missing = sorted(required - running)
                 if missing:
-                    shown = ", ".join(str(s) for s in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                    shown = ", ".join(str(s) for s in missing[:5]) + (
+                        f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+                    )
                     raise CheckpointException(
                         R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"{len(missing)} subtask(s) are not running: {shown}"
                     )
@@ -450,12 +487,20 @@ class CheckpointCoordinator:
             crash_point("jobmanager.checkpoint.acknowledged")
             self.stats.report_ack(checkpoint_id)
         elif late is not None:
-            logger.info("job=%s checkpoint=%d late ack from %s for an aborted checkpoint; deleting its files",
-                        self.job_id, checkpoint_id, subtask)
+            logger.info(
+                "job=%s checkpoint=%d late ack from %s for an aborted checkpoint; deleting its files",
+                self.job_id,
+                checkpoint_id,
+                subtask,
+            )
             self._discard_late_ack(late, handle)
         elif outcome is AckOutcome.DISCARDED:
-            logger.info("job=%s checkpoint=%d ack from %s for a checkpoint of an earlier JobManager; deleting its files",
-                        self.job_id, checkpoint_id, subtask)
+            logger.info(
+                "job=%s checkpoint=%d ack from %s for a checkpoint of an earlier JobManager; deleting its files",
+                self.job_id,
+                checkpoint_id,
+                subtask,
+            )
             self._discard_orphan_ack(checkpoint_id, handle)
         elif outcome is not AckOutcome.SUCCESS:
             logger.debug("job=%s checkpoint=%d ack from %s: %s", self.job_id, checkpoint_id, subtask, outcome.value)
@@ -464,7 +509,11 @@ class CheckpointCoordinator:
         return outcome
 
     def decline(
-        self, checkpoint_id: int, subtask: SubtaskId, message: str, reason: CheckpointFailureReason = R.CHECKPOINT_DECLINED
+        self,
+        checkpoint_id: int,
+        subtask: SubtaskId,
+        message: str,
+        reason: CheckpointFailureReason = R.CHECKPOINT_DECLINED,
     ) -> AckOutcome:
         """A subtask cannot take the checkpoint: abort it. Unknown or finished ids change nothing."""
         with self._lock:
@@ -477,7 +526,9 @@ class CheckpointCoordinator:
             else:
                 outcome = AckOutcome.SUCCESS
         if outcome is not AckOutcome.SUCCESS:
-            logger.debug("job=%s checkpoint=%d decline from %s ignored: %s", self.job_id, checkpoint_id, subtask, outcome.value)
+            logger.debug(
+                "job=%s checkpoint=%d decline from %s ignored: %s", self.job_id, checkpoint_id, subtask, outcome.value
+            )
             return outcome
         assert pending is not None
         aborted = self._abort(pending, reason, f"subtask {subtask} declined checkpoint {checkpoint_id}: {message}")
@@ -511,7 +562,9 @@ class CheckpointCoordinator:
             with self._lock:
                 newer = self._latest_checkpoint_id
             if not pending.savepoint and newer > cid:
-                self._abort(pending, R.CHECKPOINT_SUBSUMED, f"checkpoint {newer} completed first", allow_finalizing=True)
+                self._abort(
+                    pending, R.CHECKPOINT_SUBSUMED, f"checkpoint {newer} completed first", allow_finalizing=True
+                )
                 return
             metadata_path = _paths.join(pending.target_path, _paths.METADATA_FILE)
             try:
@@ -523,16 +576,27 @@ class CheckpointCoordinator:
                 crash_point("jobmanager.checkpoint.metadata-written")
             except Exception as exc:
                 # An existing _metadata is someone else's completed checkpoint: delete nothing then.
-                self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE, _finalize_message(metadata_path, exc),
-                            allow_finalizing=True, cleanup=not isinstance(exc, FileExistsError))
+                self._abort(
+                    pending,
+                    R.FINALIZE_CHECKPOINT_FAILURE,
+                    _finalize_message(metadata_path, exc),
+                    allow_finalizing=True,
+                    cleanup=not isinstance(exc, FileExistsError),
+                )
                 return
             completed = CompletedCheckpoint(metadata, pending.target_path, completion_timestamp_ms=self._clock.now_ms())
             try:
                 subsumed = self._store.add_checkpoint(completed)
             except Exception as exc:
-                logger.exception("job=%s checkpoint=%d could not be added to the completed-checkpoint store", self.job_id, cid)
-                self._abort(pending, R.FINALIZE_CHECKPOINT_FAILURE,
-                            f"the completed-checkpoint store refused checkpoint {cid}: {exc}", allow_finalizing=True)
+                logger.exception(
+                    "job=%s checkpoint=%d could not be added to the completed-checkpoint store", self.job_id, cid
+                )
+                self._abort(
+                    pending,
+                    R.FINALIZE_CHECKPOINT_FAILURE,
+                    f"the completed-checkpoint store refused checkpoint {cid}: {exc}",
+                    allow_finalizing=True,
+                )
                 return
             # Register before unregistering: files the new checkpoint shares with a subsumed one
             # never drop to zero references.
@@ -551,23 +615,44 @@ class CheckpointCoordinator:
                 self._latest_success_id = max(self._latest_success_id, cid)
                 self._consecutive_failures = 0
                 self._failover_fired = False
-                to_subsume = [] if pending.savepoint else [
-                    p for p in self._pending.values()
-                    if not p.savepoint and p.checkpoint_id < cid and p.status is PendingStatus.IN_PROGRESS
-                ]
+                to_subsume = (
+                    []
+                    if pending.savepoint
+                    else [
+                        p
+                        for p in self._pending.values()
+                        if not p.savepoint and p.checkpoint_id < cid and p.status is PendingStatus.IN_PROGRESS
+                    ]
+                )
                 released = self._defer_locked(released, exclude={p.checkpoint_id for p in to_subsume})
         duration = now - pending.trigger_monotonic_ms
-        logger.info("job=%s checkpoint=%d completed in %d ms (%s, full %d B, incremental %d B)", self.job_id, cid,
-                    duration, completed.external_path, metadata.full_size, metadata.incremental_size)
-        self.stats.report_completed(cid, duration_ms=duration, full_size=metadata.full_size,
-                                    incremental_size=metadata.incremental_size, path=completed.external_path,
-                                    epoch=metadata.epoch)
+        logger.info(
+            "job=%s checkpoint=%d completed in %d ms (%s, full %d B, incremental %d B)",
+            self.job_id,
+            cid,
+            duration,
+            completed.external_path,
+            metadata.full_size,
+            metadata.incremental_size,
+        )
+        self.stats.report_completed(
+            cid,
+            duration_ms=duration,
+            full_size=metadata.full_size,
+            incremental_size=metadata.incremental_size,
+            path=completed.external_path,
+            epoch=metadata.epoch,
+        )
         for p in to_subsume:
             self._abort(p, R.CHECKPOINT_SUBSUMED, f"checkpoint {cid} completed first")
         for old in subsumed:
             logger.info("job=%s checkpoint=%d subsumed by %d; deleting it", self.job_id, old.checkpoint_id, cid)
-        self._cleaner.discard(directories=[s.external_path for s in subsumed], files=released, keep=self._keep,
-                              what=f"checkpoints subsumed by {cid} of job {self.job_id}")
+        self._cleaner.discard(
+            directories=[s.external_path for s in subsumed],
+            files=released,
+            keep=self._keep,
+            what=f"checkpoints subsumed by {cid} of job {self.job_id}",
+        )
         self._cleaner.revisit(keep=self._keep)
         self._release_deferred()
         self._notify(cid, True)
@@ -612,7 +697,14 @@ class CheckpointCoordinator:
                 # shared/chk-<n>/ holds what TaskManagers uploaded for n, acknowledged or not (a dead one never acks);
                 # no other checkpoint references it (files are reused only once n completed). Swept again later:
                 # the last uploads of a dead TaskManager may still land.
-                revisit=[pending.target_path, *([] if pending.savepoint else [_paths.join(self.shared_dir, _paths.checkpoint_dir_name(pending.checkpoint_id))])],
+                revisit=[
+                    pending.target_path,
+                    *(
+                        []
+                        if pending.savepoint
+                        else [_paths.join(self.shared_dir, _paths.checkpoint_dir_name(pending.checkpoint_id))]
+                    ),
+                ],
             )
         self._release_deferred()
         self._notify(pending.checkpoint_id, False)
@@ -633,17 +725,26 @@ class CheckpointCoordinator:
 
     def _discard_late_ack(self, pending: PendingCheckpoint, handle: pb.SubtaskStateHandle) -> None:
         """Delete what an ack of an aborted checkpoint uploaded: its directory again, and its unreferenced shared files."""
-        self._discard_ack(pending.target_path, lambda path: pending.relative_path(path, True), handle,
-                          f"late ack of aborted checkpoint {pending.checkpoint_id}")
+        self._discard_ack(
+            pending.target_path,
+            lambda path: pending.relative_path(path, True),
+            handle,
+            f"late ack of aborted checkpoint {pending.checkpoint_id}",
+        )
 
     def _discard_orphan_ack(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> None:
         """Delete what an ack of a checkpoint this coordinator never knew uploaded (see :meth:`acknowledge`)."""
         prefix = _paths.SHARED_DIR + "/"
-        self._discard_ack(_paths.join(self.job_dir, _paths.checkpoint_dir_name(checkpoint_id)),
-                          lambda path: "../" + path if path.startswith(prefix) else path, handle,
-                          f"ack of checkpoint {checkpoint_id} from an earlier JobManager")
+        self._discard_ack(
+            _paths.join(self.job_dir, _paths.checkpoint_dir_name(checkpoint_id)),
+            lambda path: "../" + path if path.startswith(prefix) else path,
+            handle,
+            f"ack of checkpoint {checkpoint_id} from an earlier JobManager",
+        )
 
-    def _discard_ack(self, target: str, relative: Callable[[str], str], handle: pb.SubtaskStateHandle, what: str) -> None:
+    def _discard_ack(
+        self, target: str, relative: Callable[[str], str], handle: pb.SubtaskStateHandle, what: str
+    ) -> None:
         """Delete ``target`` and the shared files ``handle`` names that nothing references.
 
         ``relative`` maps a path as the TaskManager sent it to one relative to ``target`` (an
@@ -660,8 +761,9 @@ class CheckpointCoordinator:
         with self._lock:
             others = set().union(*(p.shared_files() for p in self._pending.values()))
             candidates = self._defer_locked(sorted(shared - others))
-        self._cleaner.discard(directories=[target], files=self._registry.unreferenced(candidates),
-                              keep=self._keep, what=what)
+        self._cleaner.discard(
+            directories=[target], files=self._registry.unreferenced(candidates), keep=self._keep, what=what
+        )
 
     # -- shared-file deletion guard ------------------------------------------------------------
     def _defer_locked(self, files: list[str], exclude: frozenset[int] | set[int] = frozenset()) -> list[str]:
@@ -671,7 +773,9 @@ class CheckpointCoordinator:
         retained reference (its TaskManager reused it), so such files are held back until every
         checkpoint pending now has completed or aborted.
         """
-        blockers = [p.checkpoint_id for p in self._pending.values() if not p.savepoint and p.checkpoint_id not in exclude]
+        blockers = [
+            p.checkpoint_id for p in self._pending.values() if not p.savepoint and p.checkpoint_id not in exclude
+        ]
         if not files or not blockers:
             return files
         self._deferred.append((max(blockers), list(files)))
@@ -686,8 +790,11 @@ class CheckpointCoordinator:
             self._deferred = [e for e in self._deferred if e not in ready]
         files = [f for _, fs in ready for f in fs]
         if files:
-            self._cleaner.discard(files=self._registry.unreferenced(files), keep=self._keep,
-                                  what=f"released shared files of job {self.job_id}")
+            self._cleaner.discard(
+                files=self._registry.unreferenced(files),
+                keep=self._keep,
+                what=f"released shared files of job {self.job_id}",
+            )
 
     def _keep(self, path: str) -> bool:
         """True for anything a retained or protected checkpoint still needs (checked again just before deleting)."""
@@ -763,7 +870,9 @@ class CheckpointCoordinator:
         """
         if claim:
             if checkpoint.savepoint:
-                raise InvalidArgumentError("a savepoint belongs to the user and cannot be claimed; restore without claim")
+                raise InvalidArgumentError(
+                    "a savepoint belongs to the user and cannot be claimed; restore without claim"
+                )
             self.recover([checkpoint])
         elif self._ids.get() <= checkpoint.checkpoint_id:
             self._ids.set_count(checkpoint.checkpoint_id + 1)
@@ -787,8 +896,12 @@ class CheckpointCoordinator:
                 self._latest_checkpoint_id = max(self._latest_checkpoint_id, checkpoint.checkpoint_id)
                 self._latest_success_id = max(self._latest_success_id, checkpoint.checkpoint_id)
             if subsumed:
-                self._cleaner.discard(directories=[s.external_path for s in subsumed], files=released, keep=self._keep,
-                                      what=f"checkpoints subsumed by recovered {checkpoint.checkpoint_id}")
+                self._cleaner.discard(
+                    directories=[s.external_path for s in subsumed],
+                    files=released,
+                    keep=self._keep,
+                    what=f"checkpoints subsumed by recovered {checkpoint.checkpoint_id}",
+                )
 
     def reset_failure_counter(self) -> None:
         """Forget consecutive failures (after the job failed over and restarted)."""
@@ -806,7 +919,9 @@ class CheckpointCoordinator:
             handle, self._periodic_handle = self._periodic_handle, None
         if handle is not None:
             handle.cancel()
-        self.abort_pending(R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} shut down")
+        self.abort_pending(
+            R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} shut down"
+        )
         if self._owns_cleaner:
             self._cleaner.close()
 
@@ -820,8 +935,13 @@ class CheckpointCoordinator:
         try:
             self._gateway.notify(self.job_id, checkpoint_id, completed)
         except Exception as exc:
-            logger.info("job=%s checkpoint=%d could not notify TaskManagers (%s): %s", self.job_id, checkpoint_id,
-                        "completed" if completed else "aborted", exc)
+            logger.info(
+                "job=%s checkpoint=%d could not notify TaskManagers (%s): %s",
+                self.job_id,
+                checkpoint_id,
+                "completed" if completed else "aborted",
+                exc,
+            )
 
 
 def _finalize_message(metadata_path: str, exc: BaseException) -> str:

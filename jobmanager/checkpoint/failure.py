@@ -18,18 +18,53 @@ class CheckpointFailureReason(enum.Enum):
     Flink, rejections, shutdowns and failures caused by a task or job failover do not.
     """
 
-    PERIODIC_SCHEDULER_SHUTDOWN = ("PERIODIC_SCHEDULER_SHUTDOWN", True, False, "Periodic checkpoint scheduler is shut down.")
-    TOO_MANY_CHECKPOINT_REQUESTS = ("TOO_MANY_CHECKPOINT_REQUESTS", True, False, "The maximum number of concurrent checkpoints is exceeded.")
-    MINIMUM_TIME_BETWEEN_CHECKPOINTS = ("MINIMUM_TIME_BETWEEN_CHECKPOINTS", True, False, "The minimum time between checkpoints is still pending.")
-    NOT_ALL_REQUIRED_TASKS_RUNNING = ("NOT_ALL_REQUIRED_TASKS_RUNNING", True, False, "Not all required tasks are currently running.")
+    PERIODIC_SCHEDULER_SHUTDOWN = (
+        "PERIODIC_SCHEDULER_SHUTDOWN",
+        True,
+        False,
+        "Periodic checkpoint scheduler is shut down.",
+    )
+    TOO_MANY_CHECKPOINT_REQUESTS = (
+        "TOO_MANY_CHECKPOINT_REQUESTS",
+        True,
+        False,
+        "The maximum number of concurrent checkpoints is exceeded.",
+    )
+    MINIMUM_TIME_BETWEEN_CHECKPOINTS = (
+        "MINIMUM_TIME_BETWEEN_CHECKPOINTS",
+        True,
+        False,
+        "The minimum time between checkpoints is still pending.",
+    )
+    NOT_ALL_REQUIRED_TASKS_RUNNING = (
+        "NOT_ALL_REQUIRED_TASKS_RUNNING",
+        True,
+        False,
+        "Not all required tasks are currently running.",
+    )
     IO_EXCEPTION = ("IO_EXCEPTION", True, True, "An I/O problem occurred while triggering the checkpoint.")
     TRIGGER_CHECKPOINT_FAILURE = ("TRIGGER_CHECKPOINT_FAILURE", False, False, "Sending the checkpoint barrier failed.")
     CHECKPOINT_ASYNC_EXCEPTION = ("CHECKPOINT_ASYNC_EXCEPTION", False, True, "Asynchronous task checkpoint failed.")
     CHECKPOINT_EXPIRED = ("CHECKPOINT_EXPIRED", False, True, "Checkpoint expired before completing.")
-    CHECKPOINT_SUBSUMED = ("CHECKPOINT_SUBSUMED", False, False, "Checkpoint has been subsumed by a newer completed checkpoint.")
+    CHECKPOINT_SUBSUMED = (
+        "CHECKPOINT_SUBSUMED",
+        False,
+        False,
+        "Checkpoint has been subsumed by a newer completed checkpoint.",
+    )
     CHECKPOINT_DECLINED = ("CHECKPOINT_DECLINED", False, True, "Checkpoint was declined.")
-    CHECKPOINT_COORDINATOR_SHUTDOWN = ("CHECKPOINT_COORDINATOR_SHUTDOWN", False, False, "CheckpointCoordinator shutdown.")
-    CHECKPOINT_COORDINATOR_SUSPEND = ("CHECKPOINT_COORDINATOR_SUSPEND", False, False, "Checkpoint Coordinator is suspending.")
+    CHECKPOINT_COORDINATOR_SHUTDOWN = (
+        "CHECKPOINT_COORDINATOR_SHUTDOWN",
+        False,
+        False,
+        "CheckpointCoordinator shutdown.",
+    )
+    CHECKPOINT_COORDINATOR_SUSPEND = (
+        "CHECKPOINT_COORDINATOR_SUSPEND",
+        False,
+        False,
+        "Checkpoint Coordinator is suspending.",
+    )
     FINALIZE_CHECKPOINT_FAILURE = ("FINALIZE_CHECKPOINT_FAILURE", False, True, "Failure to finalize checkpoint.")
     JOB_FAILOVER_REGION = ("JOB_FAILOVER_REGION", False, False, "The job is failing over.")
     TASK_FAILURE = ("TASK_FAILURE", False, False, "Task has failed.")

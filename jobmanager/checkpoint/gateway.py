@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -33,8 +33,13 @@ class CheckpointBarrier:
 
     def to_proto(self) -> tm_pb.CheckpointBarrier:
         return tm_pb.CheckpointBarrier(
-            job_id=self.job_id, checkpoint_id=self.checkpoint_id, timestamp_ms=self.timestamp_ms,
-            target_path=self.target_path, savepoint=self.savepoint, incremental=self.incremental, epoch=self.epoch,
+            job_id=self.job_id,
+            checkpoint_id=self.checkpoint_id,
+            timestamp_ms=self.timestamp_ms,
+            target_path=self.target_path,
+            savepoint=self.savepoint,
+            incremental=self.incremental,
+            epoch=self.epoch,
         )
 
 

@@ -11,8 +11,9 @@ reference are kept, each with the reason.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from keyedstate.common.errors import CorruptCheckpointError, StorageError
 from keyedstate.common.storage import CheckpointStorage
@@ -108,8 +109,11 @@ def plan_gc(
         if cid in subsumed:
             plan.remove.append(GcEntry(path, f"checkpoint {cid} was subsumed by newer retained checkpoints", True))
             continue
-        why = f"retained checkpoint {cid}" if cid in retained_ids or not retained_ids else \
-            f"valid checkpoint {cid} not in the store (kept to be safe)"
+        why = (
+            f"retained checkpoint {cid}"
+            if cid in retained_ids or not retained_ids
+            else f"valid checkpoint {cid} not in the store (kept to be safe)"
+        )
         plan.keep.append(GcEntry(path, why, True))
         for _, _, f in valid[cid].files():
             references.setdefault(_paths.join(path, f.path), []).append(cid)
@@ -121,8 +125,12 @@ def plan_gc(
             path = _paths.normalize(info.path)
             users = references.get(path)
             if users:
-                plan.keep.append(GcEntry(path, "referenced by " + ", ".join(f"chk-{c}" for c in users[:3])
-                                         + (" …" if len(users) > 3 else "")))
+                plan.keep.append(
+                    GcEntry(
+                        path,
+                        "referenced by " + ", ".join(f"chk-{c}" for c in users[:3]) + (" …" if len(users) > 3 else ""),
+                    )
+                )
             elif unreadable:
                 plan.keep.append(GcEntry(path, f"an unreadable _metadata (chk-{unreadable[0]}) may reference it"))
             elif (group := _upload_group(pool, path)) is not None:
@@ -130,11 +138,21 @@ def plan_gc(
                 if group in in_progress:
                     plan.keep.append(GcEntry(path, f"uploaded for checkpoint {group}, which is in progress"))
                 else:
-                    plan.remove.append(GcEntry(path, f"not referenced by any valid _metadata (uploaded for checkpoint "
-                                                     f"{group}, which did not complete or was subsumed)"))
+                    plan.remove.append(
+                        GcEntry(
+                            path,
+                            f"not referenced by any valid _metadata (uploaded for checkpoint "
+                            f"{group}, which did not complete or was subsumed)",
+                        )
+                    )
             elif in_progress:
-                plan.keep.append(GcEntry(path, f"checkpoint(s) {sorted(in_progress)} in progress may own it; "
-                                         "run gc again when none is in progress"))
+                plan.keep.append(
+                    GcEntry(
+                        path,
+                        f"checkpoint(s) {sorted(in_progress)} in progress may own it; "
+                        "run gc again when none is in progress",
+                    )
+                )
             else:
                 plan.remove.append(GcEntry(path, "not referenced by any valid _metadata"))
     return plan
@@ -161,7 +179,8 @@ def execute(storage: CheckpointStorage, plan: GcPlan) -> list[str]:
         path, exc = failed[0]
         raise StorageError(
             f"gc deleted {len(deleted)} of {len(plan.remove)} paths; could not delete {path}: {exc}"
-            + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "") + "; run gc again"
+            + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
+            + "; run gc again"
         ) from exc
     return deleted
 

@@ -43,8 +43,9 @@ import json
 import logging
 import posixpath
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import (
@@ -125,7 +126,11 @@ class SubtaskSnapshot:
             backend=self.backend,
             files=[
                 pb.StateFileHandle(
-                    path=_paths.join(base, f.path), size=f.size, sha256=f.sha256, local_name=f.local_name, shared=f.shared
+                    path=_paths.join(base, f.path),
+                    size=f.size,
+                    sha256=f.sha256,
+                    local_name=f.local_name,
+                    shared=f.shared,
                 )
                 for f in self.files
             ],
@@ -211,7 +216,9 @@ class CheckpointMetadata:
                 continue
             indices = sorted(s.subtask_index for s in op.subtasks)
             if indices != list(range(op.parallelism)):
-                out.append(f"{where}: has subtasks {indices} but parallelism {op.parallelism} needs 0..{op.parallelism - 1}")
+                out.append(
+                    f"{where}: has subtasks {indices} but parallelism {op.parallelism} needs 0..{op.parallelism - 1}"
+                )
                 continue
             for sub in op.subtasks:
                 expected = key_group_range_for_subtask(self.max_parallelism, op.parallelism, sub.subtask_index)
@@ -227,12 +234,16 @@ class CheckpointMetadata:
                     if not is_plain_file_name(f.local_name or posixpath.basename(f.path)):
                         # A restore writes the file under this name (or the path's last part) inside
                         # its restore directory.
-                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path[:100]!r} has local_name "
-                                   f"{f.local_name[:100]!r}, which is not a plain file name")
+                        out.append(
+                            f"{where} subtask {sub.subtask_index}: file {f.path[:100]!r} has local_name "
+                            f"{f.local_name[:100]!r}, which is not a plain file name"
+                        )
                     if f.size < 0:
                         out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has negative size {f.size}")
                     if f.sha256 and not _SHA256.match(f.sha256):
-                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} sha256 is not 64 lowercase hex digits")
+                        out.append(
+                            f"{where} subtask {sub.subtask_index}: file {f.path!r} sha256 is not 64 lowercase hex digits"
+                        )
         return out
 
     # -- serialization -------------------------------------------------------------------------
@@ -261,7 +272,13 @@ class CheckpointMetadata:
                             "full_size": s.full_size,
                             "incremental_size": s.incremental_size,
                             "files": [
-                                {"path": f.path, "size": f.size, "sha256": f.sha256, "local_name": f.local_name, "shared": f.shared}
+                                {
+                                    "path": f.path,
+                                    "size": f.size,
+                                    "sha256": f.sha256,
+                                    "local_name": f.local_name,
+                                    "shared": f.shared,
+                                }
                                 for f in s.files
                             ],
                         }
@@ -324,7 +341,9 @@ def descriptor_to_dict(d: StateDescriptor) -> dict[str, Any]:
         "name": d.name,
         "kind": d.kind.value,
         "ttl": None if d.ttl is None else {"ttl_ms": d.ttl.ttl_ms, "update_type": d.ttl.update_type.value},
-        "reduce_fields": [{"name": f.name, "function": f.function.value, "type": f.type.value} for f in d.reduce_fields],
+        "reduce_fields": [
+            {"name": f.name, "function": f.function.value, "type": f.type.value} for f in d.reduce_fields
+        ],
     }
 
 
@@ -408,8 +427,13 @@ class _Reader:
         entries = []
         for i, e in enumerate(self.array(raw, "lineage", "")):
             where = f"lineage[{i}]"
-            entries.append(LineageEntry(self.string(e, "query_id", where), self.integer(e, "offset", where),
-                                        self.integer(e, "first_epoch", where)))
+            entries.append(
+                LineageEntry(
+                    self.string(e, "query_id", where),
+                    self.integer(e, "offset", where),
+                    self.integer(e, "first_epoch", where),
+                )
+            )
         return EpochLineage.of(entries)
 
     def operator(self, raw: Any, where: str) -> OperatorSnapshot:
@@ -429,7 +453,12 @@ class _Reader:
         ttl = None
         if ttl_raw is not None:
             ttl_ms = self.integer(ttl_raw, "ttl_ms", f"{where}.ttl")
-            update = _enum(TtlUpdateType, self.string(ttl_raw, "update_type", f"{where}.ttl"), self.source, f"{where}.ttl.update_type")
+            update = _enum(
+                TtlUpdateType,
+                self.string(ttl_raw, "update_type", f"{where}.ttl"),
+                self.source,
+                f"{where}.ttl.update_type",
+            )
             try:
                 ttl = TtlConfig(ttl_ms, update)
             except InvalidArgumentError as exc:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Cancellable
@@ -13,7 +14,6 @@ from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.jobmanager.checkpoint import _paths
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointFailureReason
 from keyedstate.jobmanager.checkpoint.metadata import (
     CheckpointMetadata,
@@ -22,6 +22,7 @@ from keyedstate.jobmanager.checkpoint.metadata import (
     SubtaskSnapshot,
     file_path_problem,
 )
+from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
 
 if TYPE_CHECKING:
     from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
@@ -216,7 +217,8 @@ class PendingCheckpoint:
         if handle.committed_epoch != self.epoch:
             # A consistent cut: every slot holds exactly the epoch the barrier was cut at.
             raise self._reject(
-                subtask, f"its committed epoch is {handle.committed_epoch} but the checkpoint was cut at epoch {self.epoch}"
+                subtask,
+                f"its committed epoch is {handle.committed_epoch} but the checkpoint was cut at epoch {self.epoch}",
             )
         out = pb.SubtaskStateHandle()
         out.CopyFrom(handle)

@@ -10,8 +10,8 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
@@ -146,8 +146,10 @@ def verify_checksums(storage: CheckpointStorage, metadata: CheckpointMetadata, b
         finally:
             os.remove(local)
 
-    with tempfile.TemporaryDirectory(prefix="keyedstate-verify-") as scratch, \
-            ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted))), thread_name_prefix="verify") as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="keyedstate-verify-") as scratch,
+        ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted))), thread_name_prefix="verify") as pool,
+    ):
         paths = sorted(wanted)
         for path, actual in zip(paths, pool.map(lambda p: digest(p, scratch), paths)):
             operator_id, subtask_index, expected = wanted[path]
@@ -191,7 +193,9 @@ def plan_restore(
             "with allow-non-restored-state (--allowNonRestoredState) to drop their state"
         )
     for operator_id in dropped:
-        logger.warning("restore: dropping the state of operator %r from %s (allow-non-restored-state)", operator_id, where)
+        logger.warning(
+            "restore: dropping the state of operator %r from %s (allow-non-restored-state)", operator_id, where
+        )
     for old in metadata.operators:
         new = job_ops.get(old.operator_id)
         if new is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint

@@ -68,22 +68,37 @@ class _Metrics:
             return Gauge(PREFIX + name, doc, ["job_id"], registry=registry)
 
         self.last_duration = gauge("lastCheckpointDuration", "Duration of the last completed checkpoint in ms.")
-        self.last_size = gauge("lastCheckpointSize", "Bytes uploaded by the last completed checkpoint (incremental size).")
+        self.last_size = gauge(
+            "lastCheckpointSize", "Bytes uploaded by the last completed checkpoint (incremental size)."
+        )
         self.last_full_size = gauge("lastCheckpointFullSize", "Full size in bytes of the last completed checkpoint.")
         self.last_id = gauge("lastCompletedCheckpointId", "Id of the last completed checkpoint.")
         self.completed = gauge("numberOfCompletedCheckpoints", "Completed checkpoints.")
         self.failed = gauge("numberOfFailedCheckpoints", "Failed checkpoints.")
         self.in_progress = gauge("numberOfInProgressCheckpoints", "Checkpoints in progress.")
         self.total = gauge("totalNumberOfCheckpoints", "Triggered checkpoints (in progress, completed and failed).")
-        self.restore_ts = gauge("lastCheckpointRestoreTimestamp", "Time (ms since epoch) of the last restore, -1 if none.")
+        self.restore_ts = gauge(
+            "lastCheckpointRestoreTimestamp", "Time (ms since epoch) of the last restore, -1 if none."
+        )
         self.failures = Counter(
-            PREFIX + "checkpointFailuresByReason", "Failed checkpoints by CheckpointFailureReason.",
-            ["job_id", "reason"], registry=registry,
+            PREFIX + "checkpointFailuresByReason",
+            "Failed checkpoints by CheckpointFailureReason.",
+            ["job_id", "reason"],
+            registry=registry,
         )
 
     def remove(self, job_id: str) -> None:
-        for g in (self.last_duration, self.last_size, self.last_full_size, self.last_id, self.completed,
-                  self.failed, self.in_progress, self.total, self.restore_ts):
+        for g in (
+            self.last_duration,
+            self.last_size,
+            self.last_full_size,
+            self.last_id,
+            self.completed,
+            self.failed,
+            self.in_progress,
+            self.total,
+            self.restore_ts,
+        ):
             try:
                 g.remove(job_id)
             except KeyError:
@@ -114,7 +129,9 @@ class CheckpointStatsTracker:
     its metric families. Call :meth:`close` when the job goes away to drop its label values.
     """
 
-    def __init__(self, job_id: str, registry: CollectorRegistry | None = None, history_size: int = DEFAULT_HISTORY_SIZE) -> None:
+    def __init__(
+        self, job_id: str, registry: CollectorRegistry | None = None, history_size: int = DEFAULT_HISTORY_SIZE
+    ) -> None:
         self.job_id = job_id
         self.registry = registry if registry is not None else CollectorRegistry()
         self._m = _metrics_for(self.registry)
@@ -134,11 +151,19 @@ class CheckpointStatsTracker:
 
     # -- reports -------------------------------------------------------------------------------
     def report_pending(
-        self, checkpoint_id: int, trigger_timestamp_ms: int, *, savepoint: bool, num_subtasks: int, path: str, epoch: int
+        self,
+        checkpoint_id: int,
+        trigger_timestamp_ms: int,
+        *,
+        savepoint: bool,
+        num_subtasks: int,
+        path: str,
+        epoch: int,
     ) -> None:
         """A checkpoint was triggered and is collecting acknowledgements."""
-        entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, savepoint, trigger_timestamp_ms, num_subtasks,
-                                     path=path, epoch=epoch)
+        entry = CheckpointStatsEntry(
+            checkpoint_id, IN_PROGRESS, savepoint, trigger_timestamp_ms, num_subtasks, path=path, epoch=epoch
+        )
         with self._lock:
             self.num_in_progress += 1
             self.num_total += 1
@@ -160,8 +185,16 @@ class CheckpointStatsTracker:
             entry = self._history.get(checkpoint_id)
             if entry is None:
                 entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, False, 0, 0)
-            entry = replace(entry, status=COMPLETED, duration_ms=duration_ms, full_size=full_size,
-                            incremental_size=incremental_size, path=path, epoch=epoch, num_acknowledged=entry.num_subtasks)
+            entry = replace(
+                entry,
+                status=COMPLETED,
+                duration_ms=duration_ms,
+                full_size=full_size,
+                incremental_size=incremental_size,
+                path=path,
+                epoch=epoch,
+                num_acknowledged=entry.num_subtasks,
+            )
             self.num_in_progress = max(0, self.num_in_progress - 1)
             self.num_completed += 1
             self.latest_completed = entry
@@ -180,8 +213,9 @@ class CheckpointStatsTracker:
             entry = self._history.get(checkpoint_id)
             if entry is None:
                 entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, False, 0, 0)
-            entry = replace(entry, status=FAILED, duration_ms=duration_ms, failure_reason=reason.name,
-                            failure_message=message)
+            entry = replace(
+                entry, status=FAILED, duration_ms=duration_ms, failure_reason=reason.name, failure_message=message
+            )
             self.num_in_progress = max(0, self.num_in_progress - 1)
             self.num_failed += 1
             self.latest_failed = entry

@@ -20,9 +20,9 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -127,8 +127,15 @@ class EpochCoordinator:
             durable = job.durable_epoch()
 
             def answer(action: BatchAction, epoch: int = -1) -> BatchStart:
-                return BatchStart(action, epoch, job.committed_epoch, durable, job.status.value, job.failure_cause,
-                                  job.routing_table())
+                return BatchStart(
+                    action,
+                    epoch,
+                    job.committed_epoch,
+                    durable,
+                    job.status.value,
+                    job.failure_cause,
+                    job.routing_table(),
+                )
 
             if job.status.terminal:
                 return answer(BatchAction.STOP)
@@ -199,7 +206,9 @@ class EpochCoordinator:
         the job was not redeployed meanwhile.
         """
         version = commit.routing_version
-        request = tm_pb.EpochCommitRequest(job_id=job.job_id, epoch=epoch, winners=commit.winners, routing_version=version)
+        request = tm_pb.EpochCommitRequest(
+            job_id=job.job_id, epoch=epoch, winners=commit.winners, routing_version=version
+        )
         prepare = tm_pb.EpochCommitRequest()
         prepare.CopyFrom(request)
         prepare.prepare = True
@@ -216,7 +225,9 @@ class EpochCoordinator:
                 # The slots disagree with the JobManager about the job's epochs: only a restore makes them agree.
                 cause = f"preparing epoch {epoch} failed on TaskManager {address}: {error.message}"
                 self._fail_over_now(job, cause)
-                raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint") from error
+                raise JobStateError(
+                    f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint"
+                ) from error
         crash_point("jobmanager.epoch.before-commit")
         failed = self._on_all(addresses, request)
         with job.lock:
@@ -233,8 +244,14 @@ class EpochCoordinator:
             self._still_current(job, epoch, version)
             job.set_epochs(epoch, job.lineage.bind(commit.query_id, commit.batch_id, epoch))
             crash_point("jobmanager.epoch.committed")
-        logger.info("job=%s epoch=%d committed (batch %d, %d partitions, routing v%d)", job.job_id, epoch,
-                    commit.batch_id, len(commit.winners), version)
+        logger.info(
+            "job=%s epoch=%d committed (batch %d, %d partitions, routing v%d)",
+            job.job_id,
+            epoch,
+            commit.batch_id,
+            len(commit.winners),
+            version,
+        )
 
     @staticmethod
     def _still_current(job: Job, epoch: int, version: int) -> None:
@@ -273,7 +290,10 @@ class EpochCoordinator:
             with job.lock:
                 if job.status.terminal:
                     raise JobStateError(f"job {job.job_id!r} is {job.status.value}: {job.failure_cause}")
-                if job.committed_epoch < epoch or job.lineage.epoch_of(query_id, batch_id, job.committed_epoch) != epoch:
+                if (
+                    job.committed_epoch < epoch
+                    or job.lineage.epoch_of(query_id, batch_id, job.committed_epoch) != epoch
+                ):
                     raise EpochConflictError(
                         f"job {job.job_id!r} restored a checkpoint that holds epoch {job.committed_epoch}, from before "
                         f"epoch {epoch} was durable ({job.failure_cause or 'failover'}); run the batch again"
@@ -307,11 +327,15 @@ class EpochCoordinator:
                 if coordinator.wait_for_turn(exc, remaining, self._closed):
                     continue
                 last_failure = f"{exc.failure_reason.name}: {exc.detail}"
-                logger.warning("job=%s epoch=%d checkpoint not triggered (%s); trying again", job.job_id, epoch, last_failure)
+                logger.warning(
+                    "job=%s epoch=%d checkpoint not triggered (%s); trying again", job.job_id, epoch, last_failure
+                )
                 self._closed.wait(_RETRY_PAUSE_S)
                 continue
             try:
-                coordinator.wait_for(pending.checkpoint_id, max(0.001, (deadline - self._clock.monotonic_ms()) / 1000.0))
+                coordinator.wait_for(
+                    pending.checkpoint_id, max(0.001, (deadline - self._clock.monotonic_ms()) / 1000.0)
+                )
             except CheckpointInProgressError:
                 continue  # the deadline check above decides
             except CheckpointException as exc:

@@ -13,8 +13,9 @@ The lineage travels with the state: it is part of every checkpoint's ``_metadata
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from keyedstate.common.errors import EpochGapError
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint, StandaloneCompletedCheckpointStore
@@ -33,7 +33,9 @@ class CheckpointPointer:
 
 
 class DurableCompletedCheckpointStore(StandaloneCompletedCheckpointStore):
-    def __init__(self, storage: CheckpointStorage, pointers_dir: str, num_retained: int, fence: Callable[[], None]) -> None:
+    def __init__(
+        self, storage: CheckpointStorage, pointers_dir: str, num_retained: int, fence: Callable[[], None]
+    ) -> None:
         super().__init__(num_retained)
         self._storage = storage
         self._dir = pointers_dir.rstrip("/")
@@ -50,7 +52,9 @@ class DurableCompletedCheckpointStore(StandaloneCompletedCheckpointStore):
                 continue
             try:
                 raw = json.loads(self._storage.read_bytes(info.path))
-                out.append(CheckpointPointer(int(raw["checkpoint_id"]), str(raw["external_path"]), bool(raw["savepoint"])))
+                out.append(
+                    CheckpointPointer(int(raw["checkpoint_id"]), str(raw["external_path"]), bool(raw["savepoint"]))
+                )
             except FileNotFoundError:
                 continue
             except (ValueError, TypeError, KeyError) as exc:
@@ -59,8 +63,13 @@ class DurableCompletedCheckpointStore(StandaloneCompletedCheckpointStore):
 
     def add_checkpoint(self, checkpoint: CompletedCheckpoint) -> list[CompletedCheckpoint]:
         before = {c.checkpoint_id for c in self.all()}
-        data = json.dumps({"checkpoint_id": checkpoint.checkpoint_id, "external_path": checkpoint.external_path,
-                           "savepoint": checkpoint.savepoint}).encode()
+        data = json.dumps(
+            {
+                "checkpoint_id": checkpoint.checkpoint_id,
+                "external_path": checkpoint.external_path,
+                "savepoint": checkpoint.savepoint,
+            }
+        ).encode()
         self._fence()
         try:
             self._storage.create_exclusive(self._pointer_path(checkpoint.checkpoint_id), data)

@@ -8,7 +8,7 @@ reused, and late files a TaskManager uploads for it cannot collide with a new ch
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from keyedstate.common.errors import CorruptCheckpointError
 from keyedstate.common.storage import CheckpointStorage

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from keyedstate.common.errors import CorruptCheckpointError
 from keyedstate.common.storage import CheckpointStorage

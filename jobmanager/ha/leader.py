@@ -16,7 +16,7 @@ import os
 import re
 import socket
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from keyedstate.common.errors import Reason, UnavailableError
 from keyedstate.common.storage import CheckpointStorage

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.ids import validate_id
 from keyedstate.common.storage import CheckpointStorage
@@ -101,15 +103,17 @@ class FileSystemHaServices:
         return self._jobs.job_dir(validate_id("job id", job_id))
 
     def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter:
-        return DurableCheckpointIDCounter(self._storage, f"{self._job_dir(job_id)}/checkpoint-counter",
-                                          self._lease.check, floor)
+        return DurableCheckpointIDCounter(
+            self._storage, f"{self._job_dir(job_id)}/checkpoint-counter", self._lease.check, floor
+        )
 
     def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore:
         return self._pointers(job_id, num_retained)
 
     def _pointers(self, job_id: str, num_retained: int = 1) -> DurableCompletedCheckpointStore:
-        return DurableCompletedCheckpointStore(self._storage, f"{self._job_dir(job_id)}/checkpoints", num_retained,
-                                               self._lease.check)
+        return DurableCompletedCheckpointStore(
+            self._storage, f"{self._job_dir(job_id)}/checkpoints", num_retained, self._lease.check
+        )
 
     def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]:
         return self._pointers(job_id).pointers()
@@ -127,7 +131,9 @@ class FileSystemHaServices:
         self._lease.close()
 
 
-def create_ha_services(conf: Configuration, storage_for: Callable[[str], CheckpointStorage]) -> HighAvailabilityServices:
+def create_ha_services(
+    conf: Configuration, storage_for: Callable[[str], CheckpointStorage]
+) -> HighAvailabilityServices:
     kind = conf.get(o.HA_TYPE)
     if kind == "none":
         return StandaloneHaServices()

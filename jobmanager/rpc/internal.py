@@ -22,15 +22,23 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
         self._d = dispatcher
 
     @rpc_method
-    def RegisterTaskManager(self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.RegisterTaskManagerResponse:
+    def RegisterTaskManager(
+        self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext
+    ) -> jm_pb.RegisterTaskManagerResponse:
         kept = self._d.register_taskmanager(request)
         slots = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
         s = self._d.settings
         return jm_pb.RegisterTaskManagerResponse(
-            heartbeat_interval_ms=s.heartbeat_interval_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
-            jobmanager_session=self._d.registry.session, lease_duration_ms=s.lease_duration_ms,
-            kept_slots=[jm_pb.SlotReport(slot_index=slots[k], job_id=k.job_id, operator_id=k.operator_id,
-                                         subtask_index=k.subtask_index) for k in kept],
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            heartbeat_timeout_ms=s.heartbeat_timeout_ms,
+            jobmanager_session=self._d.registry.session,
+            lease_duration_ms=s.lease_duration_ms,
+            kept_slots=[
+                jm_pb.SlotReport(
+                    slot_index=slots[k], job_id=k.job_id, operator_id=k.operator_id, subtask_index=k.subtask_index
+                )
+                for k in kept
+            ],
             routing_versions=self._d.routing_versions(),
         )
 
@@ -39,7 +47,9 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
         return jm_pb.HeartbeatResponse(known=self._d.heartbeat(request))
 
     @rpc_method
-    def DeregisterTaskManager(self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.DeregisterTaskManagerResponse:
+    def DeregisterTaskManager(
+        self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext
+    ) -> jm_pb.DeregisterTaskManagerResponse:
         self._d.registry.deregister(request.taskmanager_id)
         return jm_pb.DeregisterTaskManagerResponse()
 
@@ -49,11 +59,15 @@ class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayS
         self._d = dispatcher
 
     @rpc_method
-    def AcknowledgeCheckpoint(self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
+    def AcknowledgeCheckpoint(
+        self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext
+    ) -> jm_pb.AckResponse:
         outcome = need_checkpointing(self._d).acknowledge(request)  # type: ignore[attr-defined]
         return jm_pb.AckResponse(outcome=outcome)
 
     @rpc_method
-    def DeclineCheckpoint(self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.AckResponse:
+    def DeclineCheckpoint(
+        self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext
+    ) -> jm_pb.AckResponse:
         outcome = need_checkpointing(self._d).decline(request)  # type: ignore[attr-defined]
         return jm_pb.AckResponse(outcome=outcome)

@@ -7,7 +7,8 @@ import grpc
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common.config import is_secret_key, options as o
+from keyedstate.common.config import is_secret_key
+from keyedstate.common.config import options as o
 from keyedstate.common.config._secrets import declared_secret_keys
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
@@ -73,7 +74,9 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
         return self._d.routing(request.job_id)
 
     @rpc_method
-    def GetClusterOverview(self, request: jm_pb.ClusterOverviewRequest, context: grpc.ServicerContext) -> jm_pb.ClusterOverview:
+    def GetClusterOverview(
+        self, request: jm_pb.ClusterOverviewRequest, context: grpc.ServicerContext
+    ) -> jm_pb.ClusterOverview:
         return self._d.overview()
 
     @rpc_method
@@ -88,12 +91,16 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
 
     # -- checkpoints -------------------------------------------------------------------------
     @rpc_method
-    def TriggerCheckpoint(self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext) -> jm_pb.CheckpointInfo:
+    def TriggerCheckpoint(
+        self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext
+    ) -> jm_pb.CheckpointInfo:
         _check_timeout_ms("TriggerCheckpoint", request.timeout_ms)
         return need_checkpointing(self._d).trigger_request(request)  # type: ignore[attr-defined]
 
     @rpc_method
-    def ListCheckpoints(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.ListCheckpointsResponse:
+    def ListCheckpoints(
+        self, request: jm_pb.JobRequest, context: grpc.ServicerContext
+    ) -> jm_pb.ListCheckpointsResponse:
         return need_checkpointing(self._d).list_checkpoints(request.job_id)  # type: ignore[attr-defined]
 
     # -- epochs ------------------------------------------------------------------------------
@@ -101,21 +108,36 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     def BeginBatch(self, request: jm_pb.BeginBatchRequest, context: grpc.ServicerContext) -> jm_pb.BeginBatchResponse:
         start = self._epochs.begin_batch(request.job_id, request.query_id, request.batch_id)
         return jm_pb.BeginBatchResponse(
-            action=jm_pb.BatchAction.Value(start.action.value), epoch=start.epoch, committed_epoch=start.committed_epoch,
-            durable_epoch=start.durable_epoch, job_status=start.job_status, failure_cause=start.failure_cause,
+            action=jm_pb.BatchAction.Value(start.action.value),
+            epoch=start.epoch,
+            committed_epoch=start.committed_epoch,
+            durable_epoch=start.durable_epoch,
+            job_status=start.job_status,
+            failure_cause=start.failure_cause,
             routing=start.routing,
         )
 
     @rpc_method
-    def CommitEpoch(self, request: jm_pb.CommitEpochRequest, context: grpc.ServicerContext) -> jm_pb.CommitEpochResponse:
+    def CommitEpoch(
+        self, request: jm_pb.CommitEpochRequest, context: grpc.ServicerContext
+    ) -> jm_pb.CommitEpochResponse:
         _check_timeout_ms("CommitEpoch", request.timeout_ms)
-        outcome = self._epochs.commit(EpochCommit(
-            job_id=request.job_id, epoch=request.epoch, query_id=request.query_id, batch_id=request.batch_id,
-            winners=list(request.winners), routing_version=request.expected_routing_version,
-            checkpoint=request.checkpoint, wait_for_checkpoint=request.wait_for_checkpoint, timeout_ms=request.timeout_ms,
-        ))
-        response = jm_pb.CommitEpochResponse(committed_epoch=outcome.committed_epoch,
-                                             already_committed=outcome.already_committed)
+        outcome = self._epochs.commit(
+            EpochCommit(
+                job_id=request.job_id,
+                epoch=request.epoch,
+                query_id=request.query_id,
+                batch_id=request.batch_id,
+                winners=list(request.winners),
+                routing_version=request.expected_routing_version,
+                checkpoint=request.checkpoint,
+                wait_for_checkpoint=request.wait_for_checkpoint,
+                timeout_ms=request.timeout_ms,
+            )
+        )
+        response = jm_pb.CommitEpochResponse(
+            committed_epoch=outcome.committed_epoch, already_committed=outcome.already_committed
+        )
         if outcome.checkpoint is not None:
             response.checkpoint.CopyFrom(checkpoint_info(outcome.checkpoint))
         return response

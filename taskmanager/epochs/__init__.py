@@ -13,12 +13,12 @@ from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions, S
 from keyedstate.taskmanager.epochs.view import EpochView
 
 __all__ = [
+    "NO_EPOCH",
+    "STAGING_DIR",
     "CommitResult",
     "EpochCommitError",
     "EpochManager",
     "EpochView",
-    "NO_EPOCH",
-    "STAGING_DIR",
     "SlotEpochs",
     "StagingOptions",
     "StagingStore",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.taskmanager.epochs.records import attempt_prefix
@@ -27,7 +27,9 @@ class TaskAttempt:
 
     def __post_init__(self) -> None:
         for name, value, limit in (
-            ("epoch", self.epoch, _MAX_I64), ("partition", self.partition, _MAX_PARTITION), ("attempt", self.attempt, _MAX_I64)
+            ("epoch", self.epoch, _MAX_I64),
+            ("partition", self.partition, _MAX_PARTITION),
+            ("attempt", self.attempt, _MAX_I64),
         ):
             if not isinstance(value, int) or not 0 <= value <= limit:
                 raise InvalidArgumentError(

@@ -8,7 +8,7 @@ list or map becomes one mutation, except where the staged writes started with a 
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from keyedstate.common.descriptors import StateKind
 from keyedstate.taskmanager.epochs import records as r
@@ -20,9 +20,7 @@ logger = logging.getLogger(__name__)
 _ENTRY = r.ENTRY[0]
 
 
-def fold_attempt(
-    staged: Iterable[tuple[bytes, bytes]], states: Sequence[tuple[str, StateKind]]
-) -> Iterator[Mutation]:
+def fold_attempt(staged: Iterable[tuple[bytes, bytes]], states: Sequence[tuple[str, StateKind]]) -> Iterator[Mutation]:
     """Mutations of the staged ``(key, value)`` pairs of one attempt, in staged-key order.
 
     ``states[i]`` is the (name, kind) of state id ``i``.
@@ -32,7 +30,7 @@ def fold_attempt(
     n_states = len(states)
     single_kinds = (StateKind.VALUE, StateKind.REDUCING)
     for staged_key, value in staged:
-        sid = int.from_bytes(staged_key[r.ATTEMPT_PREFIX_LEN:skip], "big")
+        sid = int.from_bytes(staged_key[r.ATTEMPT_PREFIX_LEN : skip], "big")
         if sid >= n_states:
             raise r.corrupt(f"state id {sid} of a slot with {n_states} states")
         key, ns, suffix = _split(staged_key, skip)
@@ -62,7 +60,7 @@ def _split(staged_key: bytes, start: int) -> tuple[bytes, bytes, bytes]:
         if len(staged_key) > key_end and staged_key[key_end] < 0x80:
             ns_end = key_end + 1 + staged_key[key_end]
             if ns_end <= len(staged_key):
-                return staged_key[pos + 1:key_end], staged_key[key_end + 1:ns_end], staged_key[ns_end:]
+                return staged_key[pos + 1 : key_end], staged_key[key_end + 1 : ns_end], staged_key[ns_end:]
     decoded = layout.decode_key(staged_key[start:])
     return decoded.key, decoded.namespace, decoded.suffix
 
@@ -77,14 +75,17 @@ def _single(name: str, kind: StateKind, key: bytes, ns: bytes, value: bytes) -> 
         return (Mutation(MutationKind.REDUCE, name, key, ns, value=value[1:]),)
     if kind is StateKind.REDUCING and tag == r.REPLACE_TAG:
         # Reducing into a cleared entry starts from the operand, so clear-then-reduce replaces.
-        return (Mutation(MutationKind.CLEAR, name, key, ns), Mutation(MutationKind.REDUCE, name, key, ns, value=value[1:]))
+        return (
+            Mutation(MutationKind.CLEAR, name, key, ns),
+            Mutation(MutationKind.REDUCE, name, key, ns, value=value[1:]),
+        )
     raise r.corrupt(f"{kind.value} record tagged {value[:1]!r}")
 
 
 class _Group:
     """The staged records of one list or map entry (header first, then its entries)."""
 
-    __slots__ = ("sid", "name", "kind", "key", "namespace", "head", "elements", "puts")
+    __slots__ = ("elements", "head", "key", "kind", "name", "namespace", "puts", "sid")
 
     def __init__(self, sid: int, name: str, kind: StateKind, key: bytes, namespace: bytes) -> None:
         self.sid = sid

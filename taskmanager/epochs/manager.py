@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -104,7 +104,9 @@ class EpochManager:
         backend = slot.require_backend()
         with self._lock:
             if self._closed:
-                raise UnavailableError("the TaskManager is shutting down; retry against the new owner", reason=Reason.SHUTTING_DOWN)
+                raise UnavailableError(
+                    "the TaskManager is shutting down; retry against the new owner", reason=Reason.SHUTTING_DOWN
+                )
             entry = self._entries.get(slot.subtask)
             if entry is not None and entry.slot is slot and entry.backend is backend:
                 return entry
@@ -124,8 +126,9 @@ class EpochManager:
         if request.prepare:
             self.prepare_epoch(request.job_id, request.epoch, winners, request.routing_version)
             return tm_pb.EpochCommitResponse(committed_epoch=request.epoch - 1)
-        result = self.commit_epoch(request.job_id, request.epoch, winners, abort=request.abort,
-                                   routing_version=request.routing_version)
+        result = self.commit_epoch(
+            request.job_id, request.epoch, winners, abort=request.abort, routing_version=request.routing_version
+        )
         return tm_pb.EpochCommitResponse(committed_epoch=result.committed_epoch, applied_entries=result.applied)
 
     def _job_slots(self, job_id: str, epoch: int) -> list[Slot]:
@@ -136,11 +139,14 @@ class EpochManager:
         if not slots:
             raise NotFoundError(
                 f"this TaskManager hosts no slot of job {job_id!r}; send the commit to the TaskManagers of the job's "
-                "current routing table", reason=Reason.UNKNOWN_JOB,
+                "current routing table",
+                reason=Reason.UNKNOWN_JOB,
             )
         return slots
 
-    def prepare_epoch(self, job_id: str, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0) -> None:
+    def prepare_epoch(
+        self, job_id: str, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0
+    ) -> None:
         """Check on every slot of the job that ``epoch`` can be committed (see :meth:`SlotEpochs.check_commit`)."""
         slots = self._job_slots(job_id, epoch)
         resolved = as_winners(winners)
@@ -148,7 +154,13 @@ class EpochManager:
             self.slot_epochs(slot).prepare(epoch, resolved, routing_version)
 
     def commit_epoch(
-        self, job_id: str, epoch: int, winners: Mapping[int, int | Winner], *, abort: bool = False, routing_version: int = 0
+        self,
+        job_id: str,
+        epoch: int,
+        winners: Mapping[int, int | Winner],
+        *,
+        abort: bool = False,
+        routing_version: int = 0,
     ) -> CommitResult:
         """Apply the staged writes of ``winners`` (partition -> attempt or Winner) of ``epoch`` on every slot of the job.
 
@@ -177,7 +189,12 @@ class EpochManager:
             crash_point("taskmanager.epoch.committed")
         logger.info(
             "%s epoch %d of job %s on %d slots: committed epoch %d, %d mutations applied",
-            "aborted" if abort else "committed", epoch, job_id, len(slots), result.committed_epoch, applied,
+            "aborted" if abort else "committed",
+            epoch,
+            job_id,
+            len(slots),
+            result.committed_epoch,
+            applied,
         )
         return result
 
@@ -190,7 +207,8 @@ class EpochManager:
     def _sweep_locked(self) -> int:
         current = {s.subtask: s for s in self._slots.all()}
         stale = [
-            subtask for subtask, entry in self._entries.items()
+            subtask
+            for subtask, entry in self._entries.items()
             if current.get(subtask) is not entry.slot or entry.backend.closed
         ]
         for subtask in stale:

@@ -69,7 +69,11 @@ def epoch_prefix(epoch: int) -> bytes:
 
 
 def attempt_prefix(epoch: int, partition: int, attempt: int) -> bytes:
-    return epoch.to_bytes(EPOCH_BYTES, "big") + partition.to_bytes(PARTITION_BYTES, "big") + attempt.to_bytes(ATTEMPT_BYTES, "big")
+    return (
+        epoch.to_bytes(EPOCH_BYTES, "big")
+        + partition.to_bytes(PARTITION_BYTES, "big")
+        + attempt.to_bytes(ATTEMPT_BYTES, "big")
+    )
 
 
 def state_prefix(attempt: bytes, state_id: int) -> bytes:
@@ -90,7 +94,9 @@ def attempt_data_range(epoch: int, partition: int, attempt: int) -> tuple[bytes,
 
 def attempt_markers_range(epoch: int, partition: int, attempt: int) -> tuple[bytes, bytes]:
     """``[begin, end)`` of one attempt's request markers."""
-    return state_prefix(attempt_prefix(epoch, partition, attempt), MARKER_STATE_ID), attempt_prefix(epoch, partition, attempt + 1)
+    return state_prefix(attempt_prefix(epoch, partition, attempt), MARKER_STATE_ID), attempt_prefix(
+        epoch, partition, attempt + 1
+    )
 
 
 def through_epoch(epoch: int) -> tuple[bytes, bytes]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import rocksdict
 
@@ -73,7 +73,9 @@ class SlotEpochs:
     stage different keys, so different attempts write in parallel.
     """
 
-    def __init__(self, slot: Slot, backend: KeyedStateBackend, path: Path, options: StagingOptions | None = None) -> None:
+    def __init__(
+        self, slot: Slot, backend: KeyedStateBackend, path: Path, options: StagingOptions | None = None
+    ) -> None:
         self.slot = slot
         self.backend = backend
         self.subtask = slot.subtask
@@ -138,7 +140,9 @@ class SlotEpochs:
             with self._attempt_locks[hash((attempt.partition, attempt.attempt)) % _ATTEMPT_LOCK_STRIPES]:
                 marker = records.request_marker(attempt.prefix, sequence) if sequence else None
                 if marker is not None and store.get([marker])[0] is not None:
-                    logger.debug("%s: request %d of %s was staged before; not staged again", self.subtask, sequence, attempt)
+                    logger.debug(
+                        "%s: request %d of %s was staged before; not staged again", self.subtask, sequence, attempt
+                    )
                     yield None
                     return
                 yield Stager(store, marker)
@@ -226,7 +230,9 @@ class SlotEpochs:
                 mutations = self._winning_mutations(epoch, winners)
                 applied = self.backend.apply(mutations, meta={COMMITTED_EPOCH: str(epoch).encode("ascii")})
             except KeyedStateError as exc:
-                logger.error("commit of epoch %d on %s failed (%s): %s", epoch, self.subtask, exc.reason.value, exc.message)
+                logger.error(
+                    "commit of epoch %d on %s failed (%s): %s", epoch, self.subtask, exc.reason.value, exc.message
+                )
                 raise EpochCommitError(
                     f"commit of epoch {epoch} on {self.subtask} failed, nothing of it was applied there: {exc.message}. "
                     "Its staged writes are kept: fix the cause and commit again, or abort the epoch and re-run the micro-batch",
@@ -236,7 +242,11 @@ class SlotEpochs:
             self._discard(*records.through_epoch(epoch))
             logger.info(
                 "committed epoch %d on %s: %d mutations from %d winning attempts in %.0f ms",
-                epoch, self.subtask, applied, len(winners), (time.monotonic() - t0) * 1000,
+                epoch,
+                self.subtask,
+                applied,
+                len(winners),
+                (time.monotonic() - t0) * 1000,
             )
             return epoch, applied
 
@@ -248,7 +258,9 @@ class SlotEpochs:
             return mutations
         for partition in sorted(winners):
             w = winners[partition]
-            mutations.extend(fold_attempt(store.scan(*records.attempt_data_range(epoch, partition, w.attempt)), self.states))
+            mutations.extend(
+                fold_attempt(store.scan(*records.attempt_data_range(epoch, partition, w.attempt)), self.states)
+            )
         return mutations
 
     def abort(self, epoch: int) -> int:
@@ -267,7 +279,9 @@ class SlotEpochs:
             self._store.delete_range(begin, end)
         except KeyedStateError:
             # Harmless: epochs up to the committed one are refused and never applied again.
-            logger.exception("discarding staged epochs of %s failed; they stay on disk until the slot is released", self.subtask)
+            logger.exception(
+                "discarding staged epochs of %s failed; they stay on disk until the slot is released", self.subtask
+            )
 
     def close(self) -> None:
         """Drop the staging data (slot released or restored, TaskManager stopping). Idempotent."""

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterator
 
 import rocksdict
 
@@ -63,7 +63,9 @@ class StagingStore:
         shutil.rmtree(self.path, ignore_errors=True)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db: rocksdict.Rdict | None = rocksdict.Rdict(str(self.path), (options or StagingOptions()).to_rocksdict())
+            self._db: rocksdict.Rdict | None = rocksdict.Rdict(
+                str(self.path), (options or StagingOptions()).to_rocksdict()
+            )
         except Exception as exc:
             raise StorageError(
                 f"cannot open the epoch staging database of {what} at {self.path}: {exc}; "
@@ -95,7 +97,9 @@ class StagingStore:
         try:
             db.write(batch, self._wopts)
         except Exception as exc:
-            raise StorageError(f"writing to the epoch staging of {self._what} failed: {exc}; check the disk of {self.path}") from exc
+            raise StorageError(
+                f"writing to the epoch staging of {self._what} failed: {exc}; check the disk of {self.path}"
+            ) from exc
 
     def delete_range(self, begin: bytes, end: bytes) -> None:
         batch = rocksdict.WriteBatch(raw_mode=True)

@@ -16,7 +16,7 @@ TTL timestamp: a commit writes them with the commit time.
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import rocksdict
 
@@ -66,7 +66,9 @@ class EpochView:
     def __repr__(self) -> str:
         return f"EpochView({self._se.subtask}, {self.attempt})"
 
-    def _staged_keys(self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[bytes]:
+    def _staged_keys(
+        self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
+    ) -> list[bytes]:
         base = r.state_prefix(self.attempt.prefix, self._se.state_ids[st.name])
         return [base + p for p in layout.build_prefixes(kgs, keys, ns, max_len)]
 
@@ -185,8 +187,15 @@ class EpochView:
         return results
 
     def _stage_reduce(
-        self, stager: Stager, state: str, st: StateHandle, keys: list[bytes], ns: bytes | list[bytes], sks: list[bytes],
-        operands: list[bytes], return_values: bool,
+        self,
+        stager: Stager,
+        state: str,
+        st: StateHandle,
+        keys: list[bytes],
+        ns: bytes | list[bytes],
+        sks: list[bytes],
+        operands: list[bytes],
+        return_values: bool,
     ) -> list[bytes] | None:
         b = self._b
         reducer = st.reducer
@@ -331,15 +340,27 @@ class EpochView:
 
     # -- map --------------------------------------------------------------------------------
     def map_put(
-        self, state: str, keys: list[bytes], user_keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]
+        self,
+        state: str,
+        keys: list[bytes],
+        user_keys: list[bytes],
+        values: list[bytes],
+        namespaces: bytes | list[bytes],
     ) -> None:
         self._stage_map(state, "MapPut", keys, user_keys, values, namespaces)
 
-    def map_remove(self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]) -> None:
+    def map_remove(
+        self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
+    ) -> None:
         self._stage_map(state, "MapRemove", keys, user_keys, None, namespaces)
 
     def _stage_map(
-        self, state: str, call: str, keys: list[bytes], user_keys: list[bytes], values: list[bytes] | None,
+        self,
+        state: str,
+        call: str,
+        keys: list[bytes],
+        user_keys: list[bytes],
+        values: list[bytes] | None,
         namespaces: bytes | list[bytes],
     ) -> None:
         b = self._b
@@ -408,18 +429,24 @@ class EpochView:
                     out[i] = c
             return out
 
-    def map_scan(self, state: str, key: bytes, namespace: bytes, keys_only: bool = False) -> Iterator[tuple[bytes, bytes]]:
+    def map_scan(
+        self, state: str, key: bytes, namespace: bytes, keys_only: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
         """(user_key, value) of one map merged with this attempt's staged entries, sorted by user key."""
         b = self._b
         st = b._state(state, _MAP, "MapScan")  # noqa: SLF001
         kg = b._check_single(key, namespace)  # noqa: SLF001
         return self._map_scan(state, key, namespace, keys_only, self._staged_key(st, kg, key, namespace))
 
-    def _map_scan(self, state: str, key: bytes, namespace: bytes, keys_only: bool, sk: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def _map_scan(
+        self, state: str, key: bytes, namespace: bytes, keys_only: bool, sk: bytes
+    ) -> Iterator[tuple[bytes, bytes]]:
         with self._se.reading() as store:
             staged_any = store is not None
             cleared = staged_any and store.get([sk + r.HEAD])[0] is not None  # type: ignore[union-attr]
-        committed: Iterator[tuple[bytes, bytes]] = iter(()) if cleared else self._b.map_scan(state, key, namespace, keys_only)
+        committed: Iterator[tuple[bytes, bytes]] = (
+            iter(()) if cleared else self._b.map_scan(state, key, namespace, keys_only)
+        )
         if not staged_any:
             yield from committed
             return

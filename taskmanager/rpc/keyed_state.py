@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import grpc
 
@@ -34,7 +35,9 @@ def _namespaces(request: pb.KeyedRequest) -> bytes | list[bytes]:
 
 def _chunk_size(request: pb.ScanRequest) -> int:
     if request.chunk_size < 0 or request.chunk_size > _MAX_CHUNK:
-        raise InvalidArgumentError(f"chunk_size must be between 0 (server default) and {_MAX_CHUNK}, got {request.chunk_size}")
+        raise InvalidArgumentError(
+            f"chunk_size must be between 0 (server default) and {_MAX_CHUNK}, got {request.chunk_size}"
+        )
     return request.chunk_size or _DEFAULT_CHUNK
 
 
@@ -126,7 +129,11 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     def Reduce(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         backend = self._backend(request.target, "Reduce", len(request.keys))
         result = backend.reduce(
-            request.target.state_name, list(request.keys), list(request.values), _namespaces(request), request.return_values
+            request.target.state_name,
+            list(request.keys),
+            list(request.values),
+            _namespaces(request),
+            request.return_values,
         )
         if not result:
             return pb.ValuesResponse()
@@ -169,7 +176,11 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     def MapPut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         backend = self._backend(request.target, "MapPut", len(request.keys))
         backend.map_put(
-            request.target.state_name, list(request.keys), list(request.user_keys), list(request.values), _namespaces(request)
+            request.target.state_name,
+            list(request.keys),
+            list(request.user_keys),
+            list(request.values),
+            _namespaces(request),
         )
         return pb.WriteResponse(applied=len(request.keys))
 
@@ -177,7 +188,9 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def MapGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         backend = self._backend(request.target, "MapGet", len(request.keys))
-        values = backend.map_get(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
+        values = backend.map_get(
+            request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request)
+        )
         return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
 
     @rpc_method
@@ -191,7 +204,9 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def MapContains(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         backend = self._backend(request.target, "MapContains", len(request.keys))
-        found = backend.map_contains(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
+        found = backend.map_contains(
+            request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request)
+        )
         return pb.ValuesResponse(found=found)
 
     @rpc_method
@@ -210,6 +225,6 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     def ScanKeys(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
         backend = self._backend(request.target, "ScanKeys", 1)
         chunk = _chunk_size(request)
-        yield from self._stream(_chunks(backend.scan_keys(request.target.state_name), chunk, ("keys", "namespaces")), "ScanKeys")
-
-
+        yield from self._stream(
+            _chunks(backend.scan_keys(request.target.state_name), chunk, ("keys", "namespaces")), "ScanKeys"
+        )

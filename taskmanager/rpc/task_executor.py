@@ -48,7 +48,8 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
     @rpc_method
     def ReleaseSlot(self, request: pb.ReleaseSlotRequest, context: grpc.ServicerContext) -> pb.ReleaseSlotResponse:
         self._deployer.release(
-            SubtaskId(request.job_id, request.operator_id, request.subtask_index), request.discard_local_state,
+            SubtaskId(request.job_id, request.operator_id, request.subtask_index),
+            request.discard_local_state,
             up_to_version=request.routing_version or None,
         )
         return pb.ReleaseSlotResponse()
@@ -61,7 +62,9 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
         return pb.TriggerResponse(slots=self._checkpoints.trigger(request))  # type: ignore[attr-defined]
 
     @rpc_method
-    def NotifyCheckpoint(self, request: pb.CheckpointNotification, context: grpc.ServicerContext) -> pb.NotificationResponse:
+    def NotifyCheckpoint(
+        self, request: pb.CheckpointNotification, context: grpc.ServicerContext
+    ) -> pb.NotificationResponse:
         if self._checkpoints is not None:
             self._checkpoints.notify(request.job_id, request.checkpoint_id, request.completed)  # type: ignore[attr-defined]
         return pb.NotificationResponse()

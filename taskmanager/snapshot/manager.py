@@ -35,9 +35,9 @@ import grpc
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.ids import validate_id
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.faults import crash_point
+from keyedstate.common.ids import validate_id
 from keyedstate.common.storage import StorageCache, is_plain_file_name
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.slots import Slot
@@ -105,8 +105,12 @@ class SnapshotManager:
             if running is not None:
                 # A duplicate barrier (a retried trigger): starting again would delete the local
                 # snapshot the first one is still uploading. Like a duplicate ack, it is not an error.
-                logger.info("checkpoint %d of job %s: duplicate barrier ignored, %d slots already snapshotting",
-                            barrier.checkpoint_id, barrier.job_id, len(running))
+                logger.info(
+                    "checkpoint %d of job %s: duplicate barrier ignored, %d slots already snapshotting",
+                    barrier.checkpoint_id,
+                    barrier.job_id,
+                    len(running),
+                )
                 return len(running)
             self._inflight[key] = []
         try:
@@ -139,31 +143,48 @@ class SnapshotManager:
             t0 = time.monotonic()
             snapshot = backend.snapshot(local_dir)
             sync_ms = (time.monotonic() - t0) * 1000
-            work = _SlotCheckpoint(slot, barrier.checkpoint_id, local_dir, barrier.target_path, savepoint=barrier.savepoint)
+            work = _SlotCheckpoint(
+                slot, barrier.checkpoint_id, local_dir, barrier.target_path, savepoint=barrier.savepoint
+            )
             started.append(work)
             self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
         if not started:
             with self._lock:
                 if self._inflight.get(key) is started:
                     del self._inflight[key]  # nothing to track (no slot of the job here)
-        logger.info("checkpoint %d of job %s: snapshot of %d slots started", barrier.checkpoint_id, barrier.job_id, len(started))
+        logger.info(
+            "checkpoint %d of job %s: snapshot of %d slots started", barrier.checkpoint_id, barrier.job_id, len(started)
+        )
         return len(started)
 
-    def _run_async(self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier, sync_ms: float) -> None:
+    def _run_async(
+        self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier, sync_ms: float
+    ) -> None:
         try:
             handle = self._finish_snapshot(work, snapshot, barrier, sync_ms)
             if handle is None:
                 return
             crash_point("taskmanager.checkpoint.before-ack")
             try:
-                self._jm("AcknowledgeCheckpoint", jm_pb.AcknowledgeCheckpointRequest(
-                    job_id=barrier.job_id, checkpoint_id=barrier.checkpoint_id, taskmanager_id=self._tm.id, state=handle))
+                self._jm(
+                    "AcknowledgeCheckpoint",
+                    jm_pb.AcknowledgeCheckpointRequest(
+                        job_id=barrier.job_id,
+                        checkpoint_id=barrier.checkpoint_id,
+                        taskmanager_id=self._tm.id,
+                        state=handle,
+                    ),
+                )
             except Exception as exc:
                 # The outcome is unknown: the JobManager may have completed the checkpoint with
                 # this ack (its answer lost or late), so nothing is deleted here. If the checkpoint
                 # was aborted instead, the JobManager deletes these files (late ack, or notify).
-                logger.warning("checkpoint %d of %s: acknowledgement failed, files kept: %s", barrier.checkpoint_id,
-                               work.slot.subtask, exc.message if isinstance(exc, KeyedStateError) else repr(exc))
+                logger.warning(
+                    "checkpoint %d of %s: acknowledgement failed, files kept: %s",
+                    barrier.checkpoint_id,
+                    work.slot.subtask,
+                    exc.message if isinstance(exc, KeyedStateError) else repr(exc),
+                )
         finally:
             work.done = True
 
@@ -178,8 +199,13 @@ class SnapshotManager:
             # The synchronous phase is the time the slot's writes were blocked. A RocksDB
             # snapshot pre-flushes while serving goes on and reports its (short) cut.
             if snapshot.blocked_ms is not None:
-                logger.debug("checkpoint %d of %s: snapshot call %.0f ms, writes blocked %.1f ms",
-                             barrier.checkpoint_id, slot.subtask, sync_ms, snapshot.blocked_ms)
+                logger.debug(
+                    "checkpoint %d of %s: snapshot call %.0f ms, writes blocked %.1f ms",
+                    barrier.checkpoint_id,
+                    slot.subtask,
+                    sync_ms,
+                    snapshot.blocked_ms,
+                )
                 sync_ms = snapshot.blocked_ms
             self._tm.metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
             handle = self._upload(work, snapshot, barrier)
@@ -193,9 +219,17 @@ class SnapshotManager:
             if not work.cancel.is_set():
                 logger.warning("checkpoint %d of %s failed: %s", barrier.checkpoint_id, slot.subtask, reason)
                 try:
-                    self._jm("DeclineCheckpoint", jm_pb.DeclineCheckpointRequest(
-                        job_id=barrier.job_id, checkpoint_id=barrier.checkpoint_id, taskmanager_id=self._tm.id,
-                        operator_id=slot.subtask.operator_id, subtask_index=slot.subtask.subtask_index, reason=reason))
+                    self._jm(
+                        "DeclineCheckpoint",
+                        jm_pb.DeclineCheckpointRequest(
+                            job_id=barrier.job_id,
+                            checkpoint_id=barrier.checkpoint_id,
+                            taskmanager_id=self._tm.id,
+                            operator_id=slot.subtask.operator_id,
+                            subtask_index=slot.subtask.subtask_index,
+                            reason=reason,
+                        ),
+                    )
                 except Exception:
                     logger.warning("could not decline checkpoint %d (JobManager unreachable)", barrier.checkpoint_id)
             self._discard_uploads(work, barrier)
@@ -218,21 +252,31 @@ class SnapshotManager:
             if incremental and name.endswith(".sst"):
                 reused = confirmed.get(name)
                 if reused is not None and reused.size == size:
-                    handles.append(pb.StateFileHandle(path=reused.path, size=reused.size, sha256=reused.sha256,
-                                                      local_name=name, shared=True))
+                    handles.append(
+                        pb.StateFileHandle(
+                            path=reused.path, size=reused.size, sha256=reused.sha256, local_name=name, shared=True
+                        )
+                    )
                     work.referenced_shared[name] = reused
                     continue
                 # Grouped by the checkpoint that uploads it: when that checkpoint never completes (this
                 # TaskManager dies mid-upload), the JobManager deletes shared/chk-<n>/ as a whole.
                 shared_name = f"{shared_group(barrier.checkpoint_id)}/{owner}-{uuid.uuid4().hex[:12]}-{name}"
-                plan.append((str(path), _join(slot.checkpoint_base, "shared", shared_name), f"../shared/{shared_name}", True))
+                plan.append(
+                    (str(path), _join(slot.checkpoint_base, "shared", shared_name), f"../shared/{shared_name}", True)
+                )
             else:
                 plan.append((str(path), _join(barrier.target_path, owner, name), f"{owner}/{name}", False))
         # Recorded before uploading: when one file fails or the checkpoint is cancelled, the files
         # that did arrive are not reported back, and a discard must still delete every one of them.
         work.uploaded_remote.extend(p[1] for p in plan)
-        logger.info("checkpoint %d of %s: async upload of %d files (%d bytes) started", barrier.checkpoint_id, slot.subtask,
-                    len(plan), sum(os.path.getsize(p[0]) for p in plan))
+        logger.info(
+            "checkpoint %d of %s: async upload of %d files (%d bytes) started",
+            barrier.checkpoint_id,
+            slot.subtask,
+            len(plan),
+            sum(os.path.getsize(p[0]) for p in plan),
+        )
         uploaded = upload_files(storage, [(p[0], p[1]) for p in plan], self._threads, work.cancel, stats=self.stats)
         incremental_size = 0
         for (local, _remote, relative, shared), up in zip(plan, uploaded):
@@ -244,11 +288,19 @@ class SnapshotManager:
                 work.new_shared[name] = handle
         backend = slot.backend
         return pb.SubtaskStateHandle(
-            operator_id=slot.subtask.operator_id, subtask_index=slot.subtask.subtask_index,
+            operator_id=slot.subtask.operator_id,
+            subtask_index=slot.subtask.subtask_index,
             key_groups=pb.KeyGroupRange(start=slot.key_groups.start, end=slot.key_groups.end),
-            backend=self._tm.settings.backend, files=handles, incremental_size=incremental_size, full_size=full_size,
+            backend=self._tm.settings.backend,
+            files=handles,
+            incremental_size=incremental_size,
+            full_size=full_size,
             # Read at the cut when the backend can; the live value may already include a later epoch.
-            committed_epoch=snapshot.committed_epoch if snapshot.committed_epoch is not None else backend.committed_epoch() if backend is not None else -1,
+            committed_epoch=snapshot.committed_epoch
+            if snapshot.committed_epoch is not None
+            else backend.committed_epoch()
+            if backend is not None
+            else -1,
         )
 
     def _discard_uploads(self, work: _SlotCheckpoint, barrier: tm_pb.CheckpointBarrier) -> None:
@@ -291,8 +343,11 @@ class SnapshotManager:
     def _subsume_older(self, job_id: str, checkpoint_id: int) -> None:
         """A completed checkpoint subsumes the job's older in-flight *checkpoints*; savepoints carry on."""
         with self._lock:
-            older = [k for k, works in self._inflight.items()
-                     if k[0] == job_id and k[1] < checkpoint_id and works and not works[0].savepoint]
+            older = [
+                k
+                for k, works in self._inflight.items()
+                if k[0] == job_id and k[1] < checkpoint_id and works and not works[0].savepoint
+            ]
             subsumed = [w for k in older for w in self._inflight.pop(k)]
         for work in subsumed:
             self._cancel(work)
@@ -300,8 +355,11 @@ class SnapshotManager:
     def _cancel(self, work: _SlotCheckpoint) -> None:
         work.cancel.set()
         if work.done:
-            barrier = tm_pb.CheckpointBarrier(job_id=work.slot.subtask.job_id, checkpoint_id=work.checkpoint_id,
-                                              target_path=work.target_path or work.slot.checkpoint_base or "file:///")
+            barrier = tm_pb.CheckpointBarrier(
+                job_id=work.slot.subtask.job_id,
+                checkpoint_id=work.checkpoint_id,
+                target_path=work.target_path or work.slot.checkpoint_base or "file:///",
+            )
             self._discard_uploads(work, barrier)
         # A running upload discards its own files when it sees the cancel (see _finish_snapshot).
 
@@ -334,7 +392,9 @@ class SnapshotManager:
         return None
 
     # -- restore -----------------------------------------------------------------------------
-    def restore(self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore) -> tuple[KeyedStateBackend, DeployResult]:
+    def restore(
+        self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore
+    ) -> tuple[KeyedStateBackend, DeployResult]:
         """Download (or find locally) every snapshot overlapping the slot and build its backend."""
         t0 = time.monotonic()
         for handle in restore.handles:
@@ -372,9 +432,16 @@ class SnapshotManager:
             snapshot_dirs.append(target)
         shutil.rmtree(instance_dir, ignore_errors=True)
         backend = restore_backend(
-            self._tm.settings.backend, slot.subtask, slot.key_groups, slot.max_parallelism, slot.operator.states,
-            snapshot_dirs=snapshot_dirs, local_dir=self._tm.deployer.work_dir, limits=self._tm.deployer._limits,  # type: ignore[union-attr]  # noqa: SLF001
-            clock=self._tm.clock, resources=self._tm.deployer._resources,  # type: ignore[union-attr]  # noqa: SLF001
+            self._tm.settings.backend,
+            slot.subtask,
+            slot.key_groups,
+            slot.max_parallelism,
+            slot.operator.states,
+            snapshot_dirs=snapshot_dirs,
+            local_dir=self._tm.deployer.work_dir,
+            limits=self._tm.deployer._limits,  # type: ignore[union-attr]  # noqa: SLF001
+            clock=self._tm.clock,
+            resources=self._tm.deployer._resources,  # type: ignore[union-attr]  # noqa: SLF001
         )
         self._keep_restored_copy(slot, instance_dir, restore, snapshot_dirs)
         shutil.rmtree(work_root, ignore_errors=True)
@@ -385,12 +452,23 @@ class SnapshotManager:
         labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
         self._tm.metrics.restore_ms.labels(*labels).set(ms)
         self._tm.metrics.record_restore(labels, downloaded_files, downloaded, local_files, local_bytes)
-        logger.info("restored %s from checkpoint %d: %d snapshot(s), %d files (%d bytes) downloaded, %d files (%d bytes) "
-                    "from the local copy, %d ms", slot.subtask, restore.checkpoint_id, len(snapshot_dirs), downloaded_files,
-                    downloaded, local_files, local_bytes, ms)
+        logger.info(
+            "restored %s from checkpoint %d: %d snapshot(s), %d files (%d bytes) downloaded, %d files (%d bytes) "
+            "from the local copy, %d ms",
+            slot.subtask,
+            restore.checkpoint_id,
+            len(snapshot_dirs),
+            downloaded_files,
+            downloaded,
+            local_files,
+            local_bytes,
+            ms,
+        )
         return backend, DeployResult(restore_duration_ms=ms, restored_bytes=restored_bytes, downloaded_bytes=downloaded)
 
-    def _keep_restored_copy(self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore, snapshot_dirs: list[Path]) -> None:
+    def _keep_restored_copy(
+        self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore, snapshot_dirs: list[Path]
+    ) -> None:
         """With local recovery, the snapshot a slot was restored from becomes its local copy.
 
         A second failure before the next checkpoint completes (a failover right after a
@@ -401,7 +479,10 @@ class SnapshotManager:
             return
         handle = restore.handles[0]
         if (handle.operator_id, handle.subtask_index, handle.key_groups.start, handle.key_groups.end) != (
-            slot.subtask.operator_id, slot.subtask.subtask_index, slot.key_groups.start, slot.key_groups.end
+            slot.subtask.operator_id,
+            slot.subtask.subtask_index,
+            slot.key_groups.start,
+            slot.key_groups.end,
         ):
             return
         local = instance_dir / _LOCAL_SNAPSHOTS / f"chk-{restore.checkpoint_id}"
@@ -426,7 +507,13 @@ class SnapshotManager:
         source = SubtaskId(slot.subtask.job_id, handle.operator_id, handle.subtask_index)
         local = self._tm.deployer.instance_dir(source) / _LOCAL_SNAPSHOTS / f"chk-{checkpoint_id}"  # type: ignore[union-attr]
         if not local.is_dir():
-            logger.info("no local copy of checkpoint %d of %s at %s; %s downloads it", checkpoint_id, source, local, slot.subtask)
+            logger.info(
+                "no local copy of checkpoint %d of %s at %s; %s downloads it",
+                checkpoint_id,
+                source,
+                local,
+                slot.subtask,
+            )
             return {}
         verified: dict[str, Path] = {}
         for f in handle.files:
@@ -436,8 +523,18 @@ class SnapshotManager:
                 continue
             size, digest = sha256_file(str(path))
             if size != f.size or digest != f.sha256:
-                logger.warning("local copy %s does not verify (%d bytes, sha256 %s; checkpoint %d recorded %d bytes, sha256 %s); "
-                               "%s downloads %s instead", path, size, digest, checkpoint_id, f.size, f.sha256, slot.subtask, f.path)
+                logger.warning(
+                    "local copy %s does not verify (%d bytes, sha256 %s; checkpoint %d recorded %d bytes, sha256 %s); "
+                    "%s downloads %s instead",
+                    path,
+                    size,
+                    digest,
+                    checkpoint_id,
+                    f.size,
+                    f.sha256,
+                    slot.subtask,
+                    f.path,
+                )
                 continue
             verified[path.name] = path
         return verified
@@ -457,8 +554,8 @@ def _local_name(barrier: tm_pb.CheckpointBarrier) -> str:
 
 def _checkpoint_id(name: str) -> int | None:
     prefix = "chk-"
-    if name.startswith(prefix) and name[len(prefix):].isdigit():
-        return int(name[len(prefix):])
+    if name.startswith(prefix) and name[len(prefix) :].isdigit():
+        return int(name[len(prefix) :])
     return None
 
 

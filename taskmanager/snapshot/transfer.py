@@ -14,9 +14,10 @@ import os
 import re
 import threading
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Sequence, TypeVar
+from typing import NamedTuple, TypeVar
 
 from keyedstate.common.errors import CheckpointError, CorruptCheckpointError, InvalidArgumentError
 from keyedstate.common.storage import CheckpointStorage
@@ -123,8 +124,9 @@ def upload_files(
     items = [(os.fspath(local), remote) for local, remote in files]
     _check_unique("remote path", (remote for _, remote in items))
 
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(items))), thread_name_prefix="ks-sha256",
-                            initializer=_background_priority) as hashers:
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(threads, len(items))), thread_name_prefix="ks-sha256", initializer=_background_priority
+    ) as hashers:
 
         def upload(item: tuple[str, str]) -> UploadedFile:
             uploaded = _upload_one(storage, item[0], item[1], hashers)
@@ -200,7 +202,9 @@ def _upload_one(storage: CheckpointStorage, local: str, remote: str, hashers: Th
         raise CheckpointError(f"cannot upload {local} to {remote}: cannot read the local file: {exc}") from exc
     # Checkpoint files are immutable; a change while uploading would make the digest lie.
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or size != after.st_size:
-        raise CheckpointError(f"{local} changed while it was uploaded to {remote}; checkpoint files must not be modified")
+        raise CheckpointError(
+            f"{local} changed while it was uploaded to {remote}; checkpoint files must not be modified"
+        )
     logger.debug("uploaded %s to %s (%d bytes, sha256 %s)", local, remote, size, digest)
     return UploadedFile(remote, size, digest)
 
@@ -267,8 +271,9 @@ def _run_parallel(
     results: dict[int, R] = {}
     errors: list[tuple[int, BaseException]] = []
     skipped = 0
-    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix=f"ks-{kind}",
-                            initializer=_background_priority) as pool:
+    with ThreadPoolExecutor(
+        max_workers=min(threads, len(items)), thread_name_prefix=f"ks-{kind}", initializer=_background_priority
+    ) as pool:
         futures: dict[Future[R], int] = {pool.submit(guarded, item): i for i, item in enumerate(items)}
         for future in as_completed(futures):
             index = futures[future]

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from itertools import repeat
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar
 
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import StateDescriptor, StateKind
@@ -28,7 +29,8 @@ from keyedstate.common.errors import (
     WrongStateKindError,
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
-from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_groups as key_groups_of
+from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from keyedstate.common.keygroups import key_groups as key_groups_of
 from keyedstate.taskmanager.state.limits import StateLimits
 from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH, INTERNAL_META_PREFIX
 from keyedstate.taskmanager.state.mutation import Mutation, MutationKind
@@ -78,7 +80,7 @@ _ANY = tuple(StateKind)
 class StateHandle:
     """One state of a slot as a backend sees it; ``store``/``handle`` belong to the backend."""
 
-    __slots__ = ("descriptor", "name", "kind", "codec", "reducer", "store", "handle")
+    __slots__ = ("codec", "descriptor", "handle", "kind", "name", "reducer", "store")
 
     def __init__(self, descriptor: StateDescriptor) -> None:
         self.descriptor = descriptor
@@ -121,8 +123,10 @@ class _InFlight:
         b = self._backend
         with b._gate:
             if b._closing:
-                raise UnavailableError(f"the state backend of {b.subtask} is closed (slot released or shutting down); retry against the new owner",
-                                       reason=Reason.SHUTTING_DOWN)
+                raise UnavailableError(
+                    f"the state backend of {b.subtask} is closed (slot released or shutting down); retry against the new owner",
+                    reason=Reason.SHUTTING_DOWN,
+                )
             b._inflight += 1
 
     def __exit__(self, *exc: object) -> None:
@@ -202,7 +206,8 @@ class KeyedStateBackend(ABC):
         if handle is None:
             known = ", ".join(sorted(self._states)) or "(none)"
             raise NotFoundError(
-                f"unknown state {state!r} in {self.subtask}; the operator declares: {known}", reason=Reason.UNKNOWN_STATE
+                f"unknown state {state!r} in {self.subtask}; the operator declares: {known}",
+                reason=Reason.UNKNOWN_STATE,
             )
         return handle
 
@@ -398,7 +403,12 @@ class KeyedStateBackend(ABC):
 
     # -- map --------------------------------------------------------------------------------
     def map_put(
-        self, state: str, keys: list[bytes], user_keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]
+        self,
+        state: str,
+        keys: list[bytes],
+        user_keys: list[bytes],
+        values: list[bytes],
+        namespaces: bytes | list[bytes],
     ) -> None:
         st = self._state(state, _MAP, "MapPut")
         kgs, _ = self._check_keys(keys)
@@ -423,7 +433,9 @@ class KeyedStateBackend(ABC):
         with self._op:
             return self._map_get(st, kgs, keys, user_keys, ns, max_len)
 
-    def map_remove(self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]) -> None:
+    def map_remove(
+        self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
+    ) -> None:
         st = self._state(state, _MAP, "MapRemove")
         kgs, _ = self._check_keys(keys)
         self._check_user_keys(user_keys, len(keys))
@@ -446,7 +458,9 @@ class KeyedStateBackend(ABC):
         with self._op:
             return [v is not None for v in self._map_get(st, kgs, keys, user_keys, ns, max_len)]
 
-    def map_scan(self, state: str, key: bytes, namespace: bytes, keys_only: bool = False) -> Iterator[tuple[bytes, bytes]]:
+    def map_scan(
+        self, state: str, key: bytes, namespace: bytes, keys_only: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
         """(user_key, value) of one map sorted by user-key bytes; value is b"" with ``keys_only``."""
         st = self._state(state, _MAP, "MapScan")
         kg = self._check_single(key, namespace)
@@ -521,31 +535,54 @@ class KeyedStateBackend(ABC):
             return int(raw.decode("ascii"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise KeyedStateError(
-                f"slot {self.subtask} has a malformed committed epoch {raw[:32]!r} in its metadata", reason=Reason.INTERNAL
+                f"slot {self.subtask} has a malformed committed epoch {raw[:32]!r} in its metadata",
+                reason=Reason.INTERNAL,
             ) from exc
 
     # -- backend primitives (called after validation, inside the in-flight gate) ------------
     @abstractmethod
-    def _value_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[bytes | None]: ...
+    def _value_get(
+        self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
+    ) -> list[bytes | None]: ...
 
     @abstractmethod
-    def _value_put(self, st: StateHandle, kgs: list[int], keys: list[bytes], values: list[bytes], ns: bytes | list[bytes], max_len: int) -> None: ...
+    def _value_put(
+        self,
+        st: StateHandle,
+        kgs: list[int],
+        keys: list[bytes],
+        values: list[bytes],
+        ns: bytes | list[bytes],
+        max_len: int,
+    ) -> None: ...
 
     @abstractmethod
     def _execute(self, ops: list[Op], meta: dict[bytes, bytes] | None) -> list[bytes]:
         """Apply ops in order, atomically; returns the new vector of every REDUCE op."""
 
     @abstractmethod
-    def _list_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[list[bytes]]: ...
+    def _list_get(
+        self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
+    ) -> list[list[bytes]]: ...
 
     @abstractmethod
     def _list_scan(self, st: StateHandle, kg: int, key: bytes, namespace: bytes) -> Iterator[bytes]: ...
 
     @abstractmethod
-    def _map_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], user_keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[bytes | None]: ...
+    def _map_get(
+        self,
+        st: StateHandle,
+        kgs: list[int],
+        keys: list[bytes],
+        user_keys: list[bytes],
+        ns: bytes | list[bytes],
+        max_len: int,
+    ) -> list[bytes | None]: ...
 
     @abstractmethod
-    def _map_scan(self, st: StateHandle, kg: int, key: bytes, namespace: bytes, keys_only: bool) -> Iterator[tuple[bytes, bytes]]: ...
+    def _map_scan(
+        self, st: StateHandle, kg: int, key: bytes, namespace: bytes, keys_only: bool
+    ) -> Iterator[tuple[bytes, bytes]]: ...
 
     @abstractmethod
     def _scan_keys(self, st: StateHandle) -> Iterator[tuple[bytes, bytes]]: ...
@@ -586,7 +623,9 @@ class KeyedStateBackend(ABC):
                 return
             self._closing = True
             if not self._gate.wait_for(lambda: self._inflight == 0, timeout=self._CLOSE_WAIT_S):
-                logger.error("%s: %d calls still running after %.0f s; closing anyway", self, self._inflight, self._CLOSE_WAIT_S)
+                logger.error(
+                    "%s: %d calls still running after %.0f s; closing anyway", self, self._inflight, self._CLOSE_WAIT_S
+                )
         self._close()
 
     @abstractmethod

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import StateDescriptor
@@ -28,7 +28,9 @@ def backend_class(kind: str) -> type[KeyedStateBackend]:
     try:
         return BACKENDS[kind]
     except KeyError:
-        raise ConfigError(f"state.backend.type: unknown backend {kind!r}; use one of {', '.join(sorted(BACKENDS))}") from None
+        raise ConfigError(
+            f"state.backend.type: unknown backend {kind!r}; use one of {', '.join(sorted(BACKENDS))}"
+        ) from None
 
 
 def create_backend(
@@ -46,8 +48,14 @@ def create_backend(
     """A backend for one slot. RocksDB keeps data already in ``local_dir/<instance>/db``."""
     cls = backend_class(kind)
     return cls(  # type: ignore[call-arg]
-        subtask, key_groups, max_parallelism, states,
-        local_dir=local_dir, limits=limits, clock=clock, resources=resources,
+        subtask,
+        key_groups,
+        max_parallelism,
+        states,
+        local_dir=local_dir,
+        limits=limits,
+        clock=clock,
+        resources=resources,
     )
 
 
@@ -66,6 +74,13 @@ def restore_backend(
 ) -> KeyedStateBackend:
     """A backend for ``key_groups`` from local snapshots written by either backend."""
     return backend_class(kind).restore(
-        subtask, key_groups, max_parallelism, states,
-        snapshot_dirs=snapshot_dirs, local_dir=local_dir, limits=limits, clock=clock, resources=resources,
+        subtask,
+        key_groups,
+        max_parallelism,
+        states,
+        snapshot_dirs=snapshot_dirs,
+        local_dir=local_dir,
+        limits=limits,
+        clock=clock,
+        resources=resources,
     )

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator, Sequence
 from itertools import repeat
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import StateDescriptor, StateKind
@@ -83,7 +84,9 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         logger.info("created HashMap state of %s (key groups %s, states %s)", subtask, key_groups, sorted(self._states))
 
     # -- value ------------------------------------------------------------------------------
-    def _value_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[bytes | None]:
+    def _value_get(
+        self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
+    ) -> list[bytes | None]:
         tbl = st.store
         codec = st.codec
         with self._lock:
@@ -101,7 +104,15 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                         tbl[(k, n)] = codec.refreshed(s, now)  # type: ignore[arg-type]
             return out
 
-    def _value_put(self, st: StateHandle, kgs: list[int], keys: list[bytes], values: list[bytes], ns: bytes | list[bytes], max_len: int) -> None:
+    def _value_put(
+        self,
+        st: StateHandle,
+        kgs: list[int],
+        keys: list[bytes],
+        values: list[bytes],
+        ns: bytes | list[bytes],
+        max_len: int,
+    ) -> None:
         stored = st.codec.encode_many(values, self.clock.now_ms() if st.codec.has_ttl else 0)
         tkeys = zip(keys, repeat(ns)) if isinstance(ns, bytes) else zip(keys, ns)
         with self._lock:
@@ -166,7 +177,9 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         return results
 
     # -- list -------------------------------------------------------------------------------
-    def _list_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[list[bytes]]:
+    def _list_get(
+        self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
+    ) -> list[list[bytes]]:
         codec = st.codec
         limit = self.limits.max_list_response_bytes
         total = 0
@@ -207,7 +220,15 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         yield from items
 
     # -- map --------------------------------------------------------------------------------
-    def _map_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], user_keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[bytes | None]:
+    def _map_get(
+        self,
+        st: StateHandle,
+        kgs: list[int],
+        keys: list[bytes],
+        user_keys: list[bytes],
+        ns: bytes | list[bytes],
+        max_len: int,
+    ) -> list[bytes | None]:
         codec = st.codec
         tbl = st.store
         out: list[bytes | None] = []
@@ -222,7 +243,9 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                     m[uk] = codec.refreshed(s, now)  # type: ignore[index,arg-type]
         return out
 
-    def _map_scan(self, st: StateHandle, kg: int, key: bytes, namespace: bytes, keys_only: bool) -> Iterator[tuple[bytes, bytes]]:
+    def _map_scan(
+        self, st: StateHandle, kg: int, key: bytes, namespace: bytes, keys_only: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
         codec = st.codec
         with self._op, self._lock:
             now = self.clock.now_ms() if codec.has_ttl else 0
@@ -322,7 +345,9 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         """Copies the tables under the lock; ``materialize()`` writes the files afterwards."""
         target = Path(target_dir)
         if target.exists():
-            raise InvalidArgumentError(f"snapshot directory {target} already exists; use a new directory per checkpoint")
+            raise InvalidArgumentError(
+                f"snapshot directory {target} already exists; use a new directory per checkpoint"
+            )
         try:
             target.mkdir(parents=True)
         except OSError as exc:
@@ -364,8 +389,14 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         """Load the entries of ``key_groups`` from local snapshots of either backend."""
         plan = plan_restore(snapshot_dirs, key_groups, max_parallelism, states)
         backend = cls(
-            subtask, key_groups, max_parallelism, states,
-            limits=limits, clock=clock, local_dir=local_dir, carried=plan.carried,
+            subtask,
+            key_groups,
+            max_parallelism,
+            states,
+            limits=limits,
+            clock=clock,
+            local_dir=local_dir,
+            carried=plan.carried,
         )
         metas = []
         for part in plan.parts:
@@ -374,7 +405,9 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                 if len(part.overlap):
                     backend._load(reader, part.overlap, {d.name for d in part.manifest.states})
         backend._meta.update(merge_meta(metas))
-        logger.info("restored HashMap state of %s key groups %s from %d snapshot(s)", subtask, key_groups, len(plan.parts))
+        logger.info(
+            "restored HashMap state of %s key groups %s from %d snapshot(s)", subtask, key_groups, len(plan.parts)
+        )
         return backend
 
     def _load(self, reader: SnapshotReader, overlap: KeyGroupRange, names: set[str]) -> None:

@@ -96,7 +96,9 @@ def namespace_suffix(namespace: bytes) -> bytes:
     return varint_len_prefix(namespace)
 
 
-def build_prefixes(key_groups: list[int], keys: list[bytes], namespace: bytes | list[bytes], max_key_len: int) -> list[bytes]:
+def build_prefixes(
+    key_groups: list[int], keys: list[bytes], namespace: bytes | list[bytes], max_key_len: int
+) -> list[bytes]:
     """Stored prefixes of many keys with one concatenation each (the hot path of every call).
 
     ``max_key_len`` is the longest key of the batch (already computed for the size check); it
@@ -128,7 +130,9 @@ class StoredKey:
     def seq(self) -> int:
         """The sequence number of a list element."""
         if len(self.suffix) != SEQ_BYTES:
-            raise KeyedStateError(f"stored key suffix of {len(self.suffix)} bytes is not a list sequence number", reason=Reason.INTERNAL)
+            raise KeyedStateError(
+                f"stored key suffix of {len(self.suffix)} bytes is not a list sequence number", reason=Reason.INTERNAL
+            )
         return int.from_bytes(self.suffix, "big")
 
 

@@ -8,7 +8,6 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.config import Configuration, options
 from keyedstate.common.errors import ConfigError
 
-
 _KEYS = {
     "max_key_bytes": options.MAX_KEY_BYTES.key,
     "max_value_bytes": options.MAX_VALUE_BYTES.key,
@@ -36,8 +35,11 @@ class StateLimits:
 
     def to_proto(self) -> pb.StateLimits:
         """What the TaskManager reports to the JobManager, which hands it to clients (they check calls first)."""
-        return pb.StateLimits(max_key_bytes=self.max_key_bytes, max_value_bytes=self.max_value_bytes,
-                              max_list_elements=self.max_list_elements)
+        return pb.StateLimits(
+            max_key_bytes=self.max_key_bytes,
+            max_value_bytes=self.max_value_bytes,
+            max_list_elements=self.max_list_elements,
+        )
 
     @classmethod
     def from_config(cls, conf: Configuration) -> StateLimits:

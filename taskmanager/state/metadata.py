@@ -64,13 +64,18 @@ def descriptor_from_json(data: dict[str, Any]) -> StateDescriptor:
     try:
         ttl = None
         if data.get("ttl_ms"):
-            ttl = TtlConfig(int(data["ttl_ms"]), TtlUpdateType(data.get("ttl_update", TtlUpdateType.ON_CREATE_AND_WRITE.value)))
+            ttl = TtlConfig(
+                int(data["ttl_ms"]), TtlUpdateType(data.get("ttl_update", TtlUpdateType.ON_CREATE_AND_WRITE.value))
+            )
         fields = tuple(
-            ReduceField(f["name"], ReduceFunction(f["function"]), NumberType(f["type"])) for f in data.get("reduce_fields", ())
+            ReduceField(f["name"], ReduceFunction(f["function"]), NumberType(f["type"]))
+            for f in data.get("reduce_fields", ())
         )
         return StateDescriptor(data["name"], StateKind(data["kind"]), ttl, fields)
     except (KeyError, ValueError, TypeError) as exc:
-        raise KeyedStateError(f"malformed state descriptor {data!r} in slot metadata: {exc}", reason=Reason.INTERNAL) from exc
+        raise KeyedStateError(
+            f"malformed state descriptor {data!r} in slot metadata: {exc}", reason=Reason.INTERNAL
+        ) from exc
 
 
 def encode_states(descriptors: list[StateDescriptor]) -> bytes:

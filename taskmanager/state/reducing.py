@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 from keyedstate.common.descriptors import NumberType, ReduceFunction, StateDescriptor
 from keyedstate.common.errors import InvalidArgumentError

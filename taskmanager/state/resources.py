@@ -55,7 +55,9 @@ class RocksDBResources:
 
     def __post_init__(self) -> None:
         if self.managed_bytes < 1 << 20:
-            raise ConfigError(f"taskmanager.memory.managed.size must be at least 1mb for RocksDB, got {self.managed_bytes} bytes")
+            raise ConfigError(
+                f"taskmanager.memory.managed.size must be at least 1mb for RocksDB, got {self.managed_bytes} bytes"
+            )
         if not 0.0 < self.write_buffer_ratio < 1.0:
             raise ConfigError(
                 f"state.backend.rocksdb.memory.write-buffer-ratio must be between 0 and 1 (exclusive), got {self.write_buffer_ratio}"
@@ -63,9 +65,13 @@ class RocksDBResources:
         if self.block_cache_bytes is not None and self.block_cache_bytes < 1:
             raise ConfigError(f"state.backend.rocksdb.block.cache-size must be positive, got {self.block_cache_bytes}")
         if self.writebuffer_size < 64 << 10:
-            raise ConfigError(f"state.backend.rocksdb.writebuffer.size must be at least 64kb, got {self.writebuffer_size} bytes")
+            raise ConfigError(
+                f"state.backend.rocksdb.writebuffer.size must be at least 64kb, got {self.writebuffer_size} bytes"
+            )
         if self.writebuffer_count < 1 or self.threads < 1:
-            raise ConfigError("state.backend.rocksdb.writebuffer.count and state.backend.rocksdb.thread.num must be at least 1")
+            raise ConfigError(
+                "state.backend.rocksdb.writebuffer.count and state.backend.rocksdb.thread.num must be at least 1"
+            )
 
     @classmethod
     def from_config(cls, conf: Configuration) -> RocksDBResources:
@@ -96,11 +102,15 @@ class RocksDBResources:
                 capacity = self.effective_block_cache_bytes + self.write_buffer_bytes
                 cache = rocksdict.Cache(capacity)
                 # allow_stall=False: at the limit RocksDB flushes early instead of blocking writers.
-                wbm = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(self.write_buffer_bytes, False, cache)
+                wbm = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+                    self.write_buffer_bytes, False, cache
+                )
                 self._shared.append(SharedRocksDBMemory(cache, wbm, capacity))
                 logger.info(
                     "RocksDB managed memory: cache capacity %d bytes (block cache %d + write buffers %d)",
-                    capacity, self.effective_block_cache_bytes, self.write_buffer_bytes,
+                    capacity,
+                    self.effective_block_cache_bytes,
+                    self.write_buffer_bytes,
                 )
             return self._shared[0]
 

@@ -9,9 +9,9 @@ here, before the backend touches its directory.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from keyedstate.common.descriptors import StateDescriptor
 from keyedstate.common.errors import IncompatibleCheckpointError, InvalidArgumentError
@@ -52,7 +52,9 @@ def plan_restore(
     states: Sequence[StateDescriptor],
 ) -> RestorePlan:
     if not snapshot_dirs:
-        raise InvalidArgumentError("restore needs at least one local snapshot directory; create the backend empty instead")
+        raise InvalidArgumentError(
+            "restore needs at least one local snapshot directory; create the backend empty instead"
+        )
     parts: list[RestorePart] = []
     declared = {s.name: s for s in states}
     carried: dict[str, StateDescriptor] = {}
@@ -83,7 +85,9 @@ def plan_restore(
     if covered < len(key_groups):
         logger.info(
             "restore of key groups %s: the snapshots cover %d of %d key groups; the rest start empty",
-            key_groups, covered, len(key_groups),
+            key_groups,
+            covered,
+            len(key_groups),
         )
     if carried:
         logger.warning(

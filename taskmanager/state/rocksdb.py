@@ -18,10 +18,11 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import rocksdict
 
@@ -168,7 +169,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         except Exception as exc:
             hint = (
                 "another backend (or process) has it open; release that slot first"
-                if "lock" in str(exc).lower() else "check the directory and free space"
+                if "lock" in str(exc).lower()
+                else "check the directory and free space"
             )
             raise StorageError(f"cannot open RocksDB at {db_dir} for {self.subtask}: {exc}; {hint}") from exc
         try:
@@ -185,7 +187,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             raise
         logger.info(
             "opened RocksDB state of %s at %s (key groups %s, states %s%s)",
-            self.subtask, db_dir, self.key_groups, sorted(self._states),
+            self.subtask,
+            db_dir,
+            self.key_groups,
+            sorted(self._states),
             ", reopened existing data" if existing else "",
         )
 
@@ -207,7 +212,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 self._carried[name] = StateHandle(d)
         unknown = existing - set(stored) - {META_CF, DEFAULT_CF} - set(self._states)
         if unknown:
-            logger.warning("RocksDB at %s has column families %s without descriptors; leaving them untouched", self.db_dir, sorted(unknown))
+            logger.warning(
+                "RocksDB at %s has column families %s without descriptors; leaving them untouched",
+                self.db_dir,
+                sorted(unknown),
+            )
 
     def _clip_to_range(self) -> None:
         assert self._meta is not None
@@ -220,7 +229,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for h in self._all_handles():
             for begin, stop in layout.outside_ranges(self.key_groups):
                 h.store.delete_range(begin, stop)
-        logger.info("clipped RocksDB state of %s from key groups [%d, %d] to %s", self.subtask, start, end, self.key_groups)
+        logger.info(
+            "clipped RocksDB state of %s from key groups [%d, %d] to %s", self.subtask, start, end, self.key_groups
+        )
 
     def _write_internal_meta(self) -> None:
         wb = rocksdict.WriteBatch(raw_mode=True)
@@ -237,7 +248,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         try:
             self._db.write(wb, self._wopts)
         except Exception as exc:
-            raise StorageError(f"RocksDB write of {self.subtask} failed: {exc}; check the disk of {self.db_dir}") from exc
+            raise StorageError(
+                f"RocksDB write of {self.subtask} failed: {exc}; check the disk of {self.db_dir}"
+            ) from exc
 
     def _refresh(self, st: StateHandle, stored_keys: list[bytes], seen: list[bytes], now: int) -> None:
         """ON_READ_AND_WRITE: move the timestamps of values just read to ``now``.
@@ -258,7 +271,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 self._write(wb)
 
     # -- value ------------------------------------------------------------------------------
-    def _value_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[bytes | None]:
+    def _value_get(
+        self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
+    ) -> list[bytes | None]:
         stored_keys = layout.build_prefixes(kgs, keys, ns, max_len)
         stored = st.store.get(stored_keys)
         codec = st.codec
@@ -271,7 +286,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._refresh(st, [k for k, _ in live], [s for _, s in live], now)
         return out
 
-    def _value_put(self, st: StateHandle, kgs: list[int], keys: list[bytes], values: list[bytes], ns: bytes | list[bytes], max_len: int) -> None:
+    def _value_put(
+        self,
+        st: StateHandle,
+        kgs: list[int],
+        keys: list[bytes],
+        values: list[bytes],
+        ns: bytes | list[bytes],
+        max_len: int,
+    ) -> None:
         stored_keys = layout.build_prefixes(kgs, keys, ns, max_len)
         header = st.codec.header(self.clock.now_ms() if st.codec.has_ttl else 0)
         wb = rocksdict.WriteBatch(raw_mode=True)
@@ -299,9 +322,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         it.seek_for_prev(prefix + _SEQ_MAX)
         if not it.valid() or not it.key().startswith(prefix):
             return (0, 0)
-        last = int.from_bytes(it.key()[-layout.SEQ_BYTES:], "big")
+        last = int.from_bytes(it.key()[-layout.SEQ_BYTES :], "big")
         it.seek(prefix)
-        first = int.from_bytes(it.key()[-layout.SEQ_BYTES:], "big")
+        first = int.from_bytes(it.key()[-layout.SEQ_BYTES :], "big")
         return (first, last + 1)
 
     def _execute(self, ops: list[Op], meta: dict[bytes, bytes] | None) -> list[bytes]:
@@ -384,7 +407,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return results
 
     # -- list -------------------------------------------------------------------------------
-    def _list_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[list[bytes]]:
+    def _list_get(
+        self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
+    ) -> list[list[bytes]]:
         prefixes = layout.build_prefixes(kgs, keys, ns, max_len)
         codec = st.codec
         now = self.clock.now_ms() if codec.has_ttl else 0
@@ -419,7 +444,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return out
 
     def _scan(
-        self, st: StateHandle, begin: bytes, end: bytes | None, emit: Callable[[bytes, bytes, int], Any], refresh: bool = True
+        self,
+        st: StateHandle,
+        begin: bytes,
+        end: bytes | None,
+        emit: Callable[[bytes, bytes, int], Any],
+        refresh: bool = True,
     ) -> Iterator[Any]:
         """Chunked scan of ``[begin, end)``; ``emit(key, value, now)`` returns an item or None (skip)."""
         start = begin
@@ -452,7 +482,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return self._scan(st, prefix, layout.prefix_end(prefix), lambda k, v, now: decode(v, now))
 
     # -- map --------------------------------------------------------------------------------
-    def _map_get(self, st: StateHandle, kgs: list[int], keys: list[bytes], user_keys: list[bytes], ns: bytes | list[bytes], max_len: int) -> list[bytes | None]:
+    def _map_get(
+        self,
+        st: StateHandle,
+        kgs: list[int],
+        keys: list[bytes],
+        user_keys: list[bytes],
+        ns: bytes | list[bytes],
+        max_len: int,
+    ) -> list[bytes | None]:
         prefixes = layout.build_prefixes(kgs, keys, ns, max_len)
         stored_keys = [p + uk for p, uk in zip(prefixes, user_keys)]
         stored = st.store.get(stored_keys)
@@ -464,7 +502,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._refresh(st, [k for k, _ in live], [s for _, s in live], now)
         return out
 
-    def _map_scan(self, st: StateHandle, kg: int, key: bytes, namespace: bytes, keys_only: bool) -> Iterator[tuple[bytes, bytes]]:
+    def _map_scan(
+        self, st: StateHandle, kg: int, key: bytes, namespace: bytes, keys_only: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
         prefix = layout.key_prefix(kg, key, namespace)
         n = len(prefix)
         decode = st.codec.decode
@@ -489,7 +529,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 if current[1] or is_expired(v, now):
                     return None
             else:
-                prefix = k[:layout.prefix_length(k)]
+                prefix = k[: layout.prefix_length(k)]
                 current[0], current[1] = prefix, False
                 if is_expired(v, now):
                     return None
@@ -557,7 +597,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     # -- metrics ----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         per_cf = ("estimate-num-keys", "cur-size-all-mem-tables", "total-sst-files-size", "estimate-live-data-size")
-        out = {name: 0 for name in per_cf}
+        out = dict.fromkeys(per_cf, 0)
         with self._op:
             assert self._db is not None and self._meta is not None
             for store in [h.store for h in self._all_handles()] + [self._meta]:
@@ -581,11 +621,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """
         target = Path(target_dir)
         if target.exists():
-            raise InvalidArgumentError(f"snapshot directory {target} already exists; use a new directory per checkpoint")
+            raise InvalidArgumentError(
+                f"snapshot directory {target} already exists; use a new directory per checkpoint"
+            )
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StorageError(f"cannot create the parent of snapshot directory {target}: {exc.strerror or exc}") from exc
+            raise StorageError(
+                f"cannot create the parent of snapshot directory {target}: {exc.strerror or exc}"
+            ) from exc
         with self._op:
             assert self._db is not None and self._meta is not None
             self._preflush()
@@ -601,8 +645,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     del checkpoint
                 raw = self._meta.get(COMMITTED_EPOCH)
                 blocked_ms = (time.perf_counter() - t0) * 1000
-        snapshot = LocalSnapshot(target, self._manifest(), blocked_ms=blocked_ms,
-                                 committed_epoch=int(raw) if raw and raw.isdigit() else None)
+        snapshot = LocalSnapshot(
+            target, self._manifest(), blocked_ms=blocked_ms, committed_epoch=int(raw) if raw and raw.isdigit() else None
+        )
         snapshot.materialize()
         return snapshot
 
@@ -617,8 +662,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             t0 = time.perf_counter()
             for store in stores:
                 store.flush(True)
-            logger.debug("pre-flush of %s before a snapshot: %d bytes in %.0f ms", self.subtask, pending,
-                         (time.perf_counter() - t0) * 1000)
+            logger.debug(
+                "pre-flush of %s before a snapshot: %d bytes in %.0f ms",
+                self.subtask,
+                pending,
+                (time.perf_counter() - t0) * 1000,
+            )
 
     @classmethod
     def restore(
@@ -650,8 +699,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if base is not None:
             _copy_checkpoint(base.directory, db_dir)
         backend = cls(
-            subtask, key_groups, max_parallelism, states,
-            local_dir=local_dir, limits=limits, clock=clock, resources=resources, carried=plan.carried,
+            subtask,
+            key_groups,
+            max_parallelism,
+            states,
+            local_dir=local_dir,
+            limits=limits,
+            clock=clock,
+            resources=resources,
+            carried=plan.carried,
         )
         try:
             metas = []
@@ -673,7 +729,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             raise
         logger.info(
             "restored %s key groups %s from %d snapshot(s) (%s as base)",
-            subtask, key_groups, len(plan.parts), base.directory if base else "no RocksDB snapshot",
+            subtask,
+            key_groups,
+            len(plan.parts),
+            base.directory if base else "no RocksDB snapshot",
         )
         return backend
 

@@ -23,9 +23,9 @@ import struct
 import threading
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import rocksdict
 
@@ -55,6 +55,7 @@ _SCAN_CHUNK = 4096
 
 
 # -- manifest ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SnapshotManifest:
@@ -137,6 +138,7 @@ class SnapshotManifest:
 
 # -- local snapshot ---------------------------------------------------------------------------
 
+
 @dataclass
 class LocalSnapshot:
     """A slot's state at one instant, in a local directory.
@@ -195,6 +197,7 @@ class LocalSnapshot:
 
 # -- .kvs files -------------------------------------------------------------------------------
 
+
 def write_kvs(path: Path, records: Iterable[tuple[bytes, bytes]]) -> int:
     """Write sorted records to ``path`` (atomically via a temporary name); returns the count."""
     tmp = path.with_name(path.name + ".tmp")
@@ -240,11 +243,11 @@ def read_kvs(path: Path) -> Iterator[tuple[bytes, bytes]]:
     while pos < body_end:
         (klen,) = unpack(data, pos)
         pos += 4
-        key = data[pos:pos + klen]
+        key = data[pos : pos + klen]
         pos += klen
         (vlen,) = unpack(data, pos)
         pos += 4
-        value = data[pos:pos + vlen]
+        value = data[pos : pos + vlen]
         pos += vlen
         seen += 1
         yield key, value
@@ -253,6 +256,7 @@ def read_kvs(path: Path) -> Iterator[tuple[bytes, bytes]]:
 
 
 # -- readers (restore) ------------------------------------------------------------------------
+
 
 class SnapshotReader(ABC):
     """Reads the entries of one local snapshot, whatever backend wrote it."""

@@ -12,8 +12,8 @@ TTL any more. Expiry follows Flink: a value is expired when ``ts + ttl <= now``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from keyedstate.common.descriptors import StateDescriptor, TtlUpdateType
 from keyedstate.common.errors import KeyedStateError, Reason

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,9 @@ from bench.result import Measurement, Ratio, ScenarioResult, Series
 
 def _result() -> ScenarioResult:
     return ScenarioResult(
-        "demo", "Demo scenario", {"keys": 10},
+        "demo",
+        "Demo scenario",
+        {"keys": 10},
         [Measurement("put", 812_000, "keys/s", "best of 3"), Measurement("sync phase", 12.5, "ms")],
         [Ratio("ours / baseline", 0.95, 0.9), Ratio("time / plain upload", 1.4, 1.25, "<="), Ratio("info", 3.0)],
         [Series("demo_chart", "ours", [1, 2], [3, 4], "GB", "s")],
@@ -56,7 +57,9 @@ def test_charts_and_results_page(tmp_path: Path) -> None:
     charts = report.draw_series_charts(outcomes, tmp_path) + report.draw_summary_charts(outcomes, tmp_path)
     assert sorted(p.name for p in charts) == ["demo_chart.png", "ratios.png", "throughput.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in charts)
-    md = report.results_markdown({"versions": {}}, {"mode": "full"}, outcomes, "results", [p.stem for p in charts], "python -m bench")
+    md = report.results_markdown(
+        {"versions": {}}, {"mode": "full"}, outcomes, "results", [p.stem for p in charts], "python -m bench"
+    )
     copied = report.publish_results(tmp_path / "RESULTS.md", charts, tmp_path / "results", md)
     assert "![demo_chart](results/demo_chart.png)" in md and "| demo | ours / baseline | 0.95 | >= 0.9 | MET |" in md
     assert all(p.exists() for p in copied) and (tmp_path / "RESULTS.md").read_text() == md
@@ -71,11 +74,16 @@ def test_discovery_order_puts_known_scenarios_first() -> None:
     assert {"client_path", "redis_compare", "coordinator_scale"} <= set(scenarios)
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("def run(ctx):\n    raise ValueError('the data set is missing')\n", "ValueError: the data set is missing"),
-    ("import os\ndef run(ctx):\n    os._exit(3)\n", "exit code 3"),
-])
-def test_a_failing_scenario_is_an_error_not_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("def run(ctx):\n    raise ValueError('the data set is missing')\n", "ValueError: the data set is missing"),
+        ("import os\ndef run(ctx):\n    os._exit(3)\n", "exit code 3"),
+    ],
+)
+def test_a_failing_scenario_is_an_error_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, expected: str
+) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "failing_scenario.py").write_text("NAME = 'failing'\nTITLE = 'fails'\n" + body)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "pkg"))
@@ -87,7 +95,8 @@ def test_a_failing_scenario_is_an_error_not_a_crash(tmp_path: Path, monkeypatch:
 def test_a_hanging_scenario_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "hanging_scenario.py").write_text(
-        "import threading\nNAME = 'hang'\nTITLE = 'hangs'\ndef run(ctx):\n    threading.Event().wait()\n")
+        "import threading\nNAME = 'hang'\nTITLE = 'hangs'\ndef run(ctx):\n    threading.Event().wait()\n"
+    )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "pkg"))
     outcome = run_scenario("hang", "hanging_scenario", "hangs", "quick", tmp_path / "work", tmp_path / "out", 1, 3)
     assert outcome.error is not None and "timed out after 3 s" in outcome.error

@@ -15,8 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(480)
 def test_quick_run_produces_results_and_charts(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=450)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=450,
+    )
     assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     doc = json.loads((out / "results.json").read_text())
     assert doc["machine"]["cores"] and doc["machine"]["versions"]["rocksdict"]

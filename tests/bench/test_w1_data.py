@@ -61,7 +61,9 @@ def test_subset_keeps_the_first_events_and_their_reference(tmp_path: Path, small
 
 
 @pytest.mark.parametrize("files_per_batch", [1, 2])
-def test_single_process_baselines_match_the_reference(tmp_path: Path, small: w1data.W1Data, files_per_batch: int) -> None:
+def test_single_process_baselines_match_the_reference(
+    tmp_path: Path, small: w1data.W1Data, files_per_batch: int
+) -> None:
     seconds, final = local.run_pure_python(small, files_per_batch)
     assert seconds > 0 and w1data.mismatches(small, final) == 0
     seconds, final = local.run_rocksdict(small, files_per_batch, tmp_path / "db")
@@ -74,9 +76,11 @@ def test_preaggregate_folds_a_partition_per_user() -> None:
     from bench.w1.executor import preaggregate
 
     schema = pa.schema([("user", pa.int64()), ("amount", pa.int64())])
-    batches = [pa.record_batch({"user": [1, 2, 1], "amount": [5, 6, 7]}, schema=schema),
-               pa.record_batch({"user": [], "amount": []}, schema=schema),
-               pa.record_batch({"user": [2, 3], "amount": [1, 2]}, schema=schema)]
+    batches = [
+        pa.record_batch({"user": [1, 2, 1], "amount": [5, 6, 7]}, schema=schema),
+        pa.record_batch({"user": [], "amount": []}, schema=schema),
+        pa.record_batch({"user": [2, 3], "amount": [1, 2]}, schema=schema),
+    ]
     agg = preaggregate(iter(batches))
     assert agg is not None
     got = {u: (n, t) for u, n, t in zip(*(agg.column(c).to_pylist() for c in ("user", "n", "total")))}

@@ -52,14 +52,23 @@ class DirectChaosRun:
         self.deadline_s = deadline_s
         self.timeline = Timeline()
         self.records = fault_records(schedule)
-        self.cluster = ChaosCluster(schedule, self.base, self.timeline, self.records, net,
-                                    config={"execution.checkpointing.interval": "1 s"}, job_id=JOB)
+        self.cluster = ChaosCluster(
+            schedule,
+            self.base,
+            self.timeline,
+            self.records,
+            net,
+            config={"execution.checkpointing.interval": "1 s"},
+            job_id=JOB,
+        )
         self.pipeline = self.cluster.pipeline
         self.done = threading.Event()
         self.started_at = 0.0
         self.monitor: JobMonitor | None = None
         self.actions = FaultActions(self.cluster, self.records, self.timeline, self._trigger, self._where, self.done)
-        self.result = RunResult(schedule.seed, schedule.mode, schedule.netns, schedule.describe(), log_dir=str(self.base))
+        self.result = RunResult(
+            schedule.seed, schedule.mode, schedule.netns, schedule.describe(), log_dir=str(self.base)
+        )
         self.writers: list[AppendWriter] = []
 
     def run(self) -> RunResult:
@@ -104,7 +113,9 @@ class DirectChaosRun:
             self.timeline.log("writers running, first checkpoint taken: faults may strike")
             self.actions.start()
             # The faults strike within DIRECT_SECONDS; each thread ends when its fault is undone.
-            self._wait(lambda: time.monotonic() >= self.started_at + DIRECT_SECONDS, DIRECT_SECONDS + 5, "the fault window")
+            self._wait(
+                lambda: time.monotonic() >= self.started_at + DIRECT_SECONDS, DIRECT_SECONDS + 5, "the fault window"
+            )
             self.actions.join(timeout_s=max(10.0, self.deadline_s - self.timeline.now() - 60))
             self.done.set()
             self.cluster.settle()
@@ -112,9 +123,12 @@ class DirectChaosRun:
             self.timeline.log("every fault undone")
             info = self._wait_running(admin)
             running = self._stable_deployment(admin)
-            self.timeline.log(f"last deployment: routing v{running.routing_version} RUNNING "
-                              f"({info.restarts} restarts in all)")
-            self._wait(lambda: time.monotonic() >= running.at + QUIET_S, QUIET_S + 5, "writes after the last deployment")
+            self.timeline.log(
+                f"last deployment: routing v{running.routing_version} RUNNING ({info.restarts} restarts in all)"
+            )
+            self._wait(
+                lambda: time.monotonic() >= running.at + QUIET_S, QUIET_S + 5, "writes after the last deployment"
+            )
             for w in self.writers:
                 w.stop()
             self.monitor.stop()
@@ -124,12 +138,22 @@ class DirectChaosRun:
             admin.close()
         silent = [w.name for w in self.writers if not any(a.sent > running.at for a in w.acked)]
         if silent:
-            raise ChaosFailure(f"writers {silent} had no append acknowledged after the last deployment ran; "
-                               f"their last errors: {[w.failed[-2:] for w in self.writers if w.name in silent]}")
+            raise ChaosFailure(
+                f"writers {silent} had no append acknowledged after the last deployment ran; "
+                f"their last errors: {[w.failed[-2:] for w in self.writers if w.name in silent]}"
+            )
         self._count(final, running)
         faulted = sorted({r.fault.target for r in self.records if r.fired and r.fault.target.startswith("tm")})
-        report = direct_mode_report(self.writers, final, running, self.started_at, healed_at,
-                                    (",".join(faulted) or "none", "see the timeline"), restarts, expected_restarts=None)
+        report = direct_mode_report(
+            self.writers,
+            final,
+            running,
+            self.started_at,
+            healed_at,
+            (",".join(faulted) or "none", "see the timeline"),
+            restarts,
+            expected_restarts=None,
+        )
         self.result.outcome = "the job RUNNING again"  # one line per kind of ending in the summary
         self.timeline.log(f"final: routing v{running.routing_version}, {restarts} restarts")
         if report:
@@ -157,12 +181,16 @@ class DirectChaosRun:
                 return info
             if info.status in ("FAILED", "CANCELED"):
                 if self.schedule.restart_attempts >= 100:
-                    raise ChaosFailure(f"the job is {info.status} although its restart budget cannot run out here: "
-                                       f"{info.failure_cause}")
+                    raise ChaosFailure(
+                        f"the job is {info.status} although its restart budget cannot run out here: "
+                        f"{info.failure_cause}"
+                    )
                 path = info.latest_checkpoint_path
                 self.timeline.log(f"the job FAILED ({info.failure_cause}); the operator restores {path}")
                 if not path or not self.cluster.restore(path, "the FAILED job's latest checkpoint"):
-                    raise ChaosFailure(f"the job FAILED and its latest checkpoint ({path or 'none'}) cannot be restored")
+                    raise ChaosFailure(
+                        f"the job FAILED and its latest checkpoint ({path or 'none'}) cannot be restored"
+                    )
             time.sleep(0.2)
         raise ChaosFailure("the job did not run again within 90 s after every fault was undone")
 
@@ -177,12 +205,22 @@ class DirectChaosRun:
                 time.sleep(0.2)
                 continue
             latest = self.monitor.latest()
-            if (info.status == "RUNNING" and latest is not None and latest.status == "RUNNING"
-                    and latest.routing_version == info.routing_version and time.monotonic() - latest.at >= 3.0):
-                return next(ob for ob in self.monitor.observations
-                            if ob.status == "RUNNING" and ob.routing_version == latest.routing_version)
+            if (
+                info.status == "RUNNING"
+                and latest is not None
+                and latest.status == "RUNNING"
+                and latest.routing_version == info.routing_version
+                and time.monotonic() - latest.at >= 3.0
+            ):
+                return next(
+                    ob
+                    for ob in self.monitor.observations
+                    if ob.status == "RUNNING" and ob.routing_version == latest.routing_version
+                )
             time.sleep(0.1)
-        raise ChaosFailure(f"the job did not settle on one RUNNING deployment within 60 s; last seen {self.monitor.latest()}")
+        raise ChaosFailure(
+            f"the job did not settle on one RUNNING deployment within 60 s; last seen {self.monitor.latest()}"
+        )
 
     def _wait(self, predicate: Any, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -196,7 +234,9 @@ class DirectChaosRun:
         raise ChaosFailure(f"{what} did not happen within {timeout_s:.0f} s")
 
     def _trigger(self, record: FaultRecord) -> bool:
-        return not self.done.wait(max(0.0, self.started_at + record.fault.at_s + record.fault.delay_s - time.monotonic()))
+        return not self.done.wait(
+            max(0.0, self.started_at + record.fault.at_s + record.fault.delay_s - time.monotonic())
+        )
 
     def _where(self) -> str:
         latest = self.monitor.latest() if self.monitor is not None else None

@@ -86,15 +86,23 @@ def make_faulty_process(failures: list[list[Any]], marker: str) -> Any:
         mode = plan.get((state.batch_id, ctx.partitionId())) if ctx.attemptNumber() == 0 else None
         if mode is not None:
             with open(marker, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"batch": state.batch_id, "partition": ctx.partitionId(), "mode": mode,
-                                    "t": time.time()}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"batch": state.batch_id, "partition": ctx.partitionId(), "mode": mode, "t": time.time()}
+                    )
+                    + "\n"
+                )
         if mode == "raise":
-            raise RuntimeError(f"chaos: task failure injected before writing (batch {state.batch_id}, "
-                               f"partition {ctx.partitionId()}, attempt 0)")
+            raise RuntimeError(
+                f"chaos: task failure injected before writing (batch {state.batch_id}, "
+                f"partition {ctx.partitionId()}, attempt 0)"
+            )
         inner(batches, state)
         if mode == "raise-after-write":
-            raise RuntimeError(f"chaos: task failure injected after staging (batch {state.batch_id}, "
-                               f"partition {ctx.partitionId()}, attempt 0)")
+            raise RuntimeError(
+                f"chaos: task failure injected after staging (batch {state.batch_id}, "
+                f"partition {ctx.partitionId()}, attempt 0)"
+            )
         if mode == "exit":
             os._exit(13)  # the Python worker dies with the task's writes staged
 
@@ -121,12 +129,17 @@ def main(config_path: str, out_dir: str) -> int:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark = (
-        SparkSession.builder.master("local[2,4]").appName(f"keyedstate-chaos-{conf['incarnation']}")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "4").config("spark.default.parallelism", "2")
+        SparkSession.builder.master("local[2,4]")
+        .appName(f"keyedstate-chaos-{conf['incarnation']}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.warehouse.dir", str(work / "warehouse")).config("spark.local.dir", str(work / "local"))
+        .config("spark.sql.warehouse.dir", str(work / "warehouse"))
+        .config("spark.local.dir", str(work / "local"))
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={work} {conf.get('java_options', '')}".strip())
         .getOrCreate()
     )
@@ -143,9 +156,13 @@ def main(config_path: str, out_dir: str) -> int:
 
     def start_query(n: int) -> tuple[Any, Any]:
         runtime = KeyedStateRuntime(conf["jobmanager"], conf["job_id"], operators(int(conf["parallelism"])))
-        inner = runtime.foreach_batch(process, key_col="key", operator=OPERATOR,
-                                      batch_timeout_s=float(conf["batch_timeout_s"]),
-                                      max_batch_attempts=int(conf["max_batch_attempts"]))
+        inner = runtime.foreach_batch(
+            process,
+            key_col="key",
+            operator=OPERATOR,
+            batch_timeout_s=float(conf["batch_timeout_s"]),
+            max_batch_attempts=int(conf["max_batch_attempts"]),
+        )
         holder: dict[str, Any] = {}
 
         def on_batch(df: Any, batch_id: int) -> None:
@@ -159,17 +176,31 @@ def main(config_path: str, out_dir: str) -> int:
             try:
                 inner(df, batch_id)
             except BaseException as exc:
-                progress.write("raise", batch=batch_id, query=n, runs=runtime.batch_attempts - runs,
-                               error=essence(f"{type(exc).__name__}: {exc}"))
+                progress.write(
+                    "raise",
+                    batch=batch_id,
+                    query=n,
+                    runs=runtime.batch_attempts - runs,
+                    error=essence(f"{type(exc).__name__}: {exc}"),
+                )
                 raise
-            progress.write("return", batch=batch_id, query=n, runs=runtime.batch_attempts - runs,
-                           skipped=runtime.batches_skipped > skipped)
+            progress.write(
+                "return",
+                batch=batch_id,
+                query=n,
+                runs=runtime.batch_attempts - runs,
+                skipped=runtime.batches_skipped > skipped,
+            )
             if kills.get(batch_id) == "after-return":
                 _kill_self(progress, "after-return", batch_id)
 
         stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(conf["source"])
-        query = (stream.writeStream.foreachBatch(on_batch).trigger(availableNow=True)
-                 .option("checkpointLocation", conf["checkpoint_location"]).start())
+        query = (
+            stream.writeStream.foreachBatch(on_batch)
+            .trigger(availableNow=True)
+            .option("checkpointLocation", conf["checkpoint_location"])
+            .start()
+        )
         holder["query"] = query
         progress.write("query", query=n, state="started", id=str(query.id))
         return runtime, query
@@ -204,8 +235,11 @@ def main(config_path: str, out_dir: str) -> int:
         if n in stop_requested and error is None:
             n += 1  # stopped mid-batch on purpose: a new query on the same checkpointLocation
             continue
-        outcome = {"status": "finished"} if error is None else {"status": "error", "error": essence(error),
-                                                                 "text": error[-8000:]}
+        outcome = (
+            {"status": "finished"}
+            if error is None
+            else {"status": "error", "error": essence(error), "text": error[-8000:]}
+        )
         break
     tmp = out / ".outcome.json.tmp"
     tmp.write_text(json.dumps(outcome), encoding="utf-8")

@@ -114,9 +114,13 @@ class Driver:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen([sys.executable, str(DRIVER), str(self.config_path), str(self.out)],
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env=dict(os.environ))
+            self.process = subprocess.Popen(
+                [sys.executable, str(DRIVER), str(self.config_path), str(self.out)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(os.environ),
+            )
 
     @property
     def alive(self) -> bool:
@@ -189,11 +193,22 @@ class EpochChaosRun:
         """An operator restore of an older checkpoint (its fault, the restored epoch) not yet refused."""
         self.cancel_state = ""
         """``cancelled`` after the harness cancelled the job, ``resubmitted`` once a driver started after it."""
-        self.actions = FaultActions(self.cluster, self.records, self.timeline, self._trigger, self._where, self.done,
-                                    extra={"driver_kill": self._driver_kill, "restore_older": self._restore_older,
-                                           "cancel_resubmit": self._cancel})
-        self.result = RunResult(schedule.seed, schedule.mode, schedule.netns, schedule.describe(),
-                                log_dir=str(self.base))
+        self.actions = FaultActions(
+            self.cluster,
+            self.records,
+            self.timeline,
+            self._trigger,
+            self._where,
+            self.done,
+            extra={
+                "driver_kill": self._driver_kill,
+                "restore_older": self._restore_older,
+                "cancel_resubmit": self._cancel,
+            },
+        )
+        self.result = RunResult(
+            schedule.seed, schedule.mode, schedule.netns, schedule.describe(), log_dir=str(self.base)
+        )
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -242,8 +257,10 @@ class EpochChaosRun:
                 time.sleep(0.1)
             if driver.alive:
                 driver.kill(group=True)
-                raise ChaosFailure(f"the run did not end within {self.deadline_s:.0f} s (driver {driver.n} still running; "
-                                   f"last batch it started: {self.progress.current_batch()})")
+                raise ChaosFailure(
+                    f"the run did not end within {self.deadline_s:.0f} s (driver {driver.n} still running; "
+                    f"last batch it started: {self.progress.current_batch()})"
+                )
             self._credit_driver_faults()
             outcome = driver.outcome()
             if outcome is None:
@@ -262,17 +279,29 @@ class EpochChaosRun:
             self.cancel_state = "resubmitted"
         unfired = [r for r in self.records if not r.fired]
         config = {
-            "incarnation": n, "jobmanager": self.pipeline.address, "job_id": self.pipeline.job_id,
-            "parallelism": self.schedule.parallelism, "source": str(self.pipeline.source),
-            "checkpoint_location": self.pipeline.spark_checkpoint, "progress": str(self.progress.path),
-            "task_failure_log": str(self.task_failure_log), "files": self.schedule.files,
-            "batch_timeout_s": BATCH_TIMEOUT_S, "max_batch_attempts": MAX_BATCH_ATTEMPTS,
+            "incarnation": n,
+            "jobmanager": self.pipeline.address,
+            "job_id": self.pipeline.job_id,
+            "parallelism": self.schedule.parallelism,
+            "source": str(self.pipeline.source),
+            "checkpoint_location": self.pipeline.spark_checkpoint,
+            "progress": str(self.progress.path),
+            "task_failure_log": str(self.task_failure_log),
+            "files": self.schedule.files,
+            "batch_timeout_s": BATCH_TIMEOUT_S,
+            "max_batch_attempts": MAX_BATCH_ATTEMPTS,
             "java_options": DRIVER_JAVA_OPTIONS,
-            "task_failures": [[r.fault.at_batch, int(r.fault.value), r.fault.variant] for r in unfired
-                              if r.fault.kind == "task_failure"],
+            "task_failures": [
+                [r.fault.at_batch, int(r.fault.value), r.fault.variant]
+                for r in unfired
+                if r.fault.kind == "task_failure"
+            ],
             "query_stops": [[r.fault.at_batch, r.fault.delay_s] for r in unfired if r.fault.kind == "query_restart"],
-            "self_kills": [[r.fault.at_batch, r.fault.variant] for r in unfired
-                           if r.fault.kind == "driver_kill" and r.fault.variant in ("before-batch", "after-return")],
+            "self_kills": [
+                [r.fault.at_batch, r.fault.variant]
+                for r in unfired
+                if r.fault.kind == "driver_kill" and r.fault.variant in ("before-batch", "after-return")
+            ],
         }
         driver = Driver(n, self.base, config)
         driver.start()
@@ -285,14 +314,22 @@ class EpochChaosRun:
         events = self.progress.events()
         failures = []
         if self.task_failure_log.exists():
-            failures = [json.loads(line) for line in self.task_failure_log.read_text(encoding="utf-8").splitlines() if line]
+            failures = [
+                json.loads(line) for line in self.task_failure_log.read_text(encoding="utf-8").splitlines() if line
+            ]
         for r in self.records:
             f = r.fault
             if r.fired:
                 continue
             if f.kind == "driver_kill" and f.variant in ("before-batch", "after-return"):
-                hit = next((e for e in events if e["ev"] == "self-kill" and e["batch"] == f.at_batch
-                            and e["point"] == f.variant), None)
+                hit = next(
+                    (
+                        e
+                        for e in events
+                        if e["ev"] == "self-kill" and e["batch"] == f.at_batch and e["point"] == f.variant
+                    ),
+                    None,
+                )
             elif f.kind == "query_restart":
                 hit = next((e for e in events if e["ev"] == "query-stop" and e["batch"] == f.at_batch), None)
             elif f.kind == "task_failure":
@@ -308,13 +345,23 @@ class EpochChaosRun:
         if cause is None:
             kills = [e for e in self.progress.events() if e["ev"] == "self-kill" and e["driver"] == driver.n]
             if kills:
-                cause = next((r for r in self.records if r.fault.kind == "driver_kill"
-                              and r.fault.at_batch == kills[-1]["batch"] and r.fault.variant == kills[-1]["point"]), None)
+                cause = next(
+                    (
+                        r
+                        for r in self.records
+                        if r.fault.kind == "driver_kill"
+                        and r.fault.at_batch == kills[-1]["batch"]
+                        and r.fault.variant == kills[-1]["point"]
+                    ),
+                    None,
+                )
         if cause is None:
             driver.reap()
             code = driver.process.returncode if driver.process is not None else None
-            raise ChaosFailure(f"driver {driver.n} died without an outcome and no fault killed it (exit code {code}); "
-                               f"its log {driver.log_path} ends:\n{driver.log_tail()}")
+            raise ChaosFailure(
+                f"driver {driver.n} died without an outcome and no fault killed it (exit code {code}); "
+                f"its log {driver.log_path} ends:\n{driver.log_tail()}"
+            )
         # A driver whose Python process alone was killed leaves its JVM behind until the JVM notices
         # (its executors may still run tasks meanwhile); the run's end reaps whatever is left.
         delay = cause.fault.restart_after_s or 0.0
@@ -336,7 +383,9 @@ class EpochChaosRun:
             if self.cancel_state or self.pending_restore is not None:
                 self.timeline.log("the query stopped on the job the operator cancelled or restored: starting it again")
                 return 0.0, None
-            raise ChaosFailure(f"the query stopped because the job was cancelled, but no operator cancelled it: {summary}")
+            raise ChaosFailure(
+                f"the query stopped because the job was cancelled, but no operator cancelled it: {summary}"
+            )
         if job_state and job_state.group(1) == "FAILED":
             if self.schedule.restart_attempts >= 100:
                 raise ChaosFailure(f"the job FAILED although its restart budget (100) cannot run out here: {summary}")
@@ -355,8 +404,9 @@ class EpochChaosRun:
         recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
         if self.pending_restore is not None:
             record, restored = self.pending_restore
-            self._check_state(list(range(restored + 1)),
-                              f"the query was refused after the operator restored epoch {restored}")
+            self._check_state(
+                list(range(restored + 1)), f"the query was refused after the operator restored epoch {restored}"
+            )
             if not record.fault.remedy:
                 self.timeline.log(f"refused as expected ({summary}); the operator leaves it so (no remedy)")
                 return Ending("refused", restored)
@@ -364,12 +414,17 @@ class EpochChaosRun:
             if match is None:
                 raise ChaosFailure(f"the refusal does not say which epoch to restore: {summary}")
             needed = int(match.group(1))
-            candidates = [c for c in checkpoints_on_disk(self.pipeline.checkpoints_dir, self.pipeline.job_id)
-                          if c[1] == needed]
+            candidates = [
+                c for c in checkpoints_on_disk(self.pipeline.checkpoints_dir, self.pipeline.job_id) if c[1] == needed
+            ]
             if not candidates:
-                held = [(cid, e) for cid, e, _ in checkpoints_on_disk(self.pipeline.checkpoints_dir, self.pipeline.job_id)]
-                raise ChaosFailure(f"the refusal asks for a checkpoint holding epoch {needed} (Spark recorded batches "
-                                   f"{recorded}), but no completed checkpoint in storage holds it: {held}")
+                held = [
+                    (cid, e) for cid, e, _ in checkpoints_on_disk(self.pipeline.checkpoints_dir, self.pipeline.job_id)
+                ]
+                raise ChaosFailure(
+                    f"the refusal asks for a checkpoint holding epoch {needed} (Spark recorded batches "
+                    f"{recorded}), but no completed checkpoint in storage holds it: {held}"
+                )
             path = candidates[-1][2]
             if not self.cluster.restore(path, f"remedy: the refusal asks for epoch {needed}"):
                 raise ChaosFailure(f"the operator's remedy, statectl job restore --from {path}, failed")
@@ -385,14 +440,18 @@ class EpochChaosRun:
             held = checkpoint_epoch(path)
             last = max(recorded) if recorded else -1
             if held is None or not last <= held <= last + 1:
-                raise ChaosFailure(f"the cancelled job's latest checkpoint {path} holds epoch {held}, but Spark recorded "
-                                   f"batches {recorded}: a recorded batch is not in it")
+                raise ChaosFailure(
+                    f"the cancelled job's latest checkpoint {path} holds epoch {held}, but Spark recorded "
+                    f"batches {recorded}: a recorded batch is not in it"
+                )
             if not self.cluster.restore(path, "remedy: the checkpoint the refusal names"):
                 raise ChaosFailure(f"the operator's remedy, statectl job restore --from {path}, failed")
             self.cancel_state = ""
             return None
-        raise ChaosFailure(f"the query was refused though no operator restored or cancelled anything (Spark recorded "
-                           f"batches {recorded}): {summary}")
+        raise ChaosFailure(
+            f"the query was refused though no operator restored or cancelled anything (Spark recorded "
+            f"batches {recorded}): {summary}"
+        )
 
     def _remedy_failed(self, summary: str) -> None:
         """The job FAILED (restart budget): the operator restores its latest checkpoint."""
@@ -404,11 +463,15 @@ class EpochChaosRun:
         self.timeline.log(f"the job FAILED ({summary}); its latest checkpoint {path or '-'} holds epoch {held}")
         if held is None:
             if recorded:
-                raise ChaosFailure(f"the job FAILED with no completed checkpoint while Spark recorded batches {recorded}")
+                raise ChaosFailure(
+                    f"the job FAILED with no completed checkpoint while Spark recorded batches {recorded}"
+                )
             return  # nothing recorded: the restarted driver submits the job afresh
         if not last <= held <= last + 1:
-            raise ChaosFailure(f"the FAILED job's latest checkpoint holds epoch {held}, but Spark recorded batches "
-                               f"{recorded}: a recorded batch is not in it")
+            raise ChaosFailure(
+                f"the FAILED job's latest checkpoint holds epoch {held}, but Spark recorded batches "
+                f"{recorded}: a recorded batch is not in it"
+            )
         if not self.cluster.restore(path, "remedy: the FAILED job's latest checkpoint"):
             raise ChaosFailure(f"the operator's restore of the FAILED job's latest checkpoint {path} failed")
         self._check_state(list(range(held + 1)), f"after restoring the FAILED job's latest checkpoint (epoch {held})")
@@ -419,8 +482,9 @@ class EpochChaosRun:
 
     def _check_state(self, batches: list[int], context: str) -> Comparison | None:
         """The served state equals the reference of exactly ``batches``; skipped if the job is not RUNNING."""
-        info = self.pipeline.wait_for_job(lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"),
-                                          "RUNNING (or terminal) to check its state", 60)
+        info = self.pipeline.wait_for_job(
+            lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"), "RUNNING (or terminal) to check its state", 60
+        )
         if info.status != "RUNNING":
             self.timeline.log(f"{context}: the job is {info.status}; its state is not served")
             return None
@@ -434,8 +498,9 @@ class EpochChaosRun:
     def _check_recorded(self, context: str) -> None:
         """After an allowed stop: the state holds exactly the batches Spark recorded, or those and the next one whole."""
         recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
-        info = self.pipeline.wait_for_job(lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"),
-                                          "RUNNING (or terminal) to check its state", 60)
+        info = self.pipeline.wait_for_job(
+            lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"), "RUNNING (or terminal) to check its state", 60
+        )
         if info.status != "RUNNING":
             self.timeline.log(f"{context}: the job is {info.status}; its state is not served")
             return
@@ -447,24 +512,35 @@ class EpochChaosRun:
         results = [compare(self.pipeline, self._files(o)) for o in options]
         if not any(r.exact for r in results):
             self._count(results[0])
-            raise ChaosFailure(f"{context}; Spark recorded batches {recorded}, and the state matches neither them nor "
-                               f"them and batch {nxt} whole: " + " | ".join(str(r.text) for r in results))
-        self.timeline.log(f"{context}: the state holds exactly the recorded batches{' (and the next)' if not results[0].exact else ''}")
+            raise ChaosFailure(
+                f"{context}; Spark recorded batches {recorded}, and the state matches neither them nor "
+                f"them and batch {nxt} whole: " + " | ".join(str(r.text) for r in results)
+            )
+        self.timeline.log(
+            f"{context}: the state holds exactly the recorded batches{' (and the next)' if not results[0].exact else ''}"
+        )
 
     def _finish(self, ending: Ending) -> None:
         """Undo every fault, then compare the state with the reference of what Spark recorded."""
         self.done.set()
         self.actions.join(timeout_s=60)
         self.cluster.settle()
-        info = self.pipeline.wait_for_job(lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"),
-                                          "RUNNING (or terminal) after the faults were undone", 90)
+        info = self.pipeline.wait_for_job(
+            lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"),
+            "RUNNING (or terminal) after the faults were undone",
+            90,
+        )
         recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
         if info.status != "RUNNING":
             path = info.latest_checkpoint_path
-            self.timeline.log(f"the job is {info.status} at the end; the operator restores its latest checkpoint {path}")
+            self.timeline.log(
+                f"the job is {info.status} at the end; the operator restores its latest checkpoint {path}"
+            )
             if not path or not self.cluster.restore(path, "to read the final state"):
-                raise ChaosFailure(f"the job is {info.status} at the end ({info.failure_cause}) and its latest "
-                                   f"checkpoint ({path or 'none'}) cannot be restored")
+                raise ChaosFailure(
+                    f"the job is {info.status} at the end ({info.failure_cause}) and its latest "
+                    f"checkpoint ({path or 'none'}) cannot be restored"
+                )
         lineage = [(e.query_id[:8], e.offset, e.first_epoch) for e in self.pipeline.job_info().lineage]
         self.timeline.log(f"final: Spark recorded batches {recorded}; job lineage {lineage}")
         if ending.kind == "finished":
@@ -479,8 +555,10 @@ class EpochChaosRun:
         result = compare(self.pipeline, self._files(expected))
         self._count(result)
         if not result.exact:
-            raise ChaosFailure(f"the stream {self.result.outcome}, but the state is not the reference of batches "
-                               f"{expected}: {result.text}")
+            raise ChaosFailure(
+                f"the stream {self.result.outcome}, but the state is not the reference of batches "
+                f"{expected}: {result.text}"
+            )
 
     def _salvage(self) -> None:
         """After a failure: undo the faults and count what the state lost or doubled against the batches
@@ -493,8 +571,9 @@ class EpochChaosRun:
             self.done.set()
             self.actions.join(timeout_s=60)
             self.cluster.settle()
-            info = self.pipeline.wait_for_job(lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"),
-                                              "RUNNING (or terminal)", 60)
+            info = self.pipeline.wait_for_job(
+                lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"), "RUNNING (or terminal)", 60
+            )
             if info.status != "RUNNING":
                 return
             recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
@@ -505,8 +584,10 @@ class EpochChaosRun:
                 results.append(compare(self.pipeline, self._files(recorded + [nxt])))
             best = min(results, key=lambda c: (c.lost + c.doubled + c.unexpected, c.wrong_keys))
             self._count(best)
-            self.timeline.log(f"after the failure: against Spark's recorded batches {recorded}: {best.lost} lost, "
-                              f"{best.doubled} doubled, {best.unexpected} unexpected")
+            self.timeline.log(
+                f"after the failure: against Spark's recorded batches {recorded}: {best.lost} lost, "
+                f"{best.doubled} doubled, {best.unexpected} unexpected"
+            )
         except Exception as exc:  # the failure is reported either way
             self.timeline.log(f"after the failure, the state could not be compared: {type(exc).__name__}: {exc}")
 
@@ -590,9 +671,12 @@ class EpochChaosRun:
         else:
             recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
             last = max(recorded) if recorded else -1
-            listing = self.pipeline.client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=self.pipeline.job_id))  # noqa: SLF001
-            older = sorted((c.epoch, c.path) for c in listing.checkpoints
-                           if c.status == "COMPLETED" and not c.savepoint and c.epoch <= last - 1)
+            listing = self.pipeline.client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=self.pipeline.job_id))
+            older = sorted(
+                (c.epoch, c.path)
+                for c in listing.checkpoints
+                if c.status == "COMPLETED" and not c.savepoint and c.epoch <= last - 1
+            )
             if not older:
                 record.note = f"no retained checkpoint older than the last recorded batch {last}"
                 return

@@ -14,7 +14,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tests.chaos._run import ChaosCluster, FaultRecord, Timeline
 
@@ -27,9 +28,16 @@ Trigger = Callable[[FaultRecord], bool]
 class FaultActions:
     """Threads for the timed faults of one run (see the module docstring)."""
 
-    def __init__(self, cluster: ChaosCluster, records: list[FaultRecord], timeline: Timeline, trigger: Trigger,
-                 where: Callable[[], str], done: threading.Event,
-                 extra: dict[str, Callable[[FaultRecord], None]] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ChaosCluster,
+        records: list[FaultRecord],
+        timeline: Timeline,
+        trigger: Trigger,
+        where: Callable[[], str],
+        done: threading.Event,
+        extra: dict[str, Callable[[FaultRecord], None]] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.records = records
         self.timeline = timeline
@@ -37,10 +45,18 @@ class FaultActions:
         self.where = where
         self.done = done
         self.handlers: dict[str, Callable[[FaultRecord], None]] = {
-            "tm_kill": self.tm_kill, "jm_kill": self.jm_kill, "tm_pause": self.pause, "jm_pause": self.pause,
-            "rescale": self.rescale, "savepoint": self.savepoint, "checkpoint_timeout": self.checkpoint_timeout,
-            "partition_tm_jm": self.partition, "partition_tm_all": self.partition,
-            "partition_local_tm": self.partition, "loss": self.partition, **(extra or {}),
+            "tm_kill": self.tm_kill,
+            "jm_kill": self.jm_kill,
+            "tm_pause": self.pause,
+            "jm_pause": self.pause,
+            "rescale": self.rescale,
+            "savepoint": self.savepoint,
+            "checkpoint_timeout": self.checkpoint_timeout,
+            "partition_tm_jm": self.partition,
+            "partition_tm_all": self.partition,
+            "partition_local_tm": self.partition,
+            "loss": self.partition,
+            **(extra or {}),
         }
         self.checkpoint_phases: list[list[float | None]] = []
         """[start, end] (time.time()) of each phase with a short checkpoint timeout; end None while it lasts."""
@@ -56,7 +72,9 @@ class FaultActions:
             handler = self.handlers.get(f.kind)
             if handler is None:
                 continue
-            thread = threading.Thread(target=self._run, args=(handler, record), name=f"fault-{record.index}", daemon=True)
+            thread = threading.Thread(
+                target=self._run, args=(handler, record), name=f"fault-{record.index}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -170,8 +188,11 @@ class FaultActions:
         self.fire(record)
         phase: list[float | None] = [time.time(), None]
         self.checkpoint_phases.append(phase)
-        self.cluster.restart_jobmanager(f"fault {record.index + 1}: execution.checkpointing.timeout={f.variant}",
-                                        {"execution.checkpointing.timeout": f.variant}, arm=False)
+        self.cluster.restart_jobmanager(
+            f"fault {record.index + 1}: execution.checkpointing.timeout={f.variant}",
+            {"execution.checkpointing.timeout": f.variant},
+            arm=False,
+        )
         try:
             self.hold(f.duration_s)
         finally:

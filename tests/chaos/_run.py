@@ -24,9 +24,10 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.minicluster import DaemonProcess, Placement
@@ -105,15 +106,19 @@ class RunResult:
     timeline: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
 
-    def conclude(self, problems: list[str], started: float, records: list[FaultRecord], timeline: Timeline) -> RunResult:
+    def conclude(
+        self, problems: list[str], started: float, records: list[FaultRecord], timeline: Timeline
+    ) -> RunResult:
         """Fill in the verdict, duration, faults and timeline at the end of a run (either mode)."""
         self.findings = problems
         if self.failure is None and problems:
             self.failure = "; ".join(problems)[:3000]
         self.passed = self.failure is None
         self.duration_s = time.monotonic() - started
-        self.faults = [{"kind": r.fault.kind, "variant": r.fault.variant, "fired": r.fired, "at": r.at,
-                        "line": r.line()} for r in records]
+        self.faults = [
+            {"kind": r.fault.kind, "variant": r.fault.variant, "fired": r.fired, "at": r.at, "line": r.line()}
+            for r in records
+        ]
         self.operator_actions = timeline.operator_actions()
         self.timeline = timeline.lines()
         return self
@@ -126,13 +131,20 @@ class RunResult:
 
     def report(self) -> str:
         """The failure message: seed, schedule, what happened and when, what differs, where the logs are."""
-        lines = [f"chaos run seed {self.seed} FAILED: {self.failure}", "", "schedule:", self.schedule, "",
-                 f"outcome: {self.outcome}",
-                 f"events checked {self.events_checked}: {self.lost} lost, {self.doubled} doubled, "
-                 f"{self.unexpected} unexpected; {self.driver_starts} driver start(s), {self.batch_runs} batch run(s), "
-                 f"{self.batches_rerun} re-run(s), {self.replays} replay(s) of committed batches, "
-                 f"{self.queries_started} quer(ies) started, {self.operator_actions} operator action(s)", "",
-                 "faults:"]
+        lines = [
+            f"chaos run seed {self.seed} FAILED: {self.failure}",
+            "",
+            "schedule:",
+            self.schedule,
+            "",
+            f"outcome: {self.outcome}",
+            f"events checked {self.events_checked}: {self.lost} lost, {self.doubled} doubled, "
+            f"{self.unexpected} unexpected; {self.driver_starts} driver start(s), {self.batch_runs} batch run(s), "
+            f"{self.batches_rerun} re-run(s), {self.replays} replay(s) of committed batches, "
+            f"{self.queries_started} quer(ies) started, {self.operator_actions} operator action(s)",
+            "",
+            "faults:",
+        ]
         lines += [f"  {f['line']}" for f in self.faults]
         if self.findings:
             lines += ["", "findings:"] + [f"  {x}" for x in self.findings]
@@ -174,8 +186,16 @@ def _daemon_index(daemon: str) -> int:
 class ChaosCluster:
     """The pipeline's cluster with crash points per process incarnation, restarts and host placement."""
 
-    def __init__(self, schedule: FaultSchedule, base: Path, timeline: Timeline, records: list[FaultRecord],
-                 net: Any = None, config: dict[str, str] | None = None, job_id: str = "exo") -> None:
+    def __init__(
+        self,
+        schedule: FaultSchedule,
+        base: Path,
+        timeline: Timeline,
+        records: list[FaultRecord],
+        net: Any = None,
+        config: dict[str, str] | None = None,
+        job_id: str = "exo",
+    ) -> None:
         self.schedule = schedule
         self.timeline = timeline
         self.net = net
@@ -189,7 +209,11 @@ class ChaosCluster:
         self.armed: dict[str, FaultRecord | None] = {}
         self.permanently_down: set[int] = set()
         self.findings: list[str] = []
-        conf = {**CHAOS_CONFIG, "restart-strategy.fixed-delay.attempts": str(schedule.restart_attempts), **(config or {})}
+        conf = {
+            **CHAOS_CONFIG,
+            "restart-strategy.fixed-delay.attempts": str(schedule.restart_attempts),
+            **(config or {}),
+        }
         if schedule.heartbeat_only:
             conf["heartbeat.connection-loss-detection"] = "false"
         placement = None
@@ -200,12 +224,25 @@ class ChaosCluster:
 
             def placement(daemon: str) -> Placement:
                 return net.placement(hosts[daemon])
+
         tm_env = {i: self._arm(f"taskmanager-{i}") for i in range(TASKMANAGERS)}
         jm_env = self._arm("jobmanager")
         self.pipeline = ExactlyOncePipeline(
-            None, base, job_id=job_id, files=schedule.files, events_per_file=EVENTS_PER_FILE, keys=KEYS,
-            parallelism=schedule.parallelism, taskmanagers=TASKMANAGERS, slots=SLOTS, config=conf,
-            seed=schedule.seed, tm_env=tm_env, jm_env=jm_env, placement=placement)
+            None,
+            base,
+            job_id=job_id,
+            files=schedule.files,
+            events_per_file=EVENTS_PER_FILE,
+            keys=KEYS,
+            parallelism=schedule.parallelism,
+            taskmanagers=TASKMANAGERS,
+            slots=SLOTS,
+            config=conf,
+            seed=schedule.seed,
+            tm_env=tm_env,
+            jm_env=jm_env,
+            placement=placement,
+        )
         self.base_config = dict(self.pipeline.cluster.config)
         """The JobManager's configuration outside checkpoint-timeout phases."""
         self._stop = threading.Event()
@@ -305,8 +342,7 @@ class ChaosCluster:
                 # replaces the process object, so a dead object not marked died by itself. A new
                 # object is in place a moment before its process is spawned: not dead, not started.
                 proc = self.process(daemon)
-                if (proc is None or proc.process is None or proc.alive or id(proc) in self.killed
-                        or id(proc) in handled):
+                if proc is None or proc.process is None or proc.alive or id(proc) in self.killed or id(proc) in handled:
                     continue
                 handled[id(proc)] = proc
                 record = self.armed.get(daemon)
@@ -314,7 +350,7 @@ class ChaosCluster:
                 log = proc.log_tail(400)
                 # The log file is shared by a daemon's incarnations: read this one's part only (from
                 # its last "serving on"), or a crash line of the one before would be credited.
-                own = log[log.rfind("serving on"):] if "serving on" in log else log
+                own = log[log.rfind("serving on") :] if "serving on" in log else log
                 crashes = list(re.finditer(r"crash point (\S+) reached \(#(\d+)\)", own))
                 crash = crashes[-1] if crashes else None
                 if record is not None and crash and crash.group(1) == record.fault.variant:
@@ -324,8 +360,10 @@ class ChaosCluster:
                     delay = record.fault.restart_after_s
                 else:
                     code = proc.process.returncode if proc.process is not None else None
-                    finding = (f"{daemon} exited by itself (exit code {code}) at {self.timeline.now():.1f} s; "
-                               f"log {proc.log_path}, tail:\n{proc.log_tail(15)}")
+                    finding = (
+                        f"{daemon} exited by itself (exit code {code}) at {self.timeline.now():.1f} s; "
+                        f"log {proc.log_path}, tail:\n{proc.log_tail(15)}"
+                    )
                     self.findings.append(finding)
                     self.timeline.log(f"{daemon} exited by itself (exit code {code})")
                     delay = 1.0
@@ -349,8 +387,10 @@ class ChaosCluster:
                 now = (info.status, info.routing_version, info.committed_epoch, info.durable_epoch, info.restarts)
                 if now != last:
                     cause = f" ({info.failure_cause[:160]})" if info.failure_cause and info.status != "RUNNING" else ""
-                    self.timeline.log(f"job {info.status} routing v{info.routing_version} epoch {info.committed_epoch} "
-                                      f"durable {info.durable_epoch} restarts {info.restarts}{cause}")
+                    self.timeline.log(
+                        f"job {info.status} routing v{info.routing_version} epoch {info.committed_epoch} "
+                        f"durable {info.durable_epoch} restarts {info.restarts}{cause}"
+                    )
                     last = now
 
     def _restart_later(self, daemon: str, delay_s: float) -> None:
@@ -472,9 +512,12 @@ def compare(pipeline: ExactlyOncePipeline, files: list[int]) -> Comparison:
     got = Counter((k, i) for k, (_, ids) in actual.items() for i in ids)
     lost, extra = want - got, got - want
     doubled = sum(n for key, n in extra.items() if key in want)
-    wrong = sum(1 for k in set(expected) | set(actual)
-                if (actual.get(k, (None, []))[0], sorted(actual.get(k, (None, []))[1]))
-                != (expected.get(k, (None, []))[0], sorted(expected.get(k, (None, []))[1])))
+    wrong = sum(
+        1
+        for k in set(expected) | set(actual)
+        if (actual.get(k, (None, []))[0], sorted(actual.get(k, (None, []))[1]))
+        != (expected.get(k, (None, []))[0], sorted(expected.get(k, (None, []))[1]))
+    )
     text = None
     if lost or extra or wrong:
         text = pipeline.diff(files) or f"{wrong} keys differ in count or sum only"

@@ -47,10 +47,10 @@ DIRECT_JM_CRASH_POINTS = JM_CRASH_POINTS[2:]
 
 CATALOGUE: dict[str, str] = {
     "tm_kill": "kill -9 of a TaskManager at a crash point (before/after an epoch commit, at a checkpoint barrier, "
-               "before its ack) or after a delay; restarted or not",
+    "before its ack) or after a delay; restarted or not",
     "jm_kill": "kill -9 of the JobManager at a crash point or after a delay (filesystem HA); restarted",
     "driver_kill": "kill -9 of the Spark driver (its process group, or the Python process only) after a delay, or "
-                   "at the start of a batch or after foreachBatch returned; restarted on its checkpointLocation",
+    "at the start of a batch or after foreachBatch returned; restarted on its checkpointLocation",
     "query_restart": "query.stop() in the middle of a batch, then a new query on the same checkpointLocation",
     "task_failure": "the first attempt of one task fails (before writing, after staging, or its Python worker exits)",
     "tm_pause": "SIGSTOP of a TaskManager for longer than heartbeat.timeout, then SIGCONT",
@@ -58,11 +58,11 @@ CATALOGUE: dict[str, str] = {
     "rescale": "statectl job rescale while the query runs",
     "savepoint": "statectl savepoint while the query runs",
     "restore_older": "statectl job restore of an older checkpoint or savepoint: the next batch must be refused "
-                     "(EpochGapError); the operator then restores a checkpoint holding the batch before, or does not",
+    "(EpochGapError); the operator then restores a checkpoint holding the batch before, or does not",
     "cancel_resubmit": "statectl job cancel; the restarted driver resubmits the job, which is refused (EpochGapError); "
-                       "the operator restores the cancelled job's latest checkpoint named in the refusal",
+    "the operator restores the cancelled job's latest checkpoint named in the refusal",
     "checkpoint_timeout": "the JobManager restarted with execution.checkpointing.timeout of a few ms for a while: "
-                          "every checkpoint expires, then it is restarted with the normal timeout",
+    "every checkpoint expires, then it is restarted with the normal timeout",
     "heartbeat_only": "heartbeat.connection-loss-detection: false: losses are detected by heartbeat timeout only",
     "restart_budget": "a restart budget of one or two restarts: the job may end FAILED",
     "partition_tm_jm": "a TaskManager cut off from the JobManager only",
@@ -77,11 +77,28 @@ NETWORK_KINDS = ("partition_tm_jm", "partition_tm_all", "partition_local_tm", "l
 OPERATOR_RESTORES = ("restore_older", "cancel_resubmit")
 
 _EPOCH_WEIGHTS = {
-    "tm_kill": 14, "jm_kill": 8, "driver_kill": 9, "query_restart": 5, "task_failure": 6, "tm_pause": 6,
-    "jm_pause": 4, "rescale": 5, "savepoint": 4, "restore_older": 4, "cancel_resubmit": 4, "checkpoint_timeout": 4,
+    "tm_kill": 14,
+    "jm_kill": 8,
+    "driver_kill": 9,
+    "query_restart": 5,
+    "task_failure": 6,
+    "tm_pause": 6,
+    "jm_pause": 4,
+    "rescale": 5,
+    "savepoint": 4,
+    "restore_older": 4,
+    "cancel_resubmit": 4,
+    "checkpoint_timeout": 4,
 }
-_DIRECT_WEIGHTS = {"tm_kill": 14, "jm_kill": 8, "tm_pause": 6, "jm_pause": 3, "rescale": 4, "savepoint": 3,
-                   "checkpoint_timeout": 3}
+_DIRECT_WEIGHTS = {
+    "tm_kill": 14,
+    "jm_kill": 8,
+    "tm_pause": 6,
+    "jm_pause": 3,
+    "rescale": 4,
+    "savepoint": 3,
+    "checkpoint_timeout": 3,
+}
 _NETWORK_WEIGHTS = {"partition_tm_jm": 6, "partition_tm_all": 5, "partition_local_tm": 5, "loss": 4}
 
 
@@ -126,23 +143,30 @@ class Fault:
 
     def describe(self) -> str:
         k, w = self.kind, self.when()
-        restart = (f"restarted {self.restart_after_s:.1f} s later" if self.restart_after_s is not None
-                   else "not restarted")
+        restart = (
+            f"restarted {self.restart_after_s:.1f} s later" if self.restart_after_s is not None else "not restarted"
+        )
         if k == "tm_kill":
             return f"kill -9 {self.target} {w}, {restart}"
         if k == "jm_kill":
             return f"kill -9 the JobManager {w}, {restart}"
         if k == "driver_kill":
-            how = {"timed": "kill -9 the driver's process group", "python-only": "kill -9 the driver's Python process",
-                   "before-batch": "the driver kills itself (process group) as foreachBatch begins",
-                   "after-return": "the driver kills itself (process group) after foreachBatch returned"}[self.variant]
+            how = {
+                "timed": "kill -9 the driver's process group",
+                "python-only": "kill -9 the driver's Python process",
+                "before-batch": "the driver kills itself (process group) as foreachBatch begins",
+                "after-return": "the driver kills itself (process group) after foreachBatch returned",
+            }[self.variant]
             when = w if self.variant in ("timed", "python-only") else f"in batch {self.at_batch}"
             return f"{how} {when}, {restart}"
         if k == "query_restart":
             return f"query.stop() {w}, then a new query on the same checkpointLocation"
         if k == "task_failure":
-            mode = {"raise": "raises before writing", "raise-after-write": "raises after staging its writes",
-                    "exit": "kills its Python worker after staging its writes"}[self.variant]
+            mode = {
+                "raise": "raises before writing",
+                "raise-after-write": "raises after staging its writes",
+                "exit": "kills its Python worker after staging its writes",
+            }[self.variant]
             return f"the first attempt of batch {self.at_batch}, partition {int(self.value)} {mode}"
         if k in ("tm_pause", "jm_pause"):
             who = self.target if k == "tm_pause" else "the JobManager"
@@ -155,8 +179,10 @@ class Fault:
             then = "then restores a checkpoint holding the batch before the refused one" if self.remedy else "no remedy"
             return f"statectl job restore of an older {self.variant} {w} (the next batch must be refused; {then})"
         if k == "cancel_resubmit":
-            return (f"statectl job cancel {w}; the restarted driver resubmits (refused), the operator restores the "
-                    "checkpoint the refusal names")
+            return (
+                f"statectl job cancel {w}; the restarted driver resubmits (refused), the operator restores the "
+                "checkpoint the refusal names"
+            )
         if k == "checkpoint_timeout":
             return f"JobManager restarted with execution.checkpointing.timeout={self.variant} {w} for {self.duration_s:.1f} s"
         if k == "heartbeat_only":
@@ -191,8 +217,9 @@ class FaultSchedule:
 
     # -- drawing -------------------------------------------------------------------------------
     @classmethod
-    def from_seed(cls, seed: int, *, mode: str | None = None, netns: bool | None = None,
-                  max_faults: int = 3) -> FaultSchedule:
+    def from_seed(
+        cls, seed: int, *, mode: str | None = None, netns: bool | None = None, max_faults: int = 3
+    ) -> FaultSchedule:
         """The schedule of ``seed``: the same seed (and arguments) always gives the same schedule."""
         rnd = random.Random(seed)
         drawn_mode = "direct" if rnd.random() < 0.15 else "epoch"
@@ -246,21 +273,34 @@ class FaultSchedule:
 
     def describe(self) -> str:
         where = "each daemon on its own network-namespace host" if self.netns else "all on 127.0.0.1"
-        what = (f"{self.files} batches through a Spark driver (foreach_batch, exactly-once)" if self.mode == "epoch"
-                else f"direct-mode writers for about {DIRECT_SECONDS:.0f} s")
-        lines = [f"seed {self.seed}: {what}; {where}; {TASKMANAGERS} TaskManagers x {SLOTS} slots, parallelism "
-                 f"{self.parallelism}"]
+        what = (
+            f"{self.files} batches through a Spark driver (foreach_batch, exactly-once)"
+            if self.mode == "epoch"
+            else f"direct-mode writers for about {DIRECT_SECONDS:.0f} s"
+        )
+        lines = [
+            f"seed {self.seed}: {what}; {where}; {TASKMANAGERS} TaskManagers x {SLOTS} slots, parallelism "
+            f"{self.parallelism}"
+        ]
         lines += [f"  {i + 1}. [{f.kind}] {f.describe()}" for i, f in enumerate(self.faults)]
         lines.append(f"  replay: {self.replay_command()}")
         return "\n".join(lines)
 
     def replay_command(self) -> str:
-        return (f"KEYEDSTATE_CHAOS_SEEDS={self.seed} .venv/bin/python -m pytest tests/chaos -m chaos_soak "
-                f"(a default or soak seed also: pytest tests/chaos -m 'chaos or chaos_soak' -k 'seed_{self.seed}]')")
+        return (
+            f"KEYEDSTATE_CHAOS_SEEDS={self.seed} .venv/bin/python -m pytest tests/chaos -m chaos_soak "
+            f"(a default or soak seed also: pytest tests/chaos -m 'chaos or chaos_soak' -k 'seed_{self.seed}]')"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "mode": self.mode, "netns": self.netns, "files": self.files,
-                "parallelism": self.parallelism, "faults": [asdict(f) for f in self.faults]}
+        return {
+            "seed": self.seed,
+            "mode": self.mode,
+            "netns": self.netns,
+            "files": self.files,
+            "parallelism": self.parallelism,
+            "faults": [asdict(f) for f in self.faults],
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -319,8 +359,13 @@ def _draw(rnd: random.Random, kind: str, mode: str, down: list[str]) -> Fault:
     if kind == "query_restart":
         return Fault(kind, "driver", at_batch=rnd.randint(0, last), delay_s=round(rnd.uniform(0.05, 1.5), 2))
     if kind == "task_failure":
-        return Fault(kind, "driver", rnd.choice(["raise", "raise-after-write", "exit"]),
-                     at_batch=rnd.randint(0, FILES - 1), value=rnd.randrange(PARALLELISM))
+        return Fault(
+            kind,
+            "driver",
+            rnd.choice(["raise", "raise-after-write", "exit"]),
+            at_batch=rnd.randint(0, FILES - 1),
+            value=rnd.randrange(PARALLELISM),
+        )
     if kind in ("tm_pause", "jm_pause"):
         target = tm if kind == "tm_pause" else "jm"
         return Fault(kind, target, duration_s=round(HEARTBEAT_TIMEOUT_S + rnd.uniform(0.5, 3.0), 1), **trigger())
@@ -331,8 +376,14 @@ def _draw(rnd: random.Random, kind: str, mode: str, down: list[str]) -> Fault:
     if kind == "restore_older":
         # Batch b starts once b-1 is recorded: from batch 2 on, a checkpoint older than the last
         # recorded batch exists; up to FILES-2, a batch is left to be refused.
-        return Fault(kind, "jm", rnd.choice(["checkpoint", "checkpoint", "savepoint"]), remedy=rnd.random() < 0.8,
-                     value=round(rnd.random(), 2), **trigger(first=2, latest=FILES - 2))
+        return Fault(
+            kind,
+            "jm",
+            rnd.choice(["checkpoint", "checkpoint", "savepoint"]),
+            remedy=rnd.random() < 0.8,
+            value=round(rnd.random(), 2),
+            **trigger(first=2, latest=FILES - 2),
+        )
     if kind == "cancel_resubmit":
         return Fault(kind, "jm", **trigger(first=1, latest=FILES - 2))
     if kind == "checkpoint_timeout":
@@ -347,6 +398,7 @@ def _draw(rnd: random.Random, kind: str, mode: str, down: list[str]) -> Fault:
         return Fault(kind, tm, duration_s=round(rnd.uniform(1.0, 6.0), 1), **trigger())
     if kind == "loss":
         pair = rnd.choice([f"{tm}-jm", f"local-{tm}", "local-jm"])
-        return Fault(kind, pair, value=round(rnd.uniform(0.05, 0.3), 2), duration_s=round(rnd.uniform(3.0, 8.0), 1),
-                     **trigger())
+        return Fault(
+            kind, pair, value=round(rnd.uniform(0.05, 0.3), 2), duration_s=round(rnd.uniform(3.0, 8.0), 1), **trigger()
+        )
     raise ValueError(f"no such fault kind {kind!r}; the catalogue has {sorted(CATALOGUE)}")

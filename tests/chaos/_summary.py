@@ -19,8 +19,19 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
         for f in r.faults:
             scheduled[f["kind"]] += 1
             injected[f["kind"]] += int(f["fired"])
-    failures = [{"seed": r.seed, "mode": r.mode, "netns": r.netns, "failure": ((r.failure or "").splitlines() or ["?"])[0][:400],
-                 "lost": r.lost, "doubled": r.doubled, "logs": r.log_dir} for r in results if not r.passed]
+    failures = [
+        {
+            "seed": r.seed,
+            "mode": r.mode,
+            "netns": r.netns,
+            "failure": ((r.failure or "").splitlines() or ["?"])[0][:400],
+            "lost": r.lost,
+            "doubled": r.doubled,
+            "logs": r.log_dir,
+        }
+        for r in results
+        if not r.passed
+    ]
     return {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "runs": len(results),
@@ -70,9 +81,14 @@ def markdown(summary: dict[str, Any]) -> str:
     if s["failures"]:
         lines += ["", "| seed | mode | failure | lost | doubled |", "|---|---|---|---|---|"]
         for f in s["failures"]:
-            lines.append(f"| {f['seed']} | {f['mode']}{' netns' if f['netns'] else ''} | "
-                         f"{f['failure'].replace('|', '/')} | {f['lost']} | {f['doubled']} |")
-        lines += ["", "Replay one: `KEYEDSTATE_CHAOS_SEEDS=<seed> .venv/bin/python -m pytest tests/chaos -m chaos_soak`"]
+            lines.append(
+                f"| {f['seed']} | {f['mode']}{' netns' if f['netns'] else ''} | "
+                f"{f['failure'].replace('|', '/')} | {f['lost']} | {f['doubled']} |"
+            )
+        lines += [
+            "",
+            "Replay one: `KEYEDSTATE_CHAOS_SEEDS=<seed> .venv/bin/python -m pytest tests/chaos -m chaos_soak`",
+        ]
     else:
         lines += ["", "No failures."]
     return "\n".join(lines) + "\n"
@@ -83,7 +99,8 @@ def write_summary(results: list[RunResult], directory: Path) -> tuple[Path, Path
     directory.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
     json_path, md_path = directory / "summary.json", directory / "summary.md"
-    json_path.write_text(json.dumps({**summary, "runs_detail": [r.to_dict() for r in results]}, indent=1),
-                         encoding="utf-8")
+    json_path.write_text(
+        json.dumps({**summary, "runs_detail": [r.to_dict() for r in results]}, indent=1), encoding="utf-8"
+    )
     md_path.write_text(markdown(summary), encoding="utf-8")
     return json_path, md_path

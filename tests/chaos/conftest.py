@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -65,8 +66,9 @@ def chaos_results() -> Iterator[list[RunResult]]:
 
 
 @pytest.fixture
-def chaos_run(request: pytest.FixtureRequest, tmp_path: Path,
-              chaos_results: list[RunResult]) -> Iterator[Callable[..., RunResult]]:
+def chaos_run(
+    request: pytest.FixtureRequest, tmp_path: Path, chaos_results: list[RunResult]
+) -> Iterator[Callable[..., RunResult]]:
     """``chaos_run(schedule, soak=False)``: run the schedule to its end and return its :class:`RunResult`."""
 
     def run(schedule: FaultSchedule, soak: bool = False, deadline_s: float | None = None) -> RunResult:

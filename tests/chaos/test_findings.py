@@ -31,9 +31,15 @@ def test_a_direct_write_reaches_the_new_owner_after_its_taskmanager_died(process
     # raised for a non-idempotent call, which refreshed nothing. A Spark executor's cached client
     # (foreach_batch(..., exactly_once=False)) was stuck the same way, so its tasks kept failing.
     # Fixed: such an error marks the job's cached table suspect, and the next call fetches it again.
-    cluster = process_cluster(taskmanagers=3, slots=2, config={
-        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": "10",
-        "restart-strategy.fixed-delay.delay": "100 ms"})
+    cluster = process_cluster(
+        taskmanagers=3,
+        slots=2,
+        config={
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": "10",
+            "restart-strategy.fixed-delay.delay": "100 ms",
+        },
+    )
     client = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5.0, max_attempts=5, backoff_s=0.05))
     admin = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5.0, max_attempts=5, backoff_s=0.05))
     try:

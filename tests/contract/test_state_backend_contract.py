@@ -10,8 +10,9 @@ from __future__ import annotations
 import struct
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -111,7 +112,9 @@ def populate(backend: KeyedStateBackend, keys: list[bytes]) -> None:
     for ns in (b"", b"window-1"):
         backend.value_put("v", keys, [b"v:" + k + ns for k in keys], ns)
         backend.list_append("l", keys + keys, [b"a:" + k for k in keys] + [b"b:" + k for k in keys], ns)
-        backend.map_put("m", keys + keys, [b"u2"] * len(keys) + [b"u1"] * len(keys), [b"x"] * len(keys) + [b"y"] * len(keys), ns)
+        backend.map_put(
+            "m", keys + keys, [b"u2"] * len(keys) + [b"u1"] * len(keys), [b"x"] * len(keys) + [b"y"] * len(keys), ns
+        )
         backend.reduce("r", keys, [VEC.pack(1, 0.5, 7)] * len(keys), ns, False)
         backend.value_put("tv", keys, [b"t:" + k for k in keys], ns)
         backend.list_append("tl", keys, [b"tl:" + k for k in keys], ns)
@@ -121,6 +124,7 @@ def populate(backend: KeyedStateBackend, keys: list[bytes]) -> None:
 
 
 # -- fixtures ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(params=["rocksdb", "hashmap"])
 def kind(request: pytest.FixtureRequest) -> str:
@@ -145,8 +149,15 @@ def make(kind: str, clock: ManualClock, tmp_path: Path) -> Iterator[Callable[...
         max_parallelism: int = MP,
     ) -> KeyedStateBackend:
         backend = create_backend(
-            kind, SubtaskId("job1", "op1", index), key_groups, max_parallelism, states,
-            local_dir=tmp_path / "local", limits=limits or StateLimits(), clock=clock, resources=None,
+            kind,
+            SubtaskId("job1", "op1", index),
+            key_groups,
+            max_parallelism,
+            states,
+            local_dir=tmp_path / "local",
+            limits=limits or StateLimits(),
+            clock=clock,
+            resources=None,
         )
         created.append(backend)
         return backend
@@ -169,8 +180,15 @@ def restore(kind: str, clock: ManualClock, tmp_path: Path) -> Iterator[Callable[
         max_parallelism: int = MP,
     ) -> KeyedStateBackend:
         backend = restore_backend(
-            as_kind or kind, SubtaskId("job1", "op1", index), key_groups, max_parallelism, states,
-            snapshot_dirs=dirs, local_dir=tmp_path / "restored", limits=StateLimits(), clock=clock,
+            as_kind or kind,
+            SubtaskId("job1", "op1", index),
+            key_groups,
+            max_parallelism,
+            states,
+            snapshot_dirs=dirs,
+            local_dir=tmp_path / "restored",
+            limits=StateLimits(),
+            clock=clock,
         )
         created.append(backend)
         return backend
@@ -191,6 +209,7 @@ def snap(backend: KeyedStateBackend, target: Path) -> Path:
 
 
 # -- value ------------------------------------------------------------------------------------
+
 
 def test_value_put_get_and_missing_is_none(backend: KeyedStateBackend) -> None:
     keys = keys_in(FULL, 50)
@@ -258,6 +277,7 @@ def test_empty_batches_are_no_ops_but_still_validated(backend: KeyedStateBackend
 
 # -- reducing ---------------------------------------------------------------------------------
 
+
 def test_reduce_applies_sum_max_min_in_order_with_repeated_keys(backend: KeyedStateBackend) -> None:
     ops = [VEC.pack(1, 2.5, 10), VEC.pack(2, 1.0, 3), VEC.pack(4, -1.0, 5), VEC.pack(10, 9.0, 100)]
     out = backend.reduce("r", [b"a", b"a", b"b", b"a"], ops, b"", True)
@@ -287,6 +307,7 @@ def test_reduce_int64_sum_wraps_like_a_java_long(backend: KeyedStateBackend) -> 
 
 # -- list -------------------------------------------------------------------------------------
 
+
 def test_list_append_keeps_order_across_repeats_and_calls(backend: KeyedStateBackend) -> None:
     backend.list_append("l", [b"a", b"b", b"a"], [b"1", b"x", b"2"], b"")
     backend.list_append("l", [b"a"], [b"3"], b"")
@@ -305,7 +326,7 @@ def test_list_update_replaces_each_distinct_key(backend: KeyedStateBackend) -> N
 def test_list_scan_streams_lists_longer_than_any_chunk(backend: KeyedStateBackend) -> None:
     elements = [b"e%05d" % i for i in range(2500)]
     for i in range(0, len(elements), 700):
-        chunk = elements[i:i + 700]
+        chunk = elements[i : i + 700]
         backend.list_append("l", [b"big"] * len(chunk), chunk, b"ns")
     assert list(backend.list_scan("l", b"big", b"ns")) == elements
     assert backend.list_get("l", [b"big"], b"ns") == [elements]
@@ -341,6 +362,7 @@ def test_list_max_elements_refuses_the_whole_batch(make: Callable[..., KeyedStat
 
 # -- map --------------------------------------------------------------------------------------
 
+
 def test_map_put_get_contains_remove(backend: KeyedStateBackend) -> None:
     backend.map_put("m", [b"a", b"a", b"b"], [b"x", b"y", b"x"], [b"1", b"2", b"3"], b"")
     assert backend.map_get("m", [b"a", b"a", b"b", b"b"], [b"x", b"y", b"x", b"y"], b"") == [b"1", b"2", b"3", None]
@@ -374,6 +396,7 @@ def test_removing_the_last_map_entry_removes_the_key(backend: KeyedStateBackend)
 
 # -- scan_keys --------------------------------------------------------------------------------
 
+
 def test_scan_keys_yields_each_live_key_namespace_once(backend: KeyedStateBackend) -> None:
     keys = keys_in(FULL, 1500)
     backend.value_put("v", keys, [b"x"] * len(keys), b"n1")
@@ -387,7 +410,10 @@ def test_scan_keys_yields_each_live_key_namespace_once(backend: KeyedStateBacken
 
 # -- TTL --------------------------------------------------------------------------------------
 
-def test_ttl_on_create_and_write_expires_and_reads_do_not_extend(backend: KeyedStateBackend, clock: ManualClock) -> None:
+
+def test_ttl_on_create_and_write_expires_and_reads_do_not_extend(
+    backend: KeyedStateBackend, clock: ManualClock
+) -> None:
     backend.value_put("tv", [b"a", b"b"], [b"1", b"2"], b"")
     clock.advance(TTL - 1)
     assert backend.value_get("tv", [b"a", b"b"], b"") == [b"1", b"2"]
@@ -564,7 +590,9 @@ def test_wrong_state_kind_names_the_kind_and_the_right_calls(backend: KeyedState
     assert "use " in info.value.message
 
 
-def test_key_outside_the_slot_key_groups_is_stale_routing_and_nothing_is_written(make: Callable[..., KeyedStateBackend]) -> None:
+def test_key_outside_the_slot_key_groups_is_stale_routing_and_nothing_is_written(
+    make: Callable[..., KeyedStateBackend],
+) -> None:
     mine = KeyGroupRange(0, 63)
     backend = make(key_groups=mine)
     good = keys_in(mine, 3)
@@ -576,8 +604,12 @@ def test_key_outside_the_slot_key_groups_is_stale_routing_and_nothing_is_written
         lambda: backend.reduce("r", good + [bad], [VEC.pack(1, 1.0, 1)] * 4, b"", True),
         lambda: backend.value_get("v", [bad], b""),
         lambda: list(backend.list_scan("l", bad, b"")),
-        lambda: backend.apply([Mutation(MutationKind.VALUE_PUT, "v", good[0], b"", value=b"x"),
-                               Mutation(MutationKind.VALUE_PUT, "v", bad, b"", value=b"x")]),
+        lambda: backend.apply(
+            [
+                Mutation(MutationKind.VALUE_PUT, "v", good[0], b"", value=b"x"),
+                Mutation(MutationKind.VALUE_PUT, "v", bad, b"", value=b"x"),
+            ]
+        ),
     ]
     for call in calls:
         with pytest.raises(StaleRoutingError) as info:
@@ -598,8 +630,15 @@ def test_key_outside_the_slot_key_groups_is_stale_routing_and_nothing_is_written
         (lambda b: b.list_append("l", [b"a", b"a"], [b"1", b"x" * 201], b""), "state.limits.max-value-bytes"),
         (lambda b: b.map_put("m", [b"a", b"a"], [b"u", b"u" * 101], [b"1", b"2"], b""), "state.limits.max-key-bytes"),
         (lambda b: b.map_put("m", [b"a"], [b"u"], [b"x" * 201], b""), "state.limits.max-value-bytes"),
-        (lambda b: b.apply([Mutation(MutationKind.VALUE_PUT, "v", b"a", b"", value=b"1"),
-                            Mutation(MutationKind.LIST_APPEND, "l", b"a", b"", values=(b"x" * 201,))]), "state.limits.max-value-bytes"),
+        (
+            lambda b: b.apply(
+                [
+                    Mutation(MutationKind.VALUE_PUT, "v", b"a", b"", value=b"1"),
+                    Mutation(MutationKind.LIST_APPEND, "l", b"a", b"", values=(b"x" * 201,)),
+                ]
+            ),
+            "state.limits.max-value-bytes",
+        ),
     ],
 )
 def test_oversize_input_names_the_limit_and_writes_nothing(
@@ -627,13 +666,16 @@ def test_oversize_input_names_the_limit_and_writes_nothing(
         lambda b: b.apply([Mutation(MutationKind.LIST_APPEND, "l", b"a", b"", value=b"use values=")]),
     ],
 )
-def test_mismatched_or_malformed_arguments_are_invalid(backend: KeyedStateBackend, call: Callable[[KeyedStateBackend], Any]) -> None:
+def test_mismatched_or_malformed_arguments_are_invalid(
+    backend: KeyedStateBackend, call: Callable[[KeyedStateBackend], Any]
+) -> None:
     with pytest.raises(InvalidArgumentError):
         call(backend)
     assert list(backend.scan_keys("v")) == [] and list(backend.scan_keys("l")) == []
 
 
 # -- apply ------------------------------------------------------------------------------------
+
 
 def test_apply_runs_mutations_in_order_atomically_with_meta(backend: KeyedStateBackend) -> None:
     n = VEC.pack(1, 1.0, 1)
@@ -707,6 +749,7 @@ def test_apply_refuses_reserved_or_non_bytes_meta(backend: KeyedStateBackend) ->
 
 # -- concurrency ------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def frequent_thread_switches() -> Iterator[None]:
     # Threads switch every 5 ms by default, too rarely to interleave two read-modify-writes.
@@ -770,6 +813,7 @@ def test_snapshot_is_consistent_with_concurrent_batches(
 
 # -- snapshot & restore -----------------------------------------------------------------------
 
+
 def test_snapshot_restore_round_trip_is_exact(
     backend: KeyedStateBackend, restore: Callable[..., KeyedStateBackend], tmp_path: Path, kind: str
 ) -> None:
@@ -791,8 +835,16 @@ def test_snapshot_restore_round_trip_is_exact(
 def test_restore_reads_snapshots_of_either_backend(
     kind: str, source_kind: str, clock: ManualClock, tmp_path: Path, restore: Callable[..., KeyedStateBackend]
 ) -> None:
-    source = create_backend(source_kind, SubtaskId("job1", "op1", 3), FULL, MP, STATES,
-                            local_dir=tmp_path / "src", limits=StateLimits(), clock=clock)
+    source = create_backend(
+        source_kind,
+        SubtaskId("job1", "op1", 3),
+        FULL,
+        MP,
+        STATES,
+        local_dir=tmp_path / "src",
+        limits=StateLimits(),
+        clock=clock,
+    )
     try:
         populate(source, keys_in(FULL, 40))
         expected = dump(source)
@@ -883,7 +935,8 @@ def test_restore_refuses_a_state_whose_kind_changed(
     with pytest.raises(IncompatibleCheckpointError, match="'v' is value state"):
         restore([directory], states=changed)
     refielded = tuple(
-        StateDescriptor("r", StateKind.REDUCING, reduce_fields=(ReduceField("x"),)) if d.name == "r" else d for d in STATES
+        StateDescriptor("r", StateKind.REDUCING, reduce_fields=(ReduceField("x"),)) if d.name == "r" else d
+        for d in STATES
     )
     with pytest.raises(IncompatibleCheckpointError, match="reducing state 'r'"):
         restore([directory], states=refielded)
@@ -914,7 +967,9 @@ def test_snapshot_into_an_existing_directory_is_refused(backend: KeyedStateBacke
         backend.snapshot(tmp_path / "taken")
 
 
-def test_snapshot_serving_continues_until_materialized(backend: KeyedStateBackend, restore: Callable[..., KeyedStateBackend], tmp_path: Path) -> None:
+def test_snapshot_serving_continues_until_materialized(
+    backend: KeyedStateBackend, restore: Callable[..., KeyedStateBackend], tmp_path: Path
+) -> None:
     backend.value_put("v", [b"a"], [b"before"], b"")
     backend.list_append("l", [b"a"], [b"before"], b"")
     backend.map_put("m", [b"a"], [b"u"], [b"before"], b"")
@@ -934,6 +989,7 @@ def test_snapshot_serving_continues_until_materialized(backend: KeyedStateBacken
 
 # -- lifecycle --------------------------------------------------------------------------------
 
+
 def test_calls_after_close_are_refused_clearly(make: Callable[..., KeyedStateBackend]) -> None:
     backend = make()
     backend.list_append("l", [b"a"] * 3, [b"1", b"2", b"3"], b"")
@@ -941,8 +997,13 @@ def test_calls_after_close_are_refused_clearly(make: Callable[..., KeyedStateBac
     backend.close()
     backend.close()  # idempotent
     assert backend.closed
-    for call in (lambda: backend.value_get("v", [b"a"], b""), lambda: backend.value_put("v", [b"a"], [b"1"], b""),
-                 lambda: list(scan), lambda: backend.get_meta(b"x"), lambda: backend.stats()):
+    for call in (
+        lambda: backend.value_get("v", [b"a"], b""),
+        lambda: backend.value_put("v", [b"a"], [b"1"], b""),
+        lambda: list(scan),
+        lambda: backend.get_meta(b"x"),
+        lambda: backend.stats(),
+    ):
         with pytest.raises(UnavailableError) as info:
             call()
         assert info.value.reason is Reason.SHUTTING_DOWN
@@ -961,10 +1022,19 @@ def test_descriptor_returns_the_declared_one(backend: KeyedStateBackend) -> None
 
 # -- RocksDB only: the working DB on local disk -----------------------------------------------
 
+
 def test_rocksdb_close_and_reopen_keeps_data_and_releases_the_lock(clock: ManualClock, tmp_path: Path) -> None:
     def open_backend() -> KeyedStateBackend:
-        return create_backend("rocksdb", SubtaskId("job1", "op1", 0), FULL, MP, STATES,
-                              local_dir=tmp_path, limits=StateLimits(), clock=clock)
+        return create_backend(
+            "rocksdb",
+            SubtaskId("job1", "op1", 0),
+            FULL,
+            MP,
+            STATES,
+            local_dir=tmp_path,
+            limits=StateLimits(),
+            clock=clock,
+        )
 
     first = open_backend()
     populate(first, keys_in(FULL, 50))

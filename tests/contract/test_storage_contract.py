@@ -65,7 +65,9 @@ class StorageContract:
         storage.create_exclusive(path, b"first")
         assert storage.read_bytes(path) == b"first"
 
-    def test_create_exclusive_refuses_existing_and_keeps_the_original(self, storage: CheckpointStorage, root: str) -> None:
+    def test_create_exclusive_refuses_existing_and_keeps_the_original(
+        self, storage: CheckpointStorage, root: str
+    ) -> None:
         path = storage.join(root, "chk-7", "_metadata")
         storage.write_bytes(path, b"original")
         with pytest.raises(FileExistsError) as info:
@@ -116,7 +118,9 @@ class StorageContract:
         assert dst.read_bytes() == payload
         assert sorted(os.listdir(dst.parent)) == ["000042.sst"]  # no temporary left behind
 
-    def test_get_file_replaces_an_existing_local_file(self, storage: CheckpointStorage, root: str, tmp_path: Path) -> None:
+    def test_get_file_replaces_an_existing_local_file(
+        self, storage: CheckpointStorage, root: str, tmp_path: Path
+    ) -> None:
         remote = storage.join(root, "f")
         storage.write_bytes(remote, b"new")
         dst = tmp_path / "f"
@@ -154,7 +158,9 @@ class StorageContract:
         }.items():
             storage.write_bytes(storage.join(root, *rel.split("/")), data)
 
-    def test_list_non_recursive_returns_children_with_absolute_urls(self, storage: CheckpointStorage, root: str) -> None:
+    def test_list_non_recursive_returns_children_with_absolute_urls(
+        self, storage: CheckpointStorage, root: str
+    ) -> None:
         self._populate(storage, root)
         listed = list(storage.list(storage.join(root, "chk-1")))
         assert listed == [

@@ -5,13 +5,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from tests.fakes.clock import ManualClock
 
 
 class _Task:
-    __slots__ = ("due_ms", "seq", "fn", "cancelled", "delay_ms")
+    __slots__ = ("cancelled", "delay_ms", "due_ms", "fn", "seq")
 
     def __init__(self, due_ms: int, seq: int, fn: Callable[[], None], delay_ms: int) -> None:
         self.due_ms = due_ms

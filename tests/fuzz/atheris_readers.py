@@ -29,7 +29,6 @@ from keyedstate.taskmanager.state.metadata import SNAPSHOT_MANIFEST
 from keyedstate.taskmanager.state.snapshot import SnapshotManifest, read_kvs
 
 
-
 def _instrument_keyedstate() -> int:
     """Instrument every function of the loaded keyedstate modules (in place).
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -50,9 +51,13 @@ class Reference:
 
     def states(self) -> tuple[ValueState[str, str], ListState[str, str], MapState[str, str, str]]:
         c = self.client
-        return (ValueState(c, REF_JOB, REF_OPERATOR, "v", key_serializer="str", value_serializer="str"),
-                ListState(c, REF_JOB, REF_OPERATOR, "l", key_serializer="str", value_serializer="str"),
-                MapState(c, REF_JOB, REF_OPERATOR, "m", key_serializer="str", user_key_serializer="str", value_serializer="str"))
+        return (
+            ValueState(c, REF_JOB, REF_OPERATOR, "v", key_serializer="str", value_serializer="str"),
+            ListState(c, REF_JOB, REF_OPERATOR, "l", key_serializer="str", value_serializer="str"),
+            MapState(
+                c, REF_JOB, REF_OPERATOR, "m", key_serializer="str", user_key_serializer="str", value_serializer="str"
+            ),
+        )
 
     def write(self) -> None:
         value, lst, mp = self.states()
@@ -85,7 +90,9 @@ class FuzzCluster:
         rm = jm_grpc.ResourceManagerStub(self.world.channel(self.world.jm_address))
         for tm in self.world.client.cluster().taskmanagers:
             if tm.taskmanager_id not in self.world.tm_ids:
-                rm.DeregisterTaskManager(jm_pb.DeregisterTaskManagerRequest(taskmanager_id=tm.taskmanager_id), timeout=10)
+                rm.DeregisterTaskManager(
+                    jm_pb.DeregisterTaskManagerRequest(taskmanager_id=tm.taskmanager_id), timeout=10
+                )
         for address in self.addresses:
             with grpc.insecure_channel(address) as channel:
                 reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
@@ -100,30 +107,55 @@ class FuzzCluster:
 
     def assert_no_stray_files(self) -> None:
         """Generated paths stay in the sandbox; nothing lands in the working directory or beside the cluster."""
-        assert not any((self.tmp / "cwd").iterdir()), f"files written relative to the working directory: {list((self.tmp / 'cwd').iterdir())}"
+        assert not any((self.tmp / "cwd").iterdir()), (
+            f"files written relative to the working directory: {list((self.tmp / 'cwd').iterdir())}"
+        )
         allowed = {"cwd", "sandbox", "cluster-0"}
         stray = sorted(p.name for p in self.tmp.iterdir() if p.name not in allowed)
         assert not stray, f"files written outside the sandbox: {stray}"
 
 
 @pytest.fixture
-def fuzz_cluster(inprocess_cluster: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FuzzCluster]:
+def fuzz_cluster(
+    inprocess_cluster: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FuzzCluster]:
     (tmp_path / "cwd").mkdir()
     sandbox = tmp_path / "sandbox" / "a" / "b" / "c"
     sandbox.mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "cwd")
-    cluster = inprocess_cluster(taskmanagers=1, slots=8, backend="rocksdb",
-                                jm={"slot.request.timeout": "3 s", "execution.checkpointing.timeout": "10 s"})
+    cluster = inprocess_cluster(
+        taskmanagers=1,
+        slots=8,
+        backend="rocksdb",
+        jm={"slot.request.timeout": "3 s", "execution.checkpointing.timeout": "10 s"},
+    )
     cluster.add_taskmanager(**{"state.backend.type": "hashmap"})
     client = cluster.client(max_attempts=2)
     client.wait_for_taskmanagers(2)
-    client.submit_job(REF_JOB, [OperatorSpec(REF_OPERATOR, 2, (
-        StateDescriptor("v", StateKind.VALUE), StateDescriptor("l", StateKind.LIST), StateDescriptor("m", StateKind.MAP)))])
+    client.submit_job(
+        REF_JOB,
+        [
+            OperatorSpec(
+                REF_OPERATOR,
+                2,
+                (
+                    StateDescriptor("v", StateKind.VALUE),
+                    StateDescriptor("l", StateKind.LIST),
+                    StateDescriptor("m", StateKind.MAP),
+                ),
+            )
+        ],
+    )
     reference = Reference(client)
     reference.write()
     reference.assert_unchanged()
-    world = World(client, cluster.address, [tm.address for tm in cluster.taskmanagers],
-                  [tm.id for tm in cluster.taskmanagers], sandbox)
+    world = World(
+        client,
+        cluster.address,
+        [tm.address for tm in cluster.taskmanagers],
+        [tm.id for tm in cluster.taskmanagers],
+        sandbox,
+    )
     world.start()
     try:
         yield FuzzCluster(world, reference, [cluster.address, *world.tm_addresses], tmp_path)

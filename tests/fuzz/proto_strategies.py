@@ -8,7 +8,8 @@ a validation misses.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf import descriptor as d
 from google.protobuf.message import Message
@@ -22,9 +23,38 @@ INT64_EDGES = [*INT32_EDGES, 2**32, 2**53 + 1, 2**62, 2**63 - 1, -(2**63), -(2**
 
 # Strings an id, a name or a path check must refuse, plus a few that look like real ones.
 HOSTILE_TEXT = [
-    "", " ", ".", "..", "../..", "../../etc/passwd", "a/b", "/abs", "a\\b", "a\x00b", "\x00", "\n", "\r\n",
-    "a..b", "-a", "_meta", "default", "chk-1", "shared", "taskowned", "_metadata", "%2e%2e", "ünïcødé", "\u202e",
-    "\U0001f600", "x" * 129, "x" * 4096, "file:///", "s3://b/../x", "NaN", "-1", "9" * 40,
+    "",
+    " ",
+    ".",
+    "..",
+    "../..",
+    "../../etc/passwd",
+    "a/b",
+    "/abs",
+    "a\\b",
+    "a\x00b",
+    "\x00",
+    "\n",
+    "\r\n",
+    "a..b",
+    "-a",
+    "_meta",
+    "default",
+    "chk-1",
+    "shared",
+    "taskowned",
+    "_metadata",
+    "%2e%2e",
+    "ünïcødé",
+    "\u202e",
+    "\U0001f600",
+    "x" * 129,
+    "x" * 4096,
+    "file:///",
+    "s3://b/../x",
+    "NaN",
+    "-1",
+    "9" * 40,
 ]
 
 # A name made of the characters an id allows, so structure survives to the deeper checks.
@@ -103,7 +133,11 @@ FieldOverride = Callable[[d.FieldDescriptor], "st.SearchStrategy[Any] | None"]
 
 
 def message_strategy(
-    descriptor: d.Descriptor, *, max_depth: int = 4, max_items: int = 6, override: FieldOverride | None = None,
+    descriptor: d.Descriptor,
+    *,
+    max_depth: int = 4,
+    max_items: int = 6,
+    override: FieldOverride | None = None,
     huge: bool = True,
 ) -> st.SearchStrategy[Message]:
     """Any message of ``descriptor``'s type: each field absent or set, nested messages to ``max_depth``.
@@ -132,8 +166,13 @@ def message_strategy(
                 if _is_map(field):
                     if depth >= max_depth:
                         continue
-                    key_f, value_f = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
-                    entries = draw(st.dictionaries(field_value(key_f, depth), field_value(value_f, depth), max_size=max_items))
+                    key_f, value_f = (
+                        field.message_type.fields_by_name["key"],
+                        field.message_type.fields_by_name["value"],
+                    )
+                    entries = draw(
+                        st.dictionaries(field_value(key_f, depth), field_value(value_f, depth), max_size=max_items)
+                    )
                     target = getattr(msg, field.name)
                     for k, v in entries.items():
                         if value_f.type == FD.TYPE_MESSAGE:
@@ -159,6 +198,7 @@ def message_strategy(
 
 
 # -- raw bytes ------------------------------------------------------------------------------------
+
 
 def _varint(n: int) -> bytes:
     out = bytearray()

@@ -15,8 +15,9 @@ import importlib
 import pkgutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor as d
@@ -38,17 +39,19 @@ SERVED_BY = {
 
 # What a server may answer to a hostile request. Never UNKNOWN or INTERNAL (an unhandled
 # exception), never DEADLINE_EXCEEDED (a hang), never UNIMPLEMENTED (a declared RPC must exist).
-EXPECTED_CODES = frozenset({
-    grpc.StatusCode.OK,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.ALREADY_EXISTS,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.ABORTED,
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DATA_LOSS,
-})
+EXPECTED_CODES = frozenset(
+    {
+        grpc.StatusCode.OK,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
 
 CALL_TIMEOUT_S = 15.0
 """A call without an answer by then counts as a hang."""
@@ -101,6 +104,7 @@ def methods_of(service: str) -> list[Method]:
 
 # -- outcomes ----------------------------------------------------------------------------------
 
+
 @dataclass
 class Finding:
     method: str
@@ -119,7 +123,9 @@ class Stats:
     """Counts per method and status, and every answer the oracle refused."""
 
     calls: collections.Counter[str] = field(default_factory=collections.Counter)
-    codes: dict[str, collections.Counter[str]] = field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    codes: dict[str, collections.Counter[str]] = field(
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
     modes: collections.Counter[str] = field(default_factory=collections.Counter)
     findings: list[Finding] = field(default_factory=list)
     samples: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -131,8 +137,16 @@ class Stats:
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, method: Method, mode: str, code: grpc.StatusCode, details: str, request: bytes, bad: str | None,
-               seconds: float = 0.0) -> None:
+    def record(
+        self,
+        method: Method,
+        mode: str,
+        code: grpc.StatusCode,
+        details: str,
+        request: bytes,
+        bad: str | None,
+        seconds: float = 0.0,
+    ) -> None:
         with self.lock:
             self.slowest.append((seconds, method.key, code.name, request[:200]))
             self.slowest.sort(key=lambda t: -t[0])
@@ -153,8 +167,10 @@ class Stats:
         return total
 
     def summary(self) -> str:
-        lines = [f"{sum(self.calls.values())} calls in {time.monotonic() - self.started:.1f} s; modes {dict(self.modes)}",
-                 f"statuses: {dict(sorted(self.by_code().items()))}"]
+        lines = [
+            f"{sum(self.calls.values())} calls in {time.monotonic() - self.started:.1f} s; modes {dict(self.modes)}",
+            f"statuses: {dict(sorted(self.by_code().items()))}",
+        ]
         for key in sorted(self.calls):
             lines.append(f"  {key}: {self.calls[key]} calls {dict(sorted(self.codes[key].items()))}")
         lines.append(f"findings: {len(self.findings)} (hangs {self.hangs})")
@@ -165,7 +181,9 @@ class Stats:
         return "\n".join(lines)
 
 
-def judge(method: Method, code: grpc.StatusCode, details: str, trailing: dict[str, str], response: list[bytes]) -> str | None:
+def judge(
+    method: Method, code: grpc.StatusCode, details: str, trailing: dict[str, str], response: list[bytes]
+) -> str | None:
     """Why an answer breaks the oracle, or None when it is acceptable."""
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return "hang: no answer within the deadline"
@@ -192,7 +210,9 @@ def judge(method: Method, code: grpc.StatusCode, details: str, trailing: dict[st
     return None
 
 
-def call_raw(channel: grpc.Channel, method: Method, body: bytes, stats: Stats, mode: str) -> tuple[grpc.StatusCode, list[bytes]]:
+def call_raw(
+    channel: grpc.Channel, method: Method, body: bytes, stats: Stats, mode: str
+) -> tuple[grpc.StatusCode, list[bytes]]:
     """Send ``body`` as the request of ``method``, judge the answer, record it; return (code, response chunks)."""
     t0 = time.monotonic()
     response: list[bytes] = []

@@ -25,9 +25,10 @@ import os
 import posixpath
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -51,7 +52,11 @@ from tests.fuzz import proto_strategies as ps
 from tests.fuzz.conftest import default_examples, long_seconds
 
 JOB, OPERATOR = "ckjob", "ckop"
-STATES = (StateDescriptor("v", StateKind.VALUE), StateDescriptor("l", StateKind.LIST), StateDescriptor("m", StateKind.MAP))
+STATES = (
+    StateDescriptor("v", StateKind.VALUE),
+    StateDescriptor("l", StateKind.LIST),
+    StateDescriptor("m", StateKind.MAP),
+)
 CASE_SECONDS = 20.0
 """A reader that takes longer than this on a small checkpoint counts as a hang."""
 
@@ -68,23 +73,37 @@ class RealCheckpoint:
 @pytest.fixture(scope="module")
 def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCheckpoint]:
     base = tmp_path_factory.mktemp("real-checkpoint")
-    jm = JobManager(Configuration({"jobmanager.rpc.port": 0, "metrics.reporter.prom.port": "-1", "rest.port": -1,
-                                   "state.checkpoints.dir": (base / "checkpoints").as_uri(), **FAST_HEARTBEATS}))
+    jm = JobManager(
+        Configuration(
+            {
+                "jobmanager.rpc.port": 0,
+                "metrics.reporter.prom.port": "-1",
+                "rest.port": -1,
+                "state.checkpoints.dir": (base / "checkpoints").as_uri(),
+                **FAST_HEARTBEATS,
+            }
+        )
+    )
     jm.start()
     cluster = InProcessCluster(base, jm, tm_config={"taskmanager.numberOfTaskSlots": 1})
     try:
         cluster.add_taskmanager(**{"state.backend.type": "rocksdb"})
         cluster.add_taskmanager(**{"state.backend.type": "hashmap"})
         client = cluster.client()
-        client.submit_job(JOB, [OperatorSpec(OPERATOR, 2, STATES)], max_parallelism=32,
-                          config={"execution.checkpointing.incremental": "true"})
+        client.submit_job(
+            JOB,
+            [OperatorSpec(OPERATOR, 2, STATES)],
+            max_parallelism=32,
+            config={"execution.checkpointing.incremental": "true"},
+        )
         from keyedstate.common.client import ListState, MapState, ValueState
 
         keys = [f"k{i}" for i in range(300)]
         ValueState(client, JOB, OPERATOR, "v", key_serializer="str", value_serializer="str").put_many(keys, keys)
         ListState(client, JOB, OPERATOR, "l", key_serializer="str", value_serializer="str").append_many(keys, keys)
-        MapState(client, JOB, OPERATOR, "m", key_serializer="str", user_key_serializer="str",
-                 value_serializer="str").put_many(keys, keys, keys)
+        MapState(
+            client, JOB, OPERATOR, "m", key_serializer="str", user_key_serializer="str", value_serializer="str"
+        ).put_many(keys, keys, keys)
         info = client.trigger_checkpoint(JOB, timeout_s=60)
         assert info.status == "COMPLETED", info.failure_reason
     finally:
@@ -146,6 +165,7 @@ def _listing(root: Path) -> set[str]:
 
 # -- _metadata --------------------------------------------------------------------------------
 
+
 def _json_paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     out = [path]
     if isinstance(node, dict):
@@ -158,10 +178,38 @@ def _json_paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 JSON_VALUES = st.one_of(
-    st.sampled_from([None, True, False, 0, -1, 1, 2**31, 2**63, -(2**63) - 1, 10**400, 1.5, float("nan"), "", "..",
-                     "../..", "../../../../../../tmp/escape", "/abs/path", "../shared/../../x", "a/../../b", "\x00",
-                     "x" * 10_000, [], {}, [0], [0, 2**40], {"a": 1}]),
-    st.integers(), st.text(max_size=20),
+    st.sampled_from(
+        [
+            None,
+            True,
+            False,
+            0,
+            -1,
+            1,
+            2**31,
+            2**63,
+            -(2**63) - 1,
+            10**400,
+            1.5,
+            float("nan"),
+            "",
+            "..",
+            "../..",
+            "../../../../../../tmp/escape",
+            "/abs/path",
+            "../shared/../../x",
+            "a/../../b",
+            "\x00",
+            "x" * 10_000,
+            [],
+            {},
+            [0],
+            [0, 2**40],
+            {"a": 1},
+        ]
+    ),
+    st.integers(),
+    st.text(max_size=20),
 )
 
 
@@ -174,7 +222,11 @@ def mutated_metadata(draw: st.DrawFn, original: bytes) -> bytes:
         depth = draw(st.sampled_from([100, 10_000, 200_000]))
         return ("[" * depth + "]" * depth).encode()
     if kind == "number":
-        return b'{"format":"keyedstate-checkpoint","version":1,"checkpoint_id":' + b"9" * draw(st.sampled_from([5000, 100_000])) + b"}"
+        return (
+            b'{"format":"keyedstate-checkpoint","version":1,"checkpoint_id":'
+            + b"9" * draw(st.sampled_from([5000, 100_000]))
+            + b"}"
+        )
     doc = json.loads(original)
     paths = _json_paths(doc)
     target = draw(st.sampled_from(paths[1:]))
@@ -207,7 +259,9 @@ def read_metadata_everywhere(storage: Any, chk: Path, job_dir: Path) -> None:
     verify_files_exist(storage, meta, base)
     verify_checksums(storage, meta, base, threads=2)
     for parallelism in (2, 1, 3):
-        plan_restore(meta, [OperatorSpec(OPERATOR, parallelism, STATES)], meta.max_parallelism, checkpoint_dir=base, job_id=JOB)
+        plan_restore(
+            meta, [OperatorSpec(OPERATOR, parallelism, STATES)], meta.max_parallelism, checkpoint_dir=base, job_id=JOB
+        )
 
 
 def _metadata_run(real: RealCheckpoint, tmp: Path, counts: Counts, examples: int, run_seed: int) -> None:
@@ -216,8 +270,13 @@ def _metadata_run(real: RealCheckpoint, tmp: Path, counts: Counts, examples: int
     work = tmp / "meta"
 
     @seed(run_seed)
-    @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def case(data: st.DataObject) -> None:
         data_bytes = data.draw(mutated_metadata(original), label="_metadata")
@@ -235,12 +294,17 @@ def _metadata_run(real: RealCheckpoint, tmp: Path, counts: Counts, examples: int
 
 # -- per-subtask files ------------------------------------------------------------------------
 
+
 @st.composite
 def damaged_snapshot(draw: st.DrawFn, files: list[Path]) -> tuple[Path, str, bytes | None]:
     """One file of a snapshot and its damaged content (None: deleted)."""
     target = draw(st.sampled_from(files))
     content = target.read_bytes()
-    action = draw(st.sampled_from(["bytes", "bytes", "delete", "json"] if target.suffix == ".json" else ["bytes", "bytes", "delete"]))
+    action = draw(
+        st.sampled_from(
+            ["bytes", "bytes", "delete", "json"] if target.suffix == ".json" else ["bytes", "bytes", "delete"]
+        )
+    )
     if action == "delete":
         return target, action, None
     if action == "json":
@@ -260,8 +324,13 @@ def _subtask_run(real: RealCheckpoint, tmp: Path, counts: Counts, examples: int,
     meta_subs = {s.subtask_index: s for s in real.metadata.operators[0].subtasks}
 
     @seed(run_seed)
-    @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def case(data: st.DataObject) -> None:
         index = data.draw(st.sampled_from(subtasks), label="subtask")
@@ -276,13 +345,23 @@ def _subtask_run(real: RealCheckpoint, tmp: Path, counts: Counts, examples: int,
         else:
             target.write_bytes(content)
         as_kind = data.draw(st.sampled_from(["rocksdb", "hashmap"]), label="restore into")
-        key_groups = data.draw(st.sampled_from([meta_subs[index].key_groups, KeyGroupRange(0, 31), KeyGroupRange(3, 5)]))
+        key_groups = data.draw(
+            st.sampled_from([meta_subs[index].key_groups, KeyGroupRange(0, 31), KeyGroupRange(3, 5)])
+        )
         before = _listing(tmp)
 
         def restore() -> None:
-            backend = restore_backend(as_kind, SubtaskId(JOB, OPERATOR, index), key_groups, real.metadata.max_parallelism,
-                                      STATES, snapshot_dirs=[snapshot], local_dir=work / "restored", limits=StateLimits(),
-                                      clock=SystemClock())
+            backend = restore_backend(
+                as_kind,
+                SubtaskId(JOB, OPERATOR, index),
+                key_groups,
+                real.metadata.max_parallelism,
+                STATES,
+                snapshot_dirs=[snapshot],
+                local_dir=work / "restored",
+                limits=StateLimits(),
+                clock=SystemClock(),
+            )
             try:
                 for state in STATES:
                     list(backend.scan_keys(state.name))
@@ -302,8 +381,13 @@ def _download_run(real: RealCheckpoint, tmp: Path, counts: Counts, examples: int
     files = [(sub, f) for sub in real.metadata.operators[0].subtasks for f in sub.files if f.size > 0]
 
     @seed(run_seed)
-    @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def case(data: st.DataObject) -> None:
         _, f = data.draw(st.sampled_from(files), label="file")
@@ -341,12 +425,24 @@ def _fuzz_readers(real: RealCheckpoint, tmp: Path, reader: str, examples: int, s
         run += 1
         if time.monotonic() >= deadline:
             break
-    print(f"{reader}: {counts.cases} cases, {counts.accepted} accepted, refused {counts.refused}; first messages {counts.samples}")
+    print(
+        f"{reader}: {counts.cases} cases, {counts.accepted} accepted, refused {counts.refused}; first messages {counts.samples}"
+    )
     report = os.environ.get("KEYEDSTATE_FUZZ_REPORT")
     if report:
         with open(report, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"test": f"checkpoint-readers:{reader}", "cases": counts.cases, "accepted": counts.accepted,
-                                  "refused": counts.refused, "seeds": run}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "test": f"checkpoint-readers:{reader}",
+                        "cases": counts.cases,
+                        "accepted": counts.accepted,
+                        "refused": counts.refused,
+                        "seeds": run,
+                    }
+                )
+                + "\n"
+            )
     assert counts.cases >= examples
     return counts
 
@@ -393,16 +489,37 @@ def run_atheris(real: RealCheckpoint, tmp: Path, target: str, limit: list[str]) 
     artifacts = tmp / "artifacts"
     artifacts.mkdir(exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.fuzz.atheris_readers", target, *limit, "-seed=1", "-timeout=20",
-         "-rss_limit_mb=4096", f"-artifact_prefix={artifacts}/", str(corpus)],
-        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=long_seconds() + 600,
+        [
+            sys.executable,
+            "-m",
+            "tests.fuzz.atheris_readers",
+            target,
+            *limit,
+            "-seed=1",
+            "-timeout=20",
+            "-rss_limit_mb=4096",
+            f"-artifact_prefix={artifacts}/",
+            str(corpus),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=long_seconds() + 600,
     )
     crashes = sorted(p.name for p in artifacts.iterdir())
-    assert proc.returncode == 0 and not crashes, f"atheris {target}: exit {proc.returncode}, {crashes}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0 and not crashes, (
+        f"atheris {target}: exit {proc.returncode}, {crashes}\n{proc.stderr[-3000:]}"
+    )
     done = re.findall(r"Done (\d+) runs in (\d+) second", proc.stderr)
     cov = re.findall(r"cov: (\d+) ft: (\d+)", proc.stderr)
-    result = {"test": f"atheris:{target}", "runs": int(done[-1][0]), "seconds": int(done[-1][1]),
-              "cov": int(cov[-1][0]), "ft": int(cov[-1][1]), "crashes": 0}
+    result = {
+        "test": f"atheris:{target}",
+        "runs": int(done[-1][0]),
+        "seconds": int(done[-1][1]),
+        "cov": int(cov[-1][0]),
+        "ft": int(cov[-1][1]),
+        "crashes": 0,
+    }
     print(result)
     report = os.environ.get("KEYEDSTATE_FUZZ_REPORT")
     if report:

@@ -36,8 +36,11 @@ def cluster(inprocess_cluster: Any) -> Any:
     return c
 
 
-@pytest.mark.parametrize("body", [b"\n", b"\xff\xa3l\xe16:", b"\n\x06ok\xff\xfe\xc3(", b"\n\x08fuzz"],
-                         ids=["truncated", "garbage", "invalid-utf8", "short-string"])
+@pytest.mark.parametrize(
+    "body",
+    [b"\n", b"\xff\xa3l\xe16:", b"\n\x06ok\xff\xfe\xc3(", b"\n\x08fuzz"],
+    ids=["truncated", "garbage", "invalid-utf8", "short-string"],
+)
 def test_a_request_that_is_not_protobuf_is_invalid_argument_not_internal(cluster: Any, body: bytes) -> None:
     """gRPC answered INTERNAL "Exception deserializing request!", which reads as a server bug."""
     tm_address = cluster.taskmanagers[0].address
@@ -62,9 +65,18 @@ def test_a_taskmanager_offering_two_billion_slots_is_refused_at_once(cluster: An
     with grpc.insecure_channel(cluster.address) as channel:
         stub = jm_grpc.ResourceManagerStub(channel)
         t0 = time.monotonic()
-        err = _error(lambda: stub.RegisterTaskManager(jm_pb.RegisterTaskManagerRequest(
-            taskmanager_id="fz-tm-0", address="127.0.0.1:1", num_slots=2**31 - 1, host="127.0.0.1", backend="hashmap"),
-            timeout=10))
+        err = _error(
+            lambda: stub.RegisterTaskManager(
+                jm_pb.RegisterTaskManagerRequest(
+                    taskmanager_id="fz-tm-0",
+                    address="127.0.0.1:1",
+                    num_slots=2**31 - 1,
+                    host="127.0.0.1",
+                    backend="hashmap",
+                ),
+                timeout=10,
+            )
+        )
         assert time.monotonic() - t0 < 2
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT"
         assert "taskmanager.numberOfTaskSlots" in err.details() and str(MAX_TASK_SLOTS) in err.details()
@@ -78,8 +90,9 @@ def test_an_error_echoing_a_huge_name_keeps_its_status_and_reason(cluster: Any) 
     routing = cluster.client().routing("j")
     with grpc.insecure_channel(routing.operator("op").addresses[0]) as channel:
         stub = tm_grpc.KeyedStateStub(channel)
-        target = tm_pb.StateTarget(job_id="j", operator_id="op", subtask_index=0, state_name="y" * (1 << 20),
-                                   routing_version=routing.version)
+        target = tm_pb.StateTarget(
+            job_id="j", operator_id="op", subtask_index=0, state_name="y" * (1 << 20), routing_version=routing.version
+        )
         err = _error(lambda: stub.ValueGet(tm_pb.KeyedRequest(target=target, keys=[b"k"]), timeout=10))
         assert err.code() is grpc.StatusCode.NOT_FOUND, err.details()
         assert _reason(err) == "UNKNOWN_STATE"
@@ -102,8 +115,9 @@ def test_a_duplicate_barrier_of_a_running_checkpoint_is_ignored(cluster: Any, tm
     tm = cluster.taskmanagers[0]
     with grpc.insecure_channel(tm.address) as channel:
         stub = tm_grpc.TaskExecutorStub(channel)
-        barrier = tm_pb.CheckpointBarrier(job_id="j", checkpoint_id=77, timestamp_ms=1,
-                                          target_path=(tmp_path / "chk-77").as_uri(), epoch=-1)
+        barrier = tm_pb.CheckpointBarrier(
+            job_id="j", checkpoint_id=77, timestamp_ms=1, target_path=(tmp_path / "chk-77").as_uri(), epoch=-1
+        )
         first = stub.TriggerCheckpoint(barrier, timeout=10)
         answers = [stub.TriggerCheckpoint(barrier, timeout=10) for _ in range(5)]
         assert first.slots == 1 and [a.slots for a in answers] == [1] * 5
@@ -114,7 +128,8 @@ def test_a_duplicate_barrier_of_a_running_checkpoint_is_ignored(cluster: Any, tm
         assert manifest.exists(), "the first barrier's upload did not complete"
         # After it completed (notified) the same id may be taken again.
         tm_grpc.TaskExecutorStub(channel).NotifyCheckpoint(
-            tm_pb.CheckpointNotification(job_id="j", checkpoint_id=77, completed=False), timeout=10)
+            tm_pb.CheckpointNotification(job_id="j", checkpoint_id=77, completed=False), timeout=10
+        )
         assert stub.TriggerCheckpoint(barrier, timeout=10).slots == 1
 
 
@@ -124,30 +139,67 @@ def test_a_barrier_for_a_job_without_slots_here_leaves_nothing_behind(cluster: A
     with grpc.insecure_channel(tm.address) as channel:
         stub = tm_grpc.TaskExecutorStub(channel)
         for i in range(50):
-            assert stub.TriggerCheckpoint(tm_pb.CheckpointBarrier(
-                job_id=f"nojob{i}", checkpoint_id=1, target_path=(tmp_path / "x").as_uri()), timeout=10).slots == 0
+            assert (
+                stub.TriggerCheckpoint(
+                    tm_pb.CheckpointBarrier(job_id=f"nojob{i}", checkpoint_id=1, target_path=(tmp_path / "x").as_uri()),
+                    timeout=10,
+                ).slots
+                == 0
+            )
     assert not any(job.startswith("nojob") for job, _ in tm.checkpoints._inflight)  # type: ignore[attr-defined]
 
 
 # -- checkpoint readers ------------------------------------------------------------------------
 
+
 def _metadata_doc() -> dict[str, Any]:
     return {
-        "format": "keyedstate-checkpoint", "version": 1, "job_id": "j", "checkpoint_id": 3, "savepoint": False,
-        "timestamp_ms": 1, "epoch": -1, "lineage": [], "max_parallelism": 4,
-        "operators": [{"operator_id": "op", "parallelism": 1, "states": [
-            {"name": "v", "kind": "value", "ttl": None, "reduce_fields": []}],
-            "subtasks": [{"subtask_index": 0, "key_groups": [0, 3], "backend": "hashmap", "committed_epoch": -1,
-                          "full_size": 1, "incremental_size": 1, "files": [
-                              {"path": "op-0/meta.kvs", "size": 1, "sha256": "0" * 64, "local_name": "meta.kvs",
-                               "shared": False}]}]}],
+        "format": "keyedstate-checkpoint",
+        "version": 1,
+        "job_id": "j",
+        "checkpoint_id": 3,
+        "savepoint": False,
+        "timestamp_ms": 1,
+        "epoch": -1,
+        "lineage": [],
+        "max_parallelism": 4,
+        "operators": [
+            {
+                "operator_id": "op",
+                "parallelism": 1,
+                "states": [{"name": "v", "kind": "value", "ttl": None, "reduce_fields": []}],
+                "subtasks": [
+                    {
+                        "subtask_index": 0,
+                        "key_groups": [0, 3],
+                        "backend": "hashmap",
+                        "committed_epoch": -1,
+                        "full_size": 1,
+                        "incremental_size": 1,
+                        "files": [
+                            {
+                                "path": "op-0/meta.kvs",
+                                "size": 1,
+                                "sha256": "0" * 64,
+                                "local_name": "meta.kvs",
+                                "shared": False,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
     }
 
 
-@pytest.mark.parametrize("data", [
-    b'{"format":"keyedstate-checkpoint","version":1,"checkpoint_id":' + b"9" * 5000 + b"}",
-    b"[" * 200_000 + b"]" * 200_000,
-], ids=["5000-digit-integer", "nested-200000-deep"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"format":"keyedstate-checkpoint","version":1,"checkpoint_id":' + b"9" * 5000 + b"}",
+        b"[" * 200_000 + b"]" * 200_000,
+    ],
+    ids=["5000-digit-integer", "nested-200000-deep"],
+)
 def test_metadata_that_python_cannot_parse_is_a_corrupt_checkpoint(data: bytes) -> None:
     """json.loads raised ValueError (int-conversion limit) or RecursionError, untyped: recovery
     (find_latest_checkpoint) only skips CorruptCheckpointError, so one such file broke it."""
@@ -229,15 +281,27 @@ def _deploy_restoring(cluster: Any, tmp_path: Any, job_id: str, operator_id: str
     remote = tmp_path / "remote" / "meta.kvs"
     remote.parent.mkdir(exist_ok=True)
     remote.write_bytes(b"payload")
-    handle = pb.SubtaskStateHandle(operator_id=operator_id, subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127),
-                                   backend="hashmap", files=[pb.StateFileHandle(
-                                       path=remote.as_uri(), size=7, sha256=hashlib.sha256(b"payload").hexdigest(),
-                                       local_name=local_name)])
+    handle = pb.SubtaskStateHandle(
+        operator_id=operator_id,
+        subtask_index=0,
+        key_groups=pb.KeyGroupRange(start=0, end=127),
+        backend="hashmap",
+        files=[
+            pb.StateFileHandle(
+                path=remote.as_uri(), size=7, sha256=hashlib.sha256(b"payload").hexdigest(), local_name=local_name
+            )
+        ],
+    )
     request = tm_pb.DeploySlotRequest(
-        job_id=job_id, operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
-        subtask_index=0, key_groups=pb.KeyGroupRange(start=0, end=127), max_parallelism=128, slot_index=1,
-        routing_version=1, restore=tm_pb.SlotRestore(checkpoint_path=remote.parent.as_uri(), handles=[handle],
-                                                     checkpoint_id=1))
+        job_id=job_id,
+        operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
+        subtask_index=0,
+        key_groups=pb.KeyGroupRange(start=0, end=127),
+        max_parallelism=128,
+        slot_index=1,
+        routing_version=1,
+        restore=tm_pb.SlotRestore(checkpoint_path=remote.parent.as_uri(), handles=[handle], checkpoint_id=1),
+    )
     with grpc.insecure_channel(cluster.taskmanagers[0].address) as channel:
         return _error(lambda: tm_grpc.TaskExecutorStub(channel).DeploySlot(request, timeout=30))
 
@@ -247,7 +311,9 @@ def _depth_to(cluster: Any, tmp_path: Any) -> int:
     return len(cluster.taskmanagers[0].deployer.work_dir.relative_to(tmp_path).parts) + 2
 
 
-def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
+def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_directory(
+    cluster: Any, tmp_path: Any
+) -> None:
     """DeploySlot with a restore handle naming ``local_name='../../../<x>'`` downloaded the (verified)
     file to that path: a write anywhere the TaskManager may write."""
     escaped = tmp_path / "escaped-by-restore"
@@ -257,12 +323,15 @@ def test_deploy_slot_refuses_a_restore_file_whose_local_name_leaves_the_restore_
     assert not escaped.exists() and not list(tmp_path.glob("**/escaped-by-restore*"))
 
 
-def test_deploy_slot_refuses_a_restore_handle_whose_operator_id_leaves_the_restore_directory(cluster: Any, tmp_path: Any) -> None:
+def test_deploy_slot_refuses_a_restore_handle_whose_operator_id_leaves_the_restore_directory(
+    cluster: Any, tmp_path: Any
+) -> None:
     """A restore handle's operator id ``x/../../../escaped-dir`` was joined into the restore
     directory's path: the TaskManager made ``escaped-dir-0/meta.kvs`` outside its directory (the
     deploy failed, the files stayed). Reported by the RPC fuzz run."""
-    err = _deploy_restoring(cluster, tmp_path, "evil2", "x/" + "../" * _depth_to(cluster, tmp_path) + "escaped-dir",
-                            "meta.kvs")
+    err = _deploy_restoring(
+        cluster, tmp_path, "evil2", "x/" + "../" * _depth_to(cluster, tmp_path) + "escaped-dir", "meta.kvs"
+    )
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert "operator id of a restore handle" in err.details() and "path separator" in err.details()
     assert not list(tmp_path.glob("**/escaped-dir*"))
@@ -274,14 +343,25 @@ def test_a_wait_beyond_what_the_clock_can_represent_is_invalid_argument(cluster:
     platform time_t") in the wait: INTERNAL. Found by the long RPC fuzz run."""
     with grpc.insecure_channel(cluster.address) as channel:
         stub = jm_grpc.JobManagerStub(channel)
-        err = _error(lambda: stub.TriggerCheckpoint(
-            jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=timeout_ms), timeout=10))
+        err = _error(
+            lambda: stub.TriggerCheckpoint(
+                jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=timeout_ms), timeout=10
+            )
+        )
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT", err.details()
         assert "timeout_ms must be between 0" in err.details()
-        err = _error(lambda: stub.CommitEpoch(jm_pb.CommitEpochRequest(
-            job_id="j", epoch=0, expected_routing_version=1, wait_for_checkpoint=True, timeout_ms=timeout_ms), timeout=10))
+        err = _error(
+            lambda: stub.CommitEpoch(
+                jm_pb.CommitEpochRequest(
+                    job_id="j", epoch=0, expected_routing_version=1, wait_for_checkpoint=True, timeout_ms=timeout_ms
+                ),
+                timeout=10,
+            )
+        )
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "timeout_ms must be between 0" in err.details()
-        ok = stub.TriggerCheckpoint(jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=30_000), timeout=40)
+        ok = stub.TriggerCheckpoint(
+            jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=30_000), timeout=40
+        )
         assert ok.status == "COMPLETED", ok.failure_reason
 
 
@@ -291,28 +371,46 @@ def test_a_heartbeat_reporting_a_slot_the_taskmanager_does_not_offer_is_refused(
     -1 silently addressed the last slot. Found by the long RPC fuzz run."""
     with grpc.insecure_channel(cluster.address) as channel:
         rm = jm_grpc.ResourceManagerStub(channel)
-        session = rm.RegisterTaskManager(jm_pb.RegisterTaskManagerRequest(
-            taskmanager_id="fz-tm-1", address="127.0.0.1:1", num_slots=2, host="127.0.0.1", backend="hashmap"),
-            timeout=10).jobmanager_session
+        session = rm.RegisterTaskManager(
+            jm_pb.RegisterTaskManagerRequest(
+                taskmanager_id="fz-tm-1", address="127.0.0.1:1", num_slots=2, host="127.0.0.1", backend="hashmap"
+            ),
+            timeout=10,
+        ).jobmanager_session
         report = jm_pb.SlotReport(slot_index=slot_index, job_id="a", operator_id="b", subtask_index=0)
-        err = _error(lambda: rm.Heartbeat(jm_pb.HeartbeatRequest(
-            taskmanager_id="fz-tm-1", slots=[report], jobmanager_session=session), timeout=10))
+        err = _error(
+            lambda: rm.Heartbeat(
+                jm_pb.HeartbeatRequest(taskmanager_id="fz-tm-1", slots=[report], jobmanager_session=session), timeout=10
+            )
+        )
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT", err.details()
         assert "offers 2 slots (0..1)" in err.details()
-        assert rm.Heartbeat(jm_pb.HeartbeatRequest(taskmanager_id="fz-tm-1", jobmanager_session=session), timeout=10).known
+        assert rm.Heartbeat(
+            jm_pb.HeartbeatRequest(taskmanager_id="fz-tm-1", jobmanager_session=session), timeout=10
+        ).known
 
 
-@pytest.mark.parametrize("field,value", [
-    ("address", ":::::"), ("address", "127.0.0.1:0"), ("address", "127.0.0.1:99999"), ("address", "127.0.0.1:-5"),
-    ("address", "127.0.0.1"), ("address", "a b:1"), ("internal_address", "0"), ("internal_address", "host:port"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("address", ":::::"),
+        ("address", "127.0.0.1:0"),
+        ("address", "127.0.0.1:99999"),
+        ("address", "127.0.0.1:-5"),
+        ("address", "127.0.0.1"),
+        ("address", "a b:1"),
+        ("internal_address", "0"),
+        ("internal_address", "host:port"),
+    ],
+)
 def test_a_taskmanager_address_that_is_not_host_and_port_is_refused(cluster: Any, field: str, value: str) -> None:
     """RegisterTaskManager(address=':::::', internal_address='0') was accepted: the TaskManager took slots, every
     deploy to it failed, and the JobManager sent '0' to the DNS resolver. Found by the long RPC fuzz run."""
     with grpc.insecure_channel(cluster.address) as channel:
         rm = jm_grpc.ResourceManagerStub(channel)
-        request = jm_pb.RegisterTaskManagerRequest(taskmanager_id="fz-tm-2", address="127.0.0.1:1", num_slots=1,
-                                                   host="127.0.0.1", backend="hashmap")
+        request = jm_pb.RegisterTaskManagerRequest(
+            taskmanager_id="fz-tm-2", address="127.0.0.1:1", num_slots=1, host="127.0.0.1", backend="hashmap"
+        )
         setattr(request, field, value)
         err = _error(lambda: rm.RegisterTaskManager(request, timeout=10))
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and _reason(err) == "INVALID_ARGUMENT", err.details()

@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyReplay, FlakyStrategyDefinition
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-
 from tests.fuzz import proto_strategies as ps
 from tests.fuzz.conftest import FuzzCluster, default_examples, long_seconds, write_report
 from tests.fuzz.rpc_harness import SERVED_BY, Method, Stats, all_methods, all_services, call_raw, methods_of
@@ -43,8 +42,13 @@ def fuzz_method(world: World, method: Method, stats: Stats, examples: int, run_s
     counter = {"n": 0}
 
     @seed(run_seed)
-    @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def one_call(data: st.DataObject) -> None:
         counter["n"] += 1
@@ -53,8 +57,11 @@ def fuzz_method(world: World, method: Method, stats: Stats, examples: int, run_s
         mode = data.draw(st.sampled_from(MODES), label="mode")
         subtask = data.draw(st.integers(0, 1), label="subtask")
         template = world.template(method.service, method.name, subtask)
-        any_address = data.draw(st.sampled_from(world.tm_addresses)) if SERVED_BY[method.service] == "taskmanager" \
+        any_address = (
+            data.draw(st.sampled_from(world.tm_addresses))
+            if SERVED_BY[method.service] == "taskmanager"
             else world.jm_address
+        )
         if mode == "mutated" and template is None:
             mode = "generated"
         if mode == "generated":
@@ -63,9 +70,17 @@ def fuzz_method(world: World, method: Method, stats: Stats, examples: int, run_s
         elif mode == "mutated":
             assert template is not None
             valid, address = template
-            msg = valid if data.draw(st.integers(0, 9)) == 0 else data.draw(broken(valid, world.override), label="request")
+            msg = (
+                valid
+                if data.draw(st.integers(0, 9)) == 0
+                else data.draw(broken(valid, world.override), label="request")
+            )
         else:
-            msg = template[0] if template is not None else data.draw(ps.message_strategy(method.input, override=world.override))
+            msg = (
+                template[0]
+                if template is not None
+                else data.draw(ps.message_strategy(method.input, override=world.override))
+            )
             address = template[1] if template is not None else any_address
         world.protect(method.name, msg)
         body = msg.SerializeToString()

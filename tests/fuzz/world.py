@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor as d
@@ -41,7 +42,15 @@ FUZZ_OPERATOR = "fop"
 PARALLELISM = 2
 STATES = {"value": "v", "list": "l", "map": "m", "reducing": "r"}
 
-PATH_FIELDS = {"target_directory", "restore_path", "checkpoint_base", "target_path", "checkpoint_path", "shared_path", "path"}
+PATH_FIELDS = {
+    "target_directory",
+    "restore_path",
+    "checkpoint_base",
+    "target_path",
+    "checkpoint_path",
+    "shared_path",
+    "path",
+}
 
 
 def is_address_field(name: str) -> bool:
@@ -51,17 +60,27 @@ def is_address_field(name: str) -> bool:
 
 def is_host_field(name: str) -> bool:
     return name == "host" or name.endswith("_host")
+
+
 SAFE_HOSTS = {"127.0.0.1", "", "::1", "x" * 300}
 TM_LIFECYCLE_METHODS = {"RegisterTaskManager", "Heartbeat", "DeregisterTaskManager"}
 
 
 def fuzz_operators(operator_id: str = FUZZ_OPERATOR, parallelism: int = PARALLELISM) -> list[OperatorSpec]:
-    return [OperatorSpec(operator_id, parallelism, (
-        StateDescriptor(STATES["value"], StateKind.VALUE),
-        StateDescriptor(STATES["list"], StateKind.LIST),
-        StateDescriptor(STATES["map"], StateKind.MAP),
-        StateDescriptor(STATES["reducing"], StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("s"))),
-    ))]
+    return [
+        OperatorSpec(
+            operator_id,
+            parallelism,
+            (
+                StateDescriptor(STATES["value"], StateKind.VALUE),
+                StateDescriptor(STATES["list"], StateKind.LIST),
+                StateDescriptor(STATES["map"], StateKind.MAP),
+                StateDescriptor(
+                    STATES["reducing"], StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("s"))
+                ),
+            ),
+        )
+    ]
 
 
 REDUCE_FORMAT = fuzz_operators()[0].states[3].vector_format
@@ -136,7 +155,8 @@ class World:
                     self._use(routing)
                     for s, keys in self.keys.items():
                         tm_grpc.KeyedStateStub(self.channel(self.address_of(s))).ValueGet(
-                            tm_pb.KeyedRequest(target=self.target(s, "value"), keys=keys[:1]), timeout=10)
+                            tm_pb.KeyedRequest(target=self.target(s, "value"), keys=keys[:1]), timeout=10
+                        )
                     return
             except Exception:
                 pass
@@ -158,7 +178,9 @@ class World:
     def _use(self, routing: Routing) -> None:
         self.routing = routing
         parallelism = routing.operator(FUZZ_OPERATOR).parallelism
-        self.keys = {s: keys_of(routing, FUZZ_OPERATOR, s, 3, prefix=f"g{self.generation}-") for s in range(parallelism)}
+        self.keys = {
+            s: keys_of(routing, FUZZ_OPERATOR, s, 3, prefix=f"g{self.generation}-") for s in range(parallelism)
+        }
 
     # -- safety ----------------------------------------------------------------------------
     def sandbox_path(self, suffix: str) -> str:
@@ -176,8 +198,18 @@ class World:
         return None
 
     def safe_addresses(self) -> set[str]:
-        return {self.dead_address, "", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:99999", "[::1]:1",
-                "127.0.0.1:-5", ":" * 5, "127.0.0.1:" + "9" * 30}
+        return {
+            self.dead_address,
+            "",
+            "127.0.0.1",
+            "127.0.0.1:",
+            "127.0.0.1:0",
+            "127.0.0.1:99999",
+            "[::1]:1",
+            "127.0.0.1:-5",
+            ":" * 5,
+            "127.0.0.1:" + "9" * 30,
+        }
 
     def raw_is_safe(self, cls: type[Message], body: bytes) -> bool:
         """Whether a mutated body, if it parses, still names only loopback addresses and sandboxed paths.
@@ -198,15 +230,18 @@ class World:
             nonlocal ok
             for field_d, value in m.ListFields():
                 if field_d.type == FD.TYPE_MESSAGE and not field_d.message_type.GetOptions().map_entry:
-                    for item in (value if field_d.is_repeated else [value]):
+                    for item in value if field_d.is_repeated else [value]:
                         check(item)
                 elif field_d.type == FD.TYPE_STRING and not field_d.is_repeated:
                     if (is_address_field(field_d.name) and value not in addresses) or (
-                            is_host_field(field_d.name) and value not in SAFE_HOSTS):
+                        is_host_field(field_d.name) and value not in SAFE_HOSTS
+                    ):
                         ok = False
                     if field_d.name in PATH_FIELDS and value and value != self.checkpoint_path:
                         local = value.removeprefix("file://")
-                        if "://" in local or not os.path.normpath(os.path.join(cwd, local)).startswith(sandbox_root + "/"):
+                        if "://" in local or not os.path.normpath(os.path.join(cwd, local)).startswith(
+                            sandbox_root + "/"
+                        ):
                             ok = False
 
         check(msg)
@@ -222,8 +257,13 @@ class World:
     # -- valid requests --------------------------------------------------------------------
     def target(self, subtask: int, kind: str) -> tm_pb.StateTarget:
         assert self.routing is not None
-        return tm_pb.StateTarget(job_id=self.job, operator_id=FUZZ_OPERATOR, subtask_index=subtask,
-                                 state_name=STATES[kind], routing_version=self.routing.version)
+        return tm_pb.StateTarget(
+            job_id=self.job,
+            operator_id=FUZZ_OPERATOR,
+            subtask_index=subtask,
+            state_name=STATES[kind],
+            routing_version=self.routing.version,
+        )
 
     def address_of(self, subtask: int) -> str:
         assert self.routing is not None
@@ -268,18 +308,22 @@ def _rewrite_strings(msg: Message, fn: Callable[[str], str]) -> None:
 
 # -- templates ---------------------------------------------------------------------------------
 
+
 def _keyed(kind: str, **columns: Callable[[list[bytes]], list[bytes]]) -> Callable[[World, int], tuple[Message, str]]:
     def build(w: World, s: int) -> tuple[Message, str]:
         keys = w.keys[s]
         fields = {name: make(keys) for name, make in columns.items()}
         return tm_pb.KeyedRequest(target=w.target(s, kind), keys=keys, **fields), w.address_of(s)
+
     return build
 
 
 def _scan(kind: str, has_key: bool) -> Callable[[World, int], tuple[Message, str]]:
     def build(w: World, s: int) -> tuple[Message, str]:
-        return tm_pb.ScanRequest(target=w.target(s, kind), has_key=has_key, key=w.keys[s][0] if has_key else b"",
-                                 chunk_size=2), w.address_of(s)
+        return tm_pb.ScanRequest(
+            target=w.target(s, kind), has_key=has_key, key=w.keys[s][0] if has_key else b"", chunk_size=2
+        ), w.address_of(s)
+
     return build
 
 
@@ -303,9 +347,15 @@ def _deploy(w: World, s: int) -> tuple[Message, str]:
     assert w.routing is not None
     groups = [g for g, owner in enumerate(w.routing.operator(FUZZ_OPERATOR).subtask_of) if owner == s]
     return tm_pb.DeploySlotRequest(
-        job_id=w.job, operator=_spec(w), subtask_index=s, key_groups=pb.KeyGroupRange(start=groups[0], end=groups[-1]),
-        max_parallelism=w.routing.max_parallelism, slot_index=0, routing_version=w.routing.version,
-        checkpoint_base=w.sandbox_path(w.job), incremental=True,
+        job_id=w.job,
+        operator=_spec(w),
+        subtask_index=s,
+        key_groups=pb.KeyGroupRange(start=groups[0], end=groups[-1]),
+        max_parallelism=w.routing.max_parallelism,
+        slot_index=0,
+        routing_version=w.routing.version,
+        checkpoint_base=w.sandbox_path(w.job),
+        incremental=True,
     ), w.address_of(s)
 
 
@@ -325,55 +375,134 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
     ("KeyedState", "MapScan"): _scan("map", True),
     ("KeyedState", "ScanKeys"): _scan("value", False),
     ("TaskExecutor", "DeploySlot"): _deploy,
-    ("TaskExecutor", "ReleaseSlot"): lambda w, s: (tm_pb.ReleaseSlotRequest(
-        job_id=w.job, operator_id=FUZZ_OPERATOR, subtask_index=s, routing_version=w.routing.version), w.address_of(s)),
-    ("TaskExecutor", "TriggerCheckpoint"): lambda w, s: (tm_pb.CheckpointBarrier(
-        job_id=w.job, checkpoint_id=1000 + w.generation, timestamp_ms=1, target_path=w.sandbox_path(f"{w.job}/chk-x"),
-        incremental=True, epoch=-1), w.address_of(s)),
-    ("TaskExecutor", "NotifyCheckpoint"): lambda w, s: (tm_pb.CheckpointNotification(
-        job_id=w.job, checkpoint_id=1000 + w.generation, completed=bool(s)), w.address_of(s)),
-    ("TaskExecutor", "CommitEpoch"): lambda w, s: (tm_pb.EpochCommitRequest(
-        job_id=w.job, epoch=0, routing_version=w.routing.version, prepare=True,
-        winners=[pb.PartitionAttempt(partition=0, attempt=1)]), w.address_of(s)),
-    ("ResourceManager", "RegisterTaskManager"): lambda w, s: (jm_pb.RegisterTaskManagerRequest(
-        taskmanager_id=f"fz-tm-{s}", address=w.dead_address, num_slots=1, host="127.0.0.1", backend="hashmap"), w.jm_address),
-    ("ResourceManager", "Heartbeat"): lambda w, s: (jm_pb.HeartbeatRequest(
-        taskmanager_id=f"fz-tm-{s}", jobmanager_session=w.session), w.jm_address),
-    ("ResourceManager", "DeregisterTaskManager"): lambda w, s: (jm_pb.DeregisterTaskManagerRequest(
-        taskmanager_id=f"fz-tm-{s}"), w.jm_address),
-    ("JobManager", "SubmitJob"): lambda w, s: (jm_pb.SubmitJobRequest(
-        job_id=f"fz-sub-{s}", operators=[fuzz_operators(parallelism=1)[0].to_proto()], max_parallelism=16), w.jm_address),
+    ("TaskExecutor", "ReleaseSlot"): lambda w, s: (
+        tm_pb.ReleaseSlotRequest(
+            job_id=w.job, operator_id=FUZZ_OPERATOR, subtask_index=s, routing_version=w.routing.version
+        ),
+        w.address_of(s),
+    ),
+    ("TaskExecutor", "TriggerCheckpoint"): lambda w, s: (
+        tm_pb.CheckpointBarrier(
+            job_id=w.job,
+            checkpoint_id=1000 + w.generation,
+            timestamp_ms=1,
+            target_path=w.sandbox_path(f"{w.job}/chk-x"),
+            incremental=True,
+            epoch=-1,
+        ),
+        w.address_of(s),
+    ),
+    ("TaskExecutor", "NotifyCheckpoint"): lambda w, s: (
+        tm_pb.CheckpointNotification(job_id=w.job, checkpoint_id=1000 + w.generation, completed=bool(s)),
+        w.address_of(s),
+    ),
+    ("TaskExecutor", "CommitEpoch"): lambda w, s: (
+        tm_pb.EpochCommitRequest(
+            job_id=w.job,
+            epoch=0,
+            routing_version=w.routing.version,
+            prepare=True,
+            winners=[pb.PartitionAttempt(partition=0, attempt=1)],
+        ),
+        w.address_of(s),
+    ),
+    ("ResourceManager", "RegisterTaskManager"): lambda w, s: (
+        jm_pb.RegisterTaskManagerRequest(
+            taskmanager_id=f"fz-tm-{s}", address=w.dead_address, num_slots=1, host="127.0.0.1", backend="hashmap"
+        ),
+        w.jm_address,
+    ),
+    ("ResourceManager", "Heartbeat"): lambda w, s: (
+        jm_pb.HeartbeatRequest(taskmanager_id=f"fz-tm-{s}", jobmanager_session=w.session),
+        w.jm_address,
+    ),
+    ("ResourceManager", "DeregisterTaskManager"): lambda w, s: (
+        jm_pb.DeregisterTaskManagerRequest(taskmanager_id=f"fz-tm-{s}"),
+        w.jm_address,
+    ),
+    ("JobManager", "SubmitJob"): lambda w, s: (
+        jm_pb.SubmitJobRequest(
+            job_id=f"fz-sub-{s}", operators=[fuzz_operators(parallelism=1)[0].to_proto()], max_parallelism=16
+        ),
+        w.jm_address,
+    ),
     # Cancels the fuzz job itself (the fz-sub jobs rarely deploy: the fake TaskManagers take their
     # slots); the next refresh submits a new one.
     ("JobManager", "CancelJob"): lambda w, s: (jm_pb.JobRequest(job_id=w.job), w.jm_address),
     ("JobManager", "GetJob"): lambda w, s: (jm_pb.JobRequest(job_id=w.job), w.jm_address),
     ("JobManager", "GetRouting"): lambda w, s: (jm_pb.GetRoutingRequest(job_id=w.job, known_version=s), w.jm_address),
     ("JobManager", "GetClusterOverview"): lambda w, s: (jm_pb.ClusterOverviewRequest(), w.jm_address),
-    ("JobManager", "TriggerCheckpoint"): lambda w, s: (jm_pb.TriggerCheckpointRequest(
-        job_id=w.job, savepoint=bool(s), target_directory=w.sandbox_path("savepoints") if s else "", wait=True,
-        timeout_ms=2_000), w.jm_address),
-    ("CheckpointCoordinatorGateway", "AcknowledgeCheckpoint"): lambda w, s: (jm_pb.AcknowledgeCheckpointRequest(
-        job_id=w.job, checkpoint_id=1, taskmanager_id=w.tm_ids[s % len(w.tm_ids)], state=pb.SubtaskStateHandle(
-            operator_id=FUZZ_OPERATOR, subtask_index=s, backend="rocksdb",
-            files=[pb.StateFileHandle(path=f"{FUZZ_OPERATOR}-{s}/_snapshot.json", size=3, sha256="0" * 64,
-                                      local_name="_snapshot.json")])), w.jm_address),
-    ("CheckpointCoordinatorGateway", "DeclineCheckpoint"): lambda w, s: (jm_pb.DeclineCheckpointRequest(
-        job_id=w.job, checkpoint_id=1, taskmanager_id=w.tm_ids[s % len(w.tm_ids)], operator_id=FUZZ_OPERATOR,
-        subtask_index=s, reason="fuzz"), w.jm_address),
+    ("JobManager", "TriggerCheckpoint"): lambda w, s: (
+        jm_pb.TriggerCheckpointRequest(
+            job_id=w.job,
+            savepoint=bool(s),
+            target_directory=w.sandbox_path("savepoints") if s else "",
+            wait=True,
+            timeout_ms=2_000,
+        ),
+        w.jm_address,
+    ),
+    ("CheckpointCoordinatorGateway", "AcknowledgeCheckpoint"): lambda w, s: (
+        jm_pb.AcknowledgeCheckpointRequest(
+            job_id=w.job,
+            checkpoint_id=1,
+            taskmanager_id=w.tm_ids[s % len(w.tm_ids)],
+            state=pb.SubtaskStateHandle(
+                operator_id=FUZZ_OPERATOR,
+                subtask_index=s,
+                backend="rocksdb",
+                files=[
+                    pb.StateFileHandle(
+                        path=f"{FUZZ_OPERATOR}-{s}/_snapshot.json", size=3, sha256="0" * 64, local_name="_snapshot.json"
+                    )
+                ],
+            ),
+        ),
+        w.jm_address,
+    ),
+    ("CheckpointCoordinatorGateway", "DeclineCheckpoint"): lambda w, s: (
+        jm_pb.DeclineCheckpointRequest(
+            job_id=w.job,
+            checkpoint_id=1,
+            taskmanager_id=w.tm_ids[s % len(w.tm_ids)],
+            operator_id=FUZZ_OPERATOR,
+            subtask_index=s,
+            reason="fuzz",
+        ),
+        w.jm_address,
+    ),
     ("JobManager", "ListCheckpoints"): lambda w, s: (jm_pb.JobRequest(job_id=w.job), w.jm_address),
-    ("JobManager", "BeginBatch"): lambda w, s: (jm_pb.BeginBatchRequest(job_id=w.job, query_id="q", batch_id=s), w.jm_address),
-    ("JobManager", "CommitEpoch"): lambda w, s: (jm_pb.CommitEpochRequest(
-        job_id=w.job, epoch=0, expected_routing_version=w.routing.version, query_id="q", batch_id=0,
-        winners=[pb.PartitionAttempt(partition=0, attempt=1)], checkpoint=bool(s), wait_for_checkpoint=bool(s),
-        timeout_ms=2_000), w.jm_address),
-    ("JobManager", "RestoreJob"): lambda w, s: (jm_pb.RestoreJobRequest(
-        job_id=w.job, restore_path=w.checkpoint_path or w.sandbox_path("none")), w.jm_address),
-    ("JobManager", "RescaleJob"): lambda w, s: (jm_pb.RescaleJobRequest(
-        job_id=w.job, parallelism={"": 1 + s}), w.jm_address),
+    ("JobManager", "BeginBatch"): lambda w, s: (
+        jm_pb.BeginBatchRequest(job_id=w.job, query_id="q", batch_id=s),
+        w.jm_address,
+    ),
+    ("JobManager", "CommitEpoch"): lambda w, s: (
+        jm_pb.CommitEpochRequest(
+            job_id=w.job,
+            epoch=0,
+            expected_routing_version=w.routing.version,
+            query_id="q",
+            batch_id=0,
+            winners=[pb.PartitionAttempt(partition=0, attempt=1)],
+            checkpoint=bool(s),
+            wait_for_checkpoint=bool(s),
+            timeout_ms=2_000,
+        ),
+        w.jm_address,
+    ),
+    ("JobManager", "RestoreJob"): lambda w, s: (
+        jm_pb.RestoreJobRequest(job_id=w.job, restore_path=w.checkpoint_path or w.sandbox_path("none")),
+        w.jm_address,
+    ),
+    ("JobManager", "RescaleJob"): lambda w, s: (
+        jm_pb.RescaleJobRequest(job_id=w.job, parallelism={"": 1 + s}),
+        w.jm_address,
+    ),
 }
 
 
 # -- breaking one field ------------------------------------------------------------------------
+
 
 def _fields_of(msg: Message, path: tuple[str, ...] = ()) -> list[tuple[Message, d.FieldDescriptor]]:
     """Every (message, field) in ``msg``'s tree: set or not, nested in set sub-messages."""

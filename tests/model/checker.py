@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from tests.model.protocol import LIVENESS, Violation
 
@@ -57,8 +58,7 @@ class Report:
         return self.violation is None and self.complete
 
     def summary(self) -> str:
-        head = (f"[{self.name}] {self.states:,} states, {self.transitions:,} transitions, "
-                f"{self.seconds:.1f} s")
+        head = f"[{self.name}] {self.states:,} states, {self.transitions:,} transitions, {self.seconds:.1f} s"
         if self.violation is None:
             tail = "complete, no violation" if self.complete else "INCOMPLETE (state bound reached)"
             return f"{head}: {tail} ({self.goals:,} end states)"
@@ -68,7 +68,7 @@ class Report:
         """The trace as numbered steps (the middle elided beyond `limit` steps)."""
         steps = [f"  {i + 1:3d}. {label}" for i, label in enumerate(self.trace)]
         if len(steps) > limit:
-            steps = steps[: limit // 2] + [f"  ... {len(steps) - limit} steps ..."] + steps[-limit // 2:]
+            steps = steps[: limit // 2] + [f"  ... {len(steps) - limit} steps ..."] + steps[-limit // 2 :]
         lines = [self.summary(), *steps, f"  state: {self.final}"]
         if self.loop:
             lines.append("  then, with no further fault:")
@@ -84,7 +84,9 @@ class Report:
         if self.trace and last not in key:
             key.append(last)
         if self.loop:
-            key.append("(then nothing can happen)" if self.loop[-1].startswith("(nothing") else "(then it loops for ever)")
+            key.append(
+                "(then nothing can happen)" if self.loop[-1].startswith("(nothing") else "(then it loops for ever)"
+            )
         return " -> ".join(key)
 
 
@@ -124,8 +126,16 @@ def explore(model: Explorable[S], name: str, *, liveness: bool = True, max_state
                 labels.append(label)
                 v = model.violation(ns)
                 if v is not None:
-                    return Report(name, len(states), transitions, time.perf_counter() - t0, False, v,
-                                  _trace(parent, labels, j), model.describe(ns))
+                    return Report(
+                        name,
+                        len(states),
+                        transitions,
+                        time.perf_counter() - t0,
+                        False,
+                        v,
+                        _trace(parent, labels, j),
+                        model.describe(ns),
+                    )
             if liveness and j != i:
                 src.append(i)
                 dst.append(j)
@@ -156,16 +166,20 @@ def _continuation(model: Explorable[S], s: S, limit: int = 40) -> list[str]:
     seen = {s: 0}
     out: list[str] = []
     for i in range(1, limit + 1):
-        nxt = next(((label, ns) for label, ns in model.successors(s)
-                    if not label.split(" ", 1)[0].isupper() and ns != s), None)
+        nxt = next(
+            ((label, ns) for label, ns in model.successors(s) if not label.split(" ", 1)[0].isupper() and ns != s), None
+        )
         if nxt is None:
             out.append("(nothing can happen any more)")
             return out
         label, s = nxt
         out.append(label)
         if s in seen:
-            out.append(f"(back to the state after step {seen[s]} of this continuation: it loops for ever)"
-                       if seen[s] else "(back to the stuck state: it loops for ever)")
+            out.append(
+                f"(back to the state after step {seen[s]} of this continuation: it loops for ever)"
+                if seen[s]
+                else "(back to the stuck state: it loops for ever)"
+            )
             return out
         seen[s] = i
     out.append("...")

@@ -18,8 +18,13 @@ Check = Callable[..., Report]
 def check(request: pytest.FixtureRequest) -> Check:
     """Explore an experiment under some protections; the report is also kept for the summary."""
 
-    def run(experiment: Experiment, protections: Protections = DOCUMENTED, *, liveness: bool = True,
-            ignore: frozenset[str] = frozenset()) -> Report:
+    def run(
+        experiment: Experiment,
+        protections: Protections = DOCUMENTED,
+        *,
+        liveness: bool = True,
+        ignore: frozenset[str] = frozenset(),
+    ) -> Report:
         report = explore(Model(experiment, protections, ignore), experiment.name, liveness=liveness)
         _REPORTS.append((request.node.name, report))
         print(report.counterexample() if report.violation else report.summary())

@@ -9,60 +9,127 @@ from __future__ import annotations
 
 from tests.model.protocol import Experiment
 
-ALL_MESSAGES = frozenset({
-    "BeginBatch", "BeginAnswer", "CommitRequest", "DurableRequest", "BatchAnswer", "Stage", "StageAck",
-    "Prepare", "PrepareAnswer", "Apply", "ApplyAnswer", "Barrier", "BarrierAck", "Release", "Released",
-    "Deploy", "Deployed", "Register", "Registered", "Heartbeat", "HeartbeatAnswer",
-})
+ALL_MESSAGES = frozenset(
+    {
+        "BeginBatch",
+        "BeginAnswer",
+        "CommitRequest",
+        "DurableRequest",
+        "BatchAnswer",
+        "Stage",
+        "StageAck",
+        "Prepare",
+        "PrepareAnswer",
+        "Apply",
+        "ApplyAnswer",
+        "Barrier",
+        "BarrierAck",
+        "Release",
+        "Released",
+        "Deploy",
+        "Deployed",
+        "Register",
+        "Registered",
+        "Heartbeat",
+        "HeartbeatAnswer",
+    }
+)
 
 BASELINE = Experiment("baseline: no fault")
 CRASH_TASKMANAGER = Experiment("a TaskManager crashes (and restarts)", faults=1, crash=frozenset({"taskmanager"}))
-CRASH_JOBMANAGER = Experiment("the JobManager crashes (a new leader takes over)", faults=1,
-                              crash=frozenset({"jobmanager"}))
+CRASH_JOBMANAGER = Experiment(
+    "the JobManager crashes (a new leader takes over)", faults=1, crash=frozenset({"jobmanager"})
+)
 CRASH_DRIVER = Experiment("the driver or an executor crashes", faults=1, crash=frozenset({"driver", "executor"}))
 CUT_OFF = Experiment("a TaskManager is cut off from the JobManager", faults=1, cut=True)
 PAUSE = Experiment("a TaskManager pauses in a write call, longer than its lease", faults=1, pause=True)
-MESSAGES = Experiment("any message lost, duplicated or late past the driver's timeout", faults=1,
-                      drop=ALL_MESSAGES, duplicate=ALL_MESSAGES, driver_timeouts=True)
-CHECKPOINT_FAILURES = Experiment("two checkpoints fail (periodic checkpoints race the commits)", faults=2,
-                                 checkpoint_failures=True, periodic_checkpoints=True)
-SPECULATION = Experiment("two partitions, speculative attempts and an executor crash", partitions=2, faults=1,
-                         speculation=2, crash=frozenset({"executor"}))
-RESTORE_OLDER = Experiment("operator restores an older checkpoint", operator="restore_older",
-                           periodic_checkpoints=True)
+MESSAGES = Experiment(
+    "any message lost, duplicated or late past the driver's timeout",
+    faults=1,
+    drop=ALL_MESSAGES,
+    duplicate=ALL_MESSAGES,
+    driver_timeouts=True,
+)
+CHECKPOINT_FAILURES = Experiment(
+    "two checkpoints fail (periodic checkpoints race the commits)",
+    faults=2,
+    checkpoint_failures=True,
+    periodic_checkpoints=True,
+)
+SPECULATION = Experiment(
+    "two partitions, speculative attempts and an executor crash",
+    partitions=2,
+    faults=1,
+    speculation=2,
+    crash=frozenset({"executor"}),
+)
+RESTORE_OLDER = Experiment("operator restores an older checkpoint", operator="restore_older", periodic_checkpoints=True)
 CANCEL_RESUBMIT = Experiment("operator cancels, the driver resubmits the job", operator="cancel_resubmit")
 RESCALE = Experiment("operator rescales (ownership moves)", operator="rescale")
 NEW_QUERY = Experiment("the query restarts from a new checkpointLocation", operator="new_query")
 
 DEFAULT = (
-    BASELINE, CRASH_TASKMANAGER, CRASH_JOBMANAGER, CRASH_DRIVER, CUT_OFF, PAUSE, MESSAGES, CHECKPOINT_FAILURES,
-    SPECULATION, RESTORE_OLDER, CANCEL_RESUBMIT, RESCALE, NEW_QUERY,
+    BASELINE,
+    CRASH_TASKMANAGER,
+    CRASH_JOBMANAGER,
+    CRASH_DRIVER,
+    CUT_OFF,
+    PAUSE,
+    MESSAGES,
+    CHECKPOINT_FAILURES,
+    SPECULATION,
+    RESTORE_OLDER,
+    CANCEL_RESUBMIT,
+    RESCALE,
+    NEW_QUERY,
 )
 """The experiments the default suite explores exhaustively with every protection on."""
 
 # -- smaller bounds, for the protection-off runs that need a complete exploration (liveness) ---
 
-CRASH_TASKMANAGER_ONE_BATCH = Experiment("a TaskManager crashes, one batch", batches=1, faults=1,
-                                         crash=frozenset({"taskmanager"}))
+CRASH_TASKMANAGER_ONE_BATCH = Experiment(
+    "a TaskManager crashes, one batch", batches=1, faults=1, crash=frozenset({"taskmanager"})
+)
 
 # -- ownership alone (no query): the stale-Deploy hole of the document -------------------------
 
-OWNERSHIP_TWO_CRASHES = Experiment("ownership only: two TaskManager crashes, no query", driver=False, faults=2,
-                                   crash=frozenset({"taskmanager"}))
-RESCALE_AND_CRASH = Experiment("operator rescales and a TaskManager crashes", operator="rescale", faults=1,
-                               crash=frozenset({"taskmanager"}))
-RESCALE_AND_CRASH_ONE_BATCH = Experiment("operator rescales and a TaskManager crashes, one batch", batches=1,
-                                         operator="rescale", faults=1, crash=frozenset({"taskmanager"}))
+OWNERSHIP_TWO_CRASHES = Experiment(
+    "ownership only: two TaskManager crashes, no query", driver=False, faults=2, crash=frozenset({"taskmanager"})
+)
+RESCALE_AND_CRASH = Experiment(
+    "operator rescales and a TaskManager crashes", operator="rescale", faults=1, crash=frozenset({"taskmanager"})
+)
+RESCALE_AND_CRASH_ONE_BATCH = Experiment(
+    "operator rescales and a TaskManager crashes, one batch",
+    batches=1,
+    operator="rescale",
+    faults=1,
+    crash=frozenset({"taskmanager"}),
+)
 
 # -- larger bounds (opt in with -m slow) ------------------------------------------------------
 
 SLOW = (
-    Experiment("any process crashes, periodic checkpoints", faults=1, periodic_checkpoints=True,
-               crash=frozenset({"driver", "jobmanager", "taskmanager", "executor"})),
-    Experiment("two messages lost, duplicated or late", faults=2, drop=ALL_MESSAGES, duplicate=ALL_MESSAGES,
-               driver_timeouts=True),
+    Experiment(
+        "any process crashes, periodic checkpoints",
+        faults=1,
+        periodic_checkpoints=True,
+        crash=frozenset({"driver", "jobmanager", "taskmanager", "executor"}),
+    ),
+    Experiment(
+        "two messages lost, duplicated or late",
+        faults=2,
+        drop=ALL_MESSAGES,
+        duplicate=ALL_MESSAGES,
+        driver_timeouts=True,
+    ),
     Experiment("two partitions, a TaskManager crashes", partitions=2, faults=1, crash=frozenset({"taskmanager"})),
-    Experiment("a checkpoint fails and a TaskManager crashes, one batch", batches=1, faults=2,
-               checkpoint_failures=True, crash=frozenset({"taskmanager"})),
+    Experiment(
+        "a checkpoint fails and a TaskManager crashes, one batch",
+        batches=1,
+        faults=2,
+        checkpoint_failures=True,
+        crash=frozenset({"taskmanager"}),
+    ),
 )
 """Experiments too large for the default suite (every protection and the proposed fix on)."""

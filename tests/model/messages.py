@@ -324,12 +324,36 @@ class HeartbeatAnswer(Message):
         return f"HeartbeatAnswer(tm{self.tm}: {'known' if self.known else 'unknown'})"
 
 
-TO_JOBMANAGER = (BeginBatch, CommitRequest, DurableRequest, PrepareAnswer, ApplyAnswer, BarrierAck, Released,
-                 Deployed, Register, Heartbeat)
+TO_JOBMANAGER = (
+    BeginBatch,
+    CommitRequest,
+    DurableRequest,
+    PrepareAnswer,
+    ApplyAnswer,
+    BarrierAck,
+    Released,
+    Deployed,
+    Register,
+    Heartbeat,
+)
 """Messages a JobManager receives; a JobManager crash loses every one of them in flight."""
 
-JM_TM = (Prepare, PrepareAnswer, Apply, ApplyAnswer, Barrier, BarrierAck, Release, Released, Deploy, Deployed,
-         Register, Registered, Heartbeat, HeartbeatAnswer)
+JM_TM = (
+    Prepare,
+    PrepareAnswer,
+    Apply,
+    ApplyAnswer,
+    Barrier,
+    BarrierAck,
+    Release,
+    Released,
+    Deploy,
+    Deployed,
+    Register,
+    Registered,
+    Heartbeat,
+    HeartbeatAnswer,
+)
 """Messages between the JobManager and a TaskManager: the ones a cut-off TaskManager loses."""
 
 TO_TASKMANAGER = (Stage, Prepare, Apply, Barrier, Release, Deploy, Registered, HeartbeatAnswer)

@@ -137,7 +137,7 @@ class Protections:
         unknown = set(names) - known
         if unknown:
             raise ValueError(f"unknown protections {sorted(unknown)}; known: {sorted(known)}")
-        return replace(self, **{n: False for n in names})
+        return replace(self, **dict.fromkeys(names, False))
 
 
 DOCUMENTED = Protections()
@@ -375,8 +375,9 @@ def _insert(data: tuple, *items: object) -> tuple:
 class Model:
     """The protocol under one experiment and one set of protections."""
 
-    def __init__(self, experiment: Experiment, protections: Protections = DOCUMENTED,
-                 ignore: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, experiment: Experiment, protections: Protections = DOCUMENTED, ignore: frozenset[str] = frozenset()
+    ) -> None:
         self.x = experiment
         self.p = protections
         self.ignore = ignore
@@ -394,16 +395,17 @@ class Model:
         # messages, delivering them at once explores the same behaviours with fewer states.
         menu = experiment.drop | experiment.duplicate
         self.eager: frozenset[type] = frozenset(
-            t for t in (StageAck, BeginAnswer)
-            if t.__name__ not in menu and not (t is BeginAnswer and experiment.driver_timeouts))
+            t
+            for t in (StageAck, BeginAnswer)
+            if t.__name__ not in menu and not (t is BeginAnswer and experiment.driver_timeouts)
+        )
 
     # -- initial state ------------------------------------------------------------------------
     def initial(self) -> State:
         home = tuple(kg % self.x.taskmanagers for kg in self.kgs)
         v0: Version = (0, 0)
         tms = tuple(
-            TaskManager(slots=tuple(Slot(kg, v0, -1, (), ()) for kg in self.kgs if home[kg] == t))
-            for t in self.tm_ids
+            TaskManager(slots=tuple(Slot(kg, v0, -1, (), ()) for kg in self.kgs if home[kg] == t)) for t in self.tm_ids
         )
         jm = JobManager(home=home, assign=home, deployed=frozenset(self.kgs), registered=frozenset(self.tm_ids))
         budget = Budget(self.x.faults, self.x.speculation, 1 if self.x.operator else 0)
@@ -412,7 +414,7 @@ class Model:
 
     # -- small helpers ------------------------------------------------------------------------
     def _tm(self, s: State, t: int, tm: TaskManager) -> State:
-        return s._replace(tms=s.tms[:t] + (tm,) + s.tms[t + 1:])
+        return s._replace(tms=s.tms[:t] + (tm,) + s.tms[t + 1 :])
 
     def _send(self, s: State, *msgs: Message) -> State:
         """Put messages on the network; a message to a down process or over a cut link is lost
@@ -469,9 +471,7 @@ class Model:
         """Spark launches a new attempt of a partition; it sends all its write requests."""
         aid: Aid = (d.incarnation, d.run, d.spawned)
         d = d._replace(attempts=d.attempts + (Attempt(partition, aid, frozenset()),), spawned=d.spawned + 1)
-        msgs = [
-            Stage(d.routing[kg], kg, d.epoch, d.query, d.done, partition, aid, kg, d.version) for kg in self.kgs
-        ]
+        msgs = [Stage(d.routing[kg], kg, d.epoch, d.query, d.done, partition, aid, kg, d.version) for kg in self.kgs]
         return self._send(s._replace(driver=d), *msgs), d
 
     def _on_begin_answer(self, s: State, m: BeginAnswer) -> State:
@@ -482,8 +482,16 @@ class Model:
             # same behaviour as a fresh nonce, with a finite state space.
             used = {aid[1] for aid in self._live_aids(s) if aid[0] == d.incarnation}
             run = next(r for r in range(1, len(used) + 2) if r not in used)
-            d = d._replace(phase=RUN, epoch=m.epoch, version=m.version, routing=m.routing, run=run,
-                        attempts=(), spawned=0, winners=())
+            d = d._replace(
+                phase=RUN,
+                epoch=m.epoch,
+                version=m.version,
+                routing=m.routing,
+                run=run,
+                attempts=(),
+                spawned=0,
+                winners=(),
+            )
             for p in self.partitions:
                 s, d = self._launch(s, d, p)
             return s
@@ -516,7 +524,9 @@ class Model:
         if len(winners) < len(self.partitions):
             return s._replace(driver=d)
         d = d._replace(phase=COMMIT)
-        return self._send(s._replace(driver=d), CommitRequest(d.incarnation, d.query, d.done, d.epoch, d.version, winners))
+        return self._send(
+            s._replace(driver=d), CommitRequest(d.incarnation, d.query, d.done, d.epoch, d.version, winners)
+        )
 
     def _on_batch_answer(self, s: State, m: BatchAnswer) -> State:
         d = s.driver
@@ -534,8 +544,11 @@ class Model:
         key = (d.query, d.done)
         # (An operator restore may have removed the checkpoint that answered: then the query
         # must be refused later, which the other invariants check.)
-        if ghost.bad_return is None and not ghost.operator_gap and \
-                not any(self._holds(ck, d.query, d.done, d.epoch) for ck in s.store):
+        if (
+            ghost.bad_return is None
+            and not ghost.operator_gap
+            and not any(self._holds(ck, d.query, d.done, d.epoch) for ck in s.store)
+        ):
             ghost = ghost._replace(bad_return=key)
         ghost = ghost._replace(returned=ghost.returned | {key})
         d = d._replace(done=d.done + 1, returned_total=d.returned_total + 1)
@@ -594,8 +607,11 @@ class Model:
         if not tm.lease and s.ghost.stale_answer is None:
             owners = [o for o in self.servers(s, m.kg) if o != t]
             who = f"; tm{owners[0]} owns kg{m.kg} now" if owners else ""
-            s = s._replace(ghost=s.ghost._replace(
-                stale_answer=f"tm{t} acknowledged a write to kg{m.kg} after its lease ran out{who}"))
+            s = s._replace(
+                ghost=s.ghost._replace(
+                    stale_answer=f"tm{t} acknowledged a write to kg{m.kg} after its lease ran out{who}"
+                )
+            )
         return self._send(s, StageAck(t, m.kg, m.aid, m.seq, True))
 
     def _on_prepare(self, s: State, m: Prepare) -> State:
@@ -621,10 +637,17 @@ class Model:
                 # One atomic write batch: the winners' staged writes and COMMITTED_EPOCH = E;
                 # everything else staged up to E is dropped.
                 chosen = set(m.winners)
-                new: list[Entry] = [(e[0], e[4], e[5], e[1]) for e in slot.staged  # type: ignore[union-attr]
-                                    if e[0] == m.epoch and (e[1], e[2]) in chosen]
-                slot = slot._replace(committed=m.epoch, data=_insert(slot.data, *new), applied=slot.applied + (m.epoch,),  # type: ignore[union-attr]
-                               staged=tuple(e for e in slot.staged if e[0] > m.epoch))  # type: ignore[union-attr]
+                new: list[Entry] = [
+                    (e[0], e[4], e[5], e[1])
+                    for e in slot.staged  # type: ignore[union-attr]
+                    if e[0] == m.epoch and (e[1], e[2]) in chosen
+                ]
+                slot = slot._replace(
+                    committed=m.epoch,
+                    data=_insert(slot.data, *new),
+                    applied=slot.applied + (m.epoch,),  # type: ignore[union-attr]
+                    staged=tuple(e for e in slot.staged if e[0] > m.epoch),
+                )  # type: ignore[union-attr]
                 tm = tm._replace(slots=tuple(slot if x.kg == m.kg else x for x in tm.slots))  # type: ignore[misc]
                 s = self._tm(s, m.tm, tm)
         return self._send(s, ApplyAnswer(m.session, m.tm, m.kg, m.epoch, m.version, m.winners, ok))
@@ -777,7 +800,7 @@ class Model:
             return s._replace(jm=jm._replace(pending=pc))
         # _metadata is written last: only now the checkpoint is complete.
         ck = Checkpoint(pc.epoch, pc.lineage, pc.acks)
-        store = (s.store + (ck,))[-self.x.retained_checkpoints:]
+        store = (s.store + (ck,))[-self.x.retained_checkpoints :]
         s = s._replace(store=store, jm=jm._replace(pending=None, failed_checkpoints=0))
         waiting = set()
         for w in sorted(s.jm.waiters, key=lambda w: (w.inc, w.query, w.batch, w.epoch)):
@@ -809,12 +832,12 @@ class Model:
             s = self._failover(s, f"tm{m.tm} registered again without its slots")
         # It revoked its own lease before registering: it is fenced.
         jm = s.jm
-        s = s._replace(jm=jm._replace(registered=jm.registered | {m.tm}, lost=jm.lost - {m.tm},
-                                  unfenced=jm.unfenced - {m.tm}))
+        s = s._replace(
+            jm=jm._replace(registered=jm.registered | {m.tm}, lost=jm.lost - {m.tm}, unfenced=jm.unfenced - {m.tm})
+        )
         return self._send(s, Registered(jm.session, m.tm, s.jm.version))
 
-    def _failover(self, s: State, why: str, new_home: tuple[int, ...] | None = None,
-                  empty: bool = False) -> State:
+    def _failover(self, s: State, why: str, new_home: tuple[int, ...] | None = None, empty: bool = False) -> State:
         """Abort the pending checkpoint and commit, move the routing version, release the
         slots; the deploy waits for every previous owner to be fenced."""
         jm = s.jm
@@ -830,9 +853,19 @@ class Model:
             return s._replace(jm=jm._replace(status=FAILED, commit=None, pending=None, restoring=False))
         version = (jm.session, jm.version[1] + 1)
         previous = frozenset(jm.assign)
-        jm = jm._replace(status=RESTARTING, version=version, commit=None, pending=None, deployed=frozenset(),
-                     restoring=False, assign=(), unfenced=jm.unfenced | previous,
-                     home=new_home or jm.home, restore_empty=empty, payload=())
+        jm = jm._replace(
+            status=RESTARTING,
+            version=version,
+            commit=None,
+            pending=None,
+            deployed=frozenset(),
+            restoring=False,
+            assign=(),
+            unfenced=jm.unfenced | previous,
+            home=new_home or jm.home,
+            restore_empty=empty,
+            payload=(),
+        )
         s = s._replace(jm=jm)
         return self._send(s, *(Release(jm.session, t, version) for t in sorted(previous)))
 
@@ -849,8 +882,9 @@ class Model:
         available = sorted(jm.registered - jm.lost)
         assign = tuple(jm.home[kg] if jm.home[kg] in available else available[0] for kg in self.kgs)
         payload = tuple(snaps[kg] for kg in self.kgs)
-        jm = jm._replace(committed=committed, lineage=lineage, assign=assign, restoring=True, restore_empty=False,
-                     payload=payload)
+        jm = jm._replace(
+            committed=committed, lineage=lineage, assign=assign, restoring=True, restore_empty=False, payload=payload
+        )
         s = s._replace(jm=jm)
         return self._send(s, *(Deploy(jm.session, assign[kg], kg, jm.version, *payload[kg][1:]) for kg in self.kgs))
 
@@ -866,9 +900,14 @@ class Model:
         session = old.session + 1
         # The new leader reloads the job from the HA store; C and the lineage come back only
         # with the restore of the latest completed checkpoint.
-        jm = JobManager(session=session, status=FAILED if old.status == FAILED else RESTARTING,
-                        version=(session, 0), home=old.home,
-                        registered=frozenset(), unfenced=frozenset(self.tm_ids))
+        jm = JobManager(
+            session=session,
+            status=FAILED if old.status == FAILED else RESTARTING,
+            version=(session, 0),
+            home=old.home,
+            registered=frozenset(),
+            unfenced=frozenset(self.tm_ids),
+        )
         return s._replace(jm=jm)
 
     # -- successors ---------------------------------------------------------------------------
@@ -877,8 +916,13 @@ class Model:
         d = s.driver
         if d.phase in (FINISHED, STOPPED):
             return
-        for steps in (self._deliveries, self._driver_steps, self._jobmanager_steps, self._taskmanager_steps,
-                      self._faults):
+        for steps in (
+            self._deliveries,
+            self._driver_steps,
+            self._jobmanager_steps,
+            self._taskmanager_steps,
+            self._faults,
+        ):
             if steps == self._driver_steps and not self.x.driver:
                 continue
             for label, ns in steps(s):
@@ -985,13 +1029,17 @@ class Model:
             if s.budget.faults > 0:
                 spent = rest._replace(budget=s.budget._replace(faults=s.budget.faults - 1))
                 if x.pause and isinstance(m, Stage) and self._serving(s.tms[m.tm]):
-                    yield f"deliver {_text(m)}, and PAUSE tm{m.tm} before it answers, for longer than its lease", \
-                        self._on_stage(spent, m, pause=True)
+                    yield (
+                        f"deliver {_text(m)}, and PAUSE tm{m.tm} before it answers, for longer than its lease",
+                        self._on_stage(spent, m, pause=True),
+                    )
                 if m.kind in x.drop:
                     yield f"LOSE {_text(m)}", spent
                 if m.kind in x.duplicate:
-                    yield f"DUPLICATE {_text(m)} (delivered, a copy stays in flight)", self._deliver(
-                        spent._replace(net=s.net), m)
+                    yield (
+                        f"DUPLICATE {_text(m)} (delivered, a copy stays in flight)",
+                        self._deliver(spent._replace(net=s.net), m),
+                    )
 
     def _driver_steps(self, s: State) -> Iterator[tuple[str, State]]:
         d = s.driver
@@ -1030,8 +1078,12 @@ class Model:
                 tm = s.tms[t]
                 # Only a TaskManager registered with this leader can be called; the others fence
                 # themselves by registering again (or their lease bound passes).
-                if tm.up and not tm.cut and tm.session == jm.session and \
-                        not any(isinstance(m, (Release, Released)) and m.tm == t for m in s.net):
+                if (
+                    tm.up
+                    and not tm.cut
+                    and tm.session == jm.session
+                    and not any(isinstance(m, (Release, Released)) and m.tm == t for m in s.net)
+                ):
                     yield f"jobmanager: resend Release to tm{t}", self._send(s, Release(jm.session, t, jm.version))
         if jm.restoring:
             for kg in self.kgs:
@@ -1040,10 +1092,15 @@ class Model:
                     continue
                 if any(isinstance(m, (Deploy, Deployed)) and m.kg == kg for m in s.net):
                     continue
-                yield f"jobmanager: resend Deploy kg{kg}", self._send(s, Deploy(jm.session, t, kg, jm.version, *jm.payload[kg][1:]))
+                yield (
+                    f"jobmanager: resend Deploy kg{kg}",
+                    self._send(s, Deploy(jm.session, t, kg, jm.version, *jm.payload[kg][1:])),
+                )
         if jm.status == RUNNING and jm.pending is None and (jm.commit is None or not self.p.cut_under_commit_lock):
             latest = s.store[-1].epoch if s.store else -1
-            wanted = any(w.epoch > latest for w in jm.waiters) or (self.x.periodic_checkpoints and jm.committed > latest)
+            wanted = any(w.epoch > latest for w in jm.waiters) or (
+                self.x.periodic_checkpoints and jm.committed > latest
+            )
             if wanted:
                 yield f"jobmanager: trigger checkpoint at epoch {jm.committed}", self._trigger(s)
         if jm.pending is not None:
@@ -1051,7 +1108,10 @@ class Model:
                 if any(a.kg == kg for a in jm.pending.acks):
                     continue
                 if not any(isinstance(m, (Barrier, BarrierAck)) and m.kg == kg for m in s.net):
-                    yield "jobmanager: the checkpoint expires (a barrier or its ack was lost)", self._checkpoint_failed(s)
+                    yield (
+                        "jobmanager: the checkpoint expires (a barrier or its ack was lost)",
+                        self._checkpoint_failed(s),
+                    )
                     break
         for t in self.tm_ids:
             tm = s.tms[t]
@@ -1098,8 +1158,10 @@ class Model:
         for t in self.tm_ids:
             tm = s.tms[t]
             if not tm.up:
-                yield f"tm{t}: restarts (empty) and registers", self._send(
-                    self._tm(s, t, TaskManager(up=True, lease=False, session=-1)), Register(t))
+                yield (
+                    f"tm{t}: restarts (empty) and registers",
+                    self._send(self._tm(s, t, TaskManager(up=True, lease=False, session=-1)), Register(t)),
+                )
                 continue
             if tm.paused:
                 yield f"tm{t}: wakes up (its lease ran out meanwhile)", self._tm(s, t, tm._replace(paused=False))
@@ -1114,12 +1176,18 @@ class Model:
                 # A heartbeat of a TaskManager the JobManager knows, with a valid lease, is
                 # answered "known" and changes nothing: only the others are explored.
                 useful = not tm.lease or t in jm.lost or t not in jm.registered
-                if tm.session >= 0 and useful and \
-                        not any(isinstance(m, (Heartbeat, HeartbeatAnswer)) and m.tm == t for m in s.net):
+                if (
+                    tm.session >= 0
+                    and useful
+                    and not any(isinstance(m, (Heartbeat, HeartbeatAnswer)) and m.tm == t for m in s.net)
+                ):
                     yield f"tm{t}: heartbeat", self._send(s, Heartbeat(t))
             elif jm.up and tm.session >= 0 and tm.session != jm.session:
                 # (A heartbeat answered "unknown" by the new leader.)
-                yield f"tm{t}: learns of the new leader; revokes its lease and registers", self._revoke_and_register(s, t)
+                yield (
+                    f"tm{t}: learns of the new leader; revokes its lease and registers",
+                    self._revoke_and_register(s, t),
+                )
             if tm.session == -1 and not any(isinstance(m, (Register, Registered)) and m.tm == t for m in s.net):
                 yield f"tm{t}: registers again", self._send(s, Register(t))
 
@@ -1144,10 +1212,16 @@ class Model:
                 tm = s.tms[t]
                 if "taskmanager" in x.crash and tm.up:
                     net = frozenset(m for m in s.net if not (isinstance(m, TO_TASKMANAGER) and m.tm == t))  # type: ignore[attr-defined]
-                    yield f"CRASH tm{t}", self._tm(spent._replace(net=net), t, TaskManager(up=False, lease=False, session=-1))
+                    yield (
+                        f"CRASH tm{t}",
+                        self._tm(spent._replace(net=net), t, TaskManager(up=False, lease=False, session=-1)),
+                    )
                 if x.cut and tm.up and not tm.cut:
                     net = frozenset(m for m in s.net if not (isinstance(m, JM_TM) and m.tm == t))  # type: ignore[attr-defined]
-                    yield f"CUT tm{t} off from the jobmanager", self._tm(spent._replace(net=net), t, tm._replace(cut=True))
+                    yield (
+                        f"CUT tm{t} off from the jobmanager",
+                        self._tm(spent._replace(net=net), t, tm._replace(cut=True)),
+                    )
             if x.checkpoint_failures and jm.pending is not None:
                 yield "CHECKPOINT FAILS (expired/declined)", self._checkpoint_failed(spent)
         for t in self.tm_ids:
@@ -1171,9 +1245,11 @@ class Model:
             latest = s.store[-1].epoch if s.store else -1
             for i, ck in enumerate(s.store):
                 if ck.epoch < latest:
-                    ns = s._replace(store=s.store[:i + 1], ghost=gap)
-                    yield f"OPERATOR restores the older checkpoint at epoch {ck.epoch}", self._failover(
-                        ns, "operator restore")
+                    ns = s._replace(store=s.store[: i + 1], ghost=gap)
+                    yield (
+                        f"OPERATOR restores the older checkpoint at epoch {ck.epoch}",
+                        self._failover(ns, "operator restore"),
+                    )
         if x.operator == "cancel_resubmit" and d.done > 0:
             # The job is cancelled, the driver's application resubmits it: the new job starts
             # from empty state with no checkpoints, and the driver restarts.
@@ -1249,23 +1325,41 @@ class Model:
                 return True
             if isinstance(m, PrepareAnswer):
                 c = jm.commit
-                return c is None or c.applying or (c.epoch, c.version) != (m.epoch, m.version) or \
-                    m.kg in c.answered or m.counts != self._prepare_msg(jm, c, m.kg).counts
+                return (
+                    c is None
+                    or c.applying
+                    or (c.epoch, c.version) != (m.epoch, m.version)
+                    or m.kg in c.answered
+                    or m.counts != self._prepare_msg(jm, c, m.kg).counts
+                )
             if isinstance(m, ApplyAnswer):
                 c = jm.commit
-                return c is None or not c.applying or (c.epoch, c.version) != (m.epoch, m.version) or \
-                    m.kg in c.answered or m.winners != self._apply_msg(jm, c, m.kg).winners
+                return (
+                    c is None
+                    or not c.applying
+                    or (c.epoch, c.version) != (m.epoch, m.version)
+                    or m.kg in c.answered
+                    or m.winners != self._apply_msg(jm, c, m.kg).winners
+                )
             if isinstance(m, BarrierAck):
                 pc = jm.pending
-                return pc is None or (pc.epoch, pc.version) != (m.epoch, m.version) or any(a.kg == m.kg for a in pc.acks)
+                return (
+                    pc is None or (pc.epoch, pc.version) != (m.epoch, m.version) or any(a.kg == m.kg for a in pc.acks)
+                )
             if isinstance(m, Released):
                 return m.version != jm.version or m.tm not in jm.unfenced
             return m.version != jm.version or not jm.restoring or m.kg in jm.deployed
         if isinstance(m, Prepare):
             # A prepare only reads the slot and answers: garbage once its commit is over.
             c = jm.commit
-            return not jm.up or m.session != jm.session or c is None or c.applying or m.kg in c.answered or \
-                m != self._prepare_msg(jm, c, m.kg)
+            return (
+                not jm.up
+                or m.session != jm.session
+                or c is None
+                or c.applying
+                or m.kg in c.answered
+                or m != self._prepare_msg(jm, c, m.kg)
+            )
         if isinstance(m, Barrier):
             # A barrier only produces an ack: garbage once its checkpoint is over.
             pc = jm.pending
@@ -1299,7 +1393,7 @@ class Model:
             batches = {(q, b) for q, b, _ in items}
             if len(batches) != 1:
                 return WINNERS_ONLY, f"epoch {e} holds writes of several batches {sorted(batches)}"
-            (q, b), = batches
+            ((q, b),) = batches
             if (q, b) in seen:
                 return LOST_OR_DOUBLED, f"batch {q}#{b} applied twice (again as epoch {e})"
             seen.add((q, b))
@@ -1337,7 +1431,9 @@ class Model:
         for ck in s.store:
             epochs = {x.committed for x in ck.snapshots}
             if epochs != {ck.epoch}:
-                yield Violation(CONSISTENT_CUT, f"completed checkpoint says epoch {ck.epoch}, its snapshots hold {sorted(epochs)}")
+                yield Violation(
+                    CONSISTENT_CUT, f"completed checkpoint says epoch {ck.epoch}, its snapshots hold {sorted(epochs)}"
+                )
             for x in ck.snapshots:
                 bad = self._slot_problem(x.committed, x.applied, x.data)
                 if bad:
@@ -1352,7 +1448,10 @@ class Model:
                     have = {(q, b) for _, q, b, _ in data}
                     missing = sorted(g.returned - have)
                     if missing:
-                        yield Violation(LOST_OR_DOUBLED, f"the latest completed checkpoint (kg{kg}) lacks returned batches {missing}")
+                        yield Violation(
+                            LOST_OR_DOUBLED,
+                            f"the latest completed checkpoint (kg{kg}) lacks returned batches {missing}",
+                        )
             for kg in self.kgs:
                 owners = self.servers(s, kg)
                 if len(owners) == 1:
@@ -1372,11 +1471,14 @@ class Model:
     def describe(self, s: State) -> str:
         """A compact picture of a state for counterexample traces."""
         d, jm = s.driver, s.jm
-        parts = [f"driver {d.query}#{d.done} {d.phase}{' ' + d.stop_reason if d.stop_reason else ''}"
-                 f" returned {sorted(s.ghost.returned)}"]
+        parts = [
+            f"driver {d.query}#{d.done} {d.phase}{' ' + d.stop_reason if d.stop_reason else ''}"
+            f" returned {sorted(s.ghost.returned)}"
+        ]
         if jm.up:
-            parts.append(f"jobmanager {jm.status} C={jm.committed} v={jm.version[0]}.{jm.version[1]} "
-                         f"assign {list(jm.assign)}")
+            parts.append(
+                f"jobmanager {jm.status} C={jm.committed} v={jm.version[0]}.{jm.version[1]} assign {list(jm.assign)}"
+            )
         else:
             parts.append("jobmanager down")
         for t, tm in enumerate(s.tms):

@@ -26,7 +26,6 @@ from tests.model.protocol import (
     ONE_OWNER,
     WINNERS_ONLY,
     Experiment,
-    Protections,
 )
 
 FIXED = DOCUMENTED  # the version floor the model proposed is part of the protocol now
@@ -109,24 +108,60 @@ def test_bug_commit_whose_checkpoint_failed_counted_as_done(check: Check) -> Non
 
 
 OFF_CASES = [
-    ("lease_recheck_before_answer", X.PAUSE, ONE_OWNER,
-     "a TaskManager paused in a write call acknowledges it after its lease ran out"),
-    ("reassign_after_fencing", X.CUT_OFF, ONE_OWNER,
-     "a key group redeployed while its cut-off owner still holds a valid lease"),
-    ("routing_version_check", X.CRASH_TASKMANAGER, WINNERS_ONLY,
-     "an Apply of a commit aborted by a failover lands on the restored slot: an epoch without its writes"),
-    ("epoch_gap_refusal", X.CANCEL_RESUBMIT, LOST_OR_DOUBLED,
-     "the resubmitted, empty job runs batch 1 as its first epoch: batch 0 is gone for good"),
-    ("epoch_gap_refusal", X.RESTORE_OLDER, LIVENESS,
-     "after an older restore the query re-runs a refused batch for ever instead of raising EpochGapError"),
-    ("lineage_epochs", X.NEW_QUERY, LOST_OR_DOUBLED,
-     "a new checkpointLocation's batch 0 is taken for epoch 0 of the old query: skipped"),
-    ("barrier_epoch_check", X.RESCALE, CONSISTENT_CUT,
-     "a barrier delivered after the commit lock was released snapshots a half-applied epoch"),
-    ("seq_dedup", X.MESSAGES, LOST_OR_DOUBLED,
-     "a duplicated write request staged again between Prepare and Apply is applied twice"),
-    ("retry_job_state_errors", X.CHECKPOINT_FAILURES, LIVENESS,
-     "the query stops on a transient RESTARTING job instead of waiting for it"),
+    (
+        "lease_recheck_before_answer",
+        X.PAUSE,
+        ONE_OWNER,
+        "a TaskManager paused in a write call acknowledges it after its lease ran out",
+    ),
+    (
+        "reassign_after_fencing",
+        X.CUT_OFF,
+        ONE_OWNER,
+        "a key group redeployed while its cut-off owner still holds a valid lease",
+    ),
+    (
+        "routing_version_check",
+        X.CRASH_TASKMANAGER,
+        WINNERS_ONLY,
+        "an Apply of a commit aborted by a failover lands on the restored slot: an epoch without its writes",
+    ),
+    (
+        "epoch_gap_refusal",
+        X.CANCEL_RESUBMIT,
+        LOST_OR_DOUBLED,
+        "the resubmitted, empty job runs batch 1 as its first epoch: batch 0 is gone for good",
+    ),
+    (
+        "epoch_gap_refusal",
+        X.RESTORE_OLDER,
+        LIVENESS,
+        "after an older restore the query re-runs a refused batch for ever instead of raising EpochGapError",
+    ),
+    (
+        "lineage_epochs",
+        X.NEW_QUERY,
+        LOST_OR_DOUBLED,
+        "a new checkpointLocation's batch 0 is taken for epoch 0 of the old query: skipped",
+    ),
+    (
+        "barrier_epoch_check",
+        X.RESCALE,
+        CONSISTENT_CUT,
+        "a barrier delivered after the commit lock was released snapshots a half-applied epoch",
+    ),
+    (
+        "seq_dedup",
+        X.MESSAGES,
+        LOST_OR_DOUBLED,
+        "a duplicated write request staged again between Prepare and Apply is applied twice",
+    ),
+    (
+        "retry_job_state_errors",
+        X.CHECKPOINT_FAILURES,
+        LIVENESS,
+        "the query stops on a transient RESTARTING job instead of waiting for it",
+    ),
 ]
 
 
@@ -134,8 +169,9 @@ OFF_CASES = [
     ("protection", "experiment", "invariant", "scenario"),
     [pytest.param(*case, id=f"{case[0]}-{_slug(case[1].name)}") for case in OFF_CASES],
 )
-def test_protection_off_is_caught(check: Check, protection: str, experiment: Experiment, invariant: str,
-                                  scenario: str) -> None:
+def test_protection_off_is_caught(
+    check: Check, protection: str, experiment: Experiment, invariant: str, scenario: str
+) -> None:
     report = check(experiment, DOCUMENTED.without(protection))
     assert report.violation is not None, f"{protection} off, expected: {scenario}\n{report.summary()}"
     assert report.violation.invariant == invariant, report.counterexample()
@@ -147,7 +183,7 @@ def test_protection_off_is_caught(check: Check, protection: str, experiment: Exp
 def _duplicate_restaged(trace: list[str]) -> tuple[int, int]:
     """(index of the second delivery of the duplicated write, index of its slot's Prepare)."""
     dup = next(t for t in trace if t.startswith("DUPLICATE Stage("))
-    stage = dup[len("DUPLICATE "):dup.index(" (delivered")]
+    stage = dup[len("DUPLICATE ") : dup.index(" (delivered")]
     kg = re.search(r" kg(\d) ", stage).group(1)  # type: ignore[union-attr]
     second = max(i for i, t in enumerate(trace) if t == f"deliver {stage}")
     prepare = next(i for i, t in enumerate(trace) if t.startswith("deliver Prepare(") and f" kg{kg} " in t)
@@ -192,8 +228,10 @@ def test_commit_lock_does_not_make_the_cut_consistent(check: Check) -> None:
 # -- a hole in the documented protocol, and its fix -------------------------------------------
 
 _DEPLOY = re.compile(r"deliver Deploy\(kg\d v=(\d+)\.(\d+) .*-> tm(\d)\)")
-_NEWER = re.compile(r"deliver (?:Registered\(tm(\d) .*keeps slots of v=(\d+)\.(\d+)\)|"
-                    r"Release\(below v=(\d+)\.(\d+) -> tm(\d)\))")
+_NEWER = re.compile(
+    r"deliver (?:Registered\(tm(\d) .*keeps slots of v=(\d+)\.(\d+)\)|"
+    r"Release\(below v=(\d+)\.(\d+) -> tm(\d)\))"
+)
 
 
 def _stale_deploy(trace: list[str]) -> str | None:

@@ -12,9 +12,10 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -41,9 +42,14 @@ STATES = (
     StateDescriptor("last", StateKind.VALUE),
     StateDescriptor("events", StateKind.LIST),
     StateDescriptor("attrs", StateKind.MAP),
-    StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(
-        ReduceField("count"), ReduceField("peak", ReduceFunction.MAX, NumberType.FLOAT64),
-    )),
+    StateDescriptor(
+        "totals",
+        StateKind.REDUCING,
+        reduce_fields=(
+            ReduceField("count"),
+            ReduceField("peak", ReduceFunction.MAX, NumberType.FLOAT64),
+        ),
+    ),
 )
 
 
@@ -61,8 +67,12 @@ class Reference:
     totals: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def copy(self) -> Reference:
-        return Reference(dict(self.last), {k: list(v) for k, v in self.events.items()},
-                         {k: dict(v) for k, v in self.attrs.items()}, dict(self.totals))
+        return Reference(
+            dict(self.last),
+            {k: list(v) for k, v in self.events.items()},
+            {k: dict(v) for k, v in self.attrs.items()},
+            dict(self.totals),
+        )
 
     def num_keys(self) -> int:
         return len(set(self.last) | set(self.events) | set(self.attrs) | set(self.totals))
@@ -80,10 +90,12 @@ class Workload:
 
     def _handles(self) -> tuple[ValueState, ListState, MapState, ReducingState]:
         c, j, op = self.client, self.job_id, self.operator_id
-        return (ValueState(c, j, op, "last", value_serializer="int"),
-                ListState(c, j, op, "events", value_serializer="str"),
-                MapState(c, j, op, "attrs", user_key_serializer="str", value_serializer="json"),
-                ReducingState(c, j, op, "totals"))
+        return (
+            ValueState(c, j, op, "last", value_serializer="int"),
+            ListState(c, j, op, "events", value_serializer="str"),
+            MapState(c, j, op, "attrs", user_key_serializer="str", value_serializer="json"),
+            ReducingState(c, j, op, "totals"),
+        )
 
     def write(self, keys: list[str], tag: str) -> None:
         """One round of updates: puts, appends, map puts and removes, reduces, and clears."""
@@ -144,8 +156,10 @@ def assert_state_equals(actual: Reference, expected: Reference) -> None:
             missing = sorted(set(want) - set(got))[:5]
             extra = sorted(set(got) - set(want))[:5]
             wrong = sorted(k for k in set(got) & set(want) if got[k] != want[k])[:5]
-            pytest.fail(f"state {name!r} differs: {len(want)} keys expected, {len(got)} served; missing {missing}, "
-                        f"unexpected {extra}, wrong values for {[(k, got[k], want[k]) for k in wrong]}")
+            pytest.fail(
+                f"state {name!r} differs: {len(want)} keys expected, {len(got)} served; missing {missing}, "
+                f"unexpected {extra}, wrong values for {[(k, got[k], want[k]) for k in wrong]}"
+            )
 
 
 def key_names(n: int, prefix: str = "user") -> list[str]:
@@ -154,10 +168,11 @@ def key_names(n: int, prefix: str = "user") -> list[str]:
 
 # -- storage inspection ---------------------------------------------------------------------------
 
+
 def relative_files(storage: CheckpointStorage, root: str) -> set[str]:
     """Every file below ``root``, as paths relative to it."""
     root = root.rstrip("/")
-    return {info.path[len(root) + 1:] for info in storage.list(root, recursive=True)}
+    return {info.path[len(root) + 1 :] for info in storage.list(root, recursive=True)}
 
 
 def read_metadata(storage: CheckpointStorage, checkpoint_dir: str) -> CheckpointMetadata:
@@ -172,8 +187,9 @@ def referenced_files(metadata: CheckpointMetadata, checkpoint_name: str) -> set[
     return out
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0,
-               state: Callable[[], Any] | None = None) -> None:
+def wait_until(
+    predicate: Callable[[], bool], what: str, timeout_s: float = 10.0, state: Callable[[], Any] | None = None
+) -> None:
     """Wait for work another thread finishes on its own (deletions, late uploads); fail naming
     ``what`` and showing ``state()``."""
     deadline = time.monotonic() + timeout_s
@@ -183,9 +199,16 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0
         time.sleep(0.02)
 
 
-def wait_for_files(storage: CheckpointStorage, root: str, expected: set[str], what: str,
-                   flush: Callable[[], None] = lambda: None, timeout_s: float = 10.0) -> None:
+def wait_for_files(
+    storage: CheckpointStorage,
+    root: str,
+    expected: set[str],
+    what: str,
+    flush: Callable[[], None] = lambda: None,
+    timeout_s: float = 10.0,
+) -> None:
     """Wait until the files below ``root`` are exactly ``expected``; fail listing the difference."""
+
     def done() -> bool:
         flush()
         return relative_files(storage, root) == expected
@@ -198,6 +221,7 @@ def wait_for_files(storage: CheckpointStorage, root: str, expected: set[str], wh
 
 
 # -- a network that can stall -------------------------------------------------------------------
+
 
 class GatedProxy:
     """A loopback TCP proxy to ``target`` that holds every byte while its gate is closed.
@@ -270,8 +294,13 @@ losing a TaskManager; a false loss would fail the job over in the middle of one.
 
 
 def s3_keys(endpoint: str) -> dict[str, Any]:
-    return {"s3.endpoint": endpoint, "s3.access-key": ACCESS_KEY, "s3.secret-key": SECRET_KEY,
-            "s3.region": REGION, "s3.path.style.access": True}
+    return {
+        "s3.endpoint": endpoint,
+        "s3.access-key": ACCESS_KEY,
+        "s3.secret-key": SECRET_KEY,
+        "s3.region": REGION,
+        "s3.path.style.access": True,
+    }
 
 
 @dataclass
@@ -299,15 +328,23 @@ class CheckpointCluster:
 
 
 @pytest.fixture
-def checkpoint_cluster(inprocess_cluster: Callable[..., InProcessCluster], request: pytest.FixtureRequest,
-                       tmp_path: Path) -> Iterator[Callable[..., CheckpointCluster]]:
+def checkpoint_cluster(
+    inprocess_cluster: Callable[..., InProcessCluster], request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., CheckpointCluster]]:
     """Factory: ``checkpoint_cluster(storage="file"|"s3", backend=..., jm={...}, tm={...})``.
 
     ``storage="s3"`` puts checkpoints in a fresh moto bucket (the ``s3_bucket`` fixture).
     """
 
-    def make(storage: str = "file", backend: str = "rocksdb", *, taskmanagers: int = 2, slots: int = 4,
-             jm: dict[str, Any] | None = None, tm: dict[str, Any] | None = None) -> CheckpointCluster:
+    def make(
+        storage: str = "file",
+        backend: str = "rocksdb",
+        *,
+        taskmanagers: int = 2,
+        slots: int = 4,
+        jm: dict[str, Any] | None = None,
+        tm: dict[str, Any] | None = None,
+    ) -> CheckpointCluster:
         if storage == "s3":
             endpoint, bucket = request.getfixturevalue("s3_bucket")
             config = s3_keys(endpoint)
@@ -315,9 +352,13 @@ def checkpoint_cluster(inprocess_cluster: Callable[..., InProcessCluster], reque
         else:
             config = {}
             checkpoints_dir = (tmp_path / "checkpoints").as_uri()
-        cluster = inprocess_cluster(taskmanagers=taskmanagers, slots=slots, backend=backend,
-                                    jm={"state.checkpoints.dir": checkpoints_dir, **config, **PATIENT, **(jm or {})},
-                                    tm={**config, **(tm or {})})
+        cluster = inprocess_cluster(
+            taskmanagers=taskmanagers,
+            slots=slots,
+            backend=backend,
+            jm={"state.checkpoints.dir": checkpoints_dir, **config, **PATIENT, **(jm or {})},
+            tm={**config, **(tm or {})},
+        )
         store = open_storage(checkpoints_dir, Configuration(config))
         return CheckpointCluster(cluster, store, checkpoints_dir, config)
 

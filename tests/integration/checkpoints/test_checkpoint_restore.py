@@ -7,7 +7,8 @@ also when the restore changes the parallelism (2 -> 2, 2 -> 1, 2 -> 3, then 3 ->
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -12,8 +12,9 @@ answer times out may have completed the checkpoint, so its files must stay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -44,18 +45,24 @@ TOLERANT = {"execution.checkpointing.tolerable-failed-checkpoints": "10"}
 def _list_checkpoints(client: Any) -> dict[int, Any]:
     from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 
-    listing = client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=JOB))  # noqa: SLF001 - what statectl calls
+    listing = client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=JOB))
     return {c.checkpoint_id: c for c in listing.checkpoints}
 
 
-@pytest.mark.parametrize("backend,incremental", [("rocksdb", True), ("hashmap", False)], ids=["rocksdb-incremental", "hashmap"])
+@pytest.mark.parametrize(
+    "backend,incremental", [("rocksdb", True), ("hashmap", False)], ids=["rocksdb-incremental", "hashmap"]
+)
 def test_declined_checkpoint_leaves_no_files(
     checkpoint_cluster: Callable[..., CheckpointCluster], backend: str, incremental: bool
 ) -> None:
     cc = checkpoint_cluster("file", backend)
     client = cc.client()
-    client.submit_job(JOB, operators(2), max_parallelism=MAX_P,
-                      config={"execution.checkpointing.incremental": str(incremental).lower(), **TOLERANT})
+    client.submit_job(
+        JOB,
+        operators(2),
+        max_parallelism=MAX_P,
+        config={"execution.checkpointing.incremental": str(incremental).lower(), **TOLERANT},
+    )
     work = Workload(client)
     work.write(key_names(1000), "a")
     first = client.trigger_checkpoint(JOB, timeout_s=60)
@@ -111,6 +118,7 @@ def test_declined_checkpoint_beyond_tolerance_fails_the_job_over_to_the_last_che
     def restarted() -> bool:
         info = client.job_info(JOB)
         return info.status == "RUNNING" and info.restarts == 1
+
     wait_until(restarted, "the job to fail over and run again")
     assert_state_equals(work.read(), at_first)
 
@@ -125,21 +133,44 @@ def test_expired_checkpoint_leaves_no_files_even_when_the_upload_finishes_late(
     # JobManager takes `scheduler or ThreadScheduler()`, and an empty ManualScheduler is falsy
     # (it has __len__): one far-future task keeps it truthy so the JobManager really uses it.
     scheduler.schedule(10**12, lambda: None)
-    jm = JobManager(Configuration({
-        "jobmanager.rpc.port": 0, "metrics.reporter.prom.port": "-1", "rest.port": -1,
-        "state.checkpoints.dir": checkpoints_dir, **s3_keys(endpoint), **FAST_HEARTBEATS, **PATIENT,
-    }), scheduler=scheduler)
+    jm = JobManager(
+        Configuration(
+            {
+                "jobmanager.rpc.port": 0,
+                "metrics.reporter.prom.port": "-1",
+                "rest.port": -1,
+                "state.checkpoints.dir": checkpoints_dir,
+                **s3_keys(endpoint),
+                **FAST_HEARTBEATS,
+                **PATIENT,
+            }
+        ),
+        scheduler=scheduler,
+    )
     jm.start()
-    cluster = InProcessCluster(tmp_path, jm, tm_config={
-        "taskmanager.numberOfTaskSlots": 2, "state.backend.type": "rocksdb",
-        **s3_keys(f"http://127.0.0.1:{proxy.port}"),
-    })
+    cluster = InProcessCluster(
+        tmp_path,
+        jm,
+        tm_config={
+            "taskmanager.numberOfTaskSlots": 2,
+            "state.backend.type": "rocksdb",
+            **s3_keys(f"http://127.0.0.1:{proxy.port}"),
+        },
+    )
     try:
         cluster.add_taskmanager()
         storage = open_storage(checkpoints_dir, Configuration(s3_keys(endpoint)))
         client = cluster.client(timeout_s=30.0)
-        client.submit_job(JOB, operators(2), max_parallelism=MAX_P, config={
-            "execution.checkpointing.incremental": "true", "execution.checkpointing.timeout": "5 s", **TOLERANT})
+        client.submit_job(
+            JOB,
+            operators(2),
+            max_parallelism=MAX_P,
+            config={
+                "execution.checkpointing.incremental": "true",
+                "execution.checkpointing.timeout": "5 s",
+                **TOLERANT,
+            },
+        )
         work = Workload(client)
         work.write(key_names(600), "a")
         first = client.trigger_checkpoint(JOB, timeout_s=60)
@@ -162,8 +193,14 @@ def test_expired_checkpoint_leaves_no_files_even_when_the_upload_finishes_late(
         proxy.gate.set()
         coordinator = jm.dispatcher.job(JOB).coordinator
 
-        wait_for_files(storage, job_dir, before, "the late uploads of expired checkpoint 2 to be deleted",
-                       lambda: coordinator.cleaner.flush(timeout=30), timeout_s=20)
+        wait_for_files(
+            storage,
+            job_dir,
+            before,
+            "the late uploads of expired checkpoint 2 to be deleted",
+            lambda: coordinator.cleaner.flush(timeout=30),
+            timeout_s=20,
+        )
 
         third = client.trigger_checkpoint(JOB, timeout_s=60)
         assert third.status == "COMPLETED", third.failure_reason
@@ -186,9 +223,12 @@ def test_ack_whose_answer_times_out_keeps_the_files_of_the_checkpoint_it_complet
     delete what it uploaded: the checkpoint completes once the write goes through and restores."""
     proxy, endpoint, bucket = gated_s3
     checkpoints_dir = f"s3://{bucket}/checkpoints"
-    cluster = inprocess_cluster(taskmanagers=1, slots=2, jm={
-        "state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}"), **PATIENT},
-        tm=s3_keys(endpoint))
+    cluster = inprocess_cluster(
+        taskmanagers=1,
+        slots=2,
+        jm={"state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}"), **PATIENT},
+        tm=s3_keys(endpoint),
+    )
     client = cluster.client(timeout_s=30.0)
     client.submit_job(JOB, operators(2), max_parallelism=MAX_P, config={"execution.checkpointing.incremental": "true"})
     work = Workload(client)
@@ -197,11 +237,16 @@ def test_ack_whose_answer_times_out_keeps_the_files_of_the_checkpoint_it_complet
     try:
         proxy.gate.clear()
         assert client.trigger_checkpoint(JOB, wait=False).checkpoint_id == 1
-        wait_until(lambda: [p.status.name for p in coordinator.pending_checkpoints()] == ["FINALIZING"],
-                   "both subtasks to acknowledge")
+        wait_until(
+            lambda: [p.status.name for p in coordinator.pending_checkpoints()] == ["FINALIZING"],
+            "both subtasks to acknowledge",
+        )
         tm = cluster.taskmanagers[0]
-        wait_until(lambda: all(w.done for ws in tm.checkpoints._inflight.values() for w in ws),  # noqa: SLF001
-                   "the stalled acknowledgement to time out on the TaskManager", timeout_s=45)
+        wait_until(
+            lambda: all(w.done for ws in tm.checkpoints._inflight.values() for w in ws),
+            "the stalled acknowledgement to time out on the TaskManager",
+            timeout_s=45,
+        )
     finally:
         proxy.gate.set()
     wait_until(lambda: not coordinator.pending_checkpoints(), "checkpoint 1 to complete")

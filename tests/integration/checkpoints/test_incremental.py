@@ -12,16 +12,16 @@ flushes before the checkpoints do, so no compaction can run between the two chec
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from keyedstate.common.client import ValueState
+from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from tests.integration.checkpoints.conftest import (
     CheckpointCluster,
     read_metadata,
     referenced_files,
     relative_files,
 )
-from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 
 JOB = "clicks"
 N_KEYS = 1_000_000
@@ -32,8 +32,9 @@ TM = {"state.backend.rocksdb.writebuffer.size": "256mb", "taskmanager.memory.man
 def test_second_checkpoint_uploads_only_the_changed_one_percent(
     checkpoint_cluster: Callable[..., CheckpointCluster],
 ) -> None:
-    cc = checkpoint_cluster("file", "rocksdb", taskmanagers=1, slots=2, tm=TM,
-                            jm={"execution.checkpointing.incremental": True})
+    cc = checkpoint_cluster(
+        "file", "rocksdb", taskmanagers=1, slots=2, tm=TM, jm={"execution.checkpointing.incremental": True}
+    )
     client = cc.client()
     ops = [OperatorSpec("clicks", 2, (StateDescriptor("v", StateKind.VALUE),))]
     client.submit_job(JOB, ops, max_parallelism=128)
@@ -41,9 +42,9 @@ def test_second_checkpoint_uploads_only_the_changed_one_percent(
     rnd = random.Random(42)
     keys = [rnd.randbytes(16) for _ in range(N_KEYS)]
     blob = rnd.randbytes(100 * N_KEYS)
-    values = [blob[i * 100:(i + 1) * 100] for i in range(N_KEYS)]
+    values = [blob[i * 100 : (i + 1) * 100] for i in range(N_KEYS)]
     for start in range(0, N_KEYS, BATCH):
-        state.put_many(keys[start:start + BATCH], values[start:start + BATCH])
+        state.put_many(keys[start : start + BATCH], values[start : start + BATCH])
 
     first = client.trigger_checkpoint(JOB, timeout_s=120)
     assert first.status == "COMPLETED", first.failure_reason
@@ -61,7 +62,8 @@ def test_second_checkpoint_uploads_only_the_changed_one_percent(
 
     assert second.full_size > first.full_size, "checkpoint 2 references all the data plus the new SSTs"
     assert second.incremental_size < 0.10 * first.incremental_size, (
-        f"checkpoint 2 uploaded {second.incremental_size} B, checkpoint 1 {first.incremental_size} B")
+        f"checkpoint 2 uploaded {second.incremental_size} B, checkpoint 1 {first.incremental_size} B"
+    )
     # The big SST files of checkpoint 1 are referenced again, under the same shared/ paths.
     meta2 = read_metadata(cc.storage, second.path)
     shared1 = {f.path: f for _, _, f in meta1.files() if f.shared}
@@ -78,5 +80,5 @@ def test_second_checkpoint_uploads_only_the_changed_one_percent(
     client.cancel_job(JOB)
     client.submit_job(JOB, ops, max_parallelism=128, restore_path=second.path)
     for start in range(0, N_KEYS, BATCH):
-        got = state.get_many(keys[start:start + BATCH])
-        assert got == values[start:start + BATCH], f"keys {start}..{start + BATCH} differ after the restore"
+        got = state.get_many(keys[start : start + BATCH])
+        assert got == values[start : start + BATCH], f"keys {start}..{start + BATCH} differ after the restore"

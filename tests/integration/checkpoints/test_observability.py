@@ -10,8 +10,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -78,8 +79,15 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
 ) -> None:
     cc = checkpoint_cluster("file", "rocksdb")
     client = cc.client()
-    client.submit_job(JOB, operators(3), max_parallelism=MAX_P, config={
-        "execution.checkpointing.incremental": "true", "execution.checkpointing.tolerable-failed-checkpoints": "5"})
+    client.submit_job(
+        JOB,
+        operators(3),
+        max_parallelism=MAX_P,
+        config={
+            "execution.checkpointing.incremental": "true",
+            "execution.checkpointing.tolerable-failed-checkpoints": "5",
+        },
+    )
     work = Workload(client)
     jm = cc.cluster.jobmanager.metrics_registry
     assert _value(jm, "flink_jobmanager_job_numberOfCompletedCheckpoints", job_id=JOB) == 0
@@ -129,12 +137,24 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     blocker.write_bytes(b"")
     assert client.trigger_checkpoint(JOB, timeout_s=60).status == "FAILED"
     assert _value(jm, "flink_jobmanager_job_numberOfFailedCheckpoints", job_id=JOB) == 1
-    assert _value(jm, "flink_jobmanager_job_checkpointFailuresByReason_total", job_id=JOB, reason="CHECKPOINT_DECLINED") == 1
+    assert (
+        _value(jm, "flink_jobmanager_job_checkpointFailuresByReason_total", job_id=JOB, reason="CHECKPOINT_DECLINED")
+        == 1
+    )
     assert _value(jm, "flink_jobmanager_job_lastCompletedCheckpointId", job_id=JOB) == last.checkpoint_id
     client.cancel_job(JOB)
     client.submit_job(JOB, operators(3), max_parallelism=MAX_P, restore_path=last.path)
     assert _value(jm, "flink_jobmanager_job_lastCheckpointRestoreTimestamp", job_id=JOB) > 0
-    restore_ms = [_value(tm.registry, "keyedstate_taskmanager_restore_duration_ms", job_id=JOB, operator_id="sessions",
-                         subtask_index=str(s.subtask.subtask_index)) for tm in cc.cluster.taskmanagers for s in tm.slots.all()]
+    restore_ms = [
+        _value(
+            tm.registry,
+            "keyedstate_taskmanager_restore_duration_ms",
+            job_id=JOB,
+            operator_id="sessions",
+            subtask_index=str(s.subtask.subtask_index),
+        )
+        for tm in cc.cluster.taskmanagers
+        for s in tm.slots.all()
+    ]
     assert len(restore_ms) == 3 and all(v is not None and v >= 0 for v in restore_ms)
     assert "flink_jobmanager_job_lastCompletedCheckpointId{" in generate_latest(jm).decode()

@@ -9,7 +9,7 @@ is repaired the same checkpoint restores exactly.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -41,8 +41,12 @@ TOTAL_SLOTS = 8  # two TaskManagers with four slots
 def _prepare(cc: CheckpointCluster, incremental: bool) -> tuple[StateClient, Workload, str]:
     """A job with state of every kind, one completed checkpoint, then cancelled."""
     client = cc.client()
-    client.submit_job(JOB, operators(2), max_parallelism=MAX_P,
-                      config={"execution.checkpointing.incremental": str(incremental).lower()})
+    client.submit_job(
+        JOB,
+        operators(2),
+        max_parallelism=MAX_P,
+        config={"execution.checkpointing.incremental": str(incremental).lower()},
+    )
     work = Workload(client)
     work.write(key_names(800), "a")
     info = client.trigger_checkpoint(JOB, timeout_s=60)
@@ -51,8 +55,14 @@ def _prepare(cc: CheckpointCluster, incremental: bool) -> tuple[StateClient, Wor
     return client, work, info.path
 
 
-def _refused(client: StateClient, error: type[KeyedStateError], restore_path: str, *,
-             ops: list[OperatorSpec] | None = None, max_parallelism: int = MAX_P) -> KeyedStateError:
+def _refused(
+    client: StateClient,
+    error: type[KeyedStateError],
+    restore_path: str,
+    *,
+    ops: list[OperatorSpec] | None = None,
+    max_parallelism: int = MAX_P,
+) -> KeyedStateError:
     """Submit a restore that must fail with ``error``; check that it left no slot taken."""
     with pytest.raises(error) as caught:
         client.submit_job(JOB, ops or operators(2), max_parallelism=max_parallelism, restore_path=restore_path)
@@ -67,11 +77,14 @@ def _grpc_code(error: BaseException) -> grpc.StatusCode | None:
     return cause.code() if isinstance(cause, grpc.RpcError) else None
 
 
-@pytest.mark.parametrize("storage,backend", [
-    pytest.param("file", "rocksdb", id="file-rocksdb"),
-    pytest.param("file", "hashmap", id="file-hashmap"),
-    pytest.param("s3", "rocksdb", id="s3-rocksdb", marks=pytest.mark.s3),
-])
+@pytest.mark.parametrize(
+    "storage,backend",
+    [
+        pytest.param("file", "rocksdb", id="file-rocksdb"),
+        pytest.param("file", "hashmap", id="file-hashmap"),
+        pytest.param("s3", "rocksdb", id="s3-rocksdb", marks=pytest.mark.s3),
+    ],
+)
 def test_damaged_checkpoint_is_refused_naming_the_file(
     checkpoint_cluster: Callable[..., CheckpointCluster], storage: str, backend: str
 ) -> None:

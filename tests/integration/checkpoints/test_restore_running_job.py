@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -79,14 +80,22 @@ def _damage(cc: CheckpointCluster, path: str, case: str) -> tuple[str, str, list
     return path, "CorruptCheckpointError", [victim, "sha256", "damaged"]
 
 
-@pytest.mark.parametrize("storage,case", [
-    *(pytest.param("file", case, id=f"file-{case}")
-      for case in ("missing path", "truncated _metadata", "deleted sst", "damaged sst")),
-    # On S3 the case that reads every file back (loading _metadata there is covered by test_restore_refusals).
-    pytest.param("s3", "damaged sst", id="s3-damaged sst", marks=pytest.mark.s3),
-])
+@pytest.mark.parametrize(
+    "storage,case",
+    [
+        *(
+            pytest.param("file", case, id=f"file-{case}")
+            for case in ("missing path", "truncated _metadata", "deleted sst", "damaged sst")
+        ),
+        # On S3 the case that reads every file back (loading _metadata there is covered by test_restore_refusals).
+        pytest.param("s3", "damaged sst", id="s3-damaged sst", marks=pytest.mark.s3),
+    ],
+)
 def test_a_refused_restore_leaves_the_running_job_and_its_unsaved_writes_alone(
-    checkpoint_cluster: Callable[..., CheckpointCluster], capsys: pytest.CaptureFixture[str], storage: str, case: str,
+    checkpoint_cluster: Callable[..., CheckpointCluster],
+    capsys: pytest.CaptureFixture[str],
+    storage: str,
+    case: str,
 ) -> None:
     cc = checkpoint_cluster(storage, "rocksdb")
     client, work, path, _ = _running_with_unsaved_writes(cc)
@@ -105,7 +114,8 @@ def test_a_refused_restore_leaves_the_running_job_and_its_unsaved_writes_alone(
 
 
 def test_a_restore_that_does_not_fit_the_job_is_refused_and_leaves_it_alone(
-    checkpoint_cluster: Callable[..., CheckpointCluster], capsys: pytest.CaptureFixture[str],
+    checkpoint_cluster: Callable[..., CheckpointCluster],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     cc = checkpoint_cluster("file", "hashmap")
     client, work, path, _ = _running_with_unsaved_writes(cc)
@@ -133,7 +143,8 @@ def test_a_restore_that_does_not_fit_the_job_is_refused_and_leaves_it_alone(
 
 
 def test_restoring_an_unknown_job_says_how_to_start_one_from_the_checkpoint(
-    checkpoint_cluster: Callable[..., CheckpointCluster], capsys: pytest.CaptureFixture[str],
+    checkpoint_cluster: Callable[..., CheckpointCluster],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     cc = checkpoint_cluster("file", "hashmap", taskmanagers=1, slots=2)
     path = f"{cc.job_dir()}/chk-1"
@@ -143,7 +154,9 @@ def test_restoring_an_unknown_job_says_how_to_start_one_from_the_checkpoint(
 
 @pytest.mark.parametrize("storage", ["file", pytest.param("s3", marks=pytest.mark.s3)])
 def test_a_verified_restore_replaces_the_running_jobs_state(
-    checkpoint_cluster: Callable[..., CheckpointCluster], capsys: pytest.CaptureFixture[str], storage: str,
+    checkpoint_cluster: Callable[..., CheckpointCluster],
+    capsys: pytest.CaptureFixture[str],
+    storage: str,
 ) -> None:
     cc = checkpoint_cluster(storage, "rocksdb")
     client, work, path, checkpointed = _running_with_unsaved_writes(cc)
@@ -163,7 +176,10 @@ def test_a_verified_restore_replaces_the_running_jobs_state(
 
 @pytest.mark.parametrize("backend,suffix", [("rocksdb", ".sst"), ("hashmap", ".kvs")])
 def test_a_restore_whose_deploy_fails_brings_the_job_back_as_it_was(
-    checkpoint_cluster: Callable[..., CheckpointCluster], capsys: pytest.CaptureFixture[str], backend: str, suffix: str,
+    checkpoint_cluster: Callable[..., CheckpointCluster],
+    capsys: pytest.CaptureFixture[str],
+    backend: str,
+    suffix: str,
 ) -> None:
     cc = checkpoint_cluster("file", backend)
     client, work, path, _ = _running_with_unsaved_writes(cc)
@@ -172,8 +188,10 @@ def test_a_restore_whose_deploy_fails_brings_the_job_back_as_it_was(
     store = cc.storage
     metadata_path = f"{path}/_metadata"
     data = json.loads(store.read_bytes(metadata_path))
-    entry = max((f for op in data["operators"] for sub in op["subtasks"] for f in sub["files"]
-                 if f["path"].endswith(suffix)), key=lambda f: f["size"])
+    entry = max(
+        (f for op in data["operators"] for sub in op["subtasks"] for f in sub["files"] if f["path"].endswith(suffix)),
+        key=lambda f: f["size"],
+    )
     victim = f"{path}/{entry['path']}".replace(f"{path}/../", f"{cc.job_dir()}/")
     garbage = b"not a state file " * (entry["size"] // 17 + 1)
     store.write_bytes(victim, garbage)
@@ -192,7 +210,8 @@ def test_a_restore_whose_deploy_fails_brings_the_job_back_as_it_was(
 
 
 def test_restoring_a_cancelled_job_resubmits_it_with_its_own_definition(
-    checkpoint_cluster: Callable[..., CheckpointCluster], capsys: pytest.CaptureFixture[str],
+    checkpoint_cluster: Callable[..., CheckpointCluster],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     cc = checkpoint_cluster("file", "hashmap", taskmanagers=1, slots=2)
     client = cc.client()

@@ -5,8 +5,9 @@ exactly the orphans a crash could leave, and never what a checkpoint in progress
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,15 @@ def test_num_retained_2_keeps_the_last_two_checkpoints_and_exactly_their_files(
 
 
 def _gc(cc: CheckpointCluster, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
-    args = ["checkpoint", "gc", JOB, "--jobmanager", cc.cluster.address, "-D", f"state.checkpoints.dir={cc.checkpoints_dir}"]
+    args = [
+        "checkpoint",
+        "gc",
+        JOB,
+        "--jobmanager",
+        cc.cluster.address,
+        "-D",
+        f"state.checkpoints.dir={cc.checkpoints_dir}",
+    ]
     for key, value in cc.config.items():
         args += ["-D", f"{key}={value}"]
     code = statectl([*args, *extra])
@@ -102,8 +111,12 @@ def test_gc_removes_exactly_the_orphans(
 
     # What a crash leaves: a checkpoint that never got its _metadata, an upload no checkpoint
     # references, a file in taskowned/.
-    orphans = {"chk-99/sessions-0/CURRENT", "chk-99/sessions-1/000012.sst",
-               "shared/sessions-0-0123456789ab-000042.sst", "taskowned/tm-0/leftover.bin"}
+    orphans = {
+        "chk-99/sessions-0/CURRENT",
+        "chk-99/sessions-1/000012.sst",
+        "shared/sessions-0-0123456789ab-000042.sst",
+        "taskowned/tm-0/leftover.bin",
+    }
     for path in orphans:
         cc.storage.write_bytes(f"{job_dir}/{path}", b"orphan")
 
@@ -111,12 +124,17 @@ def test_gc_removes_exactly_the_orphans(
     assert code == 0, out
     assert relative_files(cc.storage, job_dir) == real | orphans, "a dry run removes nothing"
     would = {line.split()[2] for line in out.splitlines() if line.startswith("  would remove")}
-    assert would == {f"{job_dir}/chk-99/", f"{job_dir}/shared/sessions-0-0123456789ab-000042.sst",
-                     f"{job_dir}/taskowned/tm-0/leftover.bin"}
+    assert would == {
+        f"{job_dir}/chk-99/",
+        f"{job_dir}/shared/sessions-0-0123456789ab-000042.sst",
+        f"{job_dir}/taskowned/tm-0/leftover.bin",
+    }
     assert "no _metadata" in out and "not referenced by any valid _metadata" in out
     kept = {line.split()[1] for line in out.splitlines() if line.startswith("  keep")}
     assert {f"{job_dir}/chk-2/", f"{job_dir}/chk-3/"} <= kept
-    assert {f"{job_dir}/{p}" for p in real if p.startswith("shared/")} <= kept, "every referenced shared file is listed as kept"
+    assert {f"{job_dir}/{p}" for p in real if p.startswith("shared/")} <= kept, (
+        "every referenced shared file is listed as kept"
+    )
 
     code, out = _gc(cc, capsys, "--dry-run", "--json")
     assert code == 0, out
@@ -170,9 +188,12 @@ def test_gc_keeps_a_checkpoint_in_progress(
     a real orphan; once the write goes through, chk-2 completes and restores."""
     proxy, endpoint, bucket = gated_s3
     checkpoints_dir = f"s3://{bucket}/checkpoints"
-    cluster = inprocess_cluster(taskmanagers=1, slots=2, jm={
-        "state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}"), **PATIENT},
-        tm=s3_keys(endpoint))
+    cluster = inprocess_cluster(
+        taskmanagers=1,
+        slots=2,
+        jm={"state.checkpoints.dir": checkpoints_dir, **s3_keys(f"http://127.0.0.1:{proxy.port}"), **PATIENT},
+        tm=s3_keys(endpoint),
+    )
     storage = open_storage(checkpoints_dir, Configuration(s3_keys(endpoint)))
     cc = CheckpointCluster(cluster, storage, checkpoints_dir, s3_keys(endpoint))
     client = cc.client()
@@ -187,8 +208,10 @@ def test_gc_keeps_a_checkpoint_in_progress(
         proxy.gate.clear()
         assert client.trigger_checkpoint(JOB, wait=False).checkpoint_id == 2
         coordinator = cc.coordinator()
-        wait_until(lambda: [p.status for p in coordinator.pending_checkpoints()] == [PendingStatus.FINALIZING],
-                   "every subtask of checkpoint 2 to acknowledge")
+        wait_until(
+            lambda: [p.status for p in coordinator.pending_checkpoints()] == [PendingStatus.FINALIZING],
+            "every subtask of checkpoint 2 to acknowledge",
+        )
         uploaded = relative_files(storage, job_dir)
         assert any(p.startswith("chk-2/") for p in uploaded) and "chk-2/_metadata" not in uploaded
 

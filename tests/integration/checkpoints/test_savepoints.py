@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -47,13 +48,16 @@ def _copy_tree(cc: CheckpointCluster, source: str, target: str) -> None:
         return
     fs = cc.storage.fs  # the s3fs file system: copy through fsspec, as `aws s3 cp --recursive` would
     for path in fs.find(source.removeprefix("s3://")):
-        fs.copy(path, target.removeprefix("s3://") + path[len(source.removeprefix("s3://")):])
+        fs.copy(path, target.removeprefix("s3://") + path[len(source.removeprefix("s3://")) :])
 
 
 @pytest.mark.parametrize("storage", ["file", pytest.param("s3", marks=pytest.mark.s3)])
 def test_savepoint_copied_elsewhere_restores_after_the_checkpoints_are_gone(
-    checkpoint_cluster: Callable[..., CheckpointCluster], storage: str, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
+    checkpoint_cluster: Callable[..., CheckpointCluster],
+    storage: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     cc = checkpoint_cluster(storage, "rocksdb")
     if storage == "s3":
@@ -62,7 +66,9 @@ def test_savepoint_copied_elsewhere_restores_after_the_checkpoints_are_gone(
         other = f"{bucket}-copy"
         s3 = boto3_client(endpoint)
         s3.create_bucket(Bucket=other)
-        request.addfinalizer(lambda: (cc.storage.delete_dir(f"s3://{other}/restored-from"), s3.delete_bucket(Bucket=other)))
+        request.addfinalizer(
+            lambda: (cc.storage.delete_dir(f"s3://{other}/restored-from"), s3.delete_bucket(Bucket=other))
+        )
         savepoints_dir, copy_dir = f"s3://{bucket}/savepoints", f"s3://{other}/restored-from"
     else:
         savepoints_dir, copy_dir = (tmp_path / "savepoints").as_uri(), (tmp_path / "elsewhere" / "sp").as_uri()

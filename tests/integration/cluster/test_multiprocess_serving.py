@@ -14,11 +14,15 @@ N_KEYS = 100_000
 
 def _operators() -> list[OperatorSpec]:
     return [
-        OperatorSpec("sessions", 4, (
-            StateDescriptor("last", StateKind.VALUE),
-            StateDescriptor("events", StateKind.LIST),
-            StateDescriptor("attrs", StateKind.MAP),
-        )),
+        OperatorSpec(
+            "sessions",
+            4,
+            (
+                StateDescriptor("last", StateKind.VALUE),
+                StateDescriptor("events", StateKind.LIST),
+                StateDescriptor("attrs", StateKind.MAP),
+            ),
+        ),
         OperatorSpec("totals", 4, (StateDescriptor("total", StateKind.VALUE),)),
     ]
 

@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import EpochConflictError, Reason
@@ -24,12 +24,16 @@ from tests.fixtures.cluster import InProcessCluster
 JOB = "epochs"
 OP = "counts"
 OPERATORS = [
-    OperatorSpec(OP, 4, (
-        StateDescriptor("total", StateKind.VALUE),
-        StateDescriptor("events", StateKind.LIST),
-        StateDescriptor("attrs", StateKind.MAP),
-        StateDescriptor("sums", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
-    )),
+    OperatorSpec(
+        OP,
+        4,
+        (
+            StateDescriptor("total", StateKind.VALUE),
+            StateDescriptor("events", StateKind.LIST),
+            StateDescriptor("attrs", StateKind.MAP),
+            StateDescriptor("sums", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
+        ),
+    ),
 ]
 
 
@@ -37,11 +41,16 @@ def _ctx(epoch: int, partition: int, attempt: int) -> common_pb2.EpochContext:
     return common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt)
 
 
-def _commit(cluster: InProcessCluster, epoch: int, winners: dict[int, int], abort: bool = False) -> list[tm_pb.EpochCommitResponse]:
+def _commit(
+    cluster: InProcessCluster, epoch: int, winners: dict[int, int], abort: bool = False
+) -> list[tm_pb.EpochCommitResponse]:
     """CommitEpoch on every TaskManager, as the JobManager sends it (under the job's routing version)."""
     version = cluster.client().routing(JOB, refresh=True).version
     request = tm_pb.EpochCommitRequest(
-        job_id=JOB, epoch=epoch, abort=abort, routing_version=version,
+        job_id=JOB,
+        epoch=epoch,
+        abort=abort,
+        routing_version=version,
         winners=[common_pb2.PartitionAttempt(partition=p, attempt=a) for p, a in sorted(winners.items())],
     )
     responses = []
@@ -108,9 +117,16 @@ def test_staged_writes_become_visible_only_for_the_winners_once_committed(inproc
     subtask = client.subtask_of(JOB, OP, keys[0].encode())
     address = client.routing(JOB).operator(OP).addresses[subtask]
     request = tm_pb.KeyedRequest(
-        target=tm_pb.StateTarget(job_id=JOB, operator_id=OP, subtask_index=subtask, state_name="total",
-                                 routing_version=client.routing(JOB).version, epoch=_ctx(0, 0, 101)),
-        keys=[keys[0].encode()], values=[b"x"],
+        target=tm_pb.StateTarget(
+            job_id=JOB,
+            operator_id=OP,
+            subtask_index=subtask,
+            state_name="total",
+            routing_version=client.routing(JOB).version,
+            epoch=_ctx(0, 0, 101),
+        ),
+        keys=[keys[0].encode()],
+        values=[b"x"],
     )
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
         tm_grpc.KeyedStateStub(channel).ValuePut(request, timeout=10)
@@ -147,8 +163,15 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
     scope = EpochScope(_ctx(start.epoch, 0, 1), routing_version=start.routing.version)
     ValueState(client, JOB, OP, "total", value_serializer="int", epoch=scope).put_many(keys, list(range(100)))
 
-    response = client.commit_epoch(JOB, start.epoch, [scope.winner()], query_id="query-1", batch_id=0,
-                                   expected_routing_version=start.routing.version, timeout_s=60)
+    response = client.commit_epoch(
+        JOB,
+        start.epoch,
+        [scope.winner()],
+        query_id="query-1",
+        batch_id=0,
+        expected_routing_version=start.routing.version,
+        timeout_s=60,
+    )
 
     assert response.committed_epoch == 0
     # Every slot's checkpoint reports the epoch the commit wrote into its metadata.
@@ -169,12 +192,15 @@ def test_epoch_calls_to_a_slot_that_is_not_here_are_stale_routing(inprocess_clus
     client.submit_job(JOB, OPERATORS)
     request = tm_pb.KeyedRequest(
         target=tm_pb.StateTarget(job_id=JOB, operator_id=OP, subtask_index=9, state_name="total", epoch=_ctx(1, 0, 1)),
-        keys=[b"k"], values=[b"v"],
+        keys=[b"k"],
+        values=[b"v"],
     )
     with grpc.insecure_channel(cluster.taskmanagers[0].address) as channel, pytest.raises(grpc.RpcError) as info:
         tm_grpc.KeyedStateStub(channel).ValuePut(request, timeout=10)
     assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert dict(info.value.trailing_metadata() or ())[REASON_KEY] == Reason.STALE_ROUTING.value
     with grpc.insecure_channel(cluster.taskmanagers[0].address) as channel, pytest.raises(grpc.RpcError) as info:
-        tm_grpc.TaskExecutorStub(channel).CommitEpoch(tm_pb.EpochCommitRequest(job_id="unknown-job", epoch=1), timeout=10)
+        tm_grpc.TaskExecutorStub(channel).CommitEpoch(
+            tm_pb.EpochCommitRequest(job_id="unknown-job", epoch=1), timeout=10
+        )
     assert info.value.code() is grpc.StatusCode.NOT_FOUND

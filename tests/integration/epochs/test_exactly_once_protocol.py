@@ -31,11 +31,17 @@ from tests.fixtures.waiting import wait_for
 
 JOB = "eo"
 OP = "counts"
-OPERATORS = [OperatorSpec(OP, 2, (
-    StateDescriptor("total", StateKind.VALUE),
-    StateDescriptor("events", StateKind.LIST),
-    StateDescriptor("sums", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
-))]
+OPERATORS = [
+    OperatorSpec(
+        OP,
+        2,
+        (
+            StateDescriptor("total", StateKind.VALUE),
+            StateDescriptor("events", StateKind.LIST),
+            StateDescriptor("sums", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
+        ),
+    )
+]
 KEYS = [f"user-{i}" for i in range(40)]
 
 
@@ -53,7 +59,9 @@ def total(client: StateClient, scope: Any = None) -> ValueState[Any, Any]:
 
 def raw_put(address: str, target: tm_pb.StateTarget, key: bytes = b"k", value: bytes = b"v") -> Any:
     with grpc.insecure_channel(address) as channel:
-        return tm_grpc.KeyedStateStub(channel).ValuePut(tm_pb.KeyedRequest(target=target, keys=[key], values=[value]), timeout=10)
+        return tm_grpc.KeyedStateStub(channel).ValuePut(
+            tm_pb.KeyedRequest(target=target, keys=[key], values=[value]), timeout=10
+        )
 
 
 def begin(client: StateClient, query: str, batch: int) -> tuple[jm_pb.BeginBatchResponse, EpochScope]:
@@ -61,9 +69,19 @@ def begin(client: StateClient, query: str, batch: int) -> tuple[jm_pb.BeginBatch
     return start, EpochScope(ctx(start.epoch), routing_version=start.routing.version)
 
 
-def commit(client: StateClient, start: jm_pb.BeginBatchResponse, scope: EpochScope, query: str, batch: int, **kw: Any) -> Any:
-    return client.commit_epoch(JOB, start.epoch, [scope.winner()], query_id=query, batch_id=batch,
-                               expected_routing_version=start.routing.version, timeout_s=60, **kw)
+def commit(
+    client: StateClient, start: jm_pb.BeginBatchResponse, scope: EpochScope, query: str, batch: int, **kw: Any
+) -> Any:
+    return client.commit_epoch(
+        JOB,
+        start.epoch,
+        [scope.winner()],
+        query_id=query,
+        batch_id=batch,
+        expected_routing_version=start.routing.version,
+        timeout_s=60,
+        **kw,
+    )
 
 
 def run_batch(client: StateClient, query: str, batch: int, value: int, **kw: Any) -> Any:
@@ -81,20 +99,26 @@ def cluster(inprocess_cluster: Any) -> InProcessCluster:
 
 
 # -- routing versions --------------------------------------------------------------------------
-def test_a_call_under_another_routing_version_is_refused_with_the_slots_version_in_the_trailers(cluster: InProcessCluster) -> None:
+def test_a_call_under_another_routing_version_is_refused_with_the_slots_version_in_the_trailers(
+    cluster: InProcessCluster,
+) -> None:
     client = cluster.client()
     routing = client.routing(JOB)
     version = routing.version
     address = routing.operator(OP).addresses[0]
     for sent, epoch in ((version + 1, None), (version - 1, None), (version + 1, ctx(0)), (0, None)):
-        target = tm_pb.StateTarget(job_id=JOB, operator_id=OP, subtask_index=0, state_name="total",
-                                   routing_version=sent, epoch=epoch)
+        target = tm_pb.StateTarget(
+            job_id=JOB, operator_id=OP, subtask_index=0, state_name="total", routing_version=sent, epoch=epoch
+        )
         with pytest.raises(grpc.RpcError) as info:
             raw_put(address, target)
         assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION, sent
         assert trailers(info.value) == {REASON_KEY: Reason.STALE_ROUTING.value, ROUTING_VERSION_KEY: str(version)}
         if sent:
-            assert f"is deployed under routing version {version}, the call was routed with version {sent}" in info.value.details()
+            assert (
+                f"is deployed under routing version {version}, the call was routed with version {sent}"
+                in info.value.details()
+            )
         else:
             assert "carries no routing version" in info.value.details()
     # Nothing was written by any of them.
@@ -102,10 +126,14 @@ def test_a_call_under_another_routing_version_is_refused_with_the_slots_version_
     # A commit under another version is refused by the TaskManager too.
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
         tm_grpc.TaskExecutorStub(channel).CommitEpoch(
-            tm_pb.EpochCommitRequest(job_id=JOB, epoch=0, routing_version=version + 1), timeout=10)
+            tm_pb.EpochCommitRequest(job_id=JOB, epoch=0, routing_version=version + 1), timeout=10
+        )
     assert info.value.code() is grpc.StatusCode.ABORTED
     assert trailers(info.value)[REASON_KEY] == Reason.EPOCH_CONFLICT.value
-    assert f"is deployed under routing version {version}, the commit of epoch 0 is for version {version + 1}" in info.value.details()
+    assert (
+        f"is deployed under routing version {version}, the commit of epoch 0 is for version {version + 1}"
+        in info.value.details()
+    )
 
 
 def test_a_pinned_scope_refuses_to_write_after_a_redeploy_and_its_commit_is_refused(cluster: InProcessCluster) -> None:
@@ -113,7 +141,9 @@ def test_a_pinned_scope_refuses_to_write_after_a_redeploy_and_its_commit_is_refu
     start, scope = begin(client, "q1", 0)
     old = start.routing.version
     total(client, scope).put_many(KEYS, [1] * len(KEYS))
-    new = client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=JOB, parallelism={"": 3}), timeout=60, retry=False).version
+    new = client._jm_call(
+        "RescaleJob", jm_pb.RescaleJobRequest(job_id=JOB, parallelism={"": 3}), timeout=60, retry=False
+    ).version
     assert new > old
 
     # The client still holds the old table: the slots refuse the old version, and the task fails.
@@ -161,8 +191,15 @@ def test_a_batch_past_a_gap_is_refused_and_a_stale_commit_is_refused(cluster: In
     )
     start, scope = begin(client, "q1", 1)
     with pytest.raises(EpochConflictError, match=f"job {JOB!r}: batch 1 is epoch 1 now, not 5"):
-        client.commit_epoch(JOB, 5, [scope.winner()], query_id="q1", batch_id=1,
-                            expected_routing_version=start.routing.version, timeout_s=30)
+        client.commit_epoch(
+            JOB,
+            5,
+            [scope.winner()],
+            query_id="q1",
+            batch_id=1,
+            expected_routing_version=start.routing.version,
+            timeout_s=30,
+        )
     info_ = client.job_info(JOB)
     assert (info_.committed_epoch, info_.status) == (0, "RUNNING")
 
@@ -175,7 +212,12 @@ def test_an_already_committed_batch_is_only_made_durable(cluster: InProcessClust
 
     # The driver died after the commit; the batch runs again from BeginBatch.
     start, scope = begin(client, "q1", 0)
-    assert (start.action, start.epoch, start.committed_epoch, start.durable_epoch) == (jm_pb.ALREADY_COMMITTED, 0, 0, -1)
+    assert (start.action, start.epoch, start.committed_epoch, start.durable_epoch) == (
+        jm_pb.ALREADY_COMMITTED,
+        0,
+        0,
+        -1,
+    )
     again = commit(client, start, scope, "q1", 0)
     assert (again.committed_epoch, again.already_committed) == (0, True)
     assert (again.checkpoint.status, again.checkpoint.epoch) == ("COMPLETED", 0)
@@ -194,14 +236,20 @@ def test_a_new_query_binds_at_its_batch_0_on_the_existing_state(cluster: InProce
     assert response.committed_epoch == 2 and response.checkpoint.epoch == 2
     info = client.job_info(JOB)
     assert [(e.query_id, e.offset, e.first_epoch) for e in info.lineage] == [("q1", 0, 0), ("q2", 2, 2)]
-    metadata = json.loads((Path(response.checkpoint.path[len("file://"):]) / "_metadata").read_text())
+    metadata = json.loads((Path(response.checkpoint.path[len("file://") :]) / "_metadata").read_text())
     assert metadata["epoch"] == 2
-    assert metadata["lineage"] == [{"query_id": "q1", "offset": 0, "first_epoch": 0},
-                                   {"query_id": "q2", "offset": 2, "first_epoch": 2}]
+    assert metadata["lineage"] == [
+        {"query_id": "q1", "offset": 0, "first_epoch": 0},
+        {"query_id": "q2", "offset": 2, "first_epoch": 2},
+    ]
     assert client.begin_batch(JOB, "q2", 1).epoch == 3
-    with pytest.raises(EpochGapError, match="the job's state has moved on from query q1 to query q2 \\(since epoch 2\\)"):
+    with pytest.raises(
+        EpochGapError, match="the job's state has moved on from query q1 to query q2 \\(since epoch 2\\)"
+    ):
         client.begin_batch(JOB, "q1", 2)
-    with pytest.raises(EpochGapError, match="query q3 is at batch 4, but the job's state holds epoch 2 \\(of query q2\\)"):
+    with pytest.raises(
+        EpochGapError, match="query q3 is at batch 4, but the job's state holds epoch 2 \\(of query q2\\)"
+    ):
         client.begin_batch(JOB, "q3", 4)
 
 
@@ -216,16 +264,21 @@ def test_a_winner_whose_ledger_the_slots_disagree_with_is_applied_nowhere(cluste
     forged.CopyFrom(honest)
     forged.writes[-1].requests += 1
     with pytest.raises(EpochConflictError) as info:
-        client.commit_epoch(JOB, 0, [forged], query_id="q1", batch_id=0, expected_routing_version=start.routing.version,
-                            timeout_s=30)
+        client.commit_epoch(
+            JOB, 0, [forged], query_id="q1", batch_id=0, expected_routing_version=start.routing.version, timeout_s=30
+        )
     assert f"job {JOB!r}: epoch 0 was refused by TaskManager" in info.value.message
     assert "before anything was applied" in info.value.message and "run the batch again" in info.value.message
     assert "acknowledged by eo/counts/" in info.value.message
     assert total(client).get_many(KEYS) == [None] * len(KEYS)
     job = client.job_info(JOB)
     assert (job.committed_epoch, job.status) == (-1, "RUNNING")
-    assert client.commit_epoch(JOB, 0, [honest], query_id="q1", batch_id=0, expected_routing_version=start.routing.version,
-                               timeout_s=60).committed_epoch == 0
+    assert (
+        client.commit_epoch(
+            JOB, 0, [honest], query_id="q1", batch_id=0, expected_routing_version=start.routing.version, timeout_s=60
+        ).committed_epoch
+        == 0
+    )
     assert total(client).get_many(KEYS[:2]) == [6, 5]
 
 
@@ -279,9 +332,12 @@ def leased(inprocess_cluster: Any) -> tuple[InProcessCluster, TaskManager, Servi
     c = inprocess_cluster(taskmanagers=0, slots=2)
     clock = ServingClock()
     conf = {
-        "jobmanager.rpc.port": c.jobmanager.port, "taskmanager.resource-id": "tm-clocked",
-        "state.backend.rocksdb.localdir": str(c.base / "tm-clocked"), "metrics.reporter.prom.port": "-1",
-        **FAST_HEARTBEATS, **c.tm_config,
+        "jobmanager.rpc.port": c.jobmanager.port,
+        "taskmanager.resource-id": "tm-clocked",
+        "state.backend.rocksdb.localdir": str(c.base / "tm-clocked"),
+        "metrics.reporter.prom.port": "-1",
+        **FAST_HEARTBEATS,
+        **c.tm_config,
     }
     tm = TaskManager(Configuration(conf), clock=clock)
     tm.start()
@@ -305,7 +361,9 @@ def test_a_taskmanager_out_of_lease_refuses_state_calls_commits_and_barriers(lea
         raw_put(tm.address, target)
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
     assert trailers(info.value) == {REASON_KEY: Reason.LEASE_EXPIRED.value}
-    assert info.value.details().startswith("this TaskManager stopped serving (no heartbeat answered by the JobManager within the lease): ValuePut refused")
+    assert info.value.details().startswith(
+        "this TaskManager stopped serving (no heartbeat answered by the JobManager within the lease): ValuePut refused"
+    )
     with grpc.insecure_channel(tm.address) as channel:
         stub = tm_grpc.TaskExecutorStub(channel)
         with pytest.raises(grpc.RpcError) as info:
@@ -327,7 +385,9 @@ def test_a_write_whose_lease_ran_out_while_it_applied_answers_outcome_unknown(le
     client = cluster.client(max_attempts=10)
     version = client.routing(JOB).version
     subtask = client.subtask_of(JOB, OP, b"k")
-    target = tm_pb.StateTarget(job_id=JOB, operator_id=OP, subtask_index=subtask, state_name="total", routing_version=version)
+    target = tm_pb.StateTarget(
+        job_id=JOB, operator_id=OP, subtask_index=subtask, state_name="total", routing_version=version
+    )
     clock.jump_after_next(3_600_000)
     with pytest.raises(grpc.RpcError) as info:
         raw_put(tm.address, target, b"k", (41).to_bytes(8, "big", signed=True))
@@ -346,7 +406,10 @@ def test_a_direct_reduce_with_an_unknown_outcome_is_not_retried(leased: Any) -> 
     clock.jump_after_next(3_600_000)
     with pytest.raises(UnavailableError) as info:
         sums.add_many(["a"], [(1, 10)])
-    assert "The outcome of this Reduce is unknown (the TaskManager may have applied it), so it was not retried" in info.value.message
+    assert (
+        "The outcome of this Reduce is unknown (the TaskManager may have applied it), so it was not retried"
+        in info.value.message
+    )
     _renewed(tm)
     assert sums.get_many(["a"]) == [(1, 10)]  # applied once, not twice
 
@@ -373,7 +436,14 @@ def test_an_unpinned_numbered_write_with_an_unknown_outcome_is_still_committed(l
     scope = EpochScope(ctx(start.epoch))  # numbered, not pinned
     clock.jump_after_next(3_600_000)
     total(client, scope).put_many(["a"], [1])
-    response = client.commit_epoch(JOB, start.epoch, [scope.winner()], query_id="q1", batch_id=0,
-                                   expected_routing_version=start.routing.version, timeout_s=60)
+    response = client.commit_epoch(
+        JOB,
+        start.epoch,
+        [scope.winner()],
+        query_id="q1",
+        batch_id=0,
+        expected_routing_version=start.routing.version,
+        timeout_s=60,
+    )
     assert response.committed_epoch == 0
     assert total(client).get_many(["a"]) == [1]

@@ -22,10 +22,14 @@ def statectl(cluster: InProcessCluster, *argv: str) -> int:
     return main([*argv, "--jobmanager", cluster.address])
 
 
-def test_cluster_wait_returns_once_the_taskmanagers_registered(inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cluster_wait_returns_once_the_taskmanagers_registered(
+    inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = inprocess_cluster(taskmanagers=1, slots=2)
     codes: list[int] = []
-    waiting = threading.Thread(target=lambda: codes.append(statectl(cluster, "cluster", "--wait", "2", "--timeout", "30")))
+    waiting = threading.Thread(
+        target=lambda: codes.append(statectl(cluster, "cluster", "--wait", "2", "--timeout", "30"))
+    )
     waiting.start()
     cluster.add_taskmanager()
     waiting.join(30)
@@ -35,7 +39,9 @@ def test_cluster_wait_returns_once_the_taskmanagers_registered(inprocess_cluster
     assert statectl(cluster, "cluster", "--wait", "2") == 0
 
 
-def test_cluster_wait_exits_1_naming_what_is_missing(inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cluster_wait_exits_1_naming_what_is_missing(
+    inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=2)
     assert statectl(cluster, "cluster", "--wait", "3", "--timeout", "1") == 1
     captured = capsys.readouterr()
@@ -55,8 +61,9 @@ def test_wait_for_taskmanagers_also_waits_for_slots(inprocess_cluster: Any) -> N
     )
 
 
-def test_cluster_wait_timeout_names_the_fix_not_an_unreachable_jobmanager(inprocess_cluster: Any,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_cluster_wait_timeout_names_the_fix_not_an_unreachable_jobmanager(
+    inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=2)
     assert statectl(cluster, "cluster", "--wait", "3", "--timeout", "1") == 1
     err = capsys.readouterr().err
@@ -64,7 +71,9 @@ def test_cluster_wait_timeout_names_the_fix_not_an_unreachable_jobmanager(inproc
     assert "--timeout" in err and "TaskManager" in err
 
 
-def test_checkpoint_trigger_exits_0_for_a_completed_checkpoint(inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_checkpoint_trigger_exits_0_for_a_completed_checkpoint(
+    inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=2)
     cluster.client().submit_job(JOB, OPERATORS)
     assert statectl(cluster, "checkpoint", "trigger", JOB) == 0
@@ -72,8 +81,9 @@ def test_checkpoint_trigger_exits_0_for_a_completed_checkpoint(inprocess_cluster
     assert out.startswith("checkpoint 1 completed in ") and out.rstrip().endswith(f"/checkpoints/{JOB}/chk-1")
 
 
-def test_checkpoint_trigger_and_savepoint_exit_1_when_the_checkpoint_fails(inprocess_cluster: Any, tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_checkpoint_trigger_and_savepoint_exit_1_when_the_checkpoint_fails(
+    inprocess_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=2)
     cluster.client().submit_job(JOB, OPERATORS, config={"execution.checkpointing.timeout": "1 ms", **NO_FAILOVER})
     assert statectl(cluster, "checkpoint", "trigger", JOB) == 1

@@ -28,18 +28,19 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
+
+# Executors cannot import the test tree: the process function travels by value.
+from pyspark import cloudpickle
 
 from keyedstate.common.client import ClientSettings, ListState, ReducingState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import JobStateError, StaleRoutingError, UnavailableError
 from keyedstate.common.minicluster import DaemonProcess, MiniCluster, PlacementFn
 from keyedstate.common.spark import KeyedStateRuntime
-
-# Executors cannot import the test tree: the process function travels by value.
-from pyspark import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -69,7 +70,7 @@ def operators(parallelism: int) -> list[OperatorSpec]:
 
 def file_of(event_id: str) -> int:
     """Event ids are ``f<file>-<n>``."""
-    return int(event_id[1:event_id.index("-")])
+    return int(event_id[1 : event_id.index("-")])
 
 
 def make_process(report_dir: str | None = None) -> Callable[[Iterator[Any], Any], None]:
@@ -197,8 +198,9 @@ def essence(text: str) -> str:
     """What an error text says happened, without the Python and Java stack traces: Spark's error
     class, then the runtime's own exception (class and message) if the text holds one."""
     lines = []
-    spark = (re.search(r"\[(\w+)\] An error occurred in the user provided function", text)
-             or re.search(r"\[(STREAM_FAILED)\]", text))
+    spark = re.search(r"\[(\w+)\] An error occurred in the user provided function", text) or re.search(
+        r"\[(STREAM_FAILED)\]", text
+    )
     if spark:
         lines.append(spark.group(1))
     matches = _ERROR_LINE.findall(text)
@@ -277,19 +279,24 @@ class ExactlyOncePipeline:
             **FAST_HEARTBEATS,
         }
         if ha:
-            conf.update({
-                "high-availability.type": "filesystem",
-                "high-availability.storageDir": (self.base / "ha").as_uri(),
-            })
+            conf.update(
+                {
+                    "high-availability.type": "filesystem",
+                    "high-availability.storageDir": (self.base / "ha").as_uri(),
+                }
+            )
         conf.update(config or {})
         rnd = random.Random(seed)
         self.events: list[list[dict[str, Any]]] = [
-            [{"key": f"k{rnd.randrange(keys):04d}", "amount": rnd.randint(1, 1000), "event_id": f"f{f}-{i}"}
-             for i in range(events_per_file)]
+            [
+                {"key": f"k{rnd.randrange(keys):04d}", "amount": rnd.randint(1, 1000), "event_id": f"f{f}-{i}"}
+                for i in range(events_per_file)
+            ]
             for f in range(files)
         ]
-        self.cluster = _CrashableMiniCluster(self.base / "cluster", taskmanagers, slots, "rocksdb", conf, tm_env=tm_env,
-                                             placement=placement)
+        self.cluster = _CrashableMiniCluster(
+            self.base / "cluster", taskmanagers, slots, "rocksdb", conf, tm_env=tm_env, placement=placement
+        )
         self._jm_env = jm_env
         self.runs: list[QueryRun] = []
         self._client: StateClient | None = None
@@ -331,8 +338,9 @@ class ExactlyOncePipeline:
     def job_info(self, job_id: str | None = None) -> Any:
         return self.client.job_info(job_id or self.job_id)
 
-    def wait_for_job(self, predicate: Callable[[Any], bool], what: str, timeout_s: float = 60.0,
-                     job_id: str | None = None) -> Any:
+    def wait_for_job(
+        self, predicate: Callable[[Any], bool], what: str, timeout_s: float = 60.0, job_id: str | None = None
+    ) -> Any:
         deadline = time.monotonic() + timeout_s
         info = None
         while True:
@@ -343,16 +351,27 @@ class ExactlyOncePipeline:
             except Exception:
                 pass
             if time.monotonic() > deadline:
-                now = (info.status, info.restarts, info.committed_epoch, info.failure_cause) if info is not None else "no answer"
-                raise AssertionError(f"job {job_id or self.job_id}: {what} did not happen within {timeout_s:.0f} s; now {now}")
+                now = (
+                    (info.status, info.restarts, info.committed_epoch, info.failure_cause)
+                    if info is not None
+                    else "no answer"
+                )
+                raise AssertionError(
+                    f"job {job_id or self.job_id}: {what} did not happen within {timeout_s:.0f} s; now {now}"
+                )
             time.sleep(0.05)
 
     def statectl(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run the ``statectl`` console script against this cluster."""
         script = Path(sys.executable).parent / "statectl"
         command = [str(script)] if script.exists() else [sys.executable, "-m", "keyedstate.common.cli.statectl"]
-        return subprocess.run([*command, *args, "--jobmanager", self.address], capture_output=True, text=True,
-                              timeout=timeout_s, env=dict(os.environ))
+        return subprocess.run(
+            [*command, *args, "--jobmanager", self.address],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(os.environ),
+        )
 
     # -- input -------------------------------------------------------------------------------
     def write_files(self, indices: Iterable[int] | None = None) -> None:
@@ -362,11 +381,16 @@ class ExactlyOncePipeline:
 
         self.source.mkdir(parents=True, exist_ok=True)
         base = time.time() - 3600
-        for f in (range(self.num_files) if indices is None else indices):
+        for f in range(self.num_files) if indices is None else indices:
             path = self.source / f"part-{f:03d}.parquet"
             tmp = self.source / f".part-{f:03d}.parquet.tmp"
-            pq.write_table(pa.Table.from_pylist(self.events[f], schema=pa.schema(
-                [("key", pa.string()), ("amount", pa.int64()), ("event_id", pa.string())])), tmp)
+            pq.write_table(
+                pa.Table.from_pylist(
+                    self.events[f],
+                    schema=pa.schema([("key", pa.string()), ("amount", pa.int64()), ("event_id", pa.string())]),
+                ),
+                tmp,
+            )
             os.utime(tmp, (base + f, base + f))
             os.replace(tmp, path)
 
@@ -394,7 +418,9 @@ class ExactlyOncePipeline:
             return run
         run = QueryRun(rt, None)
         self.runs.append(run)
-        inner = rt.foreach_batch(make_process(str(report_dir) if report_dir else None), key_col="key", operator=OPERATOR)
+        inner = rt.foreach_batch(
+            make_process(str(report_dir) if report_dir else None), key_col="key", operator=OPERATOR
+        )
 
         def on_batch(df: Any, batch_id: int) -> None:
             run.started_batches.append(batch_id)
@@ -406,8 +432,12 @@ class ExactlyOncePipeline:
                 after_batch(batch_id, run)
 
         stream = self.spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(self.source))
-        run.query = (stream.writeStream.foreachBatch(on_batch).trigger(availableNow=True)
-                     .option("checkpointLocation", self.spark_checkpoint).start())
+        run.query = (
+            stream.writeStream.foreachBatch(on_batch)
+            .trigger(availableNow=True)
+            .option("checkpointLocation", self.spark_checkpoint)
+            .start()
+        )
         return run
 
     def run(self, timeout_s: float = 120.0, **kwargs: Any) -> Outcome:
@@ -428,7 +458,9 @@ class ExactlyOncePipeline:
             keys = [f"ballast-{i:06d}" for i in range(start, min(count, start + 64))]
             handle.put_many(keys, [rnd.randbytes(value_kib * 1024) for _ in keys])
 
-    def read_state(self, job_id: str | None = None, attempts: int = 5) -> dict[str, tuple[tuple[int, int] | None, list[str]]]:
+    def read_state(
+        self, job_id: str | None = None, attempts: int = 5
+    ) -> dict[str, tuple[tuple[int, int] | None, list[str]]]:
         """Every key the job serves: (count, sum) and its event ids.
 
         Read while the job is RUNNING under one routing version; a read that a redeployment
@@ -455,8 +487,11 @@ class ExactlyOncePipeline:
         keys = sorted(set(totals.keys()) | set(ids.keys()) | {e["key"] for f in self.events for e in f})
         got_totals = totals.get_many(keys)
         got_ids = ids.get_many(keys)
-        return {k: (tuple(t) if t is not None else None, list(i or []))  # type: ignore[misc]
-                for k, t, i in zip(keys, got_totals, got_ids) if t is not None or i}
+        return {
+            k: (tuple(t) if t is not None else None, list(i or []))  # type: ignore[misc]
+            for k, t, i in zip(keys, got_totals, got_ids)
+            if t is not None or i
+        }
 
     def reference(self, files: Iterable[int]) -> dict[str, tuple[tuple[int, int], list[str]]]:
         ref: dict[str, tuple[list[int], list[str]]] = {}
@@ -483,9 +518,12 @@ class ExactlyOncePipeline:
         for (k, i), n in extra.items():
             kind = "doubled" if (k, i) in want else "unexpected"
             per_file.setdefault(file_of(i), Counter())[kind] += n
-        wrong = sorted(k for k in set(expected) | set(actual)
-                       if (actual.get(k, (None, []))[0], sorted(actual.get(k, (None, []))[1]))
-                       != (expected.get(k, (None, []))[0], sorted(expected.get(k, (None, []))[1])))
+        wrong = sorted(
+            k
+            for k in set(expected) | set(actual)
+            if (actual.get(k, (None, []))[0], sorted(actual.get(k, (None, []))[1]))
+            != (expected.get(k, (None, []))[0], sorted(expected.get(k, (None, []))[1]))
+        )
         if not wrong and not lost and not extra:
             return None
         events = sum(want.values())
@@ -493,12 +531,15 @@ class ExactlyOncePipeline:
         unexpected = sum(extra.values()) - doubled
         batches = "; ".join(
             f"file {f} (batch {f}): " + ", ".join(f"{n} {kind}" for kind, n in sorted(c.items()))
-            for f, c in sorted(per_file.items()))
+            for f, c in sorted(per_file.items())
+        )
         examples = [(k, actual.get(k, (None, []))[0], expected.get(k, (None, []))[0]) for k in wrong[:3]]
-        return (f"state differs from the reference of files {files}: {sum(lost.values())} of {events} events lost, "
-                f"{doubled} doubled, {unexpected} applied that the reference does not hold; per file: {batches or '-'}; "
-                f"{len(wrong)} of {len(set(expected) | set(actual))} keys wrong, e.g. (key, served (count, sum), "
-                f"expected) {examples}")
+        return (
+            f"state differs from the reference of files {files}: {sum(lost.values())} of {events} events lost, "
+            f"{doubled} doubled, {unexpected} applied that the reference does not hold; per file: {batches or '-'}; "
+            f"{len(wrong)} of {len(set(expected) | set(actual))} keys wrong, e.g. (key, served (count, sum), "
+            f"expected) {examples}"
+        )
 
     def describe_state(self, files: Iterable[int] | None = None) -> str:
         """For failure messages: the diff against the reference of ``files``, or why the state cannot be read."""

@@ -53,8 +53,12 @@ def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(exo_pipeline) -> None:
     # TaskManager 1 dies on the barrier of the third checkpoint, the one of epoch 2, so the job's
     # latest completed checkpoint holds epoch 1.
     pipeline = exo_pipeline(
-        config={"heartbeat.connection-loss-detection": "false", "heartbeat.interval": "100 ms",
-                "heartbeat.timeout": "1 s", **FAST_RESTARTS},
+        config={
+            "heartbeat.connection-loss-detection": "false",
+            "heartbeat.interval": "100 ms",
+            "heartbeat.timeout": "1 s",
+            **FAST_RESTARTS,
+        },
         tm_env={1: {CRASH_AT: "taskmanager.checkpoint.barrier@3"}},
     )
     pipeline.write_files()
@@ -81,11 +85,15 @@ def test_3_failing_checkpoints_on_slow_storage_never_lose_a_batch_silently(exo_p
     # Stopping is acceptable only loudly, naming the checkpoint failure, and with no batch Spark
     # recorded missing from the state (the failed batch itself either applied whole or not at all).
     assert "CHECKPOINT_EXPIRED" in outcome.error, (
-        f"the query stopped, but not naming the checkpoint failure: {outcome.describe()}")
+        f"the query stopped, but not naming the checkpoint failure: {outcome.describe()}"
+    )
     recorded = sorted(outcome.recorded)
     assert recorded == list(range(len(recorded))), outcome.describe()
-    assert_state_is_one_of(pipeline, [recorded, recorded + [len(recorded)]],
-                           f"the query {outcome.describe()}; Spark recorded batches {recorded} as done")
+    assert_state_is_one_of(
+        pipeline,
+        [recorded, recorded + [len(recorded)]],
+        f"the query {outcome.describe()}; Spark recorded batches {recorded} as done",
+    )
 
 
 @pytest.mark.parametrize("crash_point", ["taskmanager.epoch.before-commit", "taskmanager.epoch.committed"])
@@ -112,11 +120,17 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pip
     # TaskManager 1 is killed after batch 5 all the same, so the test always covers a failover
     # (there, a checkpoint refused with MINIMUM_TIME_BETWEEN_CHECKPOINTS is the same accepted
     # failure). Batch 0 is left out: a job without any checkpoint is failure 1.
-    pipeline = exo_pipeline(files=8, config={
-        "execution.checkpointing.interval": "10 ms", "execution.checkpointing.min-pause": "30 ms",
-        "execution.checkpointing.max-concurrent-checkpoints": "1",
-        # Back-to-back periodic checkpoints sometimes fail on their own; none of that is this test's business.
-        "execution.checkpointing.tolerable-failed-checkpoints": "1000", **FAST_RESTARTS})
+    pipeline = exo_pipeline(
+        files=8,
+        config={
+            "execution.checkpointing.interval": "10 ms",
+            "execution.checkpointing.min-pause": "30 ms",
+            "execution.checkpointing.max-concurrent-checkpoints": "1",
+            # Back-to-back periodic checkpoints sometimes fail on their own; none of that is this test's business.
+            "execution.checkpointing.tolerable-failed-checkpoints": "1000",
+            **FAST_RESTARTS,
+        },
+    )
     pipeline.write_files()
     kills: list[tuple[int, str, int]] = []  # (batch, its last checkpoint answer, committed epoch after the restart)
 
@@ -155,17 +169,23 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pip
     try:
         assert_finished_exactly(pipeline, outcome)
     except AssertionError as exc:
-        shown = " | ".join(f"after batch {b} (the checkpoint of its epoch: {c}) the job restarted at epoch {e}"
-                           for b, c, e in kills)
+        shown = " | ".join(
+            f"after batch {b} (the checkpoint of its epoch: {c}) the job restarted at epoch {e}" for b, c, e in kills
+        )
         raise AssertionError(f"{exc}\nTaskManager 1 killed: {shown}") from None
 
 
 def test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart(exo_pipeline) -> None:
     # No spare slots and a budget of two restarts: a TaskManager that takes several seconds to come
     # back must cost one restart, as in Flink (the job waits for slots up to slot.request.timeout).
-    pipeline = exo_pipeline(files=5, config={
-        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": "2",
-        "restart-strategy.fixed-delay.delay": "500 ms"})
+    pipeline = exo_pipeline(
+        files=5,
+        config={
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": "2",
+            "restart-strategy.fixed-delay.delay": "500 ms",
+        },
+    )
     pipeline.write_files()
     run = pipeline.start_query()
     deadline = time.monotonic() + 60
@@ -177,11 +197,15 @@ def test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart(exo_pipeline) ->
     pipeline.wait_for_job(lambda i: i.status != "RUNNING" or i.restarts >= 1, "the loss to be noticed", 30)
     time.sleep(max(0.0, killed_at + 5.0 - time.monotonic()))  # a slow TaskManager restart: 5 s
     pipeline.restart_taskmanager(1)
-    info = pipeline.wait_for_job(lambda i: i.status in ("RUNNING", "FAILED") and i.restarts >= 1,
-                                 "RUNNING or FAILED after the TaskManager came back", 60)
+    info = pipeline.wait_for_job(
+        lambda i: i.status in ("RUNNING", "FAILED") and i.restarts >= 1,
+        "RUNNING or FAILED after the TaskManager came back",
+        60,
+    )
     assert (info.status, info.restarts) == ("RUNNING", 1), (
         f"one TaskManager loss, back after 5 s: job {info.status} after {info.restarts} restart(s) "
-        f"(budget 2); cause: {info.failure_cause}")
+        f"(budget 2); cause: {info.failure_cause}"
+    )
     assert_finished_exactly(pipeline, run.wait(QUERY_TIMEOUT_S))
 
 
@@ -218,7 +242,8 @@ def test_8_restoring_a_savepoint_older_than_the_last_recorded_batch_is_refused(e
     state = _state_if_served(pipeline, [0, 1])
     assert outcome.error is not None and "EpochGapError" in outcome.error, (
         f"restored a savepoint holding epoch 1 while Spark had recorded batch 2; the restarted query "
-        f"{outcome.describe()}; state against the savepoint's batches 0-1: {state}")
+        f"{outcome.describe()}; state against the savepoint's batches 0-1: {state}"
+    )
     assert state == EXACT, f"the query refused, but the state is not the savepoint's: {state}"
 
 
@@ -237,7 +262,8 @@ def test_9_restart_recipe_after_job_cancel_is_refused(exo_pipeline) -> None:
     state = _state_if_served(pipeline, [])
     assert outcome.error is not None and "EpochGapError" in outcome.error, (
         f"the job was cancelled after batch 2 and resubmitted empty; the restarted query {outcome.describe()}; "
-        f"state against an empty job: {state}")
+        f"state against an empty job: {state}"
+    )
     assert state in (EXACT, NOT_SERVED), f"the query refused, but applied batches on the empty job: {state}"
 
 
@@ -252,7 +278,9 @@ def test_10_restarted_driver_adopts_a_rescaled_job(exo_pipeline) -> None:
     pipeline.write_files(range(3, 5))
     assert_finished_exactly(pipeline, pipeline.run(QUERY_TIMEOUT_S))
     parallelism = [op.parallelism for op in pipeline.job_info().operators]
-    assert parallelism == [2], f"the restarted driver must adopt the rescaled job, not undo it: parallelism {parallelism}"
+    assert parallelism == [2], (
+        f"the restarted driver must adopt the rescaled job, not undo it: parallelism {parallelism}"
+    )
 
 
 def test_11_batches_after_a_rescale_are_partitioned_by_the_new_parallelism(exo_pipeline, tmp_path: Path) -> None:
@@ -306,10 +334,12 @@ BIG_STATE = {"state.backend.rocksdb.writebuffer.size": "4 mb", **FAST_RESTARTS}
 
 def _checkpoints(pipeline: ExactlyOncePipeline) -> list[Any]:
     """``statectl checkpoint list``'s source: every checkpoint the JobManager remembers, newest first."""
-    return list(pipeline.client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=pipeline.job_id)).checkpoints)  # noqa: SLF001
+    return list(pipeline.client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=pipeline.job_id)).checkpoints)
 
 
-def _wait_for_epoch_checkpoint(pipeline: ExactlyOncePipeline, after_id: int, run: QueryRun, timeout_s: float = 60.0) -> Any:
+def _wait_for_epoch_checkpoint(
+    pipeline: ExactlyOncePipeline, after_id: int, run: QueryRun, timeout_s: float = 60.0
+) -> Any:
     """The first epoch checkpoint newer than ``after_id``, caught while IN_PROGRESS when polling can
     catch it; None if the query ended first."""
     deadline = time.monotonic() + timeout_s
@@ -341,8 +371,12 @@ def test_12_savepoints_taken_while_the_stream_runs_all_succeed(exo_pipeline) -> 
         taken.append((checkpoint, savepoint))
         last_id = max(checkpoint.checkpoint_id, savepoint.checkpoint_id)
     assert_finished_exactly(pipeline, run.wait(QUERY_TIMEOUT_S))
-    failed = [f"savepoint {i.checkpoint_id} (triggered while checkpoint {c.checkpoint_id} was {c.status}): {i.status} "
-              f"{i.failure_reason[:300]}" for c, i in taken if i.status != "COMPLETED"]
+    failed = [
+        f"savepoint {i.checkpoint_id} (triggered while checkpoint {c.checkpoint_id} was {c.status}): {i.status} "
+        f"{i.failure_reason[:300]}"
+        for c, i in taken
+        if i.status != "COMPLETED"
+    ]
     assert len(taken) >= 3, f"only {len(taken)} savepoints could be taken while the stream ran"
     if failed:
         pytest.fail(f"{len(failed)} of {len(taken)} savepoints taken while the stream ran failed: " + "; ".join(failed))
@@ -377,18 +411,33 @@ def test_12_rescale_requested_during_an_inflight_checkpoint_waits_for_it(exo_pip
         checkpoint = _wait_for_epoch_checkpoint(pipeline, last_id, run)
         assert checkpoint is not None, f"the query ended before rescale {len(results) + 1}: {run.wait(0).describe()}"
         try:
-            table = pipeline.client._jm_call(  # noqa: SLF001 - statectl job rescale's own call
-                "RescaleJob", jm_pb.RescaleJobRequest(job_id=pipeline.job_id, parallelism={"": parallelism}),
-                timeout=120, retry=False)
-            results.append((True, f"to {parallelism} during checkpoint {checkpoint.checkpoint_id} "
-                                  f"({checkpoint.status}): done (routing v{table.version})"))
+            table = pipeline.client._jm_call(
+                "RescaleJob",
+                jm_pb.RescaleJobRequest(job_id=pipeline.job_id, parallelism={"": parallelism}),
+                timeout=120,
+                retry=False,
+            )
+            results.append(
+                (
+                    True,
+                    f"to {parallelism} during checkpoint {checkpoint.checkpoint_id} "
+                    f"({checkpoint.status}): done (routing v{table.version})",
+                )
+            )
         except KeyedStateError as exc:
-            results.append((False, f"to {parallelism} during checkpoint {checkpoint.checkpoint_id} "
-                                   f"({checkpoint.status}): {type(exc).__name__}: {exc.message}"))
+            results.append(
+                (
+                    False,
+                    f"to {parallelism} during checkpoint {checkpoint.checkpoint_id} "
+                    f"({checkpoint.status}): {type(exc).__name__}: {exc.message}",
+                )
+            )
         last_id = max(c.checkpoint_id for c in _checkpoints(pipeline))
     if not all(done for done, _ in results):
-        pytest.fail("a rescale requested while an epoch checkpoint was in flight was refused instead of waiting "
-                    "for it: " + "; ".join(text for _, text in results))
+        pytest.fail(
+            "a rescale requested while an epoch checkpoint was in flight was refused instead of waiting "
+            "for it: " + "; ".join(text for _, text in results)
+        )
     assert_finished_exactly(pipeline, run.wait(QUERY_TIMEOUT_S))
     parallelism_now = [op.parallelism for op in pipeline.job_info().operators]
     assert parallelism_now == [4], parallelism_now

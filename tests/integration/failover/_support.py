@@ -15,14 +15,22 @@ import random
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.client import ListState, ReducingState, StateClient, ValueState
-from keyedstate.common.descriptors import NumberType, OperatorSpec, ReduceField, ReduceFunction, StateDescriptor, StateKind
+from keyedstate.common.descriptors import (
+    NumberType,
+    OperatorSpec,
+    ReduceField,
+    ReduceFunction,
+    StateDescriptor,
+    StateKind,
+)
 from keyedstate.common.errors import (
     EpochConflictError,
     JobStateError,
@@ -38,9 +46,14 @@ logger = logging.getLogger(__name__)
 OPERATOR = "counts"
 STATES = (
     StateDescriptor("events", StateKind.LIST),
-    StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(
-        ReduceField("n"), ReduceField("last", ReduceFunction.MAX, NumberType.INT64),
-    )),
+    StateDescriptor(
+        "totals",
+        StateKind.REDUCING,
+        reduce_fields=(
+            ReduceField("n"),
+            ReduceField("last", ReduceFunction.MAX, NumberType.INT64),
+        ),
+    ),
     StateDescriptor("blob", StateKind.VALUE),
 )
 PARTITIONS = 2
@@ -85,8 +98,15 @@ class EpochWriter:
     foreachBatch driver: on a retryable error it waits for the job to run again, reads the
     committed epoch and carries on from the next one (staged writes of a failed try are lost)."""
 
-    def __init__(self, client: StateClient, job_id: str, keys: list[str], *, blob_bytes: int = 0,
-                 blob_epochs: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        client: StateClient,
+        job_id: str,
+        keys: list[str],
+        *,
+        blob_bytes: int = 0,
+        blob_epochs: frozenset[int] = frozenset(),
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.keys = keys
@@ -112,11 +132,15 @@ class EpochWriter:
                     ref.blob[k] = blob_value(k, epoch, self.blob_bytes)
         return ref
 
-    def _handles(self, context: pb.EpochContext | None) -> tuple[ListState[Any, Any], ReducingState[Any], ValueState[Any, Any]]:
+    def _handles(
+        self, context: pb.EpochContext | None
+    ) -> tuple[ListState[Any, Any], ReducingState[Any], ValueState[Any, Any]]:
         c, j = self.client, self.job_id
-        return (ListState(c, j, OPERATOR, "events", value_serializer="str", epoch=context),
-                ReducingState(c, j, OPERATOR, "totals", epoch=context),
-                ValueState(c, j, OPERATOR, "blob", value_serializer="bytes", epoch=context))
+        return (
+            ListState(c, j, OPERATOR, "events", value_serializer="str", epoch=context),
+            ReducingState(c, j, OPERATOR, "totals", epoch=context),
+            ValueState(c, j, OPERATOR, "blob", value_serializer="bytes", epoch=context),
+        )
 
     def stage(self, epoch: int) -> dict[int, int]:
         """Stage epoch ``epoch`` (every partition under a fresh attempt id); returns the winners."""
@@ -141,11 +165,20 @@ class EpochWriter:
         try:
             version = self.client.routing(self.job_id, refresh=True).version
             winners = self.stage(epoch)
-            response = self.client.commit_epoch(self.job_id, epoch, winners, checkpoint=True, wait_for_checkpoint=True,
-                                                expected_routing_version=version, timeout_s=120)
+            response = self.client.commit_epoch(
+                self.job_id,
+                epoch,
+                winners,
+                checkpoint=True,
+                wait_for_checkpoint=True,
+                expected_routing_version=version,
+                timeout_s=120,
+            )
             if response.checkpoint.status != "COMPLETED":
-                raise UnavailableError(f"the checkpoint of epoch {epoch} did not complete: "
-                                       f"{response.checkpoint.failure_reason or response.checkpoint.status}")
+                raise UnavailableError(
+                    f"the checkpoint of epoch {epoch} did not complete: "
+                    f"{response.checkpoint.failure_reason or response.checkpoint.status}"
+                )
         except KeyedStateError as exc:
             attempt.error = f"{type(exc).__name__}: {exc.message}"
             raise
@@ -158,13 +191,19 @@ class EpochWriter:
         deadline = time.monotonic() + timeout_s
         while self.committed < through:
             if time.monotonic() > deadline:
-                pytest.fail(f"the writer reached epoch {self.committed} of {through} in {timeout_s:.0f} s; "
-                            f"last attempts: {self.attempts[-3:]}")
+                pytest.fail(
+                    f"the writer reached epoch {self.committed} of {through} in {timeout_s:.0f} s; "
+                    f"last attempts: {self.attempts[-3:]}"
+                )
             try:
                 self.run_epoch(self.committed + 1)
             except RETRYABLE as exc:
-                logger.info("writer: epoch %d failed (%s: %s); waiting for the job", self.committed + 1,
-                            type(exc).__name__, exc.message)
+                logger.info(
+                    "writer: epoch %d failed (%s: %s); waiting for the job",
+                    self.committed + 1,
+                    type(exc).__name__,
+                    exc.message,
+                )
                 # Paces the retries while the JobManager has not yet noticed the loss.
                 time.sleep(0.2)
                 self.committed = wait_for_job(self.client, self.job_id, {"RUNNING"}, timeout_s=60).committed_epoch
@@ -208,8 +247,11 @@ class BackgroundWriter:
             self.error = exc
 
     def wait_for_epoch(self, epoch: int, timeout_s: float = 60.0) -> None:
-        wait_until(lambda: self.writer.committed >= epoch or not self._thread.is_alive(),
-                   f"the writer to commit epoch {epoch}", timeout_s)
+        wait_until(
+            lambda: self.writer.committed >= epoch or not self._thread.is_alive(),
+            f"the writer to commit epoch {epoch}",
+            timeout_s,
+        )
         if self.error is not None:
             raise self.error
 
@@ -230,24 +272,31 @@ def assert_state_equals(actual: Reference, expected: Reference) -> None:
             extra = sorted(set(got) - set(want))[:5]
             wrong = sorted(k for k in set(got) & set(want) if got[k] != want[k])[:3]
             shown = [(k, str(got[k])[:80], str(want[k])[:80]) for k in wrong]
-            pytest.fail(f"state {name!r} differs: {len(want)} keys expected, {len(got)} served; missing {missing}, "
-                        f"unexpected {extra}, wrong values (key, served, expected) {shown}")
+            pytest.fail(
+                f"state {name!r} differs: {len(want)} keys expected, {len(got)} served; missing {missing}, "
+                f"unexpected {extra}, wrong values (key, served, expected) {shown}"
+            )
 
 
 # -- jobs and time ------------------------------------------------------------------------------
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0,
-               state: Callable[[], Any] | None = None) -> None:
+
+def wait_until(
+    predicate: Callable[[], bool], what: str, timeout_s: float = 30.0, state: Callable[[], Any] | None = None
+) -> None:
     """Wait for something another process does on its own; fail naming ``what`` (and ``state()``)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}" + (f"; now: {state()}" if state else ""))
+            pytest.fail(
+                f"timed out after {timeout_s:.0f} s waiting for {what}" + (f"; now: {state()}" if state else "")
+            )
         time.sleep(0.05)
 
 
-def wait_for_job(client: StateClient, job_id: str, statuses: set[str], *, min_restarts: int = 0,
-                 timeout_s: float = 60.0) -> Any:
+def wait_for_job(
+    client: StateClient, job_id: str, statuses: set[str], *, min_restarts: int = 0, timeout_s: float = 60.0
+) -> Any:
     """Poll the job until its status is one of ``statuses`` (after at least ``min_restarts``); its JobInfo."""
     seen: list[Any] = []
 
@@ -259,8 +308,12 @@ def wait_for_job(client: StateClient, job_id: str, statuses: set[str], *, min_re
         seen[:] = [info]
         return info.status in statuses and info.restarts >= min_restarts
 
-    wait_until(ready, f"job {job_id} to be {'/'.join(sorted(statuses))} (restarts >= {min_restarts})", timeout_s,
-               lambda: (seen[0].status, seen[0].restarts, seen[0].failure_cause) if seen else "no answer")
+    wait_until(
+        ready,
+        f"job {job_id} to be {'/'.join(sorted(statuses))} (restarts >= {min_restarts})",
+        timeout_s,
+        lambda: (seen[0].status, seen[0].restarts, seen[0].failure_cause) if seen else "no answer",
+    )
     return seen[0]
 
 
@@ -276,9 +329,10 @@ def record_figure(name: str, seconds: float) -> None:
 
 # -- checkpoint storage ---------------------------------------------------------------------------
 
+
 def relative_files(storage: CheckpointStorage, root: str) -> set[str]:
     root = root.rstrip("/")
-    return {info.path[len(root) + 1:] for info in storage.list(root, recursive=True) if not info.is_dir}
+    return {info.path[len(root) + 1 :] for info in storage.list(root, recursive=True) if not info.is_dir}
 
 
 def read_metadata(storage: CheckpointStorage, checkpoint_dir: str) -> CheckpointMetadata:
@@ -301,7 +355,7 @@ def assert_no_orphans(storage: CheckpointStorage, job_dir: str, retained: list[s
     expected: set[str] = set()
     metas = []
     for path in retained:
-        name = path[len(job_dir) + 1:]
+        name = path[len(job_dir) + 1 :]
         meta = read_metadata(storage, path)
         metas.append(meta)
         expected |= {f"{name}/_metadata"} | referenced_files(meta, name)
@@ -310,13 +364,18 @@ def assert_no_orphans(storage: CheckpointStorage, job_dir: str, retained: list[s
         now = relative_files(storage, job_dir)
         return f"orphans {sorted(now - expected)[:10]}, missing {sorted(expected - now)[:10]}"
 
-    wait_until(lambda: relative_files(storage, job_dir) == expected, "checkpoint storage to hold only retained files",
-               timeout_s, diff)
+    wait_until(
+        lambda: relative_files(storage, job_dir) == expected,
+        "checkpoint storage to hold only retained files",
+        timeout_s,
+        diff,
+    )
     plan = plan_gc(storage, job_dir, retained=metas)
     assert not plan.remove, plan.describe()
 
 
 # -- metrics --------------------------------------------------------------------------------------
+
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample a daemon's Prometheus endpoint serves: (name, labels) -> value."""
@@ -324,8 +383,11 @@ def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def metric_total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:

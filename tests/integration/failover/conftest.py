@@ -14,9 +14,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,9 @@ class FailoverCluster:
         return self.mini.jobmanager_address
 
     def client(self, **settings: Any) -> StateClient:
-        return StateClient(self.address, ClientSettings(**{"timeout_s": 30.0, "max_attempts": 3, "backoff_s": 0.05, **settings}))
+        return StateClient(
+            self.address, ClientSettings(**{"timeout_s": 30.0, "max_attempts": 3, "backoff_s": 0.05, **settings})
+        )
 
     def job_dir(self, job_id: str) -> str:
         return f"{self.checkpoints_dir}/{job_id}"
@@ -81,8 +84,12 @@ class FailoverCluster:
 
     def placement(self, client: StateClient, job_id: str) -> dict[int, int]:
         """subtask index -> index of the TaskManager hosting it, as the JobManager reports slots."""
-        return {s.subtask_index: int(t.taskmanager_id.removeprefix("tm-"))
-                for t in client.cluster().taskmanagers for s in t.slots if s.job_id == job_id}
+        return {
+            s.subtask_index: int(t.taskmanager_id.removeprefix("tm-"))
+            for t in client.cluster().taskmanagers
+            for s in t.slots
+            if s.job_id == job_id
+        }
 
     def local_dir(self, i: int) -> Path:
         return self.base / f"tm-{i}"
@@ -124,8 +131,13 @@ class FailoverCluster:
         """Run the ``statectl`` console script (or ``python -m``) against this cluster."""
         script = Path(sys.executable).parent / "statectl"
         command = [str(script)] if script.exists() else [sys.executable, "-m", "keyedstate.common.cli.statectl"]
-        return subprocess.run([*command, *args, "--jobmanager", self.address], capture_output=True, text=True,
-                              timeout=timeout_s, env=dict(os.environ))
+        return subprocess.run(
+            [*command, *args, "--jobmanager", self.address],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(os.environ),
+        )
 
 
 @pytest.fixture
@@ -137,14 +149,28 @@ def failover_cluster(tmp_path: Path, s3_bucket: tuple[str, str]) -> Iterator[Cal
 
     def make(taskmanagers: int = 3, slots: int = 2, config: dict[str, Any] | None = None) -> FailoverCluster:
         base = tmp_path / f"cluster-{len(started)}"
-        s3 = {"s3.endpoint": endpoint, "s3.access-key": ACCESS_KEY, "s3.secret-key": SECRET_KEY,
-              "s3.region": REGION, "s3.path.style.access": "true"}
+        s3 = {
+            "s3.endpoint": endpoint,
+            "s3.access-key": ACCESS_KEY,
+            "s3.secret-key": SECRET_KEY,
+            "s3.region": REGION,
+            "s3.path.style.access": "true",
+        }
         checkpoints_dir = f"s3://{bucket}/checkpoints"
-        conf = {"state.checkpoints.dir": checkpoints_dir, **s3, **FAST_HEARTBEATS, **DEFAULTS,
-                **{k: str(v) for k, v in (config or {}).items()}}
+        conf = {
+            "state.checkpoints.dir": checkpoints_dir,
+            **s3,
+            **FAST_HEARTBEATS,
+            **DEFAULTS,
+            **{k: str(v) for k, v in (config or {}).items()},
+        }
         proxies = [HttpProxy((host, int(port)), f"s3-tm-{i}") for i in range(taskmanagers)]
-        mini = _ProxiedMiniCluster(base, taskmanagers, slots, "rocksdb", conf, s3_endpoints=[p.endpoint for p in proxies])
-        cluster = FailoverCluster(mini, proxies, open_storage(checkpoints_dir, Configuration(s3)), checkpoints_dir, base)
+        mini = _ProxiedMiniCluster(
+            base, taskmanagers, slots, "rocksdb", conf, s3_endpoints=[p.endpoint for p in proxies]
+        )
+        cluster = FailoverCluster(
+            mini, proxies, open_storage(checkpoints_dir, Configuration(s3)), checkpoints_dir, base
+        )
         started.append(cluster)
         mini.start()
         return cluster

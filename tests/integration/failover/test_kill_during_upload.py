@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -61,10 +61,17 @@ def test_kill_of_a_taskmanager_during_a_checkpoint_upload_leaves_no_orphans(
     group = f"shared/chk-{checkpoint_id}/"
 
     def victim_uploads() -> set[str]:
-        return {p for p in relative_files(cluster.storage, job_dir) if p.startswith(group) and p[len(group):].startswith(owners)}
+        return {
+            p
+            for p in relative_files(cluster.storage, job_dir)
+            if p.startswith(group) and p[len(group) :].startswith(owners)
+        }
 
-    wait_until(lambda: bool(victim_uploads()), f"tm-{victim} to upload a first shared file of checkpoint {checkpoint_id}",
-               timeout_s=30)
+    wait_until(
+        lambda: bool(victim_uploads()),
+        f"tm-{victim} to upload a first shared file of checkpoint {checkpoint_id}",
+        timeout_s=30,
+    )
     killed_at = cluster.kill_taskmanager(victim)
     # What the dead process had sent reaches the server at once, not trickling in after the abort.
     cluster.proxies[victim].upload_rate = None
@@ -96,8 +103,9 @@ def test_kill_of_a_taskmanager_during_a_checkpoint_upload_leaves_no_orphans(
 
     first = writer.first_success_after(killed_at)
     assert first is not None
-    record_figure("TaskManager kill during checkpoint upload -> job RUNNING again",
-                  running_at - killed_at)
+    record_figure("TaskManager kill during checkpoint upload -> job RUNNING again", running_at - killed_at)
     record_figure("TaskManager kill during checkpoint upload -> first committed epoch", first.finished - killed_at)
-    print(f"killed tm-{victim} during the upload of checkpoint {checkpoint_id} ({started.group(3)} files, "
-          f"{started.group(4)} bytes in its first slot); {len(orphans_at_kill)} of its shared files were in storage")
+    print(
+        f"killed tm-{victim} during the upload of checkpoint {checkpoint_id} ({started.group(3)} files, "
+        f"{started.group(4)} bytes in its first slot); {len(orphans_at_kill)} of its shared files were in storage"
+    )

@@ -11,8 +11,8 @@ in front of each TaskManager, which sees every GET that reaches the S3 server.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -44,22 +44,30 @@ def _object_gets(cluster: FailoverCluster, since: float) -> list[str]:
 
 def _local_copy(cluster: FailoverCluster, tm: int, job: str, subtask: int) -> Path:
     """The one local snapshot TaskManager ``tm`` keeps for ``subtask`` (the last completed checkpoint)."""
-    snapshots = cluster.local_dir(tm) / f"tm_tm-{tm}" / SubtaskId(job, OPERATOR, subtask).instance_dir_name() / "snapshots"
+    snapshots = (
+        cluster.local_dir(tm) / f"tm_tm-{tm}" / SubtaskId(job, OPERATOR, subtask).instance_dir_name() / "snapshots"
+    )
     copies = sorted(snapshots.glob("chk-*"))
     assert len(copies) == 1, f"expected one local copy in {snapshots}, found {copies}"
     return copies[0]
 
 
-def test_restart_on_the_same_host_restores_from_the_local_copy(failover_cluster: Callable[..., FailoverCluster]) -> None:
+def test_restart_on_the_same_host_restores_from_the_local_copy(
+    failover_cluster: Callable[..., FailoverCluster],
+) -> None:
     # One slot per TaskManager: a lost subtask can only go back to its restarted TaskManager
     # (with a spare slot elsewhere it would move there at once, and download its state). The
     # restart delay gives the TaskManager time to come back; an attempt before that finds no
     # slot and is retried.
-    cluster = failover_cluster(taskmanagers=2, slots=1, config={
-        "execution.state-recovery.from-local": "true",
-        "restart-strategy.fixed-delay.delay": "1 s",
-        "restart-strategy.fixed-delay.attempts": "20",
-    })
+    cluster = failover_cluster(
+        taskmanagers=2,
+        slots=1,
+        config={
+            "execution.state-recovery.from-local": "true",
+            "restart-strategy.fixed-delay.delay": "1 s",
+            "restart-strategy.fixed-delay.attempts": "20",
+        },
+    )
     job = "local"
     client = cluster.client()
     client.submit_job(job, operators(2))
@@ -77,7 +85,10 @@ def test_restart_on_the_same_host_restores_from_the_local_copy(failover_cluster:
     killed_at = cluster.kill_taskmanager(victim)
     cluster.restart_taskmanager(victim)
     wait_for_job(client, job, {"RUNNING"}, min_restarts=restarts + 1)
-    record_figure("TaskManager kill + restart, local recovery (no download) -> job RUNNING again (restart delay 1 s)", time.monotonic() - killed_at)
+    record_figure(
+        "TaskManager kill + restart, local recovery (no download) -> job RUNNING again (restart delay 1 s)",
+        time.monotonic() - killed_at,
+    )
     # A restart on the same host finds each subtask where it was; local recovery depends on it.
     assert cluster.placement(client, job) == placement
 
@@ -87,7 +98,9 @@ def test_restart_on_the_same_host_restores_from_the_local_copy(failover_cluster:
         assert metric_total(samples, DOWNLOADED_FILES, job_id=job) == 0
         assert metric_total(samples, DOWNLOADED_BYTES, job_id=job) == 0
         assert metric_total(samples, LOCAL_FILES, job_id=job) > 0, f"tm-{tm} restored nothing from its local copy"
-    assert f"from checkpoint {checkpoint}: 1 snapshot(s), 0 files (0 bytes) downloaded" in cluster.log_since(victim, offset)
+    assert f"from checkpoint {checkpoint}: 1 snapshot(s), 0 files (0 bytes) downloaded" in cluster.log_since(
+        victim, offset
+    )
     # What a slot restored from stays its local copy until the next checkpoint completes.
     assert _local_copy(cluster, victim, job, 0).name == f"chk-{checkpoint}"
     assert_state_equals(writer.read(), writer.expected(3))
@@ -106,7 +119,10 @@ def test_restart_on_the_same_host_restores_from_the_local_copy(failover_cluster:
     damaged.write_bytes(bytes(data))
     cluster.restart_taskmanager(victim)
     wait_for_job(client, job, {"RUNNING"}, min_restarts=restarts + 1)
-    record_figure("TaskManager kill + restart, one local file damaged -> job RUNNING again (restart delay 1 s)", time.monotonic() - killed_at)
+    record_figure(
+        "TaskManager kill + restart, one local file damaged -> job RUNNING again (restart delay 1 s)",
+        time.monotonic() - killed_at,
+    )
 
     log = cluster.log_since(victim, offset)
     assert f"local copy {damaged} does not verify" in log
@@ -132,14 +148,17 @@ def test_restart_on_the_same_host_restores_from_the_local_copy(failover_cluster:
     copy.rmdir()
     cluster.restart_taskmanager(other)
     wait_for_job(client, job, {"RUNNING"}, min_restarts=restarts + 1)
-    record_figure("TaskManager kill + restart, local copy missing (full download) -> job RUNNING again (restart delay 1 s)",
-                  time.monotonic() - killed_at)
+    record_figure(
+        "TaskManager kill + restart, local copy missing (full download) -> job RUNNING again (restart delay 1 s)",
+        time.monotonic() - killed_at,
+    )
     assert f"no local copy of checkpoint {checkpoint}" in cluster.log_since(other, offset)
     samples = cluster.taskmanager_metrics(client, other)
     assert metric_total(samples, DOWNLOADED_FILES, job_id=job) == len(files)
     assert metric_total(samples, LOCAL_FILES, job_id=job) == 0
-    assert sorted(g.rsplit("/", 1)[-1].split("-")[-1] for g in _object_gets(cluster, killed_at)) == \
-        sorted(f.split("-")[-1] for f in files)
+    assert sorted(g.rsplit("/", 1)[-1].split("-")[-1] for g in _object_gets(cluster, killed_at)) == sorted(
+        f.split("-")[-1] for f in files
+    )
     assert_state_equals(writer.read(), writer.expected(7))
     writer.run(8)
     assert_state_equals(writer.read(), writer.expected(8))

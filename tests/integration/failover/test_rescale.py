@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import rocksdict
@@ -53,8 +53,12 @@ def _read_key_groups(db_dir: Path) -> dict[str, set[int]]:
     options = rocksdict.Options(raw_mode=True)
     names = [n for n in rocksdict.Rdict.list_cf(str(db_dir), options) if n not in (DEFAULT_CF, META_CF)]
     # Read-only: the TaskManager holds the DB open (and its lock); this sees it as of now, WAL included.
-    db = rocksdict.Rdict(str(db_dir), options, column_families={n: rocksdict.Options(raw_mode=True) for n in names},
-                         access_type=rocksdict.AccessType.read_only())
+    db = rocksdict.Rdict(
+        str(db_dir),
+        options,
+        column_families={n: rocksdict.Options(raw_mode=True) for n in names},
+        access_type=rocksdict.AccessType.read_only(),
+    )
     try:
         out = {}
         for name in names:
@@ -82,7 +86,9 @@ def assert_slots_hold_only_their_key_groups(cluster: FailoverCluster, job: str, 
         assert stored["events"], f"subtask {subtask} holds no state at all"
         for state, groups in stored.items():
             foreign = sorted(g for g in groups if not own.start <= g <= own.end)
-            assert not foreign, f"subtask {subtask}/{parallelism} ({own}) still stores {state!r} of key groups {foreign[:10]}"
+            assert not foreign, (
+                f"subtask {subtask}/{parallelism} ({own}) still stores {state!r} of key groups {foreign[:10]}"
+            )
             covered |= groups
     assert len(covered) > MAX_P // 2, "the keys should spread over most key groups"
 
@@ -131,7 +137,6 @@ def test_rescale_from_2_to_3_to_1_with_statectl(failover_cluster: Callable[..., 
     assert_state_equals(writer.read(), writer.expected(6))
 
 
-
 def test_statectl_refuses_a_rescale_beyond_the_free_slots_and_the_job_keeps_running(
     failover_cluster: Callable[..., FailoverCluster],
 ) -> None:
@@ -155,7 +160,7 @@ def test_statectl_refuses_a_rescale_beyond_the_free_slots_and_the_job_keeps_runn
     from keyedstate.common.errors import CapacityError
 
     with pytest.raises(CapacityError, match="needs 5 slots"):
-        client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=job, parallelism={"": 5}), retry=False)  # noqa: SLF001
+        client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=job, parallelism={"": 5}), retry=False)
     # Refused before anything was released: the job runs on at its old parallelism.
     assert client.job_info(job).status == "RUNNING"
     writer.run(3)

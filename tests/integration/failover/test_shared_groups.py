@@ -32,8 +32,15 @@ def _complete(storage: CheckpointStorage, job_dir: str, checkpoint_id: int, shar
     for name in shared:
         storage.write_bytes(f"{job_dir}/shared/{name}", b"sst")
     snapshot = SubtaskSnapshot(0, KeyGroupRange(0, 127), "rocksdb", -1, 3 * len(files), 3 * len(files), files)
-    meta = CheckpointMetadata("job", checkpoint_id, False, 0, -1, 128,
-                              (OperatorSnapshot("op", 1, (StateDescriptor("s", StateKind.VALUE),), (snapshot,)),))
+    meta = CheckpointMetadata(
+        "job",
+        checkpoint_id,
+        False,
+        0,
+        -1,
+        128,
+        (OperatorSnapshot("op", 1, (StateDescriptor("s", StateKind.VALUE),), (snapshot,)),),
+    )
     storage.write_bytes(f"{job_dir}/chk-{checkpoint_id}/_metadata", meta.to_bytes())
     return meta
 
@@ -48,8 +55,8 @@ def test_gc_keeps_only_the_group_of_a_checkpoint_in_progress(tmp_path: Path) -> 
 
     plan = plan_gc(storage, job_dir, retained=[retained], in_progress_ids=[4])
 
-    removed = {e.path[len(job_dir) + 1:]: e.why for e in plan.remove}
-    kept = {e.path[len(job_dir) + 1:]: e.why for e in plan.keep}
+    removed = {e.path[len(job_dir) + 1 :]: e.why for e in plan.remove}
+    kept = {e.path[len(job_dir) + 1 :]: e.why for e in plan.keep}
     assert set(removed) == {"shared/chk-2/op-0-d-000008.sst", "shared/chk-1/op-0-e-000003.sst"}
     assert all("not referenced by any valid _metadata" in why for why in removed.values())
     assert kept["shared/chk-4/op-0-c-000011.sst"] == "uploaded for checkpoint 4, which is in progress"
@@ -57,9 +64,13 @@ def test_gc_keeps_only_the_group_of_a_checkpoint_in_progress(tmp_path: Path) -> 
     assert kept["shared/chk-2/op-0-b-000007.sst"] == "referenced by chk-3"
 
     # Once nothing is in progress, the group of 4 (never completed) is garbage as well.
-    idle = {e.path[len(job_dir) + 1:] for e in plan_gc(storage, job_dir, retained=[retained]).remove}
-    assert idle == {"shared/chk-4/op-0-c-000011.sst", "shared/chk-2/op-0-d-000008.sst",
-                    "shared/chk-1/op-0-e-000003.sst", "shared/op-0-f-000001.sst"}
+    idle = {e.path[len(job_dir) + 1 :] for e in plan_gc(storage, job_dir, retained=[retained]).remove}
+    assert idle == {
+        "shared/chk-4/op-0-c-000011.sst",
+        "shared/chk-2/op-0-d-000008.sst",
+        "shared/chk-1/op-0-e-000003.sst",
+        "shared/op-0-f-000001.sst",
+    }
 
 
 def test_an_aborted_group_is_swept_again_when_later_checkpoints_complete(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ FAILED and statectl shows why.
 from __future__ import annotations
 
 import json
-import time
 import re
-from typing import Callable
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -54,9 +54,13 @@ def test_kill_of_a_taskmanager_during_writes_loses_and_doubles_no_update(
     background.join()
 
     # Whoever noticed first (a broken connection, a failed epoch commit) names the dead TaskManager.
-    assert f"TaskManager tm-{victim} lost" in info.failure_cause or victim_address in info.failure_cause, info.failure_cause
+    assert f"TaskManager tm-{victim} lost" in info.failure_cause or victim_address in info.failure_cause, (
+        info.failure_cause
+    )
     after = cluster.placement(client, job)
-    assert sorted(after) == [0, 1, 2, 3] and victim not in after.values(), f"subtasks {lost} moved off tm-{victim}: {after}"
+    assert sorted(after) == [0, 1, 2, 3] and victim not in after.values(), (
+        f"subtasks {lost} moved off tm-{victim}: {after}"
+    )
 
     # The writer was told to retry (and nothing else), then carried on to the last epoch.
     failures = writer.failures()
@@ -72,9 +76,13 @@ def test_kill_of_a_taskmanager_during_writes_loses_and_doubles_no_update(
     assert first is not None
     record_figure("TaskManager kill during writes -> job RUNNING again", running_at - killed_at)
     record_figure("TaskManager kill during writes -> first committed epoch", first.finished - killed_at)
-    kinds = sorted({f.error.split(" on TaskManager")[0].split(":")[0] + ":" + f.error.split(":")[1][:40] for f in failures})
-    print(f"killed tm-{victim} (subtasks {lost}) after epoch {epoch_at_kill}; {final.restarts} restart(s); "
-          f"{len(failures)} failed tries: {kinds}")
+    kinds = sorted(
+        {f.error.split(" on TaskManager")[0].split(":")[0] + ":" + f.error.split(":")[1][:40] for f in failures}
+    )
+    print(
+        f"killed tm-{victim} (subtasks {lost}) after epoch {epoch_at_kill}; {final.restarts} restart(s); "
+        f"{len(failures)} failed tries: {kinds}"
+    )
 
 
 def test_exhausted_restart_strategy_fails_the_job_and_statectl_shows_the_cause(
@@ -83,8 +91,11 @@ def test_exhausted_restart_strategy_fails_the_job_and_statectl_shows_the_cause(
     # Every slot is taken and one restart is allowed. Each lost TaskManager comes back at once;
     # the JobManager learns of the loss from its registration (connection-loss detection off),
     # so the restart never races the TaskManager's start.
-    cluster = failover_cluster(taskmanagers=2, slots=2, config={
-        "restart-strategy.fixed-delay.attempts": "1", "heartbeat.connection-loss-detection": "false"})
+    cluster = failover_cluster(
+        taskmanagers=2,
+        slots=2,
+        config={"restart-strategy.fixed-delay.attempts": "1", "heartbeat.connection-loss-detection": "false"},
+    )
     job = "exhausted"
     client = cluster.client()
     client.submit_job(job, operators(4))

@@ -24,10 +24,16 @@ OP = "agg"
 
 
 def operators(parallelism: int) -> list[OperatorSpec]:
-    return [OperatorSpec(OP, parallelism, (
-        StateDescriptor("sums", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
-        StateDescriptor("events", StateKind.LIST),
-    ))]
+    return [
+        OperatorSpec(
+            OP,
+            parallelism,
+            (
+                StateDescriptor("sums", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
+                StateDescriptor("events", StateKind.LIST),
+            ),
+        )
+    ]
 
 
 @dataclass
@@ -85,8 +91,10 @@ class EpochDriver:
             winners = []
             if start.action == jm_pb.RUN:
                 self.attempts += 1
-                scope = EpochScope(common_pb2.EpochContext(epoch=start.epoch, partition=0, attempt=self.attempts),
-                                   routing_version=start.routing.version)
+                scope = EpochScope(
+                    common_pb2.EpochContext(epoch=start.epoch, partition=0, attempt=self.attempts),
+                    routing_version=start.routing.version,
+                )
                 try:
                     self._stage(rows, epoch, scope)
                 except KeyedStateError:
@@ -95,8 +103,9 @@ class EpochDriver:
                     continue
                 winners = [scope.winner()]
             try:
-                response = self.client.commit_epoch(JOB, start.epoch, winners, batch_id=epoch,
-                                                    expected_routing_version=start.routing.version)
+                response = self.client.commit_epoch(
+                    JOB, start.epoch, winners, batch_id=epoch, expected_routing_version=start.routing.version
+                )
             except EpochGapError:
                 raise
             except KeyedStateError:
@@ -117,7 +126,8 @@ class EpochDriver:
         keys = sorted(agg)
         ReducingState(self.client, JOB, OP, "sums", epoch=scope).add_many(keys, [agg[k] for k in keys])
         ListState(self.client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(
-            [k for k, _ in rows], [f"{epoch}:{i}:{amount}" for i, (_, amount) in enumerate(rows)])
+            [k for k, _ in rows], [f"{epoch}:{i}:{amount}" for i, (_, amount) in enumerate(rows)]
+        )
 
     def _apply_reference(self, epoch: int, rows: list[tuple[str, int]]) -> None:
         for i, (key, amount) in enumerate(rows):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from keyedstate.common.client import ValueState
 from keyedstate.common.config import Configuration
@@ -22,16 +21,28 @@ def _ops(parallelism: int = 2) -> list[OperatorSpec]:
 
 _wait_for = wait_for
 
+
 def _ha(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    return {"high-availability.type": "filesystem", "high-availability.storageDir": (tmp_path / "ha").as_uri(),
-            "high-availability.filesystem.lease-check-interval": "100 ms", **extra}
+    return {
+        "high-availability.type": "filesystem",
+        "high-availability.storageDir": (tmp_path / "ha").as_uri(),
+        "high-availability.filesystem.lease-check-interval": "100 ms",
+        **extra,
+    }
 
 
 def _restart_jobmanager(cluster: Any, tmp_path: Path, **extra: Any) -> JobManager:
     port = cluster.jobmanager.port
     cluster.jobmanager.stop(grace_s=0)
-    conf = {"jobmanager.rpc.port": port, "metrics.reporter.prom.port": "-1", "rest.port": -1,
-            "state.checkpoints.dir": (cluster.base / "checkpoints").as_uri(), **FAST_HEARTBEATS, **_ha(tmp_path), **extra}
+    conf = {
+        "jobmanager.rpc.port": port,
+        "metrics.reporter.prom.port": "-1",
+        "rest.port": -1,
+        "state.checkpoints.dir": (cluster.base / "checkpoints").as_uri(),
+        **FAST_HEARTBEATS,
+        **_ha(tmp_path),
+        **extra,
+    }
     jm = JobManager(Configuration(conf))
     jm.start()
     cluster.jobmanager = jm
@@ -41,8 +52,9 @@ def _restart_jobmanager(cluster: Any, tmp_path: Path, **extra: Any) -> JobManage
 def test_a_second_jobmanager_on_the_same_ha_directory_fences_the_first(inprocess_cluster: Any, tmp_path: Path) -> None:
     cluster = inprocess_cluster(taskmanagers=0, jm=_ha(tmp_path))
     first = cluster.jobmanager
-    second = JobManager(Configuration({"jobmanager.rpc.port": 0, "metrics.reporter.prom.port": "-1", "rest.port": -1,
-                                       **_ha(tmp_path)}))
+    second = JobManager(
+        Configuration({"jobmanager.rpc.port": 0, "metrics.reporter.prom.port": "-1", "rest.port": -1, **_ha(tmp_path)})
+    )
     second.start()
     try:
         _wait_for(first._stopped.is_set, 30, "the older JobManager stepping down")
@@ -73,10 +85,19 @@ def test_a_recovered_job_that_gets_no_slots_fails_naming_the_timeout(inprocess_c
     assert "slot.request.timeout" in info.failure_cause and "start more TaskManagers" in info.failure_cause
 
 
-def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitted_from(inprocess_cluster: Any, tmp_path: Path) -> None:
-    cluster = inprocess_cluster(taskmanagers=2, slots=2, jm={
-        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "50 ms",
-        "restart-strategy.fixed-delay.attempts": "100", "state.savepoints.dir": (tmp_path / "sp").as_uri()})
+def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitted_from(
+    inprocess_cluster: Any, tmp_path: Path
+) -> None:
+    cluster = inprocess_cluster(
+        taskmanagers=2,
+        slots=2,
+        jm={
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.delay": "50 ms",
+            "restart-strategy.fixed-delay.attempts": "100",
+            "state.savepoints.dir": (tmp_path / "sp").as_uri(),
+        },
+    )
     client = cluster.client()
     client.submit_job("a", _ops())
     state = ValueState(client, "a", OP, "v", value_serializer="int")
@@ -91,12 +112,15 @@ def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitte
     # restore the savepoint again, not come back empty.
     cluster.taskmanagers[1].stop(grace_s=0)
     cluster.add_taskmanager()
-    _wait_for(lambda: client.job_info("b").restarts >= 1 and client.job_info("b").status == "RUNNING", 60, "job b restarting")
+    _wait_for(
+        lambda: client.job_info("b").restarts >= 1 and client.job_info("b").status == "RUNNING", 60, "job b restarting"
+    )
     assert restored.get_many(keys) == list(range(300))
 
 
 def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state(
-    inprocess_cluster: Any, tmp_path: Path,
+    inprocess_cluster: Any,
+    tmp_path: Path,
 ) -> None:
     # The checkpoint the restore takes first (newest in the job's directory, with _metadata) belongs
     # to the state the restore replaced: a new leader must not take it back.
@@ -118,7 +142,9 @@ def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state
     assert client.job_info("job").latest_checkpoint_path == source.path
 
 
-def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(inprocess_cluster: Any, tmp_path: Path) -> None:
+def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(
+    inprocess_cluster: Any, tmp_path: Path
+) -> None:
     # Chaos seed 1071: a job FAILED (restart budget used up), the JobManager restarted, and job info
     # named no checkpoint any more, so the operator could not find the one to restore it from.
     cluster = inprocess_cluster(taskmanagers=1, slots=4, jm=_ha(tmp_path))

@@ -97,7 +97,9 @@ def _await_crash(cluster: Any, timeout_s: float = 60.0) -> None:
     assert "crash point" in cluster.jobmanager.log_tail(50)
 
 
-def _run_through_a_crash(cluster: Any, crash_at: str, epochs_before: int, total_epochs: int) -> tuple[EpochDriver, dict[str, Any]]:
+def _run_through_a_crash(
+    cluster: Any, crash_at: str, epochs_before: int, total_epochs: int
+) -> tuple[EpochDriver, dict[str, Any]]:
     driver = _start(cluster)
     for epoch in range(epochs_before):
         driver.run_epoch(epoch)
@@ -136,8 +138,13 @@ def _run_through_a_crash(cluster: Any, crash_at: str, epochs_before: int, total_
     recovered_s = time.monotonic() - killed_at
     assert done.wait(300), "the driver did not finish after the JobManager came back"
     assert not errors, errors
-    figures = {"kill_to_running_s": round(recovered_s, 2), "before": before, "after_crash": after_crash,
-               "newest_epoch_at_crash": newest_epoch, "pointers_at_crash": pointers_at_crash}
+    figures = {
+        "kill_to_running_s": round(recovered_s, 2),
+        "before": before,
+        "after_crash": after_crash,
+        "newest_epoch_at_crash": newest_epoch,
+        "pointers_at_crash": pointers_at_crash,
+    }
     return driver, figures
 
 
@@ -152,8 +159,9 @@ def test_jobmanager_killed_between_barrier_and_completion(ha_cluster: Any) -> No
         assert figures["after_crash"] == figures["before"], "a checkpoint completed although the JobManager died first"
         ids = _completed_ids(cluster)
         assert in_flight not in ids, f"checkpoint {in_flight} was not fully acknowledged but has _metadata"
-        assert min(i for i in ids if i > max(figures["before"])) > in_flight, \
+        assert min(i for i in ids if i > max(figures["before"])) > in_flight, (
             f"checkpoint ids went backwards or reused {in_flight}: {ids}"
+        )
         info = driver.client.job_info(JOB)
         assert info.status == "RUNNING" and info.committed_epoch == 5 and info.restarts == 0
         driver.verify()

@@ -14,9 +14,10 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from keyedstate.common.client import ClientSettings, ListState, ReducingState, Routing, StateClient
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
@@ -43,10 +44,16 @@ PARTITION_CONFIG = {
 
 def operators(parallelism: int = 2) -> list[OperatorSpec]:
     """One operator with a ListState of event ids and a ReducingState of (count, sum)."""
-    return [OperatorSpec(OPERATOR, parallelism, (
-        StateDescriptor(EVENTS, StateKind.LIST),
-        StateDescriptor(TOTALS, StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("sum"))),
-    ))]
+    return [
+        OperatorSpec(
+            OPERATOR,
+            parallelism,
+            (
+                StateDescriptor(EVENTS, StateKind.LIST),
+                StateDescriptor(TOTALS, StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("sum"))),
+            ),
+        )
+    ]
 
 
 def subtask_of(routing: Routing, key: str) -> int:
@@ -76,6 +83,7 @@ def fast_client(address: str) -> StateClient:
 
 # -- the job's failover, as a client sees it --------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Observation:
     at: float
@@ -104,14 +112,28 @@ class JobMonitor:
                 routing = self.client.routing(self.job_id, refresh=True)
                 # The status comes with the table it belongs to: job_info and the routing are two
                 # calls, and a failover can start between them.
-                ob = Observation(time.monotonic(), routing.job_status, info.restarts, routing.version,
-                                 routing.operator(OPERATOR).addresses)
+                ob = Observation(
+                    time.monotonic(),
+                    routing.job_status,
+                    info.restarts,
+                    routing.version,
+                    routing.operator(OPERATOR).addresses,
+                )
                 last = self.observations[-1] if self.observations else None
                 # Only changes are kept: the first sighting of each state is the moment that matters.
                 if last is None or (ob.status, ob.restarts, ob.routing_version, ob.addresses) != (
-                        last.status, last.restarts, last.routing_version, last.addresses):
-                    logger.info("monitor: %s restarts=%d routing v%d %s", ob.status, ob.restarts, ob.routing_version,
-                                ob.addresses)
+                    last.status,
+                    last.restarts,
+                    last.routing_version,
+                    last.addresses,
+                ):
+                    logger.info(
+                        "monitor: %s restarts=%d routing v%d %s",
+                        ob.status,
+                        ob.restarts,
+                        ob.routing_version,
+                        ob.addresses,
+                    )
                     self.observations.append(ob)
             except KeyedStateError:
                 pass  # the JobManager is reachable from here throughout; a slow answer is retried
@@ -132,8 +154,10 @@ class JobMonitor:
                 if ob.status == "RUNNING" and ob.routing_version > version:
                     return ob
             time.sleep(self.interval_s)
-        raise AssertionError(f"job {self.job_id} did not run again above routing v{version} within {timeout_s:.0f} s; "
-                             f"last seen {self.latest()}")
+        raise AssertionError(
+            f"job {self.job_id} did not run again above routing v{version} within {timeout_s:.0f} s; "
+            f"last seen {self.latest()}"
+        )
 
     def changes_after(self, t: float) -> list[Observation]:
         return [ob for ob in self.observations if ob.at > t]
@@ -145,6 +169,7 @@ class JobMonitor:
 
 
 # -- direct mode: writers that record what was acknowledged ---------------------------------------
+
 
 @dataclass(frozen=True)
 class Append:
@@ -164,8 +189,9 @@ class AppendWriter:
     """Appends unique event ids to ``keys`` through its own StateClient (its own cached routing),
     like one Spark executor whose partition holds those keys; records every acknowledged call."""
 
-    def __init__(self, name: str, address: str, job_id: str, keys: list[str], *, batch: int = 10,
-                 pause_s: float = 0.02) -> None:
+    def __init__(
+        self, name: str, address: str, job_id: str, keys: list[str], *, batch: int = 10, pause_s: float = 0.02
+    ) -> None:
         self.name = name
         self.job_id = job_id
         self.keys = keys
@@ -205,8 +231,9 @@ class AppendWriter:
             routing = self.client.routing(self.job_id)
             subtasks = tuple(sorted({subtask_of(routing, k) for k in keys}))
             addresses = routing.operator(OPERATOR).addresses
-            self.acked.append(Append(tuple(ids), subtasks, sent, acked, routing.version,
-                                     tuple(addresses[s] for s in subtasks)))
+            self.acked.append(
+                Append(tuple(ids), subtasks, sent, acked, routing.version, tuple(addresses[s] for s in subtasks))
+            )
             self._stop.wait(self.pause_s)
 
     def stop(self) -> None:
@@ -220,13 +247,22 @@ def read_lists(address: str, job_id: str, keys: list[str]) -> dict[str, list[str
     """Every key's event list, through a fresh client (fresh routing)."""
     with fast_client(address) as client:
         client.routing(job_id, refresh=True)
-        values = ListState(client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str").get_many(keys)
+        values = ListState(client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str").get_many(
+            keys
+        )
     return dict(zip(keys, values))
 
 
-def direct_mode_report(writers: list[AppendWriter], final: dict[str, list[str]], running: Observation,
-                       cut_at: float, healed_at: float, victim: tuple[str, str], restarts: int,
-                       expected_restarts: int | None = 1) -> str:
+def direct_mode_report(
+    writers: list[AppendWriter],
+    final: dict[str, list[str]],
+    running: Observation,
+    cut_at: float,
+    healed_at: float,
+    victim: tuple[str, str],
+    restarts: int,
+    expected_restarts: int | None = 1,
+) -> str:
     """What went wrong, with numbers; "" when every append acknowledged after the failover survived
     exactly once and no TaskManager but the new owner acknowledged a write after it.
 
@@ -241,8 +277,7 @@ def direct_mode_report(writers: list[AppendWriter], final: dict[str, list[str]],
     unexpected = sorted(e for e in served if e not in sent)
     # Two owners: after the new deployment ran, a call acknowledged by an address that the new
     # routing table does not give for that subtask.
-    deposed = [a for a in acked_after
-               if any(addr != running.addresses[s] for s, addr in zip(a.subtasks, a.served_by))]
+    deposed = [a for a in acked_after if any(addr != running.addresses[s] for s, addr in zip(a.subtasks, a.served_by))]
     deposed_events = sum(len(a.events) for a in deposed)
     lost_deposed = sum(1 for a in deposed for e in a.events if served[e] == 0)
     problems = []
@@ -250,7 +285,8 @@ def direct_mode_report(writers: list[AppendWriter], final: dict[str, list[str]],
         by_writer = Counter(e.rsplit("-", 1)[0] for e in lost)
         problems.append(
             f"{len(lost)} of {len(events_after)} list appends acknowledged after the failover completed are missing "
-            f"after the heal (by writer: {dict(sorted(by_writer.items()))}; e.g. {lost[:3]})")
+            f"after the heal (by writer: {dict(sorted(by_writer.items()))}; e.g. {lost[:3]})"
+        )
     if doubled:
         problems.append(f"{len(doubled)} events are stored twice or more (e.g. {doubled[:3]})")
     if unexpected:
@@ -263,19 +299,23 @@ def direct_mode_report(writers: list[AppendWriter], final: dict[str, list[str]],
             f"two owners: the deposed TaskManager {victim[0]} ({victim[1]}) acknowledged {len(deposed)} calls "
             f"({deposed_events} appends, {lost_deposed} of them lost) under routing v{versions} from {first:+.1f} s to "
             f"{last:+.1f} s after routing v{running.routing_version} was RUNNING "
-            f"(the partition healed at {healed_at - running.at:+.1f} s)")
+            f"(the partition healed at {healed_at - running.at:+.1f} s)"
+        )
     if expected_restarts is not None and restarts != expected_restarts:
         problems.append(f"the job restarted {restarts} times (expected {expected_restarts})")
     if not problems:
         return ""
     calls = [a for w in writers for a in w.acked]
-    return ("; ".join(problems) + f". Timeline: cut at 0.0 s, new deployment (routing v{running.routing_version}) "
-            f"RUNNING at {running.at - cut_at:.1f} s, healed at {healed_at - cut_at:.1f} s; "
-            f"{len(calls)} calls ({sum(len(a.events) for a in calls)} appends) acknowledged in all, "
-            f"{sum(len(w.failed) for w in writers)} failed")
+    return (
+        "; ".join(problems) + f". Timeline: cut at 0.0 s, new deployment (routing v{running.routing_version}) "
+        f"RUNNING at {running.at - cut_at:.1f} s, healed at {healed_at - cut_at:.1f} s; "
+        f"{len(calls)} calls ({sum(len(a.events) for a in calls)} appends) acknowledged in all, "
+        f"{sum(len(w.failed) for w in writers)} failed"
+    )
 
 
 # -- epoch mode: the event workload and its reference ----------------------------------------------
+
 
 @dataclass(frozen=True)
 class Event:
@@ -288,8 +328,10 @@ class Event:
 def make_events(files: int, per_file: int, users: int, seed: int = 11) -> list[list[Event]]:
     """``files`` batches of events; ids ``b<batch>-<i>`` are unique, so a doubled or lost one shows."""
     rnd = random.Random(seed)
-    return [[Event(f"u{rnd.randrange(users):03d}", rnd.randint(1, 1000), f"b{b:02d}-{i:04d}", b) for i in range(per_file)]
-            for b in range(files)]
+    return [
+        [Event(f"u{rnd.randrange(users):03d}", rnd.randint(1, 1000), f"b{b:02d}-{i:04d}", b) for i in range(per_file)]
+        for b in range(files)
+    ]
 
 
 def write_parquet_files(directory: Path, batches: list[list[Event]]) -> None:
@@ -302,8 +344,9 @@ def write_parquet_files(directory: Path, batches: list[list[Event]]) -> None:
     base = time.time() - len(batches) - 10
     for b, events in enumerate(batches):
         path = directory / f"part-{b:03d}.parquet"
-        pq.write_table(pa.Table.from_pylist([{"user": e.user, "amount": e.amount, "event_id": e.event_id}
-                                             for e in events]), path)
+        pq.write_table(
+            pa.Table.from_pylist([{"user": e.user, "amount": e.amount, "event_id": e.event_id} for e in events]), path
+        )
         os.utime(path, (base + b, base + b))
 
 
@@ -348,7 +391,9 @@ def read_state(address: str, job_id: str, users: list[str]) -> dict[str, KeyStat
     with fast_client(address) as client:
         client.routing(job_id, refresh=True)
         totals = ReducingState(client, job_id, OPERATOR, TOTALS, key_serializer="str").get_many(users)
-        lists = ListState(client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str").get_many(users)
+        lists = ListState(client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str").get_many(
+            users
+        )
     out = {}
     for u, t, ids in zip(users, totals, lists):
         count, total = (int(t[0]), int(t[1])) if t is not None else (0, 0)
@@ -368,9 +413,16 @@ class BatchRecord:
     routing_version: int
 
 
-def epoch_mode_report(expected: dict[str, KeyState], actual: dict[str, KeyState], batches: list[list[Event]],
-                      records: list[BatchRecord], running: Observation | None, cut_at: float,
-                      query_restarts: Sequence[str] = (), owner_before: dict[str, str] | None = None) -> str:
+def epoch_mode_report(
+    expected: dict[str, KeyState],
+    actual: dict[str, KeyState],
+    batches: list[list[Event]],
+    records: list[BatchRecord],
+    running: Observation | None,
+    cut_at: float,
+    query_restarts: Sequence[str] = (),
+    owner_before: dict[str, str] | None = None,
+) -> str:
     """Exact comparison with the reference: "" when every key's count, sum and event multiset match.
 
     ``owner_before`` (user -> TaskManager id before the cut) splits the lost events by their
@@ -399,19 +451,23 @@ def epoch_mode_report(expected: dict[str, KeyState], actual: dict[str, KeyState]
     timeline = ""
     if running is not None:
         after = [r.batch_id for r in records if r.started > running.at]
-        timeline = (f"; cut before batch {min((r.batch_id for r in records if r.finished > cut_at), default='?')}, "
-                    f"job RUNNING again (routing v{running.routing_version}) {running.at - cut_at:.1f} s after the cut, "
-                    f"{len(after)} batches started after that")
+        timeline = (
+            f"; cut before batch {min((r.batch_id for r in records if r.finished > cut_at), default='?')}, "
+            f"job RUNNING again (routing v{running.routing_version}) {running.at - cut_at:.1f} s after the cut, "
+            f"{len(after)} batches started after that"
+        )
     if query_restarts:
         timeline += f"; the query was restarted from its checkpoint location after: {query_restarts}"
     owners = f" (by the key's owner before the cut: {dict(sorted(lost_by_owner.items()))})" if owner_before else ""
-    return (f"{len(wrong_keys)} of {len(expected)} keys differ from the reference; {len(lost)} of "
-            f"{sum(len(b) for b in batches)} events lost{owners}, {len(doubled)} doubled (counts off by {count_diff:+d}); "
-            f"{len(acked_lossy)} epochs acknowledged with a COMPLETED checkpoint miss events: "
-            f"{ {b: lost_batches[b] for b in acked_lossy} } (lost events per epoch){timeline}; "
-            f"e.g. key {wrong_keys[0] if wrong_keys else '?'}: served "
-            f"{_short(actual.get(wrong_keys[0], KeyState())) if wrong_keys else ''}, expected "
-            f"{_short(expected[wrong_keys[0]]) if wrong_keys else ''}")
+    return (
+        f"{len(wrong_keys)} of {len(expected)} keys differ from the reference; {len(lost)} of "
+        f"{sum(len(b) for b in batches)} events lost{owners}, {len(doubled)} doubled (counts off by {count_diff:+d}); "
+        f"{len(acked_lossy)} epochs acknowledged with a COMPLETED checkpoint miss events: "
+        f"{ {b: lost_batches[b] for b in acked_lossy} } (lost events per epoch){timeline}; "
+        f"e.g. key {wrong_keys[0] if wrong_keys else '?'}: served "
+        f"{_short(actual.get(wrong_keys[0], KeyState())) if wrong_keys else ''}, expected "
+        f"{_short(expected[wrong_keys[0]]) if wrong_keys else ''}"
+    )
 
 
 def _short(s: KeyState) -> str:
@@ -427,8 +483,9 @@ class StreamingRun:
     is kept in :attr:`restarts`; every returned ``foreachBatch`` call in :attr:`records`.
     """
 
-    def __init__(self, spark: Any, address: str, job_id: str, source: Path, checkpoint_dir: Path,
-                 parallelism: int = 2) -> None:
+    def __init__(
+        self, spark: Any, address: str, job_id: str, source: Path, checkpoint_dir: Path, parallelism: int = 2
+    ) -> None:
         self.spark = spark
         self.address = address
         self.job_id = job_id
@@ -458,13 +515,28 @@ class StreamingRun:
             on_batch(df, batch_id)
             cp = runtime.last_checkpoint
             version = runtime.client.routing(self.job_id).version
-            self.records.append(BatchRecord(batch_id, started, time.monotonic(), cp.status if cp is not None else "",
-                                            cp.checkpoint_id if cp is not None else 0, version))
+            self.records.append(
+                BatchRecord(
+                    batch_id,
+                    started,
+                    time.monotonic(),
+                    cp.status if cp is not None else "",
+                    cp.checkpoint_id if cp is not None else 0,
+                    version,
+                )
+            )
 
-        stream = (self.spark.readStream.schema("user string, amount long, event_id string")
-                  .option("maxFilesPerTrigger", 1).parquet(str(self.source)))
-        return (stream.writeStream.foreachBatch(recorded).option("checkpointLocation", str(self.checkpoint_dir))
-                .trigger(availableNow=True).start())
+        stream = (
+            self.spark.readStream.schema("user string, amount long, event_id string")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(self.source))
+        )
+        return (
+            stream.writeStream.foreachBatch(recorded)
+            .option("checkpointLocation", str(self.checkpoint_dir))
+            .trigger(availableNow=True)
+            .start()
+        )
 
     @property
     def active(self) -> bool:
@@ -482,12 +554,16 @@ class StreamingRun:
                 finished, error = True, exc
             if not finished:
                 self.query.stop()
-                raise AssertionError(f"the query did not finish within {timeout_s:.0f} s "
-                                     f"({len(self.records)} batches returned; restarts: {self.restarts})")
+                raise AssertionError(
+                    f"the query did not finish within {timeout_s:.0f} s "
+                    f"({len(self.records)} batches returned; restarts: {self.restarts})"
+                )
             if error is None:
                 return
             cause = str(error).strip().splitlines()
-            self.restarts.append(next((line for line in reversed(cause) if "Error" in line), cause[0] if cause else "")[:300])
+            self.restarts.append(
+                next((line for line in reversed(cause) if "Error" in line), cause[0] if cause else "")[:300]
+            )
             logger.warning("query failed (%s); starting it again from its checkpoint location", self.restarts[-1])
             if len(self.restarts) > max_restarts:
                 raise AssertionError(f"the query failed {len(self.restarts)} times: {self.restarts}")

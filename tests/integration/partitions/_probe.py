@@ -52,7 +52,7 @@ def udp_count(ip: str, port: int, quiet_s: float) -> None:
             sock.recv(2048)
             count += 1
             sock.settimeout(quiet_s)
-    except socket.timeout:
+    except TimeoutError:
         pass
     print(count, flush=True)
 

@@ -27,8 +27,13 @@ def start_echo(net: VirtualNetwork, host: Host) -> subprocess.Popen[str]:
 
 def reaches(net: VirtualNetwork, client: Host, server: Host, timeout_s: float = 1.0) -> bool:
     """A fresh TCP connection from ``client`` to the echo server on ``server`` gets its echo."""
-    out = net.run(client, [sys.executable, PROBE, "tcp-probe", server.ip, str(PORT), str(timeout_s)],
-                  capture_output=True, text=True, timeout=30).stdout.strip()
+    out = net.run(
+        client,
+        [sys.executable, PROBE, "tcp-probe", server.ip, str(PORT), str(timeout_s)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
     assert out == "ok" or out.startswith("fail"), out
     return out == "ok"
 
@@ -103,10 +108,14 @@ def test_isolate_cuts_a_host_from_everyone(netns: VirtualNetwork) -> None:
 def test_loss_drops_about_the_share_asked_for(netns: VirtualNetwork, probability: float) -> None:
     a, b = netns.add_host("a"), netns.add_host("b")
     n = 4000
-    counter = netns.popen(a, [sys.executable, PROBE, "udp-count", a.ip, str(PORT), "1.0"], stdout=subprocess.PIPE, text=True)
+    counter = netns.popen(
+        a, [sys.executable, PROBE, "udp-count", a.ip, str(PORT), "1.0"], stdout=subprocess.PIPE, text=True
+    )
     assert counter.stdout is not None and counter.stdout.readline().strip() == "ready"
     netns.loss(a, b, probability)
-    sent = netns.run(b, [sys.executable, PROBE, "udp-send", a.ip, str(PORT), str(n)], capture_output=True, text=True, timeout=60)
+    sent = netns.run(
+        b, [sys.executable, PROBE, "udp-send", a.ip, str(PORT), str(n)], capture_output=True, text=True, timeout=60
+    )
     assert sent.stdout.strip() == "sent", sent.stderr
     received = int(counter.stdout.readline())
     counter.wait(timeout=10)
@@ -146,28 +155,40 @@ def test_teardown_leaves_nothing_and_start_removes_dead_runs_leftovers() -> None
         links = subprocess.run([ip, "-o", "link", "show"], capture_output=True, text=True).stdout
         tag = f"{settings.prefix}-{os.getpid()}-"
         assert tag not in namespaces and f"{settings.prefix}{os.getpid()}-" not in links
-        assert net.subnet.network_address.exploded not in subprocess.run(
-            [ip, "-4", "route"], capture_output=True, text=True).stdout
+        assert (
+            net.subnet.network_address.exploded
+            not in subprocess.run([ip, "-4", "route"], capture_output=True, text=True).stdout
+        )
     finally:
         subprocess.run([ip, "netns", "del", dead_ns], capture_output=True)
         subprocess.run([ip, "link", "del", dead_bridge], capture_output=True)
 
 
-def test_minicluster_daemons_run_in_their_hosts_and_pause_like_a_stalled_host(netns: VirtualNetwork, tmp_path: Path) -> None:
+def test_minicluster_daemons_run_in_their_hosts_and_pause_like_a_stalled_host(
+    netns: VirtualNetwork, tmp_path: Path
+) -> None:
     from keyedstate.common.client import ClientSettings, StateClient
     from tests.fixtures.waiting import wait_for
 
     jm, tm0, tm1 = (netns.add_host(n) for n in ("jm", "tm0", "tm1"))
-    cluster = netns.minicluster(tmp_path, jm_host=jm, tm_hosts=[tm0, tm1], slots=1,
-                                config={"heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s"})
+    cluster = netns.minicluster(
+        tmp_path,
+        jm_host=jm,
+        tm_hosts=[tm0, tm1],
+        slots=1,
+        config={"heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s"},
+    )
     assert cluster.jobmanager_address == f"{jm.ip}:{cluster.jobmanager_port}"
     for daemon, host in ((cluster.jobmanager, jm), (cluster.taskmanagers[0], tm0), (cluster.taskmanagers[1], tm1)):
         assert daemon is not None and daemon.process is not None
-        identified = subprocess.run(["ip", "netns", "identify", str(daemon.process.pid)], capture_output=True, text=True)
+        identified = subprocess.run(
+            ["ip", "netns", "identify", str(daemon.process.pid)], capture_output=True, text=True
+        )
         assert identified.stdout.strip() == host.netns, f"{daemon.name} runs in {identified.stdout!r}, not {host.netns}"
         assert daemon.address.startswith(f"{host.ip}:"), f"{daemon.name} serves on {daemon.address}"
 
     with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5, max_attempts=2)) as client:
+
         def status(tm_id: str) -> str:
             """ACTIVE, or "gone" once the JobManager dropped it from the overview (a lost TaskManager)."""
             return next((t.status for t in client.cluster().taskmanagers if t.taskmanager_id == tm_id), "gone")

@@ -59,7 +59,8 @@ def _three_hosts(netns: VirtualNetwork, tmp_path: Path) -> tuple[MiniCluster, Ho
 
 
 def test_direct_writes_acknowledged_after_failover_survive_and_the_deposed_taskmanager_refuses(
-    netns: VirtualNetwork, tmp_path: Path,
+    netns: VirtualNetwork,
+    tmp_path: Path,
 ) -> None:
     cluster, jm, tm_hosts = _three_hosts(netns, tmp_path)
     address = cluster.jobmanager_address
@@ -82,8 +83,11 @@ def test_direct_writes_acknowledged_after_failover_survive_and_the_deposed_taskm
     try:
         for w in writers:
             w.start()
-        wait_for(lambda: admin.job_info(job).latest_checkpoint_id >= 1 and all(len(w.acked) >= 20 for w in writers),
-                 30, "a first checkpoint and writes from every writer")
+        wait_for(
+            lambda: admin.job_info(job).latest_checkpoint_id >= 1 and all(len(w.acked) >= 20 for w in writers),
+            30,
+            "a first checkpoint and writes from every writer",
+        )
 
         cut_at = time.monotonic()
         netns.cut(tm_hosts[1], jm)  # tm-1 <-> JobManager only: the test process still reaches both
@@ -106,16 +110,20 @@ def test_direct_writes_acknowledged_after_failover_survive_and_the_deposed_taskm
     # Without writes on both sides of the failover the test would prove nothing.
     for w in writers:
         assert any(a.sent > running.at for a in w.acked), (
-            f"writer {w.name} had no acknowledged append after the failover; its errors: {w.failed[-3:]}")
+            f"writer {w.name} had no acknowledged append after the failover; its errors: {w.failed[-3:]}"
+        )
     report = direct_mode_report(writers, final, running, cut_at, healed_at, victim, restarts)
     assert not report, report
 
 
 # -- epoch mode ---------------------------------------------------------------------------------
 
+
 @pytest.mark.spark
 def test_epochs_through_a_partition_match_the_reference_exactly(
-    spark: Any, netns: VirtualNetwork, tmp_path: Path,
+    spark: Any,
+    netns: VirtualNetwork,
+    tmp_path: Path,
 ) -> None:
     # Executors cannot import this package: ship the workload module's functions by value.
     from pyspark import cloudpickle
@@ -136,8 +144,9 @@ def test_epochs_through_a_partition_match_the_reference_exactly(
     assert sorted(placement.values()) == ["tm-0", "tm-1"], placement
     routing = admin.routing(job, refresh=True)
     v0 = routing.version
-    owner_before = {u: placement[s] for s, users in keys_by_subtask(routing, sorted(reference(batches))).items()
-                    for u in users}
+    owner_before = {
+        u: placement[s] for s, users in keys_by_subtask(routing, sorted(reference(batches))).items() for u in users
+    }
     monitor = JobMonitor(address, job)
     done = threading.Event()
     faults: dict[str, Any] = {}
@@ -151,7 +160,9 @@ def test_epochs_through_a_partition_match_the_reference_exactly(
             netns.cut(tm_hosts[1], jm)
             faults["running"] = monitor.wait_running_after(v0, timeout_s=60)
             seen = len(run.records)
-            wait_for(lambda: len(run.records) >= seen + 3 or done.is_set(), 90, "three batches after the failover", 0.02)
+            wait_for(
+                lambda: len(run.records) >= seen + 3 or done.is_set(), 90, "three batches after the failover", 0.02
+            )
         except BaseException as exc:
             faults["error"] = exc
         finally:
@@ -174,6 +185,7 @@ def test_epochs_through_a_partition_match_the_reference_exactly(
     actual = read_state(address, job, sorted(expected))
     admin.close()
     assert {r.batch_id for r in run.records} == set(range(len(batches))), f"batches returned: {run.records}"
-    report = epoch_mode_report(expected, actual, batches, run.records, faults.get("running"), faults["cut_at"],
-                               run.restarts, owner_before)
+    report = epoch_mode_report(
+        expected, actual, batches, run.records, faults.get("running"), faults["cut_at"], run.restarts, owner_before
+    )
     assert not report, report

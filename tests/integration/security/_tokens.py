@@ -39,8 +39,12 @@ class Tokens:
     def write(self) -> None:
         lines = ["tokens:"]
         for name, (role, jobs) in self.grants.items():
-            lines += [f"  - name: {name}", f"    sha256: {hash_token(self.tokens[name])}", f"    role: {role}",
-                      f"    jobs: [{', '.join(repr(j) for j in jobs)}]"]
+            lines += [
+                f"  - name: {name}",
+                f"    sha256: {hash_token(self.tokens[name])}",
+                f"    role: {role}",
+                f"    jobs: [{', '.join(repr(j) for j in jobs)}]",
+            ]
         tmp = self.tokens_file.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, self.tokens_file)  # atomic, as an operator's tooling would

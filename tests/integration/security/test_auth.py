@@ -20,7 +20,13 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.client import ClientSettings, StateClient, ValueState
 from keyedstate.common.config import Configuration
-from keyedstate.common.errors import AuthenticationError, ConfigError, InvalidArgumentError, PermissionDeniedError, Reason
+from keyedstate.common.errors import (
+    AuthenticationError,
+    ConfigError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    Reason,
+)
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.taskmanager.daemon import TaskManager
 from tests.fixtures.cluster import FAST_HEARTBEATS
@@ -43,8 +49,12 @@ SETTINGS = ClientSettings(timeout_s=10.0, max_attempts=2, backoff_s=0.05)
 def secured(inprocess_cluster: Any, tmp_path: Path) -> tuple[Any, Tokens]:
     tokens = make_tokens(tmp_path / "auth", GRANTS)
     auth = {"security.auth.enabled": "true", "security.auth.tokens-file": str(tokens.tokens_file)}
-    cluster = inprocess_cluster(taskmanagers=1, slots=4, jm={**auth, "security.auth.token-file": tokens.file("jm")},
-                                tm={**auth, "security.auth.token-file": tokens.file("tm")})
+    cluster = inprocess_cluster(
+        taskmanagers=1,
+        slots=4,
+        jm={**auth, "security.auth.token-file": tokens.file("jm")},
+        tm={**auth, "security.auth.token-file": tokens.file("tm")},
+    )
     with StateClient(cluster.address, SETTINGS, token=tokens.tokens["ops"]) as admin:
         admin.submit_job(JOB_A, operators(1))
         admin.submit_job(JOB_B, operators(1))
@@ -59,7 +69,8 @@ def _client(cluster: Any, tokens: Tokens, name: str) -> StateClient:
 
 def _refused(cluster: Any, method: str, code: str) -> float:
     value = cluster.jobmanager.metrics_registry.get_sample_value(
-        "keyedstate_jobmanager_auth_refused_total", {"method": method, "code": code})
+        "keyedstate_jobmanager_auth_refused_total", {"method": method, "code": code}
+    )
     return value or 0.0
 
 
@@ -79,7 +90,9 @@ def test_the_right_tokens_work_within_their_role_and_jobs(secured: tuple[Any, To
     assert sorted(j.job_id for j in _client(cluster, tokens, "ops").cluster().jobs) == [JOB_A, JOB_B]
 
 
-def test_no_token_and_a_wrong_token_are_unauthenticated(secured: tuple[Any, Tokens], caplog: pytest.LogCaptureFixture) -> None:
+def test_no_token_and_a_wrong_token_are_unauthenticated(
+    secured: tuple[Any, Tokens], caplog: pytest.LogCaptureFixture
+) -> None:
     cluster, tokens = secured
     before = _refused(cluster, "GetJob", "UNAUTHENTICATED")
     with StateClient(cluster.address, SETTINGS) as anonymous, caplog.at_level(logging.WARNING):
@@ -98,9 +111,15 @@ def test_no_token_and_a_wrong_token_are_unauthenticated(secured: tuple[Any, Toke
     tm = cluster.taskmanagers[0]
     channel = grpc.insecure_channel(tm.address)
     try:
-        err = rpc_error(lambda: tm_grpc.KeyedStateStub(channel).ValueGet(tm_pb.KeyedRequest(
-            target=tm_pb.StateTarget(job_id=JOB_A, operator_id=OPERATOR, state_name="last", routing_version=1),
-            keys=[b"k"]), timeout=10))
+        err = rpc_error(
+            lambda: tm_grpc.KeyedStateStub(channel).ValueGet(
+                tm_pb.KeyedRequest(
+                    target=tm_pb.StateTarget(job_id=JOB_A, operator_id=OPERATOR, state_name="last", routing_version=1),
+                    keys=[b"k"],
+                ),
+                timeout=10,
+            )
+        )
         assert err.code() is grpc.StatusCode.UNAUTHENTICATED and reason(err) == "UNAUTHENTICATED"
         # Health checks stay open (load balancers and probes carry no token).
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
@@ -121,28 +140,42 @@ def test_a_token_scoped_to_another_job_is_denied_naming_the_job(secured: tuple[A
     # Straight to the TaskManager, skipping the JobManager: the TaskManager checks the job too.
     channel = open_channel(cluster.taskmanagers[0].address, token=tokens.tokens["pipeline-b"])
     try:
-        err = rpc_error(lambda: tm_grpc.KeyedStateStub(channel).ValuePut(tm_pb.KeyedRequest(
-            target=tm_pb.StateTarget(job_id=JOB_A, operator_id=OPERATOR, state_name="last", routing_version=1),
-            keys=[b"k"], values=[b"v"]), timeout=10))
+        err = rpc_error(
+            lambda: tm_grpc.KeyedStateStub(channel).ValuePut(
+                tm_pb.KeyedRequest(
+                    target=tm_pb.StateTarget(job_id=JOB_A, operator_id=OPERATOR, state_name="last", routing_version=1),
+                    keys=[b"k"],
+                    values=[b"v"],
+                ),
+                timeout=10,
+            )
+        )
     finally:
         channel.close()
     assert err.code() is grpc.StatusCode.PERMISSION_DENIED and "no access to job 'job-a'" in err.details()
     registry = cluster.taskmanagers[0].registry
-    assert registry.get_sample_value("keyedstate_taskmanager_auth_refused_total",
-                                     {"method": "ValuePut", "code": "PERMISSION_DENIED"}) == 1.0
+    assert (
+        registry.get_sample_value(
+            "keyedstate_taskmanager_auth_refused_total", {"method": "ValuePut", "code": "PERMISSION_DENIED"}
+        )
+        == 1.0
+    )
 
 
-def test_a_reader_cannot_write_and_a_writer_cannot_cancel(secured: tuple[Any, Tokens], caplog: pytest.LogCaptureFixture) -> None:
+def test_a_reader_cannot_write_and_a_writer_cannot_cancel(
+    secured: tuple[Any, Tokens], caplog: pytest.LogCaptureFixture
+) -> None:
     cluster, tokens = secured
     reader = ValueState(_client(cluster, tokens, "dashboard-a"), JOB_A, OPERATOR, "last")  # may read the job
     with pytest.raises(PermissionDeniedError) as info:
         reader.put("k", 1)
-    assert ("token 'dashboard-a' (role reader, jobs: job-a) may not call ValuePut: it needs permission state.write "
-            "(role writer or admin) on job 'job-a'") in info.value.message
+    assert (
+        "token 'dashboard-a' (role reader, jobs: job-a) may not call ValuePut: it needs permission state.write "
+        "(role writer or admin) on job 'job-a'"
+    ) in info.value.message
     before = _refused(cluster, "CancelJob", "PERMISSION_DENIED")
-    with caplog.at_level(logging.WARNING):
-        with pytest.raises(PermissionDeniedError) as info:
-            _client(cluster, tokens, "pipeline-a").cancel_job(JOB_A)
+    with caplog.at_level(logging.WARNING), pytest.raises(PermissionDeniedError) as info:
+        _client(cluster, tokens, "pipeline-a").cancel_job(JOB_A)
     assert "may not call CancelJob: it needs permission job.cancel (role admin) on job 'job-a'" in info.value.message
     assert _refused(cluster, "CancelJob", "PERMISSION_DENIED") == before + 1
     assert "PERMISSION_DENIED /keyedstate.v1.JobManager/CancelJob" in caplog.text
@@ -158,12 +191,19 @@ def test_internal_calls_need_an_internal_identity(secured: tuple[Any, Tokens]) -
     admin_jm = open_channel(cluster.address, token=tokens.tokens["ops"])
     admin_tm = open_channel(cluster.taskmanagers[0].address, token=tokens.tokens["ops"])
     try:
-        err = rpc_error(lambda: jm_grpc.ResourceManagerStub(admin_jm).RegisterTaskManager(
-            jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8), timeout=10))
+        err = rpc_error(
+            lambda: jm_grpc.ResourceManagerStub(admin_jm).RegisterTaskManager(
+                jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8),
+                timeout=10,
+            )
+        )
         assert err.code() is grpc.StatusCode.PERMISSION_DENIED
         assert "needs permission taskmanager.register (role taskmanager or internal)" in err.details()
-        err = rpc_error(lambda: tm_grpc.TaskExecutorStub(admin_tm).ReleaseSlot(
-            tm_pb.ReleaseSlotRequest(job_id=JOB_A, operator_id=OPERATOR, subtask_index=0), timeout=10))
+        err = rpc_error(
+            lambda: tm_grpc.TaskExecutorStub(admin_tm).ReleaseSlot(
+                tm_pb.ReleaseSlotRequest(job_id=JOB_A, operator_id=OPERATOR, subtask_index=0), timeout=10
+            )
+        )
         assert err.code() is grpc.StatusCode.PERMISSION_DENIED
         assert "needs permission slot.control (role jobmanager or internal)" in err.details()
     finally:
@@ -175,7 +215,9 @@ def test_internal_calls_need_an_internal_identity(secured: tuple[Any, Tokens]) -
     assert ValueState(_client(cluster, tokens, "ops"), JOB_A, OPERATOR, "last").get("nothing") is None
 
 
-def test_a_taskmanager_without_a_token_stops_at_once_naming_the_fix(secured: tuple[Any, Tokens], tmp_path: Path) -> None:
+def test_a_taskmanager_without_a_token_stops_at_once_naming_the_fix(
+    secured: tuple[Any, Tokens], tmp_path: Path
+) -> None:
     cluster, tokens = secured
     with pytest.raises(ConfigError) as info:
         cluster.add_taskmanager(**{"security.auth.token-file": tokens.file("pipeline-a")})
@@ -201,11 +243,19 @@ def test_secrets_in_a_job_config_are_refused(secured: tuple[Any, Tokens]) -> Non
 
 def test_a_taskmanager_of_another_cluster_is_refused_naming_both_ids(inprocess_cluster: Any, tmp_path: Path) -> None:
     cluster = inprocess_cluster(taskmanagers=0, jm={"high-availability.cluster-id": "blue"})
-    tm = TaskManager(Configuration({
-        "jobmanager.rpc.port": cluster.jobmanager.port, "taskmanager.resource-id": "green-tm",
-        "state.backend.rocksdb.localdir": str(tmp_path / "green"), "metrics.reporter.prom.port": "-1",
-        "high-availability.cluster-id": "green", "taskmanager.registration.timeout": "60 s", **FAST_HEARTBEATS,
-    }))
+    tm = TaskManager(
+        Configuration(
+            {
+                "jobmanager.rpc.port": cluster.jobmanager.port,
+                "taskmanager.resource-id": "green-tm",
+                "state.backend.rocksdb.localdir": str(tmp_path / "green"),
+                "metrics.reporter.prom.port": "-1",
+                "high-availability.cluster-id": "green",
+                "taskmanager.registration.timeout": "60 s",
+                **FAST_HEARTBEATS,
+            }
+        )
+    )
     with pytest.raises(ConfigError) as info:
         tm.start()  # refused at once: no retrying for the registration timeout
     message = info.value.message

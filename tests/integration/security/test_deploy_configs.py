@@ -28,9 +28,18 @@ DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 JOB = "deployed"
 SETTINGS = ClientSettings(timeout_s=10.0, max_attempts=2, backoff_s=0.1)
 # Placed by the test harness, not by the files: where the daemons listen and find each other.
-HOST_KEYS = {"jobmanager.rpc.address", "jobmanager.rpc.port", "jobmanager.bind-host", "jobmanager.internal.port",
-             "taskmanager.host", "taskmanager.bind-host", "taskmanager.rpc.port", "taskmanager.internal.port",
-             "taskmanager.resource-id", "metrics.reporter.prom.port"}
+HOST_KEYS = {
+    "jobmanager.rpc.address",
+    "jobmanager.rpc.port",
+    "jobmanager.bind-host",
+    "jobmanager.internal.port",
+    "taskmanager.host",
+    "taskmanager.bind-host",
+    "taskmanager.rpc.port",
+    "taskmanager.internal.port",
+    "taskmanager.resource-id",
+    "metrics.reporter.prom.port",
+}
 
 
 def _yaml_config(name: str) -> dict[str, Any]:
@@ -73,9 +82,14 @@ def test_the_shipped_deployment_runs_secured(inprocess_cluster: Any, tmp_path: P
     pki = Pki(tmp_path / "pki")
     internal, rest = pki.leaf(pki.cluster_ca, "internal"), pki.leaf(pki.rest_ca, "rest")
     tokens = make_tokens(tmp_path / "auth", {"ops": ("admin", ["*"]), "pipeline": ("writer", [JOB])})
-    files = {"tls/internal.crt": internal.cert, "tls/internal.key": internal.key,
-             "tls/internal-ca.crt": pki.cluster_ca_file, "tls/rest.crt": rest.cert, "tls/rest.key": rest.key,
-             "auth/tokens.yaml": tokens.tokens_file}
+    files = {
+        "tls/internal.crt": internal.cert,
+        "tls/internal.key": internal.key,
+        "tls/internal-ca.crt": pki.cluster_ca_file,
+        "tls/rest.crt": rest.cert,
+        "tls/rest.key": rest.key,
+        "auth/tokens.yaml": tokens.tokens_file,
+    }
     jm_conf, tm_conf = _localize(jm_raw, files, tmp_path), _localize(tm_raw, files, tmp_path)
     # What the files promise, before anything runs.
     for conf in (jm_conf, tm_conf):

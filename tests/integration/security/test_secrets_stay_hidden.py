@@ -26,24 +26,37 @@ S3_SECRET = "s3-SECRET-VALUE-9c1d5a"
 
 def _statectl(*args: str, token_file: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KEYEDSTATE_TOKEN_FILE": token_file}
-    return subprocess.run([sys.executable, "-m", "keyedstate.common.cli.statectl", *args], capture_output=True,
-                          text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "keyedstate.common.cli.statectl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def test_secrets_appear_in_no_log_metric_metadata_or_statectl_output(
     process_cluster: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    tokens = make_tokens(tmp_path / "auth", {"ops": ("admin", ["*"]), "daemons": ("internal", ["*"]),
-                                             "pipeline": ("writer", [JOB])})
+    tokens = make_tokens(
+        tmp_path / "auth", {"ops": ("admin", ["*"]), "daemons": ("internal", ["*"]), "pipeline": ("writer", [JOB])}
+    )
     ha_dir = tmp_path / "ha"
     # The test's own readiness probe (MiniCluster.wait_for_taskmanagers) finds its token as any client does.
     monkeypatch.setenv("KEYEDSTATE_TOKEN_FILE", tokens.file("ops"))
-    cluster = process_cluster(taskmanagers=1, slots=2, config={
-        "security.auth.enabled": "true", "security.auth.tokens-file": str(tokens.tokens_file),
-        "security.auth.token-file": tokens.file("daemons"),
-        "s3.access-key": S3_ACCESS, "s3.secret-key": S3_SECRET,
-        "high-availability.type": "filesystem", "high-availability.storageDir": ha_dir.as_uri(),
-    })
+    cluster = process_cluster(
+        taskmanagers=1,
+        slots=2,
+        config={
+            "security.auth.enabled": "true",
+            "security.auth.tokens-file": str(tokens.tokens_file),
+            "security.auth.token-file": tokens.file("daemons"),
+            "s3.access-key": S3_ACCESS,
+            "s3.secret-key": S3_SECRET,
+            "high-availability.type": "filesystem",
+            "high-availability.storageDir": ha_dir.as_uri(),
+        },
+    )
     address = cluster.jobmanager_address
     settings = ClientSettings(timeout_s=30, max_attempts=3)
     with StateClient(address, settings, token=tokens.tokens["ops"]) as admin:
@@ -52,9 +65,15 @@ def test_secrets_appear_in_no_log_metric_metadata_or_statectl_output(
         ValueState(pipeline, JOB, OPERATOR, "last").put_many([f"k{i}" for i in range(50)], list(range(50)))
 
     outputs = []
-    for args in (["checkpoint", "trigger", JOB], ["cluster"], ["cluster", "--json"], ["job", "info", JOB],
-                 ["job", "list", "--json"], ["checkpoint", "list", JOB, "--json"],
-                 ["config", "show", "-D", f"s3.secret-key={S3_SECRET}", "-D", f"s3.access-key={S3_ACCESS}"]):
+    for args in (
+        ["checkpoint", "trigger", JOB],
+        ["cluster"],
+        ["cluster", "--json"],
+        ["job", "info", JOB],
+        ["job", "list", "--json"],
+        ["checkpoint", "list", JOB, "--json"],
+        ["config", "show", "-D", f"s3.secret-key={S3_SECRET}", "-D", f"s3.access-key={S3_ACCESS}"],
+    ):
         result = _statectl(*args, "--jobmanager", address, token_file=tokens.file("ops"))
         assert result.returncode == 0, (args, result.stderr)
         outputs.append(result.stdout + result.stderr)
@@ -76,15 +95,25 @@ def test_secrets_appear_in_no_log_metric_metadata_or_statectl_output(
                 metrics.append(response.read().decode())
     assert len(metrics) == 2 and "keyedstate_jobmanager_auth_refused_total" in "".join(metrics)
 
-    stored = [p for root in (tmp_path,) for p in root.rglob("*") if p.is_file() and "log" not in p.parts
-              and p.parent != tokens.dir]
+    stored = [
+        p
+        for root in (tmp_path,)
+        for p in root.rglob("*")
+        if p.is_file() and "log" not in p.parts and p.parent != tokens.dir
+    ]
     metadata = [p for p in stored if p.name == "_metadata"]
     assert metadata and any("jobs" in str(p) or "job" in p.name for p in stored if "ha" in p.parts)
 
-    secrets = {"S3 access key": S3_ACCESS, "S3 secret key": S3_SECRET,
-               **{f"token {name}": token for name, token in tokens.tokens.items()}}
-    haystacks = {**{f"log {n}": t for n, t in logs.items()}, **{f"metrics {i}": m for i, m in enumerate(metrics)},
-                 **{f"statectl output {i}": o for i, o in enumerate(outputs)},
-                 **{f"file {p}": p.read_bytes().decode("latin-1") for p in stored}}
+    secrets = {
+        "S3 access key": S3_ACCESS,
+        "S3 secret key": S3_SECRET,
+        **{f"token {name}": token for name, token in tokens.tokens.items()},
+    }
+    haystacks = {
+        **{f"log {n}": t for n, t in logs.items()},
+        **{f"metrics {i}": m for i, m in enumerate(metrics)},
+        **{f"statectl output {i}": o for i, o in enumerate(outputs)},
+        **{f"file {p}": p.read_bytes().decode("latin-1") for p in stored},
+    }
     leaks = [(what, where) for what, secret in secrets.items() for where, text in haystacks.items() if secret in text]
     assert leaks == []

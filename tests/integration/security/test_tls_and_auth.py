@@ -30,8 +30,9 @@ def test_daemons_authenticate_by_certificate_and_clients_by_token(inprocess_clus
     pki = Pki(tmp_path / "pki")
     tokens = make_tokens(tmp_path / "auth", {"ops": ("admin", ["*"]), "pipeline": ("writer", [JOB])})
     auth = {"security.auth.enabled": "true", "security.auth.tokens-file": str(tokens.tokens_file)}
-    cluster = inprocess_cluster(taskmanagers=0, slots=2,
-                                jm={**pki.cluster_conf("jm"), **auth, "jobmanager.internal.port": 0})
+    cluster = inprocess_cluster(
+        taskmanagers=0, slots=2, jm={**pki.cluster_conf("jm"), **auth, "jobmanager.internal.port": 0}
+    )
     for i in range(2):  # no security.auth.token-file: the internal certificate is the identity
         cluster.add_taskmanager(**pki.cluster_conf(f"tm{i}"), **auth)
     rest = ChannelSecurity.from_pem(ca=pki.rest_ca_file.read_bytes())
@@ -58,12 +59,17 @@ def test_daemons_authenticate_by_certificate_and_clients_by_token(inprocess_clus
     # A client holding a cluster (internal) certificate is still not a TaskManager on the client
     # port: the internal services are not served there at all.
     leaf = pki.leaf(pki.cluster_ca, "stolen-internal")
-    stolen = ChannelSecurity.from_pem(ca=pki.rest_ca_file.read_bytes(), cert=leaf.cert.read_bytes(),
-                                      key=leaf.key.read_bytes())
+    stolen = ChannelSecurity.from_pem(
+        ca=pki.rest_ca_file.read_bytes(), cert=leaf.cert.read_bytes(), key=leaf.key.read_bytes()
+    )
     channel = open_channel(cluster.address, security=stolen, token=tokens.tokens["ops"])
     try:
-        err = rpc_error(lambda: jm_grpc.ResourceManagerStub(channel).RegisterTaskManager(
-            jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8), timeout=10))
+        err = rpc_error(
+            lambda: jm_grpc.ResourceManagerStub(channel).RegisterTaskManager(
+                jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8),
+                timeout=10,
+            )
+        )
         assert err.code() is grpc.StatusCode.UNIMPLEMENTED
     finally:
         channel.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -43,8 +42,11 @@ def pki(tmp_path: Path) -> Pki:
 
 
 def _client_security(pki: Pki, leaf: Leaf | None = None, ca: Path | None = None) -> ChannelSecurity:
-    return ChannelSecurity.from_pem(ca=(ca or pki.rest_ca_file).read_bytes(),
-                                    cert=leaf.cert.read_bytes() if leaf else None, key=leaf.key.read_bytes() if leaf else None)
+    return ChannelSecurity.from_pem(
+        ca=(ca or pki.rest_ca_file).read_bytes(),
+        cert=leaf.cert.read_bytes() if leaf else None,
+        key=leaf.key.read_bytes() if leaf else None,
+    )
 
 
 def _tls_cluster(inprocess_cluster: Any, pki: Pki, authentication: bool = False, taskmanagers: int = 2) -> Any:
@@ -67,7 +69,9 @@ def _peer_certificate(port: int) -> bytes:
 
 
 def _der(leaf: Leaf) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(leaf.cert.read_text().split("-----END CERTIFICATE-----")[0] + "-----END CERTIFICATE-----\n")
+    return ssl.PEM_cert_to_DER_cert(
+        leaf.cert.read_text().split("-----END CERTIFICATE-----")[0] + "-----END CERTIFICATE-----\n"
+    )
 
 
 def test_both_planes_on_tls_end_to_end(inprocess_cluster: Any, pki: Pki) -> None:
@@ -95,11 +99,14 @@ def test_clients_cannot_reach_internal_services(inprocess_cluster: Any, pki: Pki
     # The client port does not serve them at all.
     with grpc.secure_channel(jm.address, rest.credentials()) as channel, pytest.raises(grpc.RpcError) as info:
         jm_grpc.ResourceManagerStub(channel).RegisterTaskManager(
-            jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8), timeout=5)
+            jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8), timeout=5
+        )
     assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
     # The internal port wants a certificate of the cluster's CA: a client-plane one is refused.
     client_leaf = pki.leaf(pki.rest_ca, "client-at-internal")
-    creds = grpc.ssl_channel_credentials(pki.cluster_ca_file.read_bytes(), client_leaf.key.read_bytes(), client_leaf.cert.read_bytes())
+    creds = grpc.ssl_channel_credentials(
+        pki.cluster_ca_file.read_bytes(), client_leaf.key.read_bytes(), client_leaf.cert.read_bytes()
+    )
     for target in (f"127.0.0.1:{jm.internal_port}", tm.internal_address):
         with grpc.secure_channel(target, creds) as channel, pytest.raises(grpc.RpcError) as info:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -110,8 +117,11 @@ def test_clients_cannot_reach_internal_services(inprocess_cluster: Any, pki: Pki
 def test_a_taskmanager_of_another_ca_cannot_register(inprocess_cluster: Any, pki: Pki) -> None:
     cluster = _tls_cluster(inprocess_cluster, pki, taskmanagers=0)
     # A complete, self-consistent configuration, but of another cluster's CA.
-    stranger = {**pki.internal_conf(pki.leaf(pki.other_ca, "stranger"), ca=pki.other_ca_file),
-                **pki.rest_server_conf(pki.leaf(pki.rest_ca, "stranger-rest")), "taskmanager.registration.timeout": "1 s"}
+    stranger = {
+        **pki.internal_conf(pki.leaf(pki.other_ca, "stranger"), ca=pki.other_ca_file),
+        **pki.rest_server_conf(pki.leaf(pki.rest_ca, "stranger-rest")),
+        "taskmanager.registration.timeout": "1 s",
+    }
     with pytest.raises(UnavailableError) as info:
         cluster.add_taskmanager(**stranger)
     message = info.value.message
@@ -125,8 +135,11 @@ def test_a_jobmanager_without_the_cluster_certificate_cannot_deploy(inprocess_cl
     impostors = {
         "no certificate": ChannelSecurity.from_pem(ca=pki.cluster_ca_file.read_bytes(), plane="internal"),
         "another CA's certificate": ChannelSecurity.from_pem(
-            ca=pki.cluster_ca_file.read_bytes(), cert=(leaf := pki.leaf(pki.other_ca, "fake-jm")).cert.read_bytes(),
-            key=leaf.key.read_bytes(), plane="internal"),
+            ca=pki.cluster_ca_file.read_bytes(),
+            cert=(leaf := pki.leaf(pki.other_ca, "fake-jm")).cert.read_bytes(),
+            key=leaf.key.read_bytes(),
+            plane="internal",
+        ),
     }
     for what, security in impostors.items():
         gateways = TaskManagerGateways(64 << 20, deploy_timeout_s=5, security=security)
@@ -136,7 +149,9 @@ def test_a_jobmanager_without_the_cluster_certificate_cannot_deploy(inprocess_cl
                 gateways.deploy(tm.address, tm_pb.DeploySlotRequest(job_id="stolen", slot_index=0))
         finally:
             gateways.close()
-        assert "DeploySlot on TaskManager" in info.value.message and "security.ssl.internal.cert" in info.value.message, what
+        assert (
+            "DeploySlot on TaskManager" in info.value.message and "security.ssl.internal.cert" in info.value.message
+        ), what
     assert all(slot.subtask is None or slot.subtask.job_id != "stolen" for slot in tm.slots.all())
 
 
@@ -156,7 +171,10 @@ def test_rest_authentication_requires_a_client_certificate(inprocess_cluster: An
 def test_wrong_ca_plaintext_and_tls_mismatch_say_what_to_fix(inprocess_cluster: Any, pki: Pki) -> None:
     cluster = _tls_cluster(inprocess_cluster, pki, taskmanagers=1)
     cases = [
-        (cluster.client(security=_client_security(pki, ca=pki.other_ca_file), **QUICK), "set security.ssl.rest.ca to the CA"),
+        (
+            cluster.client(security=_client_security(pki, ca=pki.other_ca_file), **QUICK),
+            "set security.ssl.rest.ca to the CA",
+        ),
         (cluster.client(**QUICK), "security.ssl.rest.enabled: true"),  # plaintext against TLS
     ]
     plain = inprocess_cluster(taskmanagers=0)
@@ -171,8 +189,15 @@ def test_wrong_ca_plaintext_and_tls_mismatch_say_what_to_fix(inprocess_cluster: 
 def test_an_expired_server_certificate_is_named(pki: Pki) -> None:
     expired = pki.leaf(pki.rest_ca, "expired-server", expired=True)
     credentials = grpc.ssl_server_credentials([(expired.key.read_bytes(), expired.cert.read_bytes())])
-    server, port = create_server("127.0.0.1", 0, threads=2, max_message_bytes=1 << 20, what="expired",
-                                 port_key="test.port", credentials=credentials)
+    server, port = create_server(
+        "127.0.0.1",
+        0,
+        threads=2,
+        max_message_bytes=1 << 20,
+        what="expired",
+        port_key="test.port",
+        credentials=credentials,
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     server.start()
     try:
@@ -194,8 +219,13 @@ def test_rotation_needs_no_restart(inprocess_cluster: Any, pki: Pki, tmp_path: P
     # A long-lived client whose CA file is read from disk.
     client_ca = tmp_path / "client-ca.pem"
     client_ca.write_bytes(pki.rest_ca_file.read_bytes())
-    conf = Configuration({"security.ssl.rest.enabled": True, "security.ssl.rest.ca": str(client_ca),
-                          "security.ssl.reload-interval": "0 ms"})
+    conf = Configuration(
+        {
+            "security.ssl.rest.enabled": True,
+            "security.ssl.rest.ca": str(client_ca),
+            "security.ssl.reload-interval": "0 ms",
+        }
+    )
     from keyedstate.common.client import client_security
 
     old_client = cluster.client(security=client_security(conf), **QUICK)
@@ -217,12 +247,12 @@ def test_rotation_needs_no_restart(inprocess_cluster: Any, pki: Pki, tmp_path: P
     _replace(rest_cert, moved.cert)
     assert _peer_certificate(jm.port) == ssl.PEM_cert_to_DER_cert(moved.cert.read_text())
     new_ca.cert_pem.write_to_path(str(tmp_path / "new-ca.pem"))
-    before = old_client._jm_channel.current()  # noqa: SLF001 - which connection the client uses
+    before = old_client._jm_channel.current()
     _replace(client_ca, tmp_path / "new-ca.pem")
     # Its open connection was made under the old CA: the client rebuilds its channel with the new
     # CA file, and that channel's handshake verifies the server's new certificate.
     assert len(old_client.wait_for_taskmanagers(1, timeout_s=10).taskmanagers) == 1
-    assert old_client._jm_channel.current() is not before  # noqa: SLF001
+    assert old_client._jm_channel.current() is not before
     stale = cluster.client(security=_client_security(pki), **QUICK)
     with pytest.raises(UnavailableError):
         stale.wait_for_taskmanagers(1, timeout_s=2)
@@ -236,12 +266,17 @@ def _replace(target: Path, source: Path) -> None:
 
 
 def test_metrics_over_https_with_client_certificates(pki: Pki, tmp_path: Path) -> None:
-    conf = {**pki.cluster_conf("jm", authentication=True), "jobmanager.rpc.port": 0, "jobmanager.internal.port": 0,
-            "metrics.reporter.prom.port": "0", "rest.port": -1}
+    conf = {
+        **pki.cluster_conf("jm", authentication=True),
+        "jobmanager.rpc.port": 0,
+        "jobmanager.internal.port": 0,
+        "metrics.reporter.prom.port": "0",
+        "rest.port": -1,
+    }
     jm = JobManager(Configuration(conf))
     jm.start()
     try:
-        port = jm._metrics_server.port if jm._metrics_server else None  # noqa: SLF001 - the port it picked
+        port = jm._metrics_server.port if jm._metrics_server else None
         assert port
         url = f"https://127.0.0.1:{port}/metrics"
         member = pki.leaf(pki.rest_ca, "scraper")
@@ -263,17 +298,32 @@ def test_protected_mode_refuses_an_open_plaintext_daemon_and_can_be_turned_off(p
     jm = JobManager(Configuration(open_conf))
     with pytest.raises(ConfigError) as info:
         jm.start()
-    for fragment in ("protected mode", "0.0.0.0", "jobmanager.bind-host", "security.ssl.enabled: true",
-                     "security.auth.enabled: true", "security.protected-mode: false"):
+    for fragment in (
+        "protected mode",
+        "0.0.0.0",
+        "jobmanager.bind-host",
+        "security.ssl.enabled: true",
+        "security.auth.enabled: true",
+        "security.protected-mode: false",
+    ):
         assert fragment in info.value.message
-    for opened in ({**open_conf, "security.protected-mode": False},
-                   {**open_conf, **pki.cluster_conf("open-jm"), "jobmanager.internal.port": 0}):
+    for opened in (
+        {**open_conf, "security.protected-mode": False},
+        {**open_conf, **pki.cluster_conf("open-jm"), "jobmanager.internal.port": 0},
+    ):
         jm = JobManager(Configuration(opened))
         jm.start()
         jm.stop(grace_s=0)
-    tm = TaskManager(Configuration({"jobmanager.rpc.port": 1, "taskmanager.bind-host": "0.0.0.0",
-                                    "metrics.reporter.prom.port": "-1",
-                                    "state.backend.rocksdb.localdir": str(pki.base / "tm-open")}))
+    tm = TaskManager(
+        Configuration(
+            {
+                "jobmanager.rpc.port": 1,
+                "taskmanager.bind-host": "0.0.0.0",
+                "metrics.reporter.prom.port": "-1",
+                "state.backend.rocksdb.localdir": str(pki.base / "tm-open"),
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="protected mode: the TaskManager would listen on 0.0.0.0"):
         tm.start()
 
@@ -281,11 +331,21 @@ def test_protected_mode_refuses_an_open_plaintext_daemon_and_can_be_turned_off(p
 def test_a_bad_certificate_stops_the_daemon_process_with_exit_2(pki: Pki, tmp_path: Path) -> None:
     from tests.integration.serving._support import run_module
 
-    result = run_module("keyedstate.jobmanager", "-D", "jobmanager.rpc.port=0", "-D", "metrics.reporter.prom.port=-1",
-                        "-D", "security.ssl.internal.enabled=true",
-                        "-D", f"security.ssl.internal.cert={tmp_path / 'missing.crt'}",
-                        "-D", f"security.ssl.internal.key={tmp_path / 'missing.key'}",
-                        "-D", f"security.ssl.internal.ca={pki.cluster_ca_file}")
+    result = run_module(
+        "keyedstate.jobmanager",
+        "-D",
+        "jobmanager.rpc.port=0",
+        "-D",
+        "metrics.reporter.prom.port=-1",
+        "-D",
+        "security.ssl.internal.enabled=true",
+        "-D",
+        f"security.ssl.internal.cert={tmp_path / 'missing.crt'}",
+        "-D",
+        f"security.ssl.internal.key={tmp_path / 'missing.key'}",
+        "-D",
+        f"security.ssl.internal.ca={pki.cluster_ca_file}",
+    )
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert "security.ssl.internal.cert" in last and "missing.crt" in last and "Traceback" not in result.stderr
@@ -296,7 +356,10 @@ def test_statectl_over_tls(inprocess_cluster: Any, pki: Pki, capsys: pytest.Capt
 
     cluster = _tls_cluster(inprocess_cluster, pki, taskmanagers=1)
     base = ["cluster", "--json", "--jobmanager", cluster.address]
-    assert statectl.main([*base, "-D", "security.ssl.rest.enabled=true", "-D", f"security.ssl.rest.ca={pki.rest_ca_file}"]) == 0
+    assert (
+        statectl.main([*base, "-D", "security.ssl.rest.enabled=true", "-D", f"security.ssl.rest.ca={pki.rest_ca_file}"])
+        == 0
+    )
     assert cluster.taskmanagers[0].id in capsys.readouterr().out
     assert statectl.main(base) == 1  # plaintext against the TLS port
     assert "security.ssl.rest.enabled: true" in capsys.readouterr().err

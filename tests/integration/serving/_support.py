@@ -5,7 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -20,12 +21,18 @@ OPERATOR = "enrich"
 
 def operators(parallelism: int = 2) -> list[OperatorSpec]:
     """One operator with a state of every kind."""
-    return [OperatorSpec(OPERATOR, parallelism, (
-        StateDescriptor("last", StateKind.VALUE),
-        StateDescriptor("events", StateKind.LIST),
-        StateDescriptor("attrs", StateKind.MAP),
-        StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("n"),)),
-    ))]
+    return [
+        OperatorSpec(
+            OPERATOR,
+            parallelism,
+            (
+                StateDescriptor("last", StateKind.VALUE),
+                StateDescriptor("events", StateKind.LIST),
+                StateDescriptor("attrs", StateKind.MAP),
+                StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("n"),)),
+            ),
+        )
+    ]
 
 
 def key_of_subtask(routing: Routing, subtask: int, *, prefix: str = "key", length: int = 0) -> bytes:

@@ -8,8 +8,9 @@ serving other calls correctly.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -25,13 +26,24 @@ from keyedstate.common.errors import (
     WrongStateKindError,
 )
 from keyedstate.common.rpc.status import status_code
-from tests.integration.serving._support import JOB, OPERATOR, key_of_subtask, keys_of_subtask, operators, reason, rpc_error
+from tests.integration.serving._support import (
+    JOB,
+    OPERATOR,
+    key_of_subtask,
+    keys_of_subtask,
+    operators,
+    reason,
+    rpc_error,
+)
 
 MAX_KEY = 64
 MAX_VALUE = 128
 MAX_LIST_RESPONSE = 1024
-LIMITS = {"state.limits.max-key-bytes": str(MAX_KEY), "state.limits.max-value-bytes": str(MAX_VALUE),
-          "state.limits.list.max-response-bytes": str(MAX_LIST_RESPONSE)}
+LIMITS = {
+    "state.limits.max-key-bytes": str(MAX_KEY),
+    "state.limits.max-value-bytes": str(MAX_VALUE),
+    "state.limits.list.max-response-bytes": str(MAX_LIST_RESPONSE),
+}
 
 
 @dataclass
@@ -47,8 +59,13 @@ class Serving:
     good_calls: int = 0
 
     def target(self, state: str, *, job: str = JOB, operator: str = OPERATOR, subtask: int = 0) -> tm_pb.StateTarget:
-        return tm_pb.StateTarget(job_id=job, operator_id=operator, subtask_index=subtask, state_name=state,
-                                 routing_version=self.routing.version)
+        return tm_pb.StateTarget(
+            job_id=job,
+            operator_id=operator,
+            subtask_index=subtask,
+            state_name=state,
+            routing_version=self.routing.version,
+        )
 
     def call(self, method: str, state: str, **fields: Any) -> Any:
         target = fields.pop("target", None) or self.target(state)
@@ -76,7 +93,9 @@ def serving(request: pytest.FixtureRequest, inprocess_cluster: Any) -> Iterator[
     assert addresses[0] != addresses[1]
     channel = grpc.insecure_channel(addresses[0])
     try:
-        yield Serving(client, routing, tm_grpc.KeyedStateStub(channel), key_of_subtask(routing, 0), key_of_subtask(routing, 1))
+        yield Serving(
+            client, routing, tm_grpc.KeyedStateStub(channel), key_of_subtask(routing, 0), key_of_subtask(routing, 1)
+        )
     finally:
         channel.close()
 
@@ -90,6 +109,7 @@ def _assert_refused(err: grpc.RpcError, code: grpc.StatusCode, why: str, *fragme
 
 # -- size limits ---------------------------------------------------------------------------------
 
+
 def test_key_over_max_key_bytes_is_invalid_argument_and_the_limit_is_inclusive(serving: Serving) -> None:
     s = serving
     at_limit = key_of_subtask(s.routing, 0, length=MAX_KEY)
@@ -97,7 +117,9 @@ def test_key_over_max_key_bytes_is_invalid_argument_and_the_limit_is_inclusive(s
 
     too_long = key_of_subtask(s.routing, 0, length=MAX_KEY + 1)
     err = rpc_error(lambda: s.call("ValuePut", "last", keys=[too_long], values=[b"v"]))
-    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-key-bytes", str(MAX_KEY), "shorter keys")
+    _assert_refused(
+        err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-key-bytes", str(MAX_KEY), "shorter keys"
+    )
     # Reads are checked too: an oversized key cannot be stored, so asking for one is a caller bug.
     err = rpc_error(lambda: s.call("ValueGet", "last", keys=[too_long]))
     _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-key-bytes")
@@ -105,13 +127,18 @@ def test_key_over_max_key_bytes_is_invalid_argument_and_the_limit_is_inclusive(s
     s.assert_still_serving()
 
 
-@pytest.mark.parametrize("method,state,extra", [
-    ("ValuePut", "last", {}),
-    ("ListAppend", "events", {}),
-    ("ListUpdate", "events", {}),
-    ("MapPut", "attrs", {"user_keys": [b"uk"]}),
-])
-def test_value_over_max_value_bytes_is_invalid_argument(serving: Serving, method: str, state: str, extra: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "method,state,extra",
+    [
+        ("ValuePut", "last", {}),
+        ("ListAppend", "events", {}),
+        ("ListUpdate", "events", {}),
+        ("MapPut", "attrs", {"user_keys": [b"uk"]}),
+    ],
+)
+def test_value_over_max_value_bytes_is_invalid_argument(
+    serving: Serving, method: str, state: str, extra: dict[str, Any]
+) -> None:
     s = serving
     assert s.call(method, state, keys=[s.key0], values=[b"x" * MAX_VALUE], **extra).applied == 1
     err = rpc_error(lambda: s.call(method, state, keys=[s.key0], values=[b"x" * (MAX_VALUE + 1)], **extra))
@@ -183,10 +210,19 @@ def test_a_call_over_several_subtasks_with_one_bad_entry_is_refused_before_anyth
         user_keys[bad] = b"u" * (MAX_KEY + 1)
     else:
         namespace = b"n" * (MAX_KEY + 1)
-    events = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes",
-                       namespace=namespace)
-    attrs = MapState(s.client, JOB, OPERATOR, "attrs", key_serializer="bytes", user_key_serializer="bytes",
-                     value_serializer="bytes", namespace=namespace)
+    events = ListState(
+        s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes", namespace=namespace
+    )
+    attrs = MapState(
+        s.client,
+        JOB,
+        OPERATOR,
+        "attrs",
+        key_serializer="bytes",
+        user_key_serializer="bytes",
+        value_serializer="bytes",
+        namespace=namespace,
+    )
     with pytest.raises(SizeLimitError) as info:
         if case == "user key":
             attrs.put_many(keys, user_keys, values)
@@ -201,8 +237,9 @@ def test_a_call_over_several_subtasks_with_one_bad_entry_is_refused_before_anyth
 
     # Nothing was applied on either subtask, so resending the fixed call applies it exactly once.
     plain = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
-    plain_map = MapState(s.client, JOB, OPERATOR, "attrs", key_serializer="bytes", user_key_serializer="bytes",
-                         value_serializer="bytes")
+    plain_map = MapState(
+        s.client, JOB, OPERATOR, "attrs", key_serializer="bytes", user_key_serializer="bytes", value_serializer="bytes"
+    )
     fixed = [k for i, k in enumerate(keys) if i != bad]
     assert plain.get_many(fixed) == [[]] * len(fixed)
     assert plain_map.get_many(fixed, [uk for i, uk in enumerate(user_keys) if i != bad]) == [None] * len(fixed)
@@ -235,6 +272,7 @@ def test_list_too_large_for_get_names_the_client_method_that_streams_it(serving:
 
 # -- unknown job / operator / subtask / state ----------------------------------------------------
 
+
 @pytest.mark.parametrize("field,value", [("job", "no-such-job"), ("operator", "no-such-operator")])
 def test_unknown_job_or_operator_is_stale_routing(serving: Serving, field: str, value: str) -> None:
     s = serving
@@ -247,9 +285,13 @@ def test_unknown_job_or_operator_is_stale_routing(serving: Serving, field: str, 
 def test_subtask_not_hosted_here_is_stale_routing(serving: Serving) -> None:
     s = serving
     # Subtask 1 lives on the other TaskManager; this one hosts only subtask 0 of the job.
-    err = rpc_error(lambda: s.call("ValuePut", "last", target=s.target("last", subtask=1), keys=[s.key1], values=[b"v"]))
+    err = rpc_error(
+        lambda: s.call("ValuePut", "last", target=s.target("last", subtask=1), keys=[s.key1], values=[b"v"])
+    )
     _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "subtask 1", "refresh the routing table")
-    err = rpc_error(lambda: s.call("ValuePut", "last", target=s.target("last", subtask=7), keys=[s.key1], values=[b"v"]))
+    err = rpc_error(
+        lambda: s.call("ValuePut", "last", target=s.target("last", subtask=7), keys=[s.key1], values=[b"v"])
+    )
     _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "subtask 7")
     s.assert_still_serving()
 
@@ -257,7 +299,9 @@ def test_subtask_not_hosted_here_is_stale_routing(serving: Serving) -> None:
 def test_key_of_another_subtask_is_stale_routing_and_not_written(serving: Serving) -> None:
     s = serving
     err = rpc_error(lambda: s.call("ValuePut", "last", keys=[s.key0, s.key1], values=[b"a", b"b"]))
-    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "key #1", "does not own", "refresh it and resend")
+    _assert_refused(
+        err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "key #1", "does not own", "refresh it and resend"
+    )
     assert list(s.call("ValueGet", "last", keys=[s.key0]).found) == [False]
     err = rpc_error(lambda: s.call("ListGet", "events", keys=[s.key1]))
     _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "does not own")
@@ -296,14 +340,18 @@ def test_unknown_job_operator_and_state_through_the_client(serving: Serving) -> 
 
 # -- wrong state kind ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,state,fields,names", [
-    ("ListGet", "last", {}, "ValueGet"),
-    ("ValuePut", "events", {"values": [b"v"]}, "ListAppend"),
-    ("MapGet", "events", {"user_keys": [b"u"]}, "ListGet"),
-    ("ListAppend", "attrs", {"values": [b"v"]}, "MapPut"),
-    ("ValuePut", "totals", {"values": [b"v"]}, "Reduce"),
-    ("Reduce", "last", {"values": [struct.pack(">q", 1)]}, "ValuePut"),
-])
+
+@pytest.mark.parametrize(
+    "method,state,fields,names",
+    [
+        ("ListGet", "last", {}, "ValueGet"),
+        ("ValuePut", "events", {"values": [b"v"]}, "ListAppend"),
+        ("MapGet", "events", {"user_keys": [b"u"]}, "ListGet"),
+        ("ListAppend", "attrs", {"values": [b"v"]}, "MapPut"),
+        ("ValuePut", "totals", {"values": [b"v"]}, "Reduce"),
+        ("Reduce", "last", {"values": [struct.pack(">q", 1)]}, "ValuePut"),
+    ],
+)
 def test_wrong_state_kind_is_failed_precondition_naming_the_right_call(
     serving: Serving, method: str, state: str, fields: dict[str, Any], names: str
 ) -> None:
@@ -332,14 +380,18 @@ def test_wrong_state_kind_through_the_client(serving: Serving) -> None:
 
 # -- mismatched columns and malformed requests ---------------------------------------------------
 
-@pytest.mark.parametrize("method,state,fields,fragment", [
-    ("ValuePut", "last", {"values": [b"a"]}, "1 values for 2 keys"),
-    ("ListAppend", "events", {"values": [b"a", b"b", b"c"]}, "3 values for 2 keys"),
-    ("MapPut", "attrs", {"user_keys": [b"u"], "values": [b"a", b"b"]}, "1 user keys for 2 keys"),
-    ("MapGet", "attrs", {"user_keys": [b"u"]}, "1 user keys for 2 keys"),
-    ("Reduce", "totals", {"values": [struct.pack(">q", 1)]}, "1 operands for 2 keys"),
-    ("ValueGet", "last", {"namespaces": [b"ns"]}, "1 namespaces for 2 keys"),
-])
+
+@pytest.mark.parametrize(
+    "method,state,fields,fragment",
+    [
+        ("ValuePut", "last", {"values": [b"a"]}, "1 values for 2 keys"),
+        ("ListAppend", "events", {"values": [b"a", b"b", b"c"]}, "3 values for 2 keys"),
+        ("MapPut", "attrs", {"user_keys": [b"u"], "values": [b"a", b"b"]}, "1 user keys for 2 keys"),
+        ("MapGet", "attrs", {"user_keys": [b"u"]}, "1 user keys for 2 keys"),
+        ("Reduce", "totals", {"values": [struct.pack(">q", 1)]}, "1 operands for 2 keys"),
+        ("ValueGet", "last", {"namespaces": [b"ns"]}, "1 namespaces for 2 keys"),
+    ],
+)
 def test_mismatched_column_lengths_are_invalid_argument(
     serving: Serving, method: str, state: str, fields: dict[str, Any], fragment: str
 ) -> None:

@@ -7,8 +7,7 @@ unknown, so it is never applied twice behind the caller's back.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -17,8 +16,8 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.client import ListState, ValueState
 from keyedstate.common.errors import UnavailableError
-from tests.integration.serving._support import JOB, OPERATOR, keys_of_subtask, operators
 from tests.fixtures.waiting import wait_for
+from tests.integration.serving._support import JOB, OPERATOR, keys_of_subtask, operators
 
 RESTARTS = {
     "restart-strategy.type": "fixed-delay",
@@ -29,12 +28,15 @@ RESTARTS = {
 
 _wait_for = wait_for
 
+
 @pytest.fixture
 def cluster(inprocess_cluster: Any) -> Any:
     return inprocess_cluster(taskmanagers=2, slots=2, jm=RESTARTS)
 
 
-def _setup(cluster: Any, **client_settings: Any) -> tuple[Any, ValueState[str, int], ListState[str, str], list[str], list[str]]:
+def _setup(
+    cluster: Any, **client_settings: Any
+) -> tuple[Any, ValueState[str, int], ListState[str, str], list[str], list[str]]:
     client = cluster.client(**client_settings)
     routing = client.submit_job(JOB, operators(parallelism=2))
     assert routing.operator(OPERATOR).addresses[0] != routing.operator(OPERATOR).addresses[1]
@@ -96,7 +98,8 @@ def test_list_append_refused_as_stale_routing_is_retried_and_applied_once(cluste
     channel = grpc.insecure_channel(cluster.address)
     try:
         table = jm_grpc.JobManagerStub(channel).RescaleJob(
-            jm_pb.RescaleJobRequest(job_id=JOB, parallelism={OPERATOR: 1}), timeout=60)
+            jm_pb.RescaleJobRequest(job_id=JOB, parallelism={OPERATOR: 1}), timeout=60
+        )
     finally:
         channel.close()
     assert client.routing(JOB).version < table.version  # the client has not seen the rescale

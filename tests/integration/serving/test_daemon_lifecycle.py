@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import subprocess
+import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 from keyedstate.common.client import ClientSettings, StateClient, ValueState
-from tests.integration.serving._support import JOB, OPERATOR, operators
 from tests.fixtures.waiting import wait_for
+from tests.integration.serving._support import JOB, OPERATOR, operators
 
 # Restarts come quickly and keep coming while no TaskManager is there to take the job.
 RESTARTS = {
@@ -24,6 +24,7 @@ RESTARTS = {
 
 
 _wait_for = wait_for
+
 
 def _taskmanagers(client: StateClient) -> dict[str, str]:
     return {t.taskmanager_id: t.status for t in client.cluster().taskmanagers}
@@ -41,8 +42,9 @@ def _fill(client: StateClient, n: int = 500) -> tuple[ValueState[str, int], list
 
 def test_sigterm_taskmanager_exits_0_deregisters_and_closes_rocksdb(process_cluster: Any) -> None:
     # A 60 s heartbeat timeout: only the deregistration can make the TaskManager disappear quickly.
-    cluster = process_cluster(taskmanagers=1, slots=2, config={
-        "heartbeat.interval": "500 ms", "heartbeat.timeout": "60 s", **RESTARTS})
+    cluster = process_cluster(
+        taskmanagers=1, slots=2, config={"heartbeat.interval": "500 ms", "heartbeat.timeout": "60 s", **RESTARTS}
+    )
     with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=10, max_attempts=3)) as client:
         state, keys = _fill(client)
         tm = cluster.taskmanagers[0]
@@ -77,7 +79,9 @@ def test_sigterm_taskmanager_exits_0_deregisters_and_closes_rocksdb(process_clus
 
 def test_sigkill_taskmanager_is_lost_at_once_when_its_connection_breaks(process_cluster: Any) -> None:
     # A 60 s heartbeat timeout: only the broken connection can explain a quick detection.
-    cluster = process_cluster(taskmanagers=2, slots=1, config={"heartbeat.interval": "500 ms", "heartbeat.timeout": "60 s"})
+    cluster = process_cluster(
+        taskmanagers=2, slots=1, config={"heartbeat.interval": "500 ms", "heartbeat.timeout": "60 s"}
+    )
     with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=10, max_attempts=3)) as client:
         client.submit_job(JOB, operators(parallelism=2))
         victim = cluster.taskmanagers[1]
@@ -91,8 +95,15 @@ def test_sigkill_taskmanager_is_lost_at_once_when_its_connection_breaks(process_
 
 
 def test_sigkill_taskmanager_is_lost_after_the_heartbeat_timeout(process_cluster: Any) -> None:
-    cluster = process_cluster(taskmanagers=2, slots=1, config={"heartbeat.interval": "300 ms", "heartbeat.timeout": "3 s",
-                                                              "heartbeat.connection-loss-detection": "false"})
+    cluster = process_cluster(
+        taskmanagers=2,
+        slots=1,
+        config={
+            "heartbeat.interval": "300 ms",
+            "heartbeat.timeout": "3 s",
+            "heartbeat.connection-loss-detection": "false",
+        },
+    )
     with StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=10, max_attempts=3)) as client:
         client.submit_job(JOB, operators(parallelism=2))
         victim = cluster.taskmanagers[1]
@@ -119,8 +130,18 @@ def test_taskmanager_reregisters_by_itself_after_a_jobmanager_restart(process_cl
     # The same process registered again; nothing restarted it.
     assert tm.alive and tm.process.pid == pid
     result = subprocess.run(
-        [sys.executable, "-m", "keyedstate.common.cli.statectl", "cluster", "--json", "--jobmanager", cluster.jobmanager_address],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "keyedstate.common.cli.statectl",
+            "cluster",
+            "--json",
+            "--jobmanager",
+            cluster.jobmanager_address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     overview = json.loads(result.stdout)
@@ -138,8 +159,9 @@ def test_stopped_taskmanager_hands_its_rocksdb_to_a_successor_in_the_same_proces
     first = cluster.taskmanagers[0]
     first.stop(grace_s=1)
     assert "tm-0" not in _taskmanagers(client)
-    cluster.add_taskmanager(**{"taskmanager.resource-id": first.id,
-                               "state.backend.rocksdb.localdir": str(first.settings.local_dir)})
+    cluster.add_taskmanager(
+        **{"taskmanager.resource-id": first.id, "state.backend.rocksdb.localdir": str(first.settings.local_dir)}
+    )
     _wait_for(lambda: client.job_info(JOB).status == "RUNNING", 30, "the job restart")
     assert client.job_info(JOB).restarts >= 1
     assert state.get_many(keys) == list(range(len(keys)))

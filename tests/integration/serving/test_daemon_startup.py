@@ -50,21 +50,30 @@ def _assert_exit_2(result: object, *fragments: str) -> None:
         assert fragment in last, f"{fragment!r} not in {last!r}"
 
 
-@pytest.mark.parametrize("module,override,fragments", [
-    (TM, "heartbeat.timeout=5parsecs", ["taskmanager:", "heartbeat.timeout", "'5parsecs'", "'30 s'"]),
-    (TM, "taskmanager.numberOfTaskSlots=abc", ["taskmanager.numberOfTaskSlots", "expected an integer", "'abc'"]),
-    (TM, "taskmanager.numberOfTaskSlots=0", ["taskmanager.numberOfTaskSlots", "at least 1"]),
-    (TM, "state.backend.type=cassandra", ["state.backend.type", "rocksdb, hashmap"]),
-    (TM, "taskmanager.memory.managed.size=lots", ["taskmanager.memory.managed.size", "256mb"]),
-    (TM, "taskmanager.rpc.port=70000", ["taskmanager.rpc.port", "at most 65535"]),
-    (TM, "state.limits.max-value-bytes=0", ["state.limits.max-value-bytes", "at least 1"]),
-    (TM, "no-equals-sign", ["-D 'no-equals-sign'", "key=value"]),
-    (JM, "heartbeat.timeout=5parsecs", ["jobmanager:", "heartbeat.timeout", "'5parsecs'"]),
-    (JM, "heartbeat.interval=60 s", ["heartbeat.timeout (50000 ms)", "heartbeat.interval (60000 ms)", "must be larger"]),
-    (JM, "metrics.reporter.prom.port=9300-9200", ["metrics.reporter.prom.port", "9300-9200"]),
-    (JM, "high-availability.type=zookeeper", ["high-availability.type", "none, filesystem"]),
-])
-def test_malformed_config_value_exits_2_naming_the_key(tmp_path: Path, module: str, override: str, fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    "module,override,fragments",
+    [
+        (TM, "heartbeat.timeout=5parsecs", ["taskmanager:", "heartbeat.timeout", "'5parsecs'", "'30 s'"]),
+        (TM, "taskmanager.numberOfTaskSlots=abc", ["taskmanager.numberOfTaskSlots", "expected an integer", "'abc'"]),
+        (TM, "taskmanager.numberOfTaskSlots=0", ["taskmanager.numberOfTaskSlots", "at least 1"]),
+        (TM, "state.backend.type=cassandra", ["state.backend.type", "rocksdb, hashmap"]),
+        (TM, "taskmanager.memory.managed.size=lots", ["taskmanager.memory.managed.size", "256mb"]),
+        (TM, "taskmanager.rpc.port=70000", ["taskmanager.rpc.port", "at most 65535"]),
+        (TM, "state.limits.max-value-bytes=0", ["state.limits.max-value-bytes", "at least 1"]),
+        (TM, "no-equals-sign", ["-D 'no-equals-sign'", "key=value"]),
+        (JM, "heartbeat.timeout=5parsecs", ["jobmanager:", "heartbeat.timeout", "'5parsecs'"]),
+        (
+            JM,
+            "heartbeat.interval=60 s",
+            ["heartbeat.timeout (50000 ms)", "heartbeat.interval (60000 ms)", "must be larger"],
+        ),
+        (JM, "metrics.reporter.prom.port=9300-9200", ["metrics.reporter.prom.port", "9300-9200"]),
+        (JM, "high-availability.type=zookeeper", ["high-availability.type", "none, filesystem"]),
+    ],
+)
+def test_malformed_config_value_exits_2_naming_the_key(
+    tmp_path: Path, module: str, override: str, fragments: list[str]
+) -> None:
     args = _tm_args(tmp_path, "-D", override) if module == TM else _jm_args("-D", override)
     _assert_exit_2(run_module(module, *args), *fragments)
 
@@ -101,20 +110,31 @@ def test_unreachable_jobmanager_exits_2_within_the_registration_timeout(tmp_path
     started = time.monotonic()
     result = run_module(TM, *_tm_args(tmp_path), timeout_s=30)
     elapsed = time.monotonic() - started
-    _assert_exit_2(result, "cannot reach the JobManager", "within 2 s", "jobmanager.rpc.address", "taskmanager.registration.timeout")
+    _assert_exit_2(
+        result,
+        "cannot reach the JobManager",
+        "within 2 s",
+        "jobmanager.rpc.address",
+        "taskmanager.registration.timeout",
+    )
     # Bounded by the 2 s timeout plus interpreter start-up, far from the 5 min default.
     assert elapsed < 20, elapsed
 
 
 @pytest.mark.parametrize("module", [TM, JM])
-@pytest.mark.parametrize("content,fragments", [
-    (None, ["cannot read config file", "No such file", "--config"]),
-    ("- a\n- b\n", ["must hold a mapping", "not list"]),
-    ("just a string\n", ["must hold a mapping", "not str"]),
-    ("state:\n  backend: [\n", ["is not valid YAML"]),
-    (b"\xff\xfe\x00binary", ["is not UTF-8"]),
-])
-def test_bad_config_file_exits_2(tmp_path: Path, module: str, content: str | bytes | None, fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    "content,fragments",
+    [
+        (None, ["cannot read config file", "No such file", "--config"]),
+        ("- a\n- b\n", ["must hold a mapping", "not list"]),
+        ("just a string\n", ["must hold a mapping", "not str"]),
+        ("state:\n  backend: [\n", ["is not valid YAML"]),
+        (b"\xff\xfe\x00binary", ["is not UTF-8"]),
+    ],
+)
+def test_bad_config_file_exits_2(
+    tmp_path: Path, module: str, content: str | bytes | None, fragments: list[str]
+) -> None:
     path = tmp_path / "conf.yaml"
     if isinstance(content, bytes):
         path.write_bytes(content)
@@ -127,7 +147,9 @@ def test_bad_config_file_exits_2(tmp_path: Path, module: str, content: str | byt
 def test_bad_value_in_a_nested_yaml_file_names_the_flattened_key(tmp_path: Path) -> None:
     path = tmp_path / "conf.yaml"
     path.write_text("taskmanager:\n  numberOfTaskSlots: many\n")
-    _assert_exit_2(run_module(TM, *_tm_args(tmp_path, "--config", str(path))), "taskmanager.numberOfTaskSlots", "'many'")
+    _assert_exit_2(
+        run_module(TM, *_tm_args(tmp_path, "--config", str(path))), "taskmanager.numberOfTaskSlots", "'many'"
+    )
 
 
 def test_bad_command_line_exits_2_with_usage() -> None:
@@ -138,6 +160,7 @@ def test_bad_command_line_exits_2_with_usage() -> None:
 
 
 # -- in-process: a failed start leaves nothing behind ---------------------------------------------
+
 
 def test_failed_taskmanager_start_releases_its_local_dir_and_port(tmp_path: Path) -> None:
     """A failed start inside a long-lived process (tests, embedding) must not keep the directory lock."""
@@ -158,7 +181,9 @@ def test_failed_taskmanager_start_releases_its_local_dir_and_port(tmp_path: Path
     jm.start()
     try:
         # Same local dir and resource id: the lock of the failed instance must be gone.
-        tm = TaskManager(Configuration({**conf, "jobmanager.rpc.port": jm.port, "taskmanager.registration.timeout": "10 s"}))
+        tm = TaskManager(
+            Configuration({**conf, "jobmanager.rpc.port": jm.port, "taskmanager.registration.timeout": "10 s"})
+        )
         tm.start()
         tm.stop(grace_s=0)
     finally:

@@ -5,7 +5,8 @@ A refused job must take no slots and leave no trace; resubmitting the same job i
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common.client import ListState, StateClient, ValueState
+from keyedstate.common.client import ListState, ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import (
     AlreadyExistsError,
@@ -29,7 +30,9 @@ from tests.integration.serving._support import JOB, OPERATOR, keys_of_subtask, o
 VALUE = pb.StateDescriptor(name="v", kind=pb.VALUE)
 
 
-def _op(operator_id: str = "op", parallelism: int = 1, states: tuple[pb.StateDescriptor, ...] = (VALUE,)) -> pb.OperatorSpec:
+def _op(
+    operator_id: str = "op", parallelism: int = 1, states: tuple[pb.StateDescriptor, ...] = (VALUE,)
+) -> pb.OperatorSpec:
     return pb.OperatorSpec(operator_id=operator_id, parallelism=parallelism, states=list(states))
 
 
@@ -59,7 +62,9 @@ def _assert_unknown(stub: jm_grpc.JobManagerStub, job_id: str) -> None:
     assert err.code() is grpc.StatusCode.NOT_FOUND and reason(err) == "UNKNOWN_JOB"
 
 
-def test_a_job_that_does_not_fit_is_resource_exhausted_and_takes_no_slots(stub: jm_grpc.JobManagerStub, cluster: Any) -> None:
+def test_a_job_that_does_not_fit_is_resource_exhausted_and_takes_no_slots(
+    stub: jm_grpc.JobManagerStub, cluster: Any
+) -> None:
     err = rpc_error(lambda: _submit(stub, job_id="big", operators=[_op(parallelism=3), _op("second", parallelism=2)]))
     assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert reason(err) == "INSUFFICIENT_SLOTS"
@@ -82,26 +87,41 @@ def test_a_job_that_does_not_fit_is_resource_exhausted_and_takes_no_slots(stub: 
     assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "only 0 of 4 are free" in err.details()
 
 
-@pytest.mark.parametrize("fields,fragments", [
-    ({"job_id": "bad id", "operators": [_op()]}, ["invalid job id 'bad id'", "[A-Za-z0-9_.-]"]),
-    ({"job_id": "", "operators": [_op()]}, ["invalid job id ''"]),
-    ({"job_id": "../escape", "operators": [_op()]}, ["invalid job id '../escape'"]),
-    ({"job_id": "j" * 129, "operators": [_op()]}, ["1-128 characters"]),
-    ({"job_id": "j", "operators": [_op("a/b")]}, ["invalid operator id 'a/b'"]),
-    ({"job_id": "j", "operators": [_op(states=(pb.StateDescriptor(name="1st", kind=pb.VALUE),))]},
-     ["invalid state name '1st'", "starting with a letter"]),
-    ({"job_id": "j", "operators": [_op(states=(pb.StateDescriptor(name="x"),))]}, ["VALUE, LIST, MAP or REDUCING"]),
-    ({"job_id": "j", "operators": [_op(), _op()]}, ["declares an operator id twice"]),
-    ({"job_id": "j", "operators": [_op(states=(VALUE, VALUE))]}, ["declares state 'v' twice"]),
-    ({"job_id": "j", "operators": [_op(parallelism=0)]}, ["parallelism must be at least 1"]),
-    ({"job_id": "j", "operators": [_op(parallelism=4)], "max_parallelism": 2},
-     ["parallelism 4 must be between 1 and the max parallelism 2"]),
-    ({"job_id": "j", "operators": [_op()], "max_parallelism": 40_000}, ["max parallelism 40000", "1..32768", "pipeline.max-parallelism"]),
-    ({"job_id": "j", "operators": [_op()], "max_parallelism": -1}, ["max parallelism -1", "pipeline.max-parallelism"]),
-    ({"job_id": "j", "operators": []}, ["declares no operators", "declare at least one"]),
-    ({"job_id": "j", "operators": [_op(states=())]}, ["operator 'op' declares no states"]),
-])
-def test_invalid_job_definitions_are_invalid_argument(stub: jm_grpc.JobManagerStub, fields: dict[str, Any], fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    "fields,fragments",
+    [
+        ({"job_id": "bad id", "operators": [_op()]}, ["invalid job id 'bad id'", "[A-Za-z0-9_.-]"]),
+        ({"job_id": "", "operators": [_op()]}, ["invalid job id ''"]),
+        ({"job_id": "../escape", "operators": [_op()]}, ["invalid job id '../escape'"]),
+        ({"job_id": "j" * 129, "operators": [_op()]}, ["1-128 characters"]),
+        ({"job_id": "j", "operators": [_op("a/b")]}, ["invalid operator id 'a/b'"]),
+        (
+            {"job_id": "j", "operators": [_op(states=(pb.StateDescriptor(name="1st", kind=pb.VALUE),))]},
+            ["invalid state name '1st'", "starting with a letter"],
+        ),
+        ({"job_id": "j", "operators": [_op(states=(pb.StateDescriptor(name="x"),))]}, ["VALUE, LIST, MAP or REDUCING"]),
+        ({"job_id": "j", "operators": [_op(), _op()]}, ["declares an operator id twice"]),
+        ({"job_id": "j", "operators": [_op(states=(VALUE, VALUE))]}, ["declares state 'v' twice"]),
+        ({"job_id": "j", "operators": [_op(parallelism=0)]}, ["parallelism must be at least 1"]),
+        (
+            {"job_id": "j", "operators": [_op(parallelism=4)], "max_parallelism": 2},
+            ["parallelism 4 must be between 1 and the max parallelism 2"],
+        ),
+        (
+            {"job_id": "j", "operators": [_op()], "max_parallelism": 40_000},
+            ["max parallelism 40000", "1..32768", "pipeline.max-parallelism"],
+        ),
+        (
+            {"job_id": "j", "operators": [_op()], "max_parallelism": -1},
+            ["max parallelism -1", "pipeline.max-parallelism"],
+        ),
+        ({"job_id": "j", "operators": []}, ["declares no operators", "declare at least one"]),
+        ({"job_id": "j", "operators": [_op(states=())]}, ["operator 'op' declares no states"]),
+    ],
+)
+def test_invalid_job_definitions_are_invalid_argument(
+    stub: jm_grpc.JobManagerStub, fields: dict[str, Any], fragments: list[str]
+) -> None:
     err = rpc_error(lambda: _submit(stub, **fields))
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert reason(err) == "INVALID_ARGUMENT"
@@ -113,11 +133,16 @@ def test_invalid_job_definitions_are_invalid_argument(stub: jm_grpc.JobManagerSt
 
 
 def test_invalid_per_job_config_is_invalid_argument_naming_the_key(stub: jm_grpc.JobManagerStub) -> None:
-    err = rpc_error(lambda: _submit(stub, job_id="j", operators=[_op()], config={"execution.checkpointing.timeout": "5parsecs"}))
+    err = rpc_error(
+        lambda: _submit(stub, job_id="j", operators=[_op()], config={"execution.checkpointing.timeout": "5parsecs"})
+    )
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and reason(err) == "CONFIG"
     assert "execution.checkpointing.timeout" in err.details() and "'30 s'" in err.details()
     err = rpc_error(lambda: _submit(stub, job_id="j", operators=[_op()], config={"pipeline.max-parallelism": "0"}))
-    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT and "pipeline.max-parallelism: must be at least 1" in err.details()
+    assert (
+        err.code() is grpc.StatusCode.INVALID_ARGUMENT
+        and "pipeline.max-parallelism: must be at least 1" in err.details()
+    )
     _assert_unknown(stub, "j")
 
 
@@ -154,7 +179,9 @@ def test_resubmitting_the_same_job_is_idempotent(cluster: Any, stub: jm_grpc.Job
     assert last.get_many(["a", "b"]) == [1, 2]
 
 
-def test_a_different_definition_under_a_running_id_is_already_exists(cluster: Any, stub: jm_grpc.JobManagerStub) -> None:
+def test_a_different_definition_under_a_running_id_is_already_exists(
+    cluster: Any, stub: jm_grpc.JobManagerStub
+) -> None:
     client = cluster.client()
     first = client.submit_job(JOB, operators(parallelism=2))
     free = _free_slots(stub)
@@ -175,7 +202,9 @@ def test_a_different_definition_under_a_running_id_is_already_exists(cluster: An
     assert stub.GetJob(jm_pb.JobRequest(job_id=JOB), timeout=10).status == "RUNNING"
 
 
-def test_a_canceled_job_id_can_be_reused_and_cached_routing_moves_on(cluster: Any, stub: jm_grpc.JobManagerStub) -> None:
+def test_a_canceled_job_id_can_be_reused_and_cached_routing_moves_on(
+    cluster: Any, stub: jm_grpc.JobManagerStub
+) -> None:
     """A client that cached the old job's routing follows the new definition, never a stale table."""
     client = cluster.client()
     client.submit_job(JOB, operators(parallelism=2))
@@ -199,7 +228,9 @@ def test_a_canceled_job_id_can_be_reused_and_cached_routing_moves_on(cluster: An
     assert client.routing(JOB).version == new.version
 
 
-def test_rescale_past_the_max_parallelism_is_refused_naming_that_limit(cluster: Any, stub: jm_grpc.JobManagerStub) -> None:
+def test_rescale_past_the_max_parallelism_is_refused_naming_that_limit(
+    cluster: Any, stub: jm_grpc.JobManagerStub
+) -> None:
     # Enough free slots for the parallelism asked: the max parallelism is the only obstacle.
     client = cluster.client()
     first = client.submit_job(JOB, operators(parallelism=1), max_parallelism=2)

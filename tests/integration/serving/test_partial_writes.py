@@ -26,8 +26,9 @@ def _events(client: Any) -> ListState:
 
 @pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
 def test_a_refusal_on_one_subtask_names_what_the_others_applied(inprocess_cluster: Any, backend: str) -> None:
-    cluster = inprocess_cluster(taskmanagers=2, slots=1, backend=backend,
-                                tm={"state.limits.list.max-elements": str(MAX_ELEMENTS)})
+    cluster = inprocess_cluster(
+        taskmanagers=2, slots=1, backend=backend, tm={"state.limits.list.max-elements": str(MAX_ELEMENTS)}
+    )
     client = cluster.client()
     routing = client.submit_job(JOB, operators(parallelism=2))
     events = _events(client)

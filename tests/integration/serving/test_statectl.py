@@ -46,7 +46,12 @@ def test_cluster_json_is_machine_readable(cluster: Any) -> None:
     hosted = []
     for tm in cluster.taskmanagers:
         entry = tms[tm.id]
-        assert (entry["address"], entry["status"], entry["num_slots"], entry["free_slots"]) == (tm.address, "ACTIVE", 2, 1)
+        assert (entry["address"], entry["status"], entry["num_slots"], entry["free_slots"]) == (
+            tm.address,
+            "ACTIVE",
+            2,
+            1,
+        )
         assert len(entry["slots"]) == 2
         hosted += [(s["job_id"], s["operator_id"], s["subtask_index"]) for s in entry["slots"] if s["job_id"]]
     assert sorted(hosted) == [(JOB, OPERATOR, 0), (JOB, OPERATOR, 1)]
@@ -54,11 +59,14 @@ def test_cluster_json_is_machine_readable(cluster: Any) -> None:
     assert job["job_id"] == JOB and job["status"] == "RUNNING" and job["max_parallelism"] == 128
 
 
-@pytest.mark.parametrize("argv", [
-    ["-m", "{address}", "cluster", "--json"],
-    ["--jobmanager", "{address}", "--json", "job", "list"],
-    ["--json", "cluster", "-m", "{address}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "{address}", "cluster", "--json"],
+        ["--jobmanager", "{address}", "--json", "job", "list"],
+        ["--json", "cluster", "-m", "{address}"],
+    ],
+)
 def test_options_before_the_command_are_accepted(cluster: Any, argv: list[str]) -> None:
     result = run_module(STATECTL, *(a.format(address=cluster.address) for a in argv))
     assert result.returncode == 0, result.stderr
@@ -76,7 +84,9 @@ def test_rescale_past_the_max_parallelism_names_that_limit_not_taskmanagers(clus
 
 def test_jobmanager_address_from_config_overrides(cluster: Any) -> None:
     host, port = cluster.address.rsplit(":", 1)
-    result = run_module(STATECTL, "job", "list", "--json", "-D", f"jobmanager.rpc.address={host}", "-D", f"jobmanager.rpc.port={port}")
+    result = run_module(
+        STATECTL, "job", "list", "--json", "-D", f"jobmanager.rpc.address={host}", "-D", f"jobmanager.rpc.port={port}"
+    )
     assert result.returncode == 0, result.stderr
     assert [j["job_id"] for j in json.loads(result.stdout)["jobs"]] == [JOB]
 

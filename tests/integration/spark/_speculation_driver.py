@@ -24,7 +24,10 @@ STALL_S = 20.0
 
 
 def events(batch: int) -> list[tuple[str, int, str]]:
-    return [(f"user-{(batch * 7 + i) % USERS}", 1 + (batch * 31 + i) % 97, f"b{batch}-e{i}") for i in range(EVENTS_PER_BATCH)]
+    return [
+        (f"user-{(batch * 7 + i) % USERS}", 1 + (batch * 31 + i) % 97, f"b{batch}-e{i}")
+        for i in range(EVENTS_PER_BATCH)
+    ]
 
 
 def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
@@ -37,22 +40,34 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark = (
-        SparkSession.builder.master(master).appName("keyedstate-speculation")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"]).config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
-        .config("spark.executor.memory", "768m").config("spark.cores.max", "2")
+        SparkSession.builder.master(master)
+        .appName("keyedstate-speculation")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.executor.memory", "768m")
+        .config("spark.cores.max", "2")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.speculation", "true").config("spark.speculation.interval", "100ms")
-        .config("spark.speculation.multiplier", "1.2").config("spark.speculation.quantile", "0.5")
+        .config("spark.speculation", "true")
+        .config("spark.speculation.interval", "100ms")
+        .config("spark.speculation.multiplier", "1.2")
+        .config("spark.speculation.quantile", "0.5")
         .config("spark.speculation.minTaskRuntime", "200ms")
         .config("spark.sql.shuffle.partitions", "4")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    operators = [OperatorSpec("agg", 4, (
-        StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
-        StateDescriptor("events", StateKind.LIST),
-    ))]
+    operators = [
+        OperatorSpec(
+            "agg",
+            4,
+            (
+                StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("amount"))),
+                StateDescriptor("events", StateKind.LIST),
+            ),
+        )
+    ]
     runtime = KeyedStateRuntime(jobmanager, job_id, operators)
     log = str(Path(out) / "attempts.jsonl")
 
@@ -66,9 +81,20 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
             state.reducing("totals").add_many(users, [(1, r["amount"]) for r in rows])
             state.list("events", value_serializer="str").append_many(users, [r["event"] for r in rows])
         with open(log, "a") as f:
-            f.write(json.dumps({"batch": state.batch_id, "partition": ctx.partitionId(), "attempt": ctx.attemptNumber(),
-                                "task_attempt_id": ctx.taskAttemptId(), "rows": len(rows), "pid": os.getpid(),
-                                "host": os.environ.get("SPARK_LOCAL_IP", "")}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "batch": state.batch_id,
+                        "partition": ctx.partitionId(),
+                        "attempt": ctx.attemptNumber(),
+                        "task_attempt_id": ctx.taskAttemptId(),
+                        "rows": len(rows),
+                        "pid": os.getpid(),
+                        "host": os.environ.get("SPARK_LOCAL_IP", ""),
+                    }
+                )
+                + "\n"
+            )
         if ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
             time.sleep(STALL_S)  # a straggler: Spark launches a speculative copy on the other executor
 
@@ -77,8 +103,12 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
     for batch in range(BATCHES):
         df = spark.createDataFrame(events(batch), "user string, amount long, event string")
         on_batch(df, batch)
-    summary = {"seconds": time.monotonic() - started, "batches_run": runtime.batches_run,
-               "batch_attempts": runtime.batch_attempts, "durable_epoch": runtime.durable_epoch()}
+    summary = {
+        "seconds": time.monotonic() - started,
+        "batches_run": runtime.batches_run,
+        "batch_attempts": runtime.batch_attempts,
+        "durable_epoch": runtime.durable_epoch(),
+    }
     (Path(out) / "summary.json").write_text(json.dumps(summary))
     runtime.close()
     spark.stop()

@@ -205,9 +205,7 @@ def test_udf_fallback_agrees_with_python_and_partitions(spark):
         .collect()
     )
     assert len(placed) == 500
-    assert all(
-        r.p == subtask_for_key_group(128, 3, key_group(json_ser.dumps(keys[r.id]), 128)) for r in placed
-    )
+    assert all(r.p == subtask_for_key_group(128, 3, key_group(json_ser.dumps(keys[r.id]), 128)) for r in placed)
 
 
 def test_udf_reports_keys_the_serializer_rejects(spark):

@@ -22,11 +22,17 @@ from pyspark import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-OPS = [OperatorSpec("agg", 2, (
-    StateDescriptor("count", StateKind.VALUE),
-    StateDescriptor("amounts", StateKind.LIST),
-    StateDescriptor("total", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("sum"))),
-))]
+OPS = [
+    OperatorSpec(
+        "agg",
+        2,
+        (
+            StateDescriptor("count", StateKind.VALUE),
+            StateDescriptor("amounts", StateKind.LIST),
+            StateDescriptor("total", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("sum"))),
+        ),
+    )
+]
 
 
 def _events(seed: int, n: int, users: int = 300) -> list[dict[str, Any]]:
@@ -66,7 +72,9 @@ def _verify(runtime: KeyedStateRuntime, events: list[dict[str, Any]]) -> None:
         expected[e["user"]].append(e["amount"])
     users = sorted(expected)
     c, job = runtime.client, runtime.job_id
-    assert ValueState(c, job, "agg", "count", value_serializer="int").get_many(users) == [len(expected[u]) for u in users]
+    assert ValueState(c, job, "agg", "count", value_serializer="int").get_many(users) == [
+        len(expected[u]) for u in users
+    ]
     lists = ListState(c, job, "agg", "amounts", value_serializer="int").get_many(users)
     assert [sorted(x) for x in lists] == [sorted(expected[u]) for u in users]
     totals = ReducingState(c, job, "agg", "total").get_many(users)
@@ -105,9 +113,14 @@ def test_query_restarts_from_its_spark_checkpoint_location(spark, inprocess_clus
     spark_checkpoint = str(tmp_path / "spark-checkpoint")
 
     def start(runtime: KeyedStateRuntime) -> Any:
-        stream = spark.readStream.schema("user string, amount long").option("maxFilesPerTrigger", 1).parquet(str(source))
-        return (stream.writeStream.foreachBatch(runtime.foreach_batch(process, key_col="user", operator="agg"))
-                .option("checkpointLocation", spark_checkpoint).start())
+        stream = (
+            spark.readStream.schema("user string, amount long").option("maxFilesPerTrigger", 1).parquet(str(source))
+        )
+        return (
+            stream.writeStream.foreachBatch(runtime.foreach_batch(process, key_col="user", operator="agg"))
+            .option("checkpointLocation", spark_checkpoint)
+            .start()
+        )
 
     first = KeyedStateRuntime(cluster.address, "restartable", OPS)
     query = start(first)

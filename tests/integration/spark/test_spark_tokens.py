@@ -36,22 +36,37 @@ def count_users(batches: Any, state: Any) -> None:
         count.put_many(keys, [(c or 0) + users[k] for k, c in zip(keys, current)])
 
 
-def test_executors_use_the_token_file_shipped_with_the_application(spark: Any, inprocess_cluster: Any, tmp_path: Path) -> None:
-    tokens = make_tokens(tmp_path / "auth", {
-        "driver": ("admin", [JOB]), "executors": ("writer", [JOB]), "jm": ("jobmanager", ["*"]),
-        "tm": ("taskmanager", ["*"]), "ops": ("admin", ["*"]),
-    })
+def test_executors_use_the_token_file_shipped_with_the_application(
+    spark: Any, inprocess_cluster: Any, tmp_path: Path
+) -> None:
+    tokens = make_tokens(
+        tmp_path / "auth",
+        {
+            "driver": ("admin", [JOB]),
+            "executors": ("writer", [JOB]),
+            "jm": ("jobmanager", ["*"]),
+            "tm": ("taskmanager", ["*"]),
+            "ops": ("admin", ["*"]),
+        },
+    )
     auth = {"security.auth.enabled": "true", "security.auth.tokens-file": str(tokens.tokens_file)}
-    cluster = inprocess_cluster(taskmanagers=1, slots=2, jm={**auth, "security.auth.token-file": tokens.file("jm")},
-                                tm={**auth, "security.auth.token-file": tokens.file("tm")})
-    runtime = KeyedStateRuntime(cluster.address, JOB, OPS, token_file=tokens.file("driver"),
-                                executor_token_file=tokens.file("executors"))
+    cluster = inprocess_cluster(
+        taskmanagers=1,
+        slots=2,
+        jm={**auth, "security.auth.token-file": tokens.file("jm")},
+        tm={**auth, "security.auth.token-file": tokens.file("tm")},
+    )
+    runtime = KeyedStateRuntime(
+        cluster.address, JOB, OPS, token_file=tokens.file("driver"), executor_token_file=tokens.file("executors")
+    )
     try:
         df = spark.createDataFrame([{"user": f"u{i % 7}"} for i in range(70)], "user string")
         runtime.foreach_batch(count_users, key_col="user", operator="agg")(df, 0)
         with StateClient(cluster.address, token=tokens.tokens["ops"]) as ops:
-            assert ValueState(ops, JOB, "agg", "count", value_serializer="int").get_many(
-                [f"u{i}" for i in range(7)]) == [10] * 7
+            assert (
+                ValueState(ops, JOB, "agg", "count", value_serializer="int").get_many([f"u{i}" for i in range(7)])
+                == [10] * 7
+            )
         # The cluster does require tokens: the executors' writes above went through on the shipped one.
         with StateClient(cluster.address) as anonymous, pytest.raises(AuthenticationError, match="carried no token"):
             anonymous.job_info(JOB)

@@ -42,21 +42,58 @@ def _start_standalone(netns: VirtualNetwork, base: Path) -> str:
     port = free_port()
     master_url = f"spark://{netns.local.ip}:{port}"
     (base / "log").mkdir(parents=True)
-    netns.popen(netns.local, [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master",
-                              "--host", netns.local.ip, "--port", str(port), "--webui-port", str(free_port())],
-                env={**env, "SPARK_LOCAL_IP": netns.local.ip}, stdout=open(base / "log" / "master.log", "wb"),
-                stderr=subprocess.STDOUT)
+    netns.popen(
+        netns.local,
+        [
+            str(home / "bin" / "spark-class"),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            netns.local.ip,
+            "--port",
+            str(port),
+            "--webui-port",
+            str(free_port()),
+        ],
+        env={**env, "SPARK_LOCAL_IP": netns.local.ip},
+        stdout=open(base / "log" / "master.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     for name in ("w1", "w2"):
         host = netns.add_host(name)
         work = base / name
         work.mkdir()
-        netns.popen(host, [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
-                           "--host", host.ip, "--cores", "1", "--memory", "1g", "--work-dir", str(work),
-                           "--webui-port", "0", master_url],
-                    env={**env, "SPARK_LOCAL_IP": host.ip}, stdout=open(base / "log" / f"{name}.log", "wb"),
-                    stderr=subprocess.STDOUT)
-    wait_for(lambda: sum("Successfully registered with master" in (base / "log" / f"{w}.log").read_text(errors="replace")
-                         for w in ("w1", "w2")) == 2, 120, "two Spark workers registering with the master")
+        netns.popen(
+            host,
+            [
+                str(home / "bin" / "spark-class"),
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                host.ip,
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(work),
+                "--webui-port",
+                "0",
+                master_url,
+            ],
+            env={**env, "SPARK_LOCAL_IP": host.ip},
+            stdout=open(base / "log" / f"{name}.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+    wait_for(
+        lambda: (
+            sum(
+                "Successfully registered with master" in (base / "log" / f"{w}.log").read_text(errors="replace")
+                for w in ("w1", "w2")
+            )
+            == 2
+        ),
+        120,
+        "two Spark workers registering with the master",
+    )
     return master_url
 
 
@@ -64,14 +101,21 @@ def test_a_speculative_losers_writes_are_dropped(netns: VirtualNetwork, inproces
     # The state service listens on the bridge address, reachable from the workers' namespaces.
     ip = netns.local.ip
     # Namespaces this test made: a trusted network, so protected mode stands aside.
-    cluster = inprocess_cluster(taskmanagers=2, slots=2, jm={"jobmanager.rpc.address": ip, "security.protected-mode": False},
-                                tm={"jobmanager.rpc.address": ip, "taskmanager.host": ip, "security.protected-mode": False})
+    cluster = inprocess_cluster(
+        taskmanagers=2,
+        slots=2,
+        jm={"jobmanager.rpc.address": ip, "security.protected-mode": False},
+        tm={"jobmanager.rpc.address": ip, "taskmanager.host": ip, "security.protected-mode": False},
+    )
     master = _start_standalone(netns, tmp_path / "spark")
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(
         [sys.executable, driver.__file__, cluster.address, "speculative", str(out), master],
-        cwd=tmp_path, capture_output=True, text=True, timeout=360,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=360,
         env={**os.environ, "SPARK_HOME": str(_spark_home()), "SPARK_LOCAL_IP": ip},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -21,7 +21,11 @@ from pyspark import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-OPS = [OperatorSpec("agg", 2, (StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("sum"))),))]
+OPS = [
+    OperatorSpec(
+        "agg", 2, (StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("n"), ReduceField("sum"))),)
+    )
+]
 
 
 def process(batches: Any, state: Any) -> None:
@@ -33,7 +37,9 @@ def process(batches: Any, state: Any) -> None:
 
 
 def test_an_available_now_query_is_done_and_durable_when_await_termination_returns(
-    spark: Any, inprocess_cluster: Any, tmp_path: Path,
+    spark: Any,
+    inprocess_cluster: Any,
+    tmp_path: Path,
 ) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=1)
     # The cluster is ready once its TaskManagers registered.
@@ -54,10 +60,15 @@ def test_an_available_now_query_is_done_and_durable_when_await_termination_retur
         # so each gets its own second (two writes within one clock tick would tie, in any order).
         os.utime(path, (1_700_000_000 + batch, 1_700_000_000 + batch))
     runtime = KeyedStateRuntime(cluster.address, "progress", OPS)
-    query = (spark.readStream.schema("user string, amount long, batch long").option("maxFilesPerTrigger", 1)
-             .parquet(str(source)).writeStream
-             .foreachBatch(runtime.foreach_batch(process, key_col="user", operator="agg"))
-             .option("checkpointLocation", str(tmp_path / "spark-checkpoint")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.schema("user string, amount long, batch long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(source))
+        .writeStream.foreachBatch(runtime.foreach_batch(process, key_col="user", operator="agg"))
+        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(180)
     assert query.exception() is None
     # Done: every batch returned from foreachBatch, so every batch is in a completed checkpoint.

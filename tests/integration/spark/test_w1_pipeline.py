@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from keyedstate.common.client import ReducingState
-from keyedstate.common.spark import KeyedStateRuntime
-
 from bench.w1 import data as w1data
 from bench.w1 import executor, sparkjobs
+from keyedstate.common.client import ReducingState
+from keyedstate.common.spark import KeyedStateRuntime
 
 pytestmark = pytest.mark.spark
 
@@ -39,7 +38,8 @@ def _sum_amounts(batches: Any, state: Any) -> None:
     agg = executor.preaggregate(batches)
     if agg is not None:
         state.reducing("totals", key_serializer="int").add_many(
-            agg.column("user").to_pylist(), list(zip(agg.column("n").to_pylist(), agg.column("total").to_pylist())))
+            agg.column("user").to_pylist(), list(zip(agg.column("n").to_pylist(), agg.column("total").to_pylist()))
+        )
 
 
 def test_runtime_records_where_each_batch_spent_its_time(spark: Any, inprocess_cluster: Any) -> None:

@@ -60,15 +60,18 @@ def python_without_keyedstate(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site_packages = sysconfig.get_paths()["purelib"]
     wrapper = tmp_path_factory.mktemp("python") / "python-without-keyedstate"
     wrapper.write_text(
-        "#!/bin/sh\n"
-        f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site_packages}" exec "{sys.executable}" -S "$@"\n'
+        f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site_packages}" exec "{sys.executable}" -S "$@"\n'
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     # The test below means something only if this interpreter really cannot import keyedstate.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     probe = subprocess.run(
         [str(wrapper), "-c", "import xxhash, pyspark\nimport keyedstate.common"],
-        capture_output=True, text=True, cwd=wrapper.parent, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=wrapper.parent,
+        env=env,
+        timeout=60,
     )
     assert "No module named 'keyedstate'" in probe.stderr, probe.stderr
     return wrapper

@@ -10,10 +10,6 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from keyedstate.common._proto.v1 import jobmanager_pb2, taskmanager_pb2
-from keyedstate.common.config import REDACTED, Configuration, is_secret_key, secret_overrides
-from keyedstate.common.config import options as o
-from keyedstate.common.errors import ConfigError, InvalidArgumentError
-from keyedstate.common.ids import validate_name
 from keyedstate.common.auth import (
     RULES,
     Permission,
@@ -24,13 +20,21 @@ from keyedstate.common.auth import (
     resolve_token,
     roles_granting,
 )
+from keyedstate.common.config import REDACTED, Configuration, is_secret_key, secret_overrides
+from keyedstate.common.config import options as o
+from keyedstate.common.errors import ConfigError, InvalidArgumentError
+from keyedstate.common.ids import validate_name
 
 SERVED = [jobmanager_pb2, taskmanager_pb2, health_pb2]
 
 
 def _served_methods() -> set[str]:
-    return {f"/{service.full_name}/{method.name}"
-            for module in SERVED for service in module.DESCRIPTOR.services_by_name.values() for method in service.methods}
+    return {
+        f"/{service.full_name}/{method.name}"
+        for module in SERVED
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
 
 
 def test_every_served_method_has_a_rule_and_no_rule_is_stale() -> None:
@@ -70,7 +74,9 @@ def _write_tokens(path: Path, *entries: tuple[str, str, str, list[str]]) -> None
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_token_store_looks_up_by_hash_and_reloads_when_the_file_changes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_token_store_looks_up_by_hash_and_reloads_when_the_file_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "tokens.yaml"
     _write_tokens(path, ("ops", "tok-ops", "admin", ["*"]), ("pipe", "tok-pipe", "writer", ["a", "b"]))
     store = TokenStore(path)
@@ -91,14 +97,20 @@ def test_token_store_looks_up_by_hash_and_reloads_when_the_file_changes(tmp_path
     assert "sha256 must be 64 hex digits" in caplog.text and "keeping the 2 token(s)" in caplog.text
 
 
-@pytest.mark.parametrize("entry,message", [
-    ({"name": "x", "sha256": "ab", "role": "admin", "jobs": ["*"]}, "sha256 must be 64 hex digits"),
-    ({"name": "x", "sha256": "a" * 64, "role": "root", "jobs": ["*"]}, "role 'root' is not one of reader, writer, admin"),
-    ({"name": "x", "sha256": "a" * 64, "role": "admin"}, "jobs must list the job ids"),
-    ({"name": "x", "sha256": "a" * 64, "role": "admin", "jobs": ["../etc"]}, "invalid job id '../etc'"),
-    ({"name": "x", "token": "plain", "sha256": "a" * 64, "role": "admin", "jobs": ["*"]}, "never the token"),
-    ({"name": "a/b", "sha256": "a" * 64, "role": "admin", "jobs": ["*"]}, "invalid token name 'a/b'"),
-])
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ({"name": "x", "sha256": "ab", "role": "admin", "jobs": ["*"]}, "sha256 must be 64 hex digits"),
+        (
+            {"name": "x", "sha256": "a" * 64, "role": "root", "jobs": ["*"]},
+            "role 'root' is not one of reader, writer, admin",
+        ),
+        ({"name": "x", "sha256": "a" * 64, "role": "admin"}, "jobs must list the job ids"),
+        ({"name": "x", "sha256": "a" * 64, "role": "admin", "jobs": ["../etc"]}, "invalid job id '../etc'"),
+        ({"name": "x", "token": "plain", "sha256": "a" * 64, "role": "admin", "jobs": ["*"]}, "never the token"),
+        ({"name": "a/b", "sha256": "a" * 64, "role": "admin", "jobs": ["*"]}, "invalid token name 'a/b'"),
+    ],
+)
 def test_bad_tokens_files_name_the_entry_and_the_rule(tmp_path: Path, entry: dict, message: str) -> None:
     import yaml
 
@@ -139,14 +151,25 @@ def test_secret_keys_are_recognised_and_redacted() -> None:
     conf = Configuration({"s3.secret-key": "SK-VALUE", "s3.endpoint": "http://x"})
     assert "SK-VALUE" not in repr(conf) and conf.redacted()["s3.secret-key"] == REDACTED
     assert secret_overrides(["s3.secret-key=SK", "rest.port=1", "security.auth.token=t"]) == [
-        "s3.secret-key", "security.auth.token"]
+        "s3.secret-key",
+        "security.auth.token",
+    ]
 
 
-@pytest.mark.parametrize("value,problem", [
-    ("a/b", "path separator"), ("a\\b", "path separator"), ("..", "'..'"), ("a..b", "'..'"),
-    ("a\nb", "control character"), ("x" * 129, "129 characters long (at most 128)"), ("", "empty"),
-    ("-x", "must start with a letter or digit"), ("a b", "contains ' '"),
-])
+@pytest.mark.parametrize(
+    "value,problem",
+    [
+        ("a/b", "path separator"),
+        ("a\\b", "path separator"),
+        ("..", "'..'"),
+        ("a..b", "'..'"),
+        ("a\nb", "control character"),
+        ("x" * 129, "129 characters long (at most 128)"),
+        ("", "empty"),
+        ("-x", "must start with a letter or digit"),
+        ("a b", "contains ' '"),
+    ],
+)
 def test_one_name_validator_names_the_broken_rule(value: str, problem: str) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         validate_name("job id", value)

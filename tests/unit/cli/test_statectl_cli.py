@@ -18,40 +18,51 @@ def _exit_code(argv: list[str]) -> int:
         return int(exc.code or 0)
 
 
-@pytest.mark.parametrize("argv,fragment", [
-    ([], "the following arguments are required: command"),
-    (["bogus"], "invalid choice: 'bogus'"),
-    (["cluster", "--bogus"], "unrecognized arguments: --bogus"),
-    (["job", "frob"], "invalid choice: 'frob'"),
-    (["checkpoint", "trigger"], "the following arguments are required: job"),
-    (["cluster", "--timeout", "soon"], "invalid float value: 'soon'"),
-    (["job", "rescale", "j", "--parallelism", "two"], "invalid int value: 'two'"),
-])
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        ([], "the following arguments are required: command"),
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["cluster", "--bogus"], "unrecognized arguments: --bogus"),
+        (["job", "frob"], "invalid choice: 'frob'"),
+        (["checkpoint", "trigger"], "the following arguments are required: job"),
+        (["cluster", "--timeout", "soon"], "invalid float value: 'soon'"),
+        (["job", "rescale", "j", "--parallelism", "two"], "invalid int value: 'two'"),
+    ],
+)
 def test_bad_arguments_exit_2_with_usage(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
     assert _exit_code(argv) == 2
     err = capsys.readouterr().err
     assert "usage: statectl" in err and fragment in err
 
 
-@pytest.mark.parametrize("argv,fragment", [
-    (["checkpoint", "trigger", "bad id"], "invalid job id 'bad id'"),
-    (["savepoint", "../up"], "invalid job id '../up'"),
-])
-def test_invalid_job_id_exits_2_with_usage_before_connecting(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["checkpoint", "trigger", "bad id"], "invalid job id 'bad id'"),
+        (["savepoint", "../up"], "invalid job id '../up'"),
+    ],
+)
+def test_invalid_job_id_exits_2_with_usage_before_connecting(
+    capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str
+) -> None:
     # No --jobmanager: the id is refused before any connection is attempted.
     assert _exit_code(argv) == 2
     err = capsys.readouterr().err
     assert "usage: statectl" in err and fragment in err and "[A-Za-z0-9_.-]" in err
 
 
-@pytest.mark.parametrize("argv,fragment", [
-    (["job", "info", "--jobmanager", "127.0.0.1:1"], "statectl job info needs a JOB id"),
-    (["job", "rescale", "j", "--jobmanager", "127.0.0.1:1"], "needs --parallelism N"),
-    (["job", "restore", "j", "--jobmanager", "127.0.0.1:1"], "needs --from PATH"),
-    (["cluster", "-D", "no-equals"], "-D 'no-equals': expected key=value"),
-    (["cluster", "-D", "jobmanager.rpc.port=abc"], "jobmanager.rpc.port: expected an integer"),
-    (["cluster", "--config", "/no/such/file.yaml"], "cannot read config file /no/such/file.yaml"),
-])
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["job", "info", "--jobmanager", "127.0.0.1:1"], "statectl job info needs a JOB id"),
+        (["job", "rescale", "j", "--jobmanager", "127.0.0.1:1"], "needs --parallelism N"),
+        (["job", "restore", "j", "--jobmanager", "127.0.0.1:1"], "needs --from PATH"),
+        (["cluster", "-D", "no-equals"], "-D 'no-equals': expected key=value"),
+        (["cluster", "-D", "jobmanager.rpc.port=abc"], "jobmanager.rpc.port: expected an integer"),
+        (["cluster", "--config", "/no/such/file.yaml"], "cannot read config file /no/such/file.yaml"),
+    ],
+)
 def test_bad_values_exit_2_naming_the_fix(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
     assert _exit_code(argv) == 2
     err = capsys.readouterr().err
@@ -77,19 +88,26 @@ def test_config_docs_prints_every_key_once(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_config_docs_through_the_entry_point() -> None:
-    result = subprocess.run([sys.executable, "-m", "keyedstate.common.cli.statectl", "config", "docs"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "keyedstate.common.cli.statectl", "config", "docs"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     for option in options.ALL:
         assert f"| `{option.key}` |" in result.stdout
 
 
-@pytest.mark.parametrize("argv", [
-    ["-m", "10.0.0.1:6123", "cluster"],
-    ["cluster", "-m", "10.0.0.1:6123"],
-    ["--jobmanager", "10.0.0.1:6123", "--json", "--timeout", "5", "job", "list"],
-    ["-D", "a=1", "job", "list", "-m", "10.0.0.1:6123", "-D", "b=2"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "10.0.0.1:6123", "cluster"],
+        ["cluster", "-m", "10.0.0.1:6123"],
+        ["--jobmanager", "10.0.0.1:6123", "--json", "--timeout", "5", "job", "list"],
+        ["-D", "a=1", "job", "list", "-m", "10.0.0.1:6123", "-D", "b=2"],
+    ],
+)
 def test_common_options_are_accepted_before_or_after_the_command(argv: list[str]) -> None:
     args = statectl._apply_common_defaults(statectl.build_parser().parse_args(argv))
     assert args.jobmanager == "10.0.0.1:6123"

@@ -21,7 +21,12 @@ def scope(routing_version: int = 5) -> EpochScope:
 
 def test_sequence_numbers_count_from_1_per_slot() -> None:
     s = scope()
-    assert [s.next_sequence("op", 0), s.next_sequence("op", 0), s.next_sequence("op", 1), s.next_sequence("other", 0)] == [1, 2, 1, 1]
+    assert [
+        s.next_sequence("op", 0),
+        s.next_sequence("op", 0),
+        s.next_sequence("op", 1),
+        s.next_sequence("other", 0),
+    ] == [1, 2, 1, 1]
     assert s.context.sequence == 0  # the scope's own context is never a write request
     ctx = s.context_for(2)
     assert (ctx.epoch, ctx.partition, ctx.attempt, ctx.sequence) == (3, 2, 77, 2)

@@ -18,7 +18,16 @@ from tests.fakes.scheduler import ManualScheduler
 
 RHO = Fraction(1, 10)
 INTERVALS = (10, 50, 100, 200, 1_000, 3_000, 10_000)
-TIMEOUT_FACTORS = (Fraction(11, 10), Fraction(2), Fraction(5, 2), Fraction(3), Fraction(5), Fraction(7), Fraction(10), Fraction(30))
+TIMEOUT_FACTORS = (
+    Fraction(11, 10),
+    Fraction(2),
+    Fraction(5, 2),
+    Fraction(3),
+    Fraction(5),
+    Fraction(7),
+    Fraction(10),
+    Fraction(30),
+)
 
 
 def settings(interval_ms: int, timeout_ms: int) -> JobManagerSettings:
@@ -48,7 +57,7 @@ def test_lease_duration_is_the_smaller_of_80_percent_of_the_timeout_and_5_interv
 
 def test_lease_bound_is_never_below_l_times_11_over_9() -> None:
     # Never below L(1+rho)/(1-rho) in exact arithmetic (float rounding may only add a safe ms), for every L.
-    for duration in range(0, 200_001):
+    for duration in range(200_001):
         exact = Fraction(duration) * (1 + RHO) / (1 - RHO)
         bound = lease_bound_ms(duration)
         assert exact <= bound <= exact + 1, (duration, bound, exact)
@@ -58,7 +67,14 @@ def test_lease_bound_is_never_below_l_times_11_over_9() -> None:
 
 def test_settings_accept_exactly_the_heartbeats_a_lease_can_cover() -> None:
     for interval in range(1, 3_001):
-        for timeout in (interval, interval + 1, 2 * interval, (5 * interval) // 2, (5 * interval) // 2 + 1, 3 * interval):
+        for timeout in (
+            interval,
+            interval + 1,
+            2 * interval,
+            (5 * interval) // 2,
+            (5 * interval) // 2 + 1,
+            3 * interval,
+        ):
             covers = timeout > interval and lease_duration_ms(timeout, interval) >= 2 * interval
             try:
                 s = settings(interval, timeout)
@@ -87,7 +103,9 @@ def test_a_too_short_timeout_is_refused_naming_a_timeout_that_is_then_accepted(i
 
 
 def test_a_timeout_not_above_the_interval_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"heartbeat\.timeout \(1000 ms\) must be larger than heartbeat\.interval \(1000 ms\)"):
+    with pytest.raises(
+        ConfigError, match=r"heartbeat\.timeout \(1000 ms\) must be larger than heartbeat\.interval \(1000 ms\)"
+    ):
         settings(1_000, 1_000)
 
 
@@ -98,7 +116,7 @@ def test_a_lease_from_the_send_time_ends_before_the_bound_from_the_receive_time_
     The TaskManager's lease ends at real ``send + L*p_tm``; the JobManager's bound at real
     ``receive + B*p_jm`` with ``receive >= send``. Exact rational arithmetic, every grid point.
     """
-    periods = [1 - RHO + Fraction(k, 100) for k in range(0, 21)]  # 0.90, 0.91, ..., 1.10
+    periods = [1 - RHO + Fraction(k, 100) for k in range(21)]  # 0.90, 0.91, ..., 1.10
     delays = [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(37), Fraction(500)]
     checked = 0
     for s in accepted_settings():
@@ -136,7 +154,9 @@ def test_the_registry_never_calls_a_taskmanager_fenced_while_its_lease_object_st
         for delay in (0, 1, 3, 250):
             for phase in (0, 1, 7):
                 jm = ManualClock(monotonic_ms=5_000_000 + phase)
-                registry = TaskManagerRegistry(jm, ManualScheduler(jm), s.heartbeat_timeout_ms, 1_000, lease_bound_ms=s.lease_bound_ms)
+                registry = TaskManagerRegistry(
+                    jm, ManualScheduler(jm), s.heartbeat_timeout_ms, 1_000, lease_bound_ms=s.lease_bound_ms
+                )
                 tm_clock = _RateClock(jm, rate, origin_ms=77_000_123)
                 lease = Lease(tm_clock)
                 registry.register("tm-a", "127.0.0.1:1", "h", 1, "rocksdb", 0)
@@ -187,7 +207,9 @@ def test_a_renewal_counts_from_the_send_time_and_ends_exclusively(clock: ManualC
     lease.check_after("ValueGet")
     clock.advance(1)  # exactly send + L: over
     assert not lease.valid() and lease.remaining_ms() == 0
-    with pytest.raises(UnavailableError, match=r"\(no heartbeat answered by the JobManager within the lease\): Reduce refused") as info:
+    with pytest.raises(
+        UnavailableError, match=r"\(no heartbeat answered by the JobManager within the lease\): Reduce refused"
+    ) as info:
         lease.check("Reduce")
     assert info.value.reason is Reason.LEASE_EXPIRED
 
@@ -219,7 +241,10 @@ def test_revoke_ends_the_lease_at_once_naming_why_and_a_later_heartbeat_restores
     with pytest.raises(UnavailableError) as info:
         lease.check("ListAppend")
     assert info.value.reason is Reason.LEASE_EXPIRED
-    assert "(the JobManager does not know this TaskManager (it restarted, or declared it lost)): ListAppend refused" in info.value.message
+    assert (
+        "(the JobManager does not know this TaskManager (it restarted, or declared it lost)): ListAppend refused"
+        in info.value.message
+    )
     clock.advance(5)
     lease.renew(clock.boottime_ms(), 2_000)  # registered again; the answer to a request sent after the revoke
     assert lease.remaining_ms() == 2_000
@@ -255,7 +280,7 @@ def test_concurrent_renewals_and_checks_keep_the_latest_deadline(clock: ManualCl
             for i in range(200):
                 lease.renew(base + (i * 7 + k) % 1_000, 100_000)
                 lease.check("ValueGet")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             failures.append(exc)
 
     threads = [threading.Thread(target=renew, args=(k,)) for k in range(8)]

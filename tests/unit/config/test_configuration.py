@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from keyedstate.common.config import Configuration, options as o, parse_duration_ms, parse_memory_bytes
+from keyedstate.common.config import Configuration, parse_duration_ms, parse_memory_bytes
+from keyedstate.common.config import options as o
 from keyedstate.common.config._configuration import bool_parser, enum_parser, int_parser, port_range_parser
 from keyedstate.common.errors import ConfigError, Reason
 
@@ -17,11 +18,26 @@ CONFIG_LOGGER = "keyedstate.common.config._configuration"
 
 # -- durations -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw,ms", [
-    ("10 s", 10_000), ("500ms", 500), ("1 min", 60_000), ("1.5 s", 1_500), ("2h", 7_200_000), ("1d", 86_400_000),
-    ("30", 30), ("0", 0), (" 10  s ", 10_000), ("10 S", 10_000), ("3 seconds", 3_000), ("2 mins", 120_000),
-    (250, 250), (0, 0),
-])
+
+@pytest.mark.parametrize(
+    "raw,ms",
+    [
+        ("10 s", 10_000),
+        ("500ms", 500),
+        ("1 min", 60_000),
+        ("1.5 s", 1_500),
+        ("2h", 7_200_000),
+        ("1d", 86_400_000),
+        ("30", 30),
+        ("0", 0),
+        (" 10  s ", 10_000),
+        ("10 S", 10_000),
+        ("3 seconds", 3_000),
+        ("2 mins", 120_000),
+        (250, 250),
+        (0, 0),
+    ],
+)
 def test_durations(raw: Any, ms: int) -> None:
     assert parse_duration_ms(raw, "heartbeat.timeout") == ms
 
@@ -46,10 +62,22 @@ def test_optional_duration_can_be_disabled(raw: Any) -> None:
 
 # -- memory sizes --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw,size", [
-    ("256mb", 256 << 20), ("1 gb", 1 << 30), ("64k", 64 << 10), ("100", 100), ("100b", 100), ("0.5kb", 512),
-    ("1.5 GB", 3 << 29), ("2 mebibytes", 2 << 20), ("1t", 1 << 40), (4096, 4096),
-])
+
+@pytest.mark.parametrize(
+    "raw,size",
+    [
+        ("256mb", 256 << 20),
+        ("1 gb", 1 << 30),
+        ("64k", 64 << 10),
+        ("100", 100),
+        ("100b", 100),
+        ("0.5kb", 512),
+        ("1.5 GB", 3 << 29),
+        ("2 mebibytes", 2 << 20),
+        ("1t", 1 << 40),
+        (4096, 4096),
+    ],
+)
 def test_memory_sizes(raw: Any, size: int) -> None:
     assert parse_memory_bytes(raw, "taskmanager.memory.managed.size") == size
 
@@ -63,18 +91,32 @@ def test_bad_memory_sizes_name_the_key(raw: Any) -> None:
 
 # -- ports, booleans, enums, integers ------------------------------------------------------------
 
-@pytest.mark.parametrize("raw,expected", [
-    ("9249", (9249, 9249)), ("9250-9260", (9250, 9260)), (" 9250 - 9260 ", (9250, 9260)), ("0", (0, 0)),
-    ("-1", (-1, -1)), (9249, (9249, 9249)),
-])
+
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("9249", (9249, 9249)),
+        ("9250-9260", (9250, 9260)),
+        (" 9250 - 9260 ", (9250, 9260)),
+        ("0", (0, 0)),
+        ("-1", (-1, -1)),
+        (9249, (9249, 9249)),
+    ],
+)
 def test_port_ranges(raw: Any, expected: tuple[int, int]) -> None:
     assert port_range_parser("metrics.reporter.prom.port", raw) == expected
 
 
-@pytest.mark.parametrize("raw,fragment", [
-    ("9260-9250", "not a valid port range"), ("70000", "not a valid port range"), ("-5", "not a valid port range"),
-    ("abc", "expected a port or a range"), ("1-2-3", "expected a port or a range"),
-])
+@pytest.mark.parametrize(
+    "raw,fragment",
+    [
+        ("9260-9250", "not a valid port range"),
+        ("70000", "not a valid port range"),
+        ("-5", "not a valid port range"),
+        ("abc", "expected a port or a range"),
+        ("1-2-3", "expected a port or a range"),
+    ],
+)
 def test_bad_port_ranges(raw: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=f"^metrics.reporter.prom.port: .*{fragment}"):
         port_range_parser("metrics.reporter.prom.port", raw)
@@ -88,10 +130,23 @@ def test_single_ports_are_bounded() -> None:
         Configuration({"jobmanager.rpc.port": "http"}).get(o.JOBMANAGER_PORT)
 
 
-@pytest.mark.parametrize("raw,value", [
-    (True, True), (False, False), ("true", True), ("Yes", True), ("on", True), ("1", True), (1, True),
-    ("FALSE", False), ("no", False), ("off", False), ("0", False), (0, False),
-])
+@pytest.mark.parametrize(
+    "raw,value",
+    [
+        (True, True),
+        (False, False),
+        ("true", True),
+        ("Yes", True),
+        ("on", True),
+        ("1", True),
+        (1, True),
+        ("FALSE", False),
+        ("no", False),
+        ("off", False),
+        ("0", False),
+        (0, False),
+    ],
+)
 def test_booleans(raw: Any, value: bool) -> None:
     assert bool_parser("state.backend.rocksdb.use-bloom-filter", raw) is value
 
@@ -110,10 +165,16 @@ def test_enums_are_case_insensitive_and_list_the_choices() -> None:
         parse("state.backend.type", "filesystem")
 
 
-@pytest.mark.parametrize("raw,fragment", [
-    ("abc", "expected an integer, got 'abc'"), (True, "expected an integer"), (2.5, "expected an integer"),
-    ("0", "must be at least 1, got 0"), ("5000", "must be at most 4096, got 5000"),
-])
+@pytest.mark.parametrize(
+    "raw,fragment",
+    [
+        ("abc", "expected an integer, got 'abc'"),
+        (True, "expected an integer"),
+        (2.5, "expected an integer"),
+        ("0", "must be at least 1, got 0"),
+        ("5000", "must be at most 4096, got 5000"),
+    ],
+)
 def test_bad_integers(raw: Any, fragment: str) -> None:
     with pytest.raises(ConfigError, match=f"^taskmanager.numberOfTaskSlots: {fragment}"):
         int_parser(1, 4096)("taskmanager.numberOfTaskSlots", raw)
@@ -136,8 +197,11 @@ def test_defaults_apply_when_unset() -> None:
 
 # -- legacy keys ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("legacy_value,backend", [("filesystem", "hashmap"), ("jobmanager", "hashmap"),
-                                                  ("rocksdb", "rocksdb"), ("FileSystem", "hashmap")])
+
+@pytest.mark.parametrize(
+    "legacy_value,backend",
+    [("filesystem", "hashmap"), ("jobmanager", "hashmap"), ("rocksdb", "rocksdb"), ("FileSystem", "hashmap")],
+)
 def test_legacy_state_backend_maps_with_a_deprecation_warning(
     caplog: pytest.LogCaptureFixture, legacy_value: str, backend: str
 ) -> None:
@@ -158,8 +222,14 @@ def test_legacy_checkpoint_keys() -> None:
 
 
 def test_new_key_wins_over_its_legacy_key() -> None:
-    conf = Configuration({"state.backend": "filesystem", "state.backend.type": "rocksdb",
-                          "state.checkpoints.num-retained": "3", "execution.checkpointing.num-retained": "5"})
+    conf = Configuration(
+        {
+            "state.backend": "filesystem",
+            "state.backend.type": "rocksdb",
+            "state.checkpoints.num-retained": "3",
+            "execution.checkpointing.num-retained": "5",
+        }
+    )
     assert conf.get(o.STATE_BACKEND) == "rocksdb"
     assert conf.get(o.CHECKPOINT_NUM_RETAINED) == 5
 
@@ -181,11 +251,15 @@ def test_legacy_keys_are_not_unknown(caplog: pytest.LogCaptureFixture) -> None:
 
 # -- unknown keys --------------------------------------------------------------------------------
 
+
 def test_unknown_key_warns_naming_the_closest_key(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
         conf = Configuration.load(overrides=["taskmanager.numberOfTaskSlot=4", "heartbeat.timout=5 s"])
     messages = [r.getMessage() for r in caplog.records]
-    assert "unknown config key 'taskmanager.numberOfTaskSlot' is ignored; did you mean 'taskmanager.numberOfTaskSlots'?" in messages
+    assert (
+        "unknown config key 'taskmanager.numberOfTaskSlot' is ignored; did you mean 'taskmanager.numberOfTaskSlots'?"
+        in messages
+    )
     assert "unknown config key 'heartbeat.timout' is ignored; did you mean 'heartbeat.timeout'?" in messages
     # Ignored, as announced: the real keys keep their defaults.
     assert conf.get(o.TASKMANAGER_SLOTS) == 1 and conf.get(o.HEARTBEAT_TIMEOUT) == 50_000
@@ -196,6 +270,7 @@ def test_unknown_key_without_a_close_match_has_no_hint() -> None:
 
 
 # -- YAML files ----------------------------------------------------------------------------------
+
 
 def test_nested_yaml_is_flattened_and_mixes_with_flat_keys(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
@@ -236,13 +311,16 @@ def test_empty_yaml_file_is_an_empty_configuration(tmp_path: Path) -> None:
     assert Configuration.load(path).to_dict() == {}
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ("- a\n- b\n", "must hold a mapping of keys to values, not list"),
-    ("42\n", "must hold a mapping of keys to values, not int"),
-    ("a: [\n", "is not valid YAML at line 2, column 1"),
-    ("a: 1\n\tb: 2\n", "is not valid YAML at line 2"),
-    (b"\xff\xfe\x00", "is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ("- a\n- b\n", "must hold a mapping of keys to values, not list"),
+        ("42\n", "must hold a mapping of keys to values, not int"),
+        ("a: [\n", "is not valid YAML at line 2, column 1"),
+        ("a: 1\n\tb: 2\n", "is not valid YAML at line 2"),
+        (b"\xff\xfe\x00", "is not UTF-8 text"),
+    ],
+)
 def test_bad_yaml_files(tmp_path: Path, content: str | bytes, fragment: str) -> None:
     path = tmp_path / "config.yaml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -253,7 +331,9 @@ def test_bad_yaml_files(tmp_path: Path, content: str | bytes, fragment: str) -> 
 
 
 def test_missing_or_unreadable_yaml_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read config file .*No such file.*pass an existing YAML file to --config"):
+    with pytest.raises(
+        ConfigError, match="cannot read config file .*No such file.*pass an existing YAML file to --config"
+    ):
         Configuration.load(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="cannot read config file .*Is a directory"):
         Configuration.load(tmp_path)
@@ -267,6 +347,7 @@ def test_bad_value_in_the_file_names_the_flattened_key(tmp_path: Path) -> None:
 
 
 # -- -D overrides --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("item", ["novalue", "=4", " = 4", ""])
 def test_malformed_overrides(item: str) -> None:
@@ -286,11 +367,21 @@ def test_override_with_a_bad_value_is_refused_at_load() -> None:
         Configuration.load(overrides=["taskmanager.numberOfTaskSlots=abc"])
 
 
-@pytest.mark.parametrize("key,raw", [
-    *((key, raw) for key in ("state.limits.max-key-bytes", "state.limits.max-value-bytes",
-                             "state.limits.list.max-response-bytes") for raw in ("0", "0 kb", "0.5")),
-    ("state.limits.list.max-elements", "0"),
-])
+@pytest.mark.parametrize(
+    "key,raw",
+    [
+        *(
+            (key, raw)
+            for key in (
+                "state.limits.max-key-bytes",
+                "state.limits.max-value-bytes",
+                "state.limits.list.max-response-bytes",
+            )
+            for raw in ("0", "0 kb", "0.5")
+        ),
+        ("state.limits.list.max-elements", "0"),
+    ],
+)
 def test_a_zero_limit_is_refused_naming_the_config_key(key: str, raw: str) -> None:
     with pytest.raises(ConfigError) as info:
         Configuration.load(overrides=[f"{key}={raw}"])

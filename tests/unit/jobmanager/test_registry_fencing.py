@@ -44,8 +44,11 @@ def register(registry: TaskManagerRegistry, tm: str, port: int = 1) -> TaskManag
     return record
 
 
-def waiter(registry: TaskManagerRegistry, ids: list[str], timeout_ms: int, closed: threading.Event | None = None) -> Any:
+def waiter(
+    registry: TaskManagerRegistry, ids: list[str], timeout_ms: int, closed: threading.Event | None = None
+) -> Any:
     """wait_fenced on another thread; ``.result`` once ``.join()`` returned."""
+
     class W(threading.Thread):
         result: list[str] | None = None
 
@@ -83,7 +86,9 @@ def test_the_default_bound_comes_from_the_timeout_alone(clock: ManualClock, sche
     assert registry.fenced_at_ms("tm-ghost") == clock.monotonic_ms() + 9_778
 
 
-def test_heartbeats_move_the_bound_and_a_loss_by_connection_waits_for_it(registry: TaskManagerRegistry, clock: ManualClock) -> None:
+def test_heartbeats_move_the_bound_and_a_loss_by_connection_waits_for_it(
+    registry: TaskManagerRegistry, clock: ManualClock
+) -> None:
     lost = _Lost()
     registry.add_lost_listener(lost)
     register(registry, "tm-a")
@@ -152,7 +157,9 @@ def test_a_deregistered_taskmanager_is_fenced_at_once(registry: TaskManagerRegis
     assert registry.wait_fenced(["tm-a"], 0) == []
 
 
-def test_a_taskmanager_deregistered_after_the_startup_bound_is_fenced(registry: TaskManagerRegistry, clock: ManualClock) -> None:
+def test_a_taskmanager_deregistered_after_the_startup_bound_is_fenced(
+    registry: TaskManagerRegistry, clock: ManualClock
+) -> None:
     register(registry, "tm-a")
     clock.advance(BOUND + 1)
     assert registry.heartbeat("tm-a")
@@ -160,7 +167,9 @@ def test_a_taskmanager_deregistered_after_the_startup_bound_is_fenced(registry: 
     assert registry.wait_fenced(["tm-a"], 0) == []
 
 
-def test_wait_fenced_returns_the_unfenced_sorted_and_once_each(registry: TaskManagerRegistry, clock: ManualClock) -> None:
+def test_wait_fenced_returns_the_unfenced_sorted_and_once_each(
+    registry: TaskManagerRegistry, clock: ManualClock
+) -> None:
     register(registry, "tm-a")
     register(registry, "tm-d", port=4)
     registry.mark_lost("tm-a", "connection refused")
@@ -189,7 +198,9 @@ def test_wait_fenced_follows_the_manual_clock_to_the_bound(registry: TaskManager
     assert not w.is_alive() and w.result == []
 
 
-def test_wait_fenced_gives_up_at_its_timeout_naming_the_unfenced(registry: TaskManagerRegistry, clock: ManualClock) -> None:
+def test_wait_fenced_gives_up_at_its_timeout_naming_the_unfenced(
+    registry: TaskManagerRegistry, clock: ManualClock
+) -> None:
     register(registry, "tm-a")
     register(registry, "tm-b", port=2)
     registry.mark_lost("tm-a", "connection refused")
@@ -215,5 +226,7 @@ def test_routing_tables_carry_the_strictest_limits_the_taskmanagers_reported() -
 
     a = pb.StateLimits(max_key_bytes=100, max_value_bytes=1000, max_list_elements=10)
     b = pb.StateLimits(max_key_bytes=200, max_value_bytes=500)  # no list limit reported
-    assert strictest_limits([a, b, None]) == pb.StateLimits(max_key_bytes=100, max_value_bytes=500, max_list_elements=10)
+    assert strictest_limits([a, b, None]) == pb.StateLimits(
+        max_key_bytes=100, max_value_bytes=500, max_list_elements=10
+    )
     assert strictest_limits([None]) == pb.StateLimits()  # nothing known: the client checks nothing

@@ -49,7 +49,9 @@ def test_security_ssl_enabled_sets_both_planes_and_a_plane_key_wins(pki: Pki) ->
 
 
 def test_a_missing_setting_names_the_key(pki: Pki) -> None:
-    _refused({"security.ssl.internal.enabled": True}, "security.ssl.internal.cert is not set", "security.ssl.internal.key")
+    _refused(
+        {"security.ssl.internal.enabled": True}, "security.ssl.internal.cert is not set", "security.ssl.internal.key"
+    )
     conf = pki.internal_conf(pki.leaf(pki.cluster_ca, "no-ca"))
     del conf["security.ssl.internal.ca"]
     _refused(conf, "security.ssl.internal.ca is not set")
@@ -80,8 +82,13 @@ def test_an_encrypted_key_is_refused_with_the_command_that_decrypts_it(pki: Pki,
     leaf = pki.leaf(pki.cluster_ca, "encrypted")
     key = serialization.load_pem_private_key(leaf.key.read_bytes(), password=None)
     locked = tmp_path / "locked.key"
-    locked.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.BestAvailableEncryption(b"secret")))
+    locked.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
     conf = {**pki.internal_conf(leaf), "security.ssl.internal.key": str(locked)}
     _refused(conf, "security.ssl.internal.key", "encrypted", "openssl pkey")
 
@@ -101,8 +108,15 @@ def test_an_internal_certificate_of_another_ca_is_refused_at_load(pki: Pki) -> N
 def test_a_client_needs_no_certificate_unless_authentication_is_required(pki: Pki) -> None:
     client = _load({"security.ssl.rest.enabled": True, "security.ssl.rest.ca": str(pki.rest_ca_file)}, role="client")
     assert client.channel_security("rest") is not None
-    _refused({"security.ssl.rest.enabled": True, "security.ssl.rest.authentication-enabled": True,
-              "security.ssl.rest.ca": str(pki.rest_ca_file)}, "security.ssl.rest.cert is not set", role="client")
+    _refused(
+        {
+            "security.ssl.rest.enabled": True,
+            "security.ssl.rest.authentication-enabled": True,
+            "security.ssl.rest.ca": str(pki.rest_ca_file),
+        },
+        "security.ssl.rest.cert is not set",
+        role="client",
+    )
 
 
 def test_a_half_written_rotation_keeps_the_old_certificates(pki: Pki) -> None:
@@ -120,9 +134,19 @@ def test_a_half_written_rotation_keeps_the_old_certificates(pki: Pki) -> None:
     assert material.refresh(force=True).cert_chain == other.cert.read_bytes() and material.generation == 1
 
 
-@pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
-                                           ("0.0.0.0", False), ("::", False), ("10.1.2.3", False),
-                                           ("no-such-host.invalid", False)])
+@pytest.mark.parametrize(
+    "host,loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("no-such-host.invalid", False),
+    ],
+)
 def test_loopback_detection(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
@@ -131,25 +155,42 @@ def test_protected_mode_names_the_keys_and_the_opt_out() -> None:
     security = _load({})
     with pytest.raises(ConfigError) as info:
         security.check_protected_mode("JobManager", "0.0.0.0", "rest", "jobmanager.bind-host")
-    for fragment in ("protected mode", "0.0.0.0", "security.ssl.enabled: true", "security.auth.enabled: true",
-                     "security.protected-mode: false", "127.0.0.1"):
+    for fragment in (
+        "protected mode",
+        "0.0.0.0",
+        "security.ssl.enabled: true",
+        "security.auth.enabled: true",
+        "security.protected-mode: false",
+        "127.0.0.1",
+    ):
         assert fragment in info.value.message
     security.check_protected_mode("JobManager", "127.0.0.1", "rest", "jobmanager.bind-host")
     _load({"security.protected-mode": False}).check_protected_mode("JobManager", "0.0.0.0", "rest", "x")
     _load({"security.auth.enabled": True}).check_protected_mode("JobManager", "0.0.0.0", "internal", "x")
 
 
-@pytest.mark.parametrize("details,fragment", [
-    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake failed "
-     "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: "
-     "unable to get local issuer certificate", "set security.ssl.rest.ca to the CA"),
-    ("...CERTIFICATE_VERIFY_FAILED: certificate has expired: OK", "expired"),
-    ("...OPENSSL_internal:WRONG_VERSION_NUMBER: Invalid certificate verification context", "does not speak TLS"),
-    ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Socket closed",
-     "security.ssl.rest.cert"),
-    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Custom verification check failed "
-     "with error: UNAUTHENTICATED: Hostname Verification Check failed.", "security.ssl.rest.server-name"),
-])
+@pytest.mark.parametrize(
+    "details,fragment",
+    [
+        (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake failed "
+            "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: "
+            "unable to get local issuer certificate",
+            "set security.ssl.rest.ca to the CA",
+        ),
+        ("...CERTIFICATE_VERIFY_FAILED: certificate has expired: OK", "expired"),
+        ("...OPENSSL_internal:WRONG_VERSION_NUMBER: Invalid certificate verification context", "does not speak TLS"),
+        (
+            "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Socket closed",
+            "security.ssl.rest.cert",
+        ),
+        (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Custom verification check failed "
+            "with error: UNAUTHENTICATED: Hostname Verification Check failed.",
+            "security.ssl.rest.server-name",
+        ),
+    ],
+)
 def test_handshake_hints(details: str, fragment: str) -> None:
     hint = handshake_hint(details)
     assert hint is not None and fragment in hint

@@ -16,13 +16,13 @@ from keyedstate.common.storage import (
     LocalStorage,
     RetryPolicy,
     S3Storage,
+    _registry,
     join_url,
     open_storage,
     register_storage,
     scheme_of,
     supported_schemes,
 )
-from keyedstate.common.storage import _registry
 
 
 class RecordingWaiter:
@@ -152,7 +152,9 @@ def test_webhdfs_unreachable_namenode_is_retried_then_reported(tmp_path: Path) -
         port = s.getsockname()[1]
     waiter = RecordingWaiter()
     storage = open_storage(
-        f"webhdfs://127.0.0.1:{port}/ckpt", retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.1, jitter=0), waiter=waiter
+        f"webhdfs://127.0.0.1:{port}/ckpt",
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.1, jitter=0),
+        waiter=waiter,
     )
     url = f"webhdfs://127.0.0.1:{port}/ckpt/chk-1/_metadata"
     with pytest.raises(StorageError) as info:

@@ -28,10 +28,15 @@ class RecordingWaiter:
 
 # -- configuration ------------------------------------------------------------------------------
 def test_flink_keys_map_onto_s3fs_options() -> None:
-    conf = Configuration({
-        "s3.endpoint": "http://minio:9000", "s3.access-key": "AK", "s3.secret-key": "SK",
-        "s3.path.style.access": "true", "s3.region": "eu-west-1",
-    })
+    conf = Configuration(
+        {
+            "s3.endpoint": "http://minio:9000",
+            "s3.access-key": "AK",
+            "s3.secret-key": "SK",
+            "s3.path.style.access": "true",
+            "s3.region": "eu-west-1",
+        }
+    )
     opts = s3fs_options(conf, environ={"AWS_REGION": "ignored", "AWS_ENDPOINT_URL": "http://ignored"})
     assert opts["endpoint_url"] == "http://minio:9000"
     assert (opts["key"], opts["secret"]) == ("AK", "SK")
@@ -51,7 +56,10 @@ def test_aws_environment_fills_unset_keys() -> None:
 
 
 def test_an_endpoint_without_scheme_means_https() -> None:
-    assert s3fs_options(Configuration({"s3.endpoint": "minio.local:9000"}), environ={})["endpoint_url"] == "https://minio.local:9000"
+    assert (
+        s3fs_options(Configuration({"s3.endpoint": "minio.local:9000"}), environ={})["endpoint_url"]
+        == "https://minio.local:9000"
+    )
 
 
 def test_access_key_without_secret_is_a_config_error() -> None:
@@ -72,7 +80,9 @@ def test_credentials_and_endpoint_from_aws_env_vars_work(
     assert boto3_client(endpoint).get_object(Bucket=bucket, Key="ck/x")["Body"].read() == b"via env"
 
 
-def test_missing_credentials_say_how_to_set_them(s3_bucket: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_missing_credentials_say_how_to_set_them(
+    s3_bucket: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     endpoint, bucket = s3_bucket
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
@@ -101,7 +111,9 @@ def test_urls_s3_storage_does_not_serve_are_refused(url: str, s3_config: Configu
         open_storage("s3://b", s3_config).read_bytes(url)
 
 
-def test_delete_dir_refuses_a_bucket_root_and_keeps_the_bucket(s3_bucket: tuple[str, str], s3_config: Configuration) -> None:
+def test_delete_dir_refuses_a_bucket_root_and_keeps_the_bucket(
+    s3_bucket: tuple[str, str], s3_config: Configuration
+) -> None:
     endpoint, bucket = s3_bucket
     storage = open_storage(f"s3://{bucket}", s3_config)
     storage.write_bytes(f"s3://{bucket}/keep", b"1")
@@ -137,7 +149,9 @@ def test_listings_and_exists_see_other_writers_at_once(s3_bucket: tuple[str, str
 
 
 # -- retries ------------------------------------------------------------------------------------
-def _flaky_storage(config: Configuration, failures: dict[str, int], **kwargs: Any) -> tuple[S3Storage, Any, RecordingWaiter]:
+def _flaky_storage(
+    config: Configuration, failures: dict[str, int], **kwargs: Any
+) -> tuple[S3Storage, Any, RecordingWaiter]:
     fs = make_flaky_s3_filesystem(s3fs_options(config), failures, **kwargs)
     waiter = RecordingWaiter()
     return S3Storage(fs=fs, retry=EXACT, waiter=waiter), fs, waiter

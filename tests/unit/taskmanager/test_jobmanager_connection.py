@@ -8,8 +8,8 @@ request spends in flight.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent import futures
-from typing import Iterator
 
 import grpc
 import pytest
@@ -35,12 +35,17 @@ class ScriptedJobManager(jm_grpc.ResourceManagerServicer):
         self.registrations: list[tuple[jm_pb.RegisterTaskManagerRequest, bool]] = []  # and: was the lease valid then
         self.heartbeats: list[jm_pb.HeartbeatRequest] = []
 
-    def RegisterTaskManager(self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext) -> jm_pb.RegisterTaskManagerResponse:
+    def RegisterTaskManager(
+        self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext
+    ) -> jm_pb.RegisterTaskManagerResponse:
         self.registrations.append((request, self.lease.valid()))
         self.clock.advance(IN_FLIGHT)
         return jm_pb.RegisterTaskManagerResponse(
-            heartbeat_interval_ms=400, heartbeat_timeout_ms=5_000, jobmanager_session=f"s{len(self.registrations)}",
-            lease_duration_ms=LEASE, kept_slots=self.kept,
+            heartbeat_interval_ms=400,
+            heartbeat_timeout_ms=5_000,
+            jobmanager_session=f"s{len(self.registrations)}",
+            lease_duration_ms=LEASE,
+            kept_slots=self.kept,
         )
 
     def Heartbeat(self, request: jm_pb.HeartbeatRequest, context: grpc.ServicerContext) -> jm_pb.HeartbeatResponse:
@@ -52,8 +57,14 @@ class ScriptedJobManager(jm_grpc.ResourceManagerServicer):
 
 
 class Harness:
-    def __init__(self, clock: ManualClock, lease: Lease, jm: ScriptedJobManager, connection: JobManagerConnection,
-                 retained: list[tuple[set[SubtaskId], bool]]) -> None:
+    def __init__(
+        self,
+        clock: ManualClock,
+        lease: Lease,
+        jm: ScriptedJobManager,
+        connection: JobManagerConnection,
+        retained: list[tuple[set[SubtaskId], bool]],
+    ) -> None:
         self.clock, self.lease, self.jm, self.connection, self.retained = clock, lease, jm, connection, retained
 
 
@@ -67,13 +78,23 @@ def harness() -> Iterator[Harness]:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     retained: list[tuple[set[SubtaskId], bool]] = []
-    hosted = [jm_pb.SlotReport(slot_index=0, job_id="j", operator_id="op", subtask_index=0),
-              jm_pb.SlotReport(slot_index=1, job_id="j", operator_id="op", subtask_index=1)]
+    hosted = [
+        jm_pb.SlotReport(slot_index=0, job_id="j", operator_id="op", subtask_index=0),
+        jm_pb.SlotReport(slot_index=1, job_id="j", operator_id="op", subtask_index=1),
+    ]
     connection = JobManagerConnection(
-        f"127.0.0.1:{port}", "tm-a", "127.0.0.1:7001", "127.0.0.1", 2, "rocksdb", 0,
+        f"127.0.0.1:{port}",
+        "tm-a",
+        "127.0.0.1:7001",
+        "127.0.0.1",
+        2,
+        "rocksdb",
+        0,
         slot_reports=lambda: list(hosted),
         retain_slots=lambda kept, versions: retained.append((set(kept), lease.valid())),
-        lease=lease, clock=clock, stop=threading.Event(),
+        lease=lease,
+        clock=clock,
+        stop=threading.Event(),
     )
     yield Harness(clock, lease, jm, connection, retained)
     connection.close()

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from keyedstate.common.config import Configuration, options as o
+from keyedstate.common.config import Configuration
+from keyedstate.common.config import options as o
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
@@ -17,8 +18,10 @@ def test_mallopt_is_accepted_by_this_libc(caplog: pytest.LogCaptureFixture, monk
 
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     # In a child process: the setting is process-wide and must not leak into the test run.
-    code = ("import logging; logging.basicConfig(level=logging.INFO); "
-            "from keyedstate.taskmanager.__main__ import _limit_malloc_arenas as f; f(2)")
+    code = (
+        "import logging; logging.basicConfig(level=logging.INFO); "
+        "from keyedstate.taskmanager.__main__ import _limit_malloc_arenas as f; f(2)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "refused" not in result.stderr and "not limited" not in result.stderr

@@ -39,7 +39,9 @@ def test_a_call_without_a_version_is_refused_naming_the_slots_version(table: Slo
     with pytest.raises(StaleRoutingError) as info:
         table.lookup("job", "op", 0, 0)
     assert info.value.current_version == 7
-    assert "carries no routing version; every state call must carry the version of the routing table" in info.value.message
+    assert (
+        "carries no routing version; every state call must carry the version of the routing table" in info.value.message
+    )
 
 
 def test_a_subtask_not_hosted_here_is_stale_routing_without_a_version(table: SlotTable) -> None:
@@ -73,7 +75,10 @@ def test_the_jobmanagers_versions_at_registration_replace_the_floors(table: Slot
     # A JobManager restarted without high availability numbers the job's deployments from 1 again.
     table.remove(SubtaskId("job", "op", 0))
     table.set_version_floors({"job": 1})
-    assert table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 1, "", False).routing_version == 1
+    assert (
+        table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 1, "", False).routing_version
+        == 1
+    )
     # And one that is ahead of what was deployed here raises the floor.
     table.remove(SubtaskId("job", "op", 0))
     table.set_version_floors({"job": 9})

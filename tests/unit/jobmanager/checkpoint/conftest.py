@@ -10,10 +10,11 @@ the test to drive acks, decline, stay silent, or be unreachable.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -25,12 +26,12 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
-    EpochCut,
     CheckpointBarrier,
     CheckpointCoordinator,
     CheckpointingSettings,
     CheckpointsCleaner,
     CheckpointStatsTracker,
+    EpochCut,
     InlineExecutor,
 )
 from tests.fakes.clock import ManualClock
@@ -92,13 +93,15 @@ class SimulatedTaskManagers:
                 if s != victim:
                     self.ack(s, barrier.checkpoint_id)
             assert self.coordinator is not None
-            self.outcomes.append(self.coordinator.decline(barrier.checkpoint_id, victim, "RocksDB snapshot failed: disk full"))
+            self.outcomes.append(
+                self.coordinator.decline(barrier.checkpoint_id, victim, "RocksDB snapshot failed: disk full")
+            )
 
     def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
         self.notifications.append((checkpoint_id, completed))
         for (cid, subtask), names in list(self._uploaded.items()):
             if cid == checkpoint_id and completed:
-                self.confirmed[subtask] = (self.confirmed.get(subtask, []) + names)[-self.sst_window:]
+                self.confirmed[subtask] = (self.confirmed.get(subtask, []) + names)[-self.sst_window :]
 
     # -- driving acks --------------------------------------------------------------------------
     def barrier(self, checkpoint_id: int) -> CheckpointBarrier:
@@ -113,14 +116,18 @@ class SimulatedTaskManagers:
         self.outcomes.append(outcome)
         return outcome
 
-    def snapshot(self, subtask: SubtaskId, checkpoint_id: int, *, reuse: list[str] | None = None) -> pb.SubtaskStateHandle:
+    def snapshot(
+        self, subtask: SubtaskId, checkpoint_id: int, *, reuse: list[str] | None = None
+    ) -> pb.SubtaskStateHandle:
         """Upload this subtask's files for the checkpoint and return its handle."""
         barrier = self.barrier(checkpoint_id)
         op = next(o for o in self.operators if o.operator_id == subtask.operator_id)
         kg = key_group_range_for_subtask(self.max_parallelism, op.parallelism, subtask.subtask_index)
         handle = pb.SubtaskStateHandle(
-            operator_id=subtask.operator_id, subtask_index=subtask.subtask_index,
-            key_groups=pb.KeyGroupRange(start=kg.start, end=kg.end), backend="rocksdb",
+            operator_id=subtask.operator_id,
+            subtask_index=subtask.subtask_index,
+            key_groups=pb.KeyGroupRange(start=kg.start, end=kg.end),
+            backend="rocksdb",
             committed_epoch=self.committed_epoch,
         )
         tag = f"{subtask.operator_id}-{subtask.subtask_index}"
@@ -132,7 +139,7 @@ class SimulatedTaskManagers:
         else:
             new = f"{tag}-{checkpoint_id}.sst"
             uploaded += self._file(handle, self.job_dir + "/shared", new, "shared/" + new, shared=True)
-            for name in (self.confirmed.get(subtask, []) if reuse is None else reuse):
+            for name in self.confirmed.get(subtask, []) if reuse is None else reuse:
                 self._file(handle, self.job_dir + "/shared", name, "shared/" + name, shared=True, upload=False)
             self._uploaded[(checkpoint_id, subtask)] = [new]
         if self.exclusive_files:
@@ -141,12 +148,19 @@ class SimulatedTaskManagers:
         handle.full_size = sum(f.size for f in handle.files)
         return handle
 
-    def _file(self, handle: pb.SubtaskStateHandle, base: str, rel: str, path: str, *, shared: bool, upload: bool = True) -> int:
+    def _file(
+        self, handle: pb.SubtaskStateHandle, base: str, rel: str, path: str, *, shared: bool, upload: bool = True
+    ) -> int:
         data = f"{handle.operator_id}/{handle.subtask_index}/{rel}".encode() * 4
         if upload and self.write_files:
             self.storage.write_bytes(f"{base}/{rel}", data)
-        handle.files.add(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                         local_name=rel.rsplit("/", 1)[-1], shared=shared)
+        handle.files.add(
+            path=path,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            local_name=rel.rsplit("/", 1)[-1],
+            shared=shared,
+        )
         return len(data) if upload else 0
 
 
@@ -163,7 +177,7 @@ class Harness:
 
     def files(self, root: str | None = None) -> set[str]:
         """Every file below a file:// directory (default: the job dir), relative to it."""
-        base = Path((root or self.job_dir)[len("file://"):])
+        base = Path((root or self.job_dir)[len("file://") :])
         return {str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()} if base.exists() else set()
 
     def metric(self, name: str) -> float | None:
@@ -191,7 +205,9 @@ def job_dir(tmp_path: Any) -> str:
 
 
 @pytest.fixture
-def make_harness(storage: Any, job_dir: str, clock: ManualClock, scheduler: ManualScheduler, tmp_path: Any) -> Callable[..., Harness]:
+def make_harness(
+    storage: Any, job_dir: str, clock: ManualClock, scheduler: ManualScheduler, tmp_path: Any
+) -> Callable[..., Harness]:
     def make(
         *,
         operators: list[OperatorSpec] | None = None,

@@ -14,7 +14,6 @@ from keyedstate.common.ids import SubtaskId
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
     CheckpointException,
-    CheckpointFailureReason as R,
     CheckpointInProgressError,
     CheckpointNotFoundError,
     PendingStatus,
@@ -22,12 +21,15 @@ from keyedstate.jobmanager.checkpoint import (
     load_completed_checkpoint,
     verify_files_exist,
 )
+from keyedstate.jobmanager.checkpoint import (
+    CheckpointFailureReason as R,
+)
 
 JOB = "job-1"
 
 
 def metadata_of(h: Any, checkpoint_id: int) -> dict[str, Any]:
-    path = Path(h.job_dir[len("file://"):]) / f"chk-{checkpoint_id}" / "_metadata"
+    path = Path(h.job_dir[len("file://") :]) / f"chk-{checkpoint_id}" / "_metadata"
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -121,7 +123,9 @@ def test_an_ack_holding_another_epoch_than_the_cut_spoils_the_checkpoint(make_ha
         h.cluster.committed_epoch = held
         outcome = h.cluster.ack(h.cluster.subtasks()[0], 1)
         assert outcome is AckOutcome.DISCARDED
-        with pytest.raises(CheckpointException, match=f"committed epoch is {held} but the checkpoint was cut at epoch 7") as info:
+        with pytest.raises(
+            CheckpointException, match=f"committed epoch is {held} but the checkpoint was cut at epoch 7"
+        ) as info:
             h.coordinator.wait_for(1, timeout=0)
         assert info.value.failure_reason is R.CHECKPOINT_DECLINED
         assert "chk-1" not in {p.split("/")[0] for p in h.files()}
@@ -175,9 +179,12 @@ def test_timeout_aborts_through_the_scheduler_without_sleeping(make_harness: Any
     assert h.coordinator.in_progress_ids() == set()
     entry = h.coordinator.stats.history()[0]
     assert (entry.status, entry.failure_reason, entry.duration_ms) == ("FAILED", "CHECKPOINT_EXPIRED", 60_000)
-    assert h.registry.get_sample_value(
-        "flink_jobmanager_job_checkpointFailuresByReason_total", {"job_id": JOB, "reason": "CHECKPOINT_EXPIRED"}
-    ) == 1
+    assert (
+        h.registry.get_sample_value(
+            "flink_jobmanager_job_checkpointFailuresByReason_total", {"job_id": JOB, "reason": "CHECKPOINT_EXPIRED"}
+        )
+        == 1
+    )
 
 
 def test_completion_cancels_the_timeout(make_harness: Any) -> None:
@@ -192,7 +199,9 @@ def test_completion_cancels_the_timeout(make_harness: Any) -> None:
 def test_max_concurrent_rejects_manual_triggers_clearly(make_harness: Any) -> None:
     h = make_harness(mode="silent", max_concurrent=1)
     h.coordinator.trigger()
-    with pytest.raises(CheckpointException, match=r"\[1\] already in progress .*max-concurrent-checkpoints is 1") as info:
+    with pytest.raises(
+        CheckpointException, match=r"\[1\] already in progress .*max-concurrent-checkpoints is 1"
+    ) as info:
         h.coordinator.trigger()
     assert info.value.failure_reason is R.TOO_MANY_CHECKPOINT_REQUESTS
     assert h.coordinator.in_progress_ids() == {1}
@@ -289,7 +298,7 @@ def test_failed_savepoints_do_not_count_toward_failover(make_harness: Any) -> No
         with pytest.raises(CheckpointException):
             h.coordinator.wait_for(h.coordinator.trigger(savepoint=True).checkpoint_id, timeout=0)
     assert h.failovers == [] and h.coordinator.consecutive_failures == 0
-    assert h.files((Path(h.job_dir[len("file://"):]).parent.parent / "savepoints").as_uri()) == set()
+    assert h.files((Path(h.job_dir[len("file://") :]).parent.parent / "savepoints").as_uri()) == set()
 
 
 def test_decline_outcomes(make_harness: Any) -> None:
@@ -301,7 +310,9 @@ def test_decline_outcomes(make_harness: Any) -> None:
     assert h.coordinator.in_progress_ids() == {1}
     assert h.coordinator.decline(1, first, "disk full", R.CHECKPOINT_ASYNC_EXCEPTION) is AckOutcome.SUCCESS
     assert h.coordinator.decline(1, first, "again") is AckOutcome.DISCARDED
-    with pytest.raises(CheckpointException, match="CHECKPOINT_ASYNC_EXCEPTION: subtask job-1/counts/0 declined checkpoint 1: disk full"):
+    with pytest.raises(
+        CheckpointException, match="CHECKPOINT_ASYNC_EXCEPTION: subtask job-1/counts/0 declined checkpoint 1: disk full"
+    ):
         h.coordinator.wait_for(1, timeout=0)
 
 
@@ -309,7 +320,9 @@ def test_pre_flight_rejections_do_not_count_toward_failover(make_harness: Any) -
     running = {SubtaskId(JOB, "counts", 0)}
     h = make_harness(tasks=lambda: running, tolerable_failures=0)
     for _ in range(3):
-        with pytest.raises(CheckpointException, match=r"2 subtask\(s\) are not running: job-1/counts/1, job-1/sessions/0") as info:
+        with pytest.raises(
+            CheckpointException, match=r"2 subtask\(s\) are not running: job-1/counts/1, job-1/sessions/0"
+        ) as info:
             h.coordinator.trigger()
         assert info.value.failure_reason is R.NOT_ALL_REQUIRED_TASKS_RUNNING
     assert h.failovers == [] and h.cluster.barriers == []
@@ -475,7 +488,7 @@ def test_savepoint_is_self_contained_movable_and_never_subsumed(make_harness: An
 
     moved = tmp_path / "elsewhere" / "my-savepoint"
     moved.parent.mkdir()
-    Path(savepoint.external_path[len("file://"):]).rename(moved)
+    Path(savepoint.external_path[len("file://") :]).rename(moved)
     reloaded = load_completed_checkpoint(h.storage, moved.as_uri() + "/_metadata")
     assert reloaded.metadata == savepoint.metadata
     verify_files_exist(h.storage, reloaded.metadata, reloaded.external_path)
@@ -503,7 +516,7 @@ def test_savepoint_files_outside_its_directory_are_refused(make_harness: Any) ->
 # -- finalization failures -------------------------------------------------------------------------
 def test_existing_metadata_is_never_overwritten_nor_deleted(make_harness: Any) -> None:
     h = make_harness(mode="manual")
-    foreign = Path(h.job_dir[len("file://"):]) / "chk-1" / "_metadata"
+    foreign = Path(h.job_dir[len("file://") :]) / "chk-1" / "_metadata"
     foreign.parent.mkdir(parents=True)
     foreign.write_text("someone else's checkpoint")
     h.coordinator.trigger()
@@ -518,7 +531,7 @@ def test_existing_metadata_is_never_overwritten_nor_deleted(make_harness: Any) -
 def test_metadata_write_failure_aborts_and_cleans_up(make_harness: Any) -> None:
     h = make_harness(mode="manual", tolerable_failures=0)
     h.cluster.exclusive_files = False
-    blocker = Path(h.job_dir[len("file://"):]) / "chk-1"
+    blocker = Path(h.job_dir[len("file://") :]) / "chk-1"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where the checkpoint directory should be")
     h.coordinator.trigger()

@@ -12,7 +12,7 @@ from keyedstate.jobmanager.checkpoint import execute, load_checkpoint, plan_gc, 
 
 
 def _rel(h: Any, entries: Any) -> dict[str, str]:
-    return {e.path[len(h.job_dir) + 1:]: e.why for e in entries}
+    return {e.path[len(h.job_dir) + 1 :]: e.why for e in entries}
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_in_progress_checkpoints_and_their_possible_files_are_kept(crashed: Any)
 
 def test_an_unreadable_metadata_protects_every_shared_file(crashed: Any) -> None:
     h = crashed
-    Path(h.job_dir[len("file://"):], "chk-99", "_metadata").write_text("{ truncated")
+    Path(h.job_dir[len("file://") :], "chk-99", "_metadata").write_text("{ truncated")
     plan = plan_gc(h.storage, h.job_dir, retained=h.coordinator.store.all())
     kept = _rel(h, plan.keep)
     assert kept["chk-99"].startswith("unreadable _metadata, inspect it by hand")
@@ -109,7 +109,7 @@ def test_an_unreadable_metadata_protects_every_shared_file(crashed: Any) -> None
 
 def test_retained_checkpoint_without_metadata_is_never_removed(crashed: Any) -> None:
     h = crashed
-    Path(h.job_dir[len("file://"):], "chk-3", "_metadata").unlink()
+    Path(h.job_dir[len("file://") :], "chk-3", "_metadata").unlink()
     plan = plan_gc(h.storage, h.job_dir, retained=h.coordinator.store.all())
     assert _rel(h, plan.keep)["chk-3"] == "retained checkpoint 3 (its _metadata is missing!)"
 

@@ -47,21 +47,46 @@ def sample(savepoint: bool = False) -> CheckpointMetadata:
                 2,
                 (
                     StateDescriptor("total", StateKind.VALUE, TtlConfig(60_000, TtlUpdateType.ON_READ_AND_WRITE)),
-                    StateDescriptor("sums", StateKind.REDUCING, None,
-                                    (ReduceField("n", ReduceFunction.SUM), ReduceField("max", ReduceFunction.MAX, NumberType.FLOAT64))),
+                    StateDescriptor(
+                        "sums",
+                        StateKind.REDUCING,
+                        None,
+                        (
+                            ReduceField("n", ReduceFunction.SUM),
+                            ReduceField("max", ReduceFunction.MAX, NumberType.FLOAT64),
+                        ),
+                    ),
                 ),
                 (
-                    SubtaskSnapshot(0, KeyGroupRange(0, 3), "rocksdb", 17, 300, 100, (
-                        FileRef(shared_path, 200, SHA, "000010.sst", not savepoint),
-                        FileRef("counts-0/MANIFEST-000011", 100, SHA, "MANIFEST-000011", False),
-                    )),
-                    SubtaskSnapshot(1, KeyGroupRange(4, 7), "hashmap", 17, 50, 50, (
-                        FileRef("counts-1/state.bin", 50, "", "state.bin", False),
-                    )),
+                    SubtaskSnapshot(
+                        0,
+                        KeyGroupRange(0, 3),
+                        "rocksdb",
+                        17,
+                        300,
+                        100,
+                        (
+                            FileRef(shared_path, 200, SHA, "000010.sst", not savepoint),
+                            FileRef("counts-0/MANIFEST-000011", 100, SHA, "MANIFEST-000011", False),
+                        ),
+                    ),
+                    SubtaskSnapshot(
+                        1,
+                        KeyGroupRange(4, 7),
+                        "hashmap",
+                        17,
+                        50,
+                        50,
+                        (FileRef("counts-1/state.bin", 50, "", "state.bin", False),),
+                    ),
                 ),
             ),
-            OperatorSnapshot("empty", 1, (StateDescriptor("m", StateKind.MAP),),
-                             (SubtaskSnapshot(0, KeyGroupRange(0, 7), "rocksdb", 17, 0, 0, ()),)),
+            OperatorSnapshot(
+                "empty",
+                1,
+                (StateDescriptor("m", StateKind.MAP),),
+                (SubtaskSnapshot(0, KeyGroupRange(0, 7), "rocksdb", 17, 0, 0, ()),),
+            ),
         ),
     )
 
@@ -77,7 +102,10 @@ def test_round_trip_keeps_everything() -> None:
     raw = json.loads(text)
     assert list(raw)[:3] == ["format", "version", "job_id"]
     assert raw["operators"][0]["states"][0] == {
-        "name": "total", "kind": "value", "ttl": {"ttl_ms": 60_000, "update_type": "OnReadAndWrite"}, "reduce_fields": [],
+        "name": "total",
+        "kind": "value",
+        "ttl": {"ttl_ms": 60_000, "update_type": "OnReadAndWrite"},
+        "reduce_fields": [],
     }
     assert raw["operators"][0]["subtasks"][0]["key_groups"] == [0, 3]
 
@@ -86,7 +114,8 @@ def test_handles_round_trip_to_absolute_paths() -> None:
     sub = sample().operators[0].subtasks[0]
     handle = sub.to_handle("counts", "s3://bucket/ckpt/orders/chk-42")
     assert [f.path for f in handle.files] == [
-        "s3://bucket/ckpt/orders/shared/8e1f-000010.sst", "s3://bucket/ckpt/orders/chk-42/counts-0/MANIFEST-000011",
+        "s3://bucket/ckpt/orders/shared/8e1f-000010.sst",
+        "s3://bucket/ckpt/orders/chk-42/counts-0/MANIFEST-000011",
     ]
     assert (handle.key_groups.start, handle.key_groups.end, handle.committed_epoch) == (0, 3, 17)
 
@@ -126,21 +155,33 @@ def _damaged(mutate: Any) -> str:
         (_damaged(lambda r: r.pop("max_parallelism")), "missing field 'max_parallelism'"),
         (_damaged(lambda r: r.update(checkpoint_id="42")), "field 'checkpoint_id' must be an integer, got '42'"),
         (_damaged(lambda r: r.update(savepoint=1)), "field 'savepoint' must be true or false"),
-        (_damaged(lambda r: r["operators"][0]["subtasks"][1]["files"][0].pop("size")),
-         "missing field 'operators[0].subtasks[1].files[0].size'"),
-        (_damaged(lambda r: r["operators"][0]["states"][0].update(kind="set")),
-         "field 'operators[0].states[0].kind' is 'set', expected one of value, list, map, reducing"),
+        (
+            _damaged(lambda r: r["operators"][0]["subtasks"][1]["files"][0].pop("size")),
+            "missing field 'operators[0].subtasks[1].files[0].size'",
+        ),
+        (
+            _damaged(lambda r: r["operators"][0]["states"][0].update(kind="set")),
+            "field 'operators[0].states[0].kind' is 'set', expected one of value, list, map, reducing",
+        ),
         (_damaged(lambda r: r["operators"][0]["states"][0]["ttl"].update(ttl_ms=0)), "TTL must be positive"),
         (_damaged(lambda r: r["operators"][0]["subtasks"][0].update(key_groups=[0])), "must be [start, end]"),
-        (_damaged(lambda r: r["operators"][0]["subtasks"][0].update(key_groups=[0, 4])),
-         "key groups [0, 4] but parallelism 2 of max parallelism 8 gives [0, 3]"),
+        (
+            _damaged(lambda r: r["operators"][0]["subtasks"][0].update(key_groups=[0, 4])),
+            "key groups [0, 4] but parallelism 2 of max parallelism 8 gives [0, 3]",
+        ),
         (_damaged(lambda r: r["operators"][0]["subtasks"].pop()), "has subtasks [0] but parallelism 2 needs 0..1"),
-        (_damaged(lambda r: r["operators"][0]["subtasks"][0]["files"][1].update(path="../../etc/passwd")),
-         "must be inside the checkpoint directory"),
-        (_damaged(lambda r: r["operators"][0]["subtasks"][0]["files"][1].update(path="/abs/file")),
-         "must be inside the checkpoint directory"),
-        (_damaged(lambda r: r["operators"][0]["subtasks"][0]["files"][0].update(path="shared/x.sst")),
-         "shared file 'shared/x.sst' must be ../shared/<name>"),
+        (
+            _damaged(lambda r: r["operators"][0]["subtasks"][0]["files"][1].update(path="../../etc/passwd")),
+            "must be inside the checkpoint directory",
+        ),
+        (
+            _damaged(lambda r: r["operators"][0]["subtasks"][0]["files"][1].update(path="/abs/file")),
+            "must be inside the checkpoint directory",
+        ),
+        (
+            _damaged(lambda r: r["operators"][0]["subtasks"][0]["files"][0].update(path="shared/x.sst")),
+            "shared file 'shared/x.sst' must be ../shared/<name>",
+        ),
         (_damaged(lambda r: r["operators"][0]["subtasks"][0]["files"][0].update(sha256="xyz")), "sha256 is not 64"),
         (_damaged(lambda r: r["operators"].append(dict(r["operators"][1]))), "operator 'empty' appears twice"),
         (_damaged(lambda r: r.update(max_parallelism=0)), "max_parallelism 0 is outside 1..32768"),

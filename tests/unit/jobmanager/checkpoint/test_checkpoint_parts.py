@@ -16,7 +16,6 @@ from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
     CheckpointException,
-    CheckpointFailureReason as R,
     CheckpointingSettings,
     CheckpointMetadata,
     CheckpointsCleaner,
@@ -30,6 +29,9 @@ from keyedstate.jobmanager.checkpoint import (
     StandaloneCheckpointIDCounter,
     StandaloneCompletedCheckpointStore,
     SubtaskSnapshot,
+)
+from keyedstate.jobmanager.checkpoint import (
+    CheckpointFailureReason as R,
 )
 from tests.fakes.clock import ManualClock
 from tests.fakes.scheduler import ManualScheduler
@@ -54,8 +56,13 @@ def test_id_counter_strictly_increases_and_never_goes_back() -> None:
 
 def test_only_real_checkpoint_failures_count_toward_tolerable_failures() -> None:
     counted = {r for r in R if r.counts}
-    assert counted == {R.CHECKPOINT_EXPIRED, R.CHECKPOINT_DECLINED, R.CHECKPOINT_ASYNC_EXCEPTION,
-                       R.FINALIZE_CHECKPOINT_FAILURE, R.IO_EXCEPTION}
+    assert counted == {
+        R.CHECKPOINT_EXPIRED,
+        R.CHECKPOINT_DECLINED,
+        R.CHECKPOINT_ASYNC_EXCEPTION,
+        R.FINALIZE_CHECKPOINT_FAILURE,
+        R.IO_EXCEPTION,
+    }
     assert all(not r.counts for r in R if r.pre_flight and r is not R.IO_EXCEPTION)
     assert R("CHECKPOINT_EXPIRED") is R.CHECKPOINT_EXPIRED
     exc = CheckpointException(R.CHECKPOINT_EXPIRED, "took too long")
@@ -65,12 +72,17 @@ def test_only_real_checkpoint_failures_count_toward_tolerable_failures() -> None
 
 # -- settings ------------------------------------------------------------------------------------
 def test_settings_from_flink_keys() -> None:
-    conf = Configuration({
-        "execution.checkpointing.interval": "30 s", "execution.checkpointing.timeout": "2 min",
-        "execution.checkpointing.max-concurrent-checkpoints": 2, "execution.checkpointing.min-pause": "500ms",
-        "execution.checkpointing.tolerable-failed-checkpoints": 3, "state.checkpoints.num-retained": 4,
-        "state.backend.incremental": "true",
-    })
+    conf = Configuration(
+        {
+            "execution.checkpointing.interval": "30 s",
+            "execution.checkpointing.timeout": "2 min",
+            "execution.checkpointing.max-concurrent-checkpoints": 2,
+            "execution.checkpointing.min-pause": "500ms",
+            "execution.checkpointing.tolerable-failed-checkpoints": 3,
+            "state.checkpoints.num-retained": 4,
+            "state.backend.incremental": "true",
+        }
+    )
     assert CheckpointingSettings.from_config(conf) == CheckpointingSettings(30_000, 120_000, 2, 500, 3, 4, True)
     defaults = CheckpointingSettings.from_config(Configuration())
     assert defaults.interval_ms is None and not defaults.periodic and defaults.timeout_ms == 600_000
@@ -87,15 +99,29 @@ def test_settings_reject_unusable_values_naming_the_key() -> None:
 def _pending(savepoint: bool = False, epoch: int = -1) -> PendingCheckpoint:
     ops = [OperatorSpec("counts", 2, (StateDescriptor("total", StateKind.VALUE),))]
     target = f"{BASE}/chk-3" if not savepoint else "s3://bucket/sp/savepoint-job-1-3"
-    return PendingCheckpoint(job_id=JOB, checkpoint_id=3, trigger_timestamp_ms=1, trigger_monotonic_ms=1, operators=ops,
-                             max_parallelism=8, target_path=target, shared_dir=f"{BASE}/shared", savepoint=savepoint,
-                             epoch=epoch)
+    return PendingCheckpoint(
+        job_id=JOB,
+        checkpoint_id=3,
+        trigger_timestamp_ms=1,
+        trigger_monotonic_ms=1,
+        operators=ops,
+        max_parallelism=8,
+        target_path=target,
+        shared_dir=f"{BASE}/shared",
+        savepoint=savepoint,
+        epoch=epoch,
+    )
 
 
 def _handle(index: int, *paths: tuple[str, bool]) -> pb.SubtaskStateHandle:
     start, end = (0, 3) if index == 0 else (4, 7)
-    handle = pb.SubtaskStateHandle(operator_id="counts", subtask_index=index, backend="rocksdb",
-                                   key_groups=pb.KeyGroupRange(start=start, end=end), committed_epoch=-1)
+    handle = pb.SubtaskStateHandle(
+        operator_id="counts",
+        subtask_index=index,
+        backend="rocksdb",
+        key_groups=pb.KeyGroupRange(start=start, end=end),
+        committed_epoch=-1,
+    )
     for path, shared in paths:
         handle.files.add(path=path, size=10, shared=shared)
     return handle
@@ -116,13 +142,25 @@ def test_pending_outcomes() -> None:
 def test_pending_normalizes_every_accepted_path_form() -> None:
     p = _pending()
     s0 = SubtaskId(JOB, "counts", 0)
-    handle = _handle(0, ("shared/a.sst", True), ("../shared/b.sst", True), (f"{BASE}/shared/c.sst", True),
-                     (f"{BASE}/chk-3/counts-0/MANIFEST", False), ("counts-0/OPTIONS", False),
-                     (f"{BASE}/taskowned/log", False))
+    handle = _handle(
+        0,
+        ("shared/a.sst", True),
+        ("../shared/b.sst", True),
+        (f"{BASE}/shared/c.sst", True),
+        (f"{BASE}/chk-3/counts-0/MANIFEST", False),
+        ("counts-0/OPTIONS", False),
+        (f"{BASE}/taskowned/log", False),
+    )
     p.acknowledge(s0, handle)
     stored = p.acknowledged()[s0]
-    assert [f.path for f in stored.files] == ["../shared/a.sst", "../shared/b.sst", "../shared/c.sst",
-                                               "counts-0/MANIFEST", "counts-0/OPTIONS", "../taskowned/log"]
+    assert [f.path for f in stored.files] == [
+        "../shared/a.sst",
+        "../shared/b.sst",
+        "../shared/c.sst",
+        "counts-0/MANIFEST",
+        "counts-0/OPTIONS",
+        "../taskowned/log",
+    ]
     assert p.shared_files() == {f"{BASE}/shared/{n}.sst" for n in "abc"}
     assert handle.files[0].path == "shared/a.sst", "the caller's message is not modified"
 
@@ -155,9 +193,15 @@ def test_pending_builds_metadata_in_operator_and_subtask_order() -> None:
 # -- store ---------------------------------------------------------------------------------------
 def _completed(cid: int, savepoint: bool = False, shared: tuple[str, ...] = ()) -> CompletedCheckpoint:
     files = tuple(FileRef(f"../shared/{n}", 1, "", n, True) for n in shared)
-    meta = CheckpointMetadata(JOB, cid, savepoint, 0, -1, 8, (
-        OperatorSnapshot("op", 1, (), (SubtaskSnapshot(0, KeyGroupRange(0, 7), "rocksdb", 0, 1, 1, files),)),
-    ))
+    meta = CheckpointMetadata(
+        JOB,
+        cid,
+        savepoint,
+        0,
+        -1,
+        8,
+        (OperatorSnapshot("op", 1, (), (SubtaskSnapshot(0, KeyGroupRange(0, 7), "rocksdb", 0, 1, 1, files),)),),
+    )
     path = f"s3://bucket/sp/savepoint-job-1-{cid}" if savepoint else f"{BASE}/chk-{cid}"
     return CompletedCheckpoint(meta, path)
 
@@ -197,7 +241,9 @@ def test_registry_counts_references_and_releases_at_zero() -> None:
     assert registry.reference_count(f"{BASE}/shared/b") == 2
     assert registry.unregister(c1) == [f"{BASE}/shared/a"]
     assert registry.is_referenced(f"{BASE}/shared/b") and not registry.is_referenced(f"{BASE}/shared/a")
-    assert registry.unreferenced([f"{BASE}/shared/c", f"{BASE}/shared/z", f"{BASE}/chk-9/../shared/z"]) == [f"{BASE}/shared/z"]
+    assert registry.unreferenced([f"{BASE}/shared/c", f"{BASE}/shared/z", f"{BASE}/chk-9/../shared/z"]) == [
+        f"{BASE}/shared/z"
+    ]
     assert registry.unregister(c1) == []
     assert registry.unregister(c2) == [f"{BASE}/shared/b", f"{BASE}/shared/c"] and len(registry) == 0
 
@@ -208,8 +254,11 @@ def test_cleaner_deletes_dirs_then_files_and_respects_keep(storage: Any, tmp_pat
     for rel in ("job/chk-1/_metadata", "job/chk-1/a", "job/shared/x", "job/shared/y"):
         storage.write_bytes(f"{root}/{rel}", b"1")
     cleaner = CheckpointsCleaner(storage, InlineExecutor())
-    done = cleaner.discard(directories=[f"{root}/job/chk-1"], files=[f"{root}/job/shared/x", f"{root}/job/shared/y"],
-                           keep=lambda p: p.endswith("/y"))
+    done = cleaner.discard(
+        directories=[f"{root}/job/chk-1"],
+        files=[f"{root}/job/shared/x", f"{root}/job/shared/y"],
+        keep=lambda p: p.endswith("/y"),
+    )
     assert done.result() == [f"{root}/job/chk-1", f"{root}/job/shared/x"]
     assert not storage.exists(f"{root}/job/chk-1/_metadata") and storage.exists(f"{root}/job/shared/y")
     assert cleaner.discard().result() == []
@@ -246,8 +295,12 @@ def test_stats_gauges_are_flink_named_and_shared_across_jobs() -> None:
     assert value("lastCheckpointFullSize", "a") == 1000 and value("lastCompletedCheckpointId", "a") == 1
     assert value("lastCheckpointRestoreTimestamp", "a") == 12345
     assert value("numberOfCompletedCheckpoints", "b") == 0 and value("lastCheckpointRestoreTimestamp", "b") == -1
-    assert registry.get_sample_value("flink_jobmanager_job_checkpointFailuresByReason_total",
-                                     {"job_id": "a", "reason": "CHECKPOINT_EXPIRED"}) == 1
+    assert (
+        registry.get_sample_value(
+            "flink_jobmanager_job_checkpointFailuresByReason_total", {"job_id": "a", "reason": "CHECKPOINT_EXPIRED"}
+        )
+        == 1
+    )
     history = a.history()
     assert [(e.checkpoint_id, e.status) for e in history] == [(3, "IN_PROGRESS"), (2, "FAILED")]
     assert history[1].to_proto().failure_reason == "CHECKPOINT_EXPIRED: slow"

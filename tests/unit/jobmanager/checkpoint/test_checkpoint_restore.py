@@ -35,15 +35,29 @@ VALUE = StateDescriptor("total", StateKind.VALUE)
 LIST = StateDescriptor("events", StateKind.LIST)
 
 
-def checkpoint(parallelism: int = 2, max_p: int = 8, states: tuple[StateDescriptor, ...] = (VALUE, LIST)) -> CheckpointMetadata:
+def checkpoint(
+    parallelism: int = 2, max_p: int = 8, states: tuple[StateDescriptor, ...] = (VALUE, LIST)
+) -> CheckpointMetadata:
     from keyedstate.common.keygroups import key_group_range_for_subtask
 
     subtasks = tuple(
-        SubtaskSnapshot(i, key_group_range_for_subtask(max_p, parallelism, i), "rocksdb", 3, 10, 10,
-                        (FileRef(f"op-{i}/MANIFEST", 10, "", "MANIFEST", False), FileRef(f"../shared/{i}.sst", 5, "", f"{i}.sst", True)))
+        SubtaskSnapshot(
+            i,
+            key_group_range_for_subtask(max_p, parallelism, i),
+            "rocksdb",
+            3,
+            10,
+            10,
+            (
+                FileRef(f"op-{i}/MANIFEST", 10, "", "MANIFEST", False),
+                FileRef(f"../shared/{i}.sst", 5, "", f"{i}.sst", True),
+            ),
+        )
         for i in range(parallelism)
     )
-    return CheckpointMetadata("job-1", 5, False, 0, 3, max_p, (OperatorSnapshot("counts", parallelism, states, subtasks),))
+    return CheckpointMetadata(
+        "job-1", 5, False, 0, 3, max_p, (OperatorSnapshot("counts", parallelism, states, subtasks),)
+    )
 
 
 def test_rescale_assigns_every_overlapping_snapshot() -> None:
@@ -56,8 +70,9 @@ def test_rescale_assigns_every_overlapping_snapshot() -> None:
     assert (handle.key_groups.start, handle.key_groups.end) == (4, 7), "old range kept: the TaskManager filters"
     assert [f.path for f in handle.files] == [f"{BASE}/op-1/MANIFEST", "file:///ckpt/job-1/shared/1.sst"]
 
-    down = plan_restore(meta, [OperatorSpec("counts", 1, (VALUE, LIST))], 8, checkpoint_dir=BASE + "/_metadata",
-                        job_id="job-2")
+    down = plan_restore(
+        meta, [OperatorSpec("counts", 1, (VALUE, LIST))], 8, checkpoint_dir=BASE + "/_metadata", job_id="job-2"
+    )
     assert list(down) == [SubtaskId("job-2", "counts", 0)]
     assert [h.subtask_index for h in down[SubtaskId("job-2", "counts", 0)]] == [0, 1]
     same = plan_restore(meta, [OperatorSpec("counts", 2, (VALUE, LIST))], 8, checkpoint_dir=BASE)
@@ -74,10 +89,15 @@ def test_up_to_max_parallelism_every_subtask_gets_exactly_its_owner() -> None:
 
 
 def test_new_operators_and_states_start_empty() -> None:
-    plan = plan_restore(checkpoint(), [
-        OperatorSpec("counts", 2, (VALUE, LIST, StateDescriptor("fresh", StateKind.MAP))),
-        OperatorSpec("brand-new", 2),
-    ], 8, checkpoint_dir=BASE)
+    plan = plan_restore(
+        checkpoint(),
+        [
+            OperatorSpec("counts", 2, (VALUE, LIST, StateDescriptor("fresh", StateKind.MAP))),
+            OperatorSpec("brand-new", 2),
+        ],
+        8,
+        checkpoint_dir=BASE,
+    )
     assert plan[SubtaskId("job-1", "brand-new", 0)] == [] and plan[SubtaskId("job-1", "brand-new", 1)] == []
     assert len(plan[SubtaskId("job-1", "counts", 0)]) == 1
 
@@ -91,24 +111,40 @@ def test_max_parallelism_is_fixed_for_the_job_life() -> None:
 
 
 def test_operator_missing_from_the_job_needs_allow_non_restored_state() -> None:
-    with pytest.raises(IncompatibleCheckpointError, match=r"operator\(s\) \['counts'\] that the job does not have.*allow-non-restored-state"):
+    with pytest.raises(
+        IncompatibleCheckpointError,
+        match=r"operator\(s\) \['counts'\] that the job does not have.*allow-non-restored-state",
+    ):
         plan_restore(checkpoint(), [OperatorSpec("other", 1)], 8, checkpoint_dir=BASE)
     plan = plan_restore(checkpoint(), [OperatorSpec("other", 1)], 8, checkpoint_dir=BASE, allow_non_restored_state=True)
     assert plan == {SubtaskId("job-1", "other", 0): []}
 
 
 def test_state_dropped_from_the_job_needs_allow_non_restored_state() -> None:
-    with pytest.raises(IncompatibleCheckpointError, match="had state 'events' \\(list\\) which the job no longer declares"):
+    with pytest.raises(
+        IncompatibleCheckpointError, match="had state 'events' \\(list\\) which the job no longer declares"
+    ):
         plan_restore(checkpoint(), [OperatorSpec("counts", 2, (VALUE,))], 8, checkpoint_dir=BASE)
-    plan_restore(checkpoint(), [OperatorSpec("counts", 2, (VALUE,))], 8, checkpoint_dir=BASE, allow_non_restored_state=True)
+    plan_restore(
+        checkpoint(), [OperatorSpec("counts", 2, (VALUE,))], 8, checkpoint_dir=BASE, allow_non_restored_state=True
+    )
 
 
 @pytest.mark.parametrize(
     ("new_state", "message"),
     [
-        (StateDescriptor("total", StateKind.MAP), "state 'total' of operator 'counts' was value state and is now declared as map"),
-        (StateDescriptor("total", StateKind.VALUE, TtlConfig(1000)), "checkpointed without TTL and is now declared with TTL"),
-        (StateDescriptor("total", StateKind.REDUCING, None, (ReduceField("n", ReduceFunction.SUM),)), "was value state"),
+        (
+            StateDescriptor("total", StateKind.MAP),
+            "state 'total' of operator 'counts' was value state and is now declared as map",
+        ),
+        (
+            StateDescriptor("total", StateKind.VALUE, TtlConfig(1000)),
+            "checkpointed without TTL and is now declared with TTL",
+        ),
+        (
+            StateDescriptor("total", StateKind.REDUCING, None, (ReduceField("n", ReduceFunction.SUM),)),
+            "was value state",
+        ),
     ],
 )
 def test_changed_states_are_refused_saying_what_differs(new_state: StateDescriptor, message: str) -> None:
@@ -116,14 +152,22 @@ def test_changed_states_are_refused_saying_what_differs(new_state: StateDescript
         plan_restore(checkpoint(), [OperatorSpec("counts", 2, (new_state, LIST))], 8, checkpoint_dir=BASE)
     # Even allow-non-restored-state never reinterprets state of another kind.
     with pytest.raises(IncompatibleCheckpointError):
-        plan_restore(checkpoint(), [OperatorSpec("counts", 2, (new_state, LIST))], 8, checkpoint_dir=BASE,
-                     allow_non_restored_state=True)
+        plan_restore(
+            checkpoint(),
+            [OperatorSpec("counts", 2, (new_state, LIST))],
+            8,
+            checkpoint_dir=BASE,
+            allow_non_restored_state=True,
+        )
 
 
 def test_changed_reduce_fields_are_refused() -> None:
     old = StateDescriptor("sums", StateKind.REDUCING, None, (ReduceField("n"),))
     new = StateDescriptor("sums", StateKind.REDUCING, None, (ReduceField("n"), ReduceField("m")))
-    with pytest.raises(IncompatibleCheckpointError, match=r"had fields \[n:sum:int64\] and is now declared with \[n:sum:int64, m:sum:int64\]"):
+    with pytest.raises(
+        IncompatibleCheckpointError,
+        match=r"had fields \[n:sum:int64\] and is now declared with \[n:sum:int64, m:sum:int64\]",
+    ):
         plan_restore(checkpoint(states=(old,)), [OperatorSpec("counts", 2, (new,))], 8, checkpoint_dir=BASE)
 
 
@@ -167,7 +211,9 @@ def test_verify_names_the_first_missing_or_truncated_file(storage: Any, tmp_path
     meta = checkpoint()
     _write(storage, chk, meta)
     storage.delete(tmp_path.as_uri() + "/job-1/shared/1.sst")
-    with pytest.raises(CorruptCheckpointError, match=r"is missing .*/job-1/shared/1\.sst \(operator 'counts' subtask 1\)"):
+    with pytest.raises(
+        CorruptCheckpointError, match=r"is missing .*/job-1/shared/1\.sst \(operator 'counts' subtask 1\)"
+    ):
         verify_files_exist(storage, meta, chk)
     storage.write_bytes(tmp_path.as_uri() + "/job-1/shared/1.sst", b"x" * 5)
     storage.write_bytes(chk + "/op-0/MANIFEST", b"short")

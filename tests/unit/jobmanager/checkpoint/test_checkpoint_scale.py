@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
-
-from keyedstate.jobmanager.checkpoint import EpochCut
-
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from keyedstate.jobmanager.checkpoint import (
     CheckpointingSettings,
     CheckpointsCleaner,
     CheckpointStatsTracker,
+    EpochCut,
     InlineExecutor,
 )
 
@@ -39,11 +37,21 @@ class ImmediateAcks:
         for op in OPERATORS:
             for i in range(op.parallelism):
                 kg = key_group_range_for_subtask(MAX_P, op.parallelism, i)
-                h = pb.SubtaskStateHandle(operator_id=op.operator_id, subtask_index=i, backend="rocksdb",
-                                          key_groups=pb.KeyGroupRange(start=kg.start, end=kg.end), full_size=3000)
+                h = pb.SubtaskStateHandle(
+                    operator_id=op.operator_id,
+                    subtask_index=i,
+                    backend="rocksdb",
+                    key_groups=pb.KeyGroupRange(start=kg.start, end=kg.end),
+                    full_size=3000,
+                )
                 for n in range(3):
-                    h.files.add(path=f"shared/{op.operator_id}-{i}-{n}.sst", size=1000, sha256="0" * 64,
-                                local_name=f"{n:06d}.sst", shared=True)
+                    h.files.add(
+                        path=f"shared/{op.operator_id}-{i}-{n}.sst",
+                        size=1000,
+                        sha256="0" * 64,
+                        local_name=f"{n:06d}.sst",
+                        shared=True,
+                    )
                 self.handles.append(h)
         self.notified: list[tuple[int, bool]] = []
 
@@ -64,8 +72,16 @@ def test_thousand_subtasks(storage: Any, tmp_path: Path, clock: Any, scheduler: 
     gateway = ImmediateAcks()
     job_dir = (tmp_path / "ckpt" / "big").as_uri()
     coordinator = CheckpointCoordinator(
-        "big", CheckpointingSettings(), storage, job_dir, gateway, clock=clock, scheduler=scheduler,
-        operators=OPERATORS, max_parallelism=MAX_P, stats=CheckpointStatsTracker("big", CollectorRegistry()),
+        "big",
+        CheckpointingSettings(),
+        storage,
+        job_dir,
+        gateway,
+        clock=clock,
+        scheduler=scheduler,
+        operators=OPERATORS,
+        max_parallelism=MAX_P,
+        stats=CheckpointStatsTracker("big", CollectorRegistry()),
         cleaner=CheckpointsCleaner(storage, InlineExecutor()),
     )
     gateway.coordinator = coordinator
@@ -79,7 +95,9 @@ def test_thousand_subtasks(storage: Any, tmp_path: Path, clock: Any, scheduler: 
     meta = json.loads(meta_path.read_text())
     assert sum(len(op["subtasks"]) for op in meta["operators"]) == 1000
     assert gateway.notified == [(1, True), (2, True), (3, True)]
-    summary = (f"1000 subtasks x 3 files: trigger->_metadata {', '.join(f'{t:.0f}' for t in timings)} ms; "
-               f"_metadata {meta_path.stat().st_size // 1024} KiB")
+    summary = (
+        f"1000 subtasks x 3 files: trigger->_metadata {', '.join(f'{t:.0f}' for t in timings)} ms; "
+        f"_metadata {meta_path.stat().st_size // 1024} KiB"
+    )
     record_property("scale", summary)
     print(summary)

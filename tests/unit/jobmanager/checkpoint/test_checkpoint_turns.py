@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from keyedstate.common.errors import CorruptCheckpointError
-from keyedstate.jobmanager.checkpoint import AckOutcome, CheckpointException, CheckpointFailureReason as R, EpochCut
-from keyedstate.jobmanager.checkpoint import load_completed_checkpoint
+from keyedstate.jobmanager.checkpoint import AckOutcome, CheckpointException, EpochCut, load_completed_checkpoint
+from keyedstate.jobmanager.checkpoint import CheckpointFailureReason as R
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
 from tests.fixtures.waiting import wait_for
@@ -37,7 +38,7 @@ class Call(threading.Thread):
     def run(self) -> None:
         try:
             self._result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:
             self._error = exc
 
     def outcome(self, timeout_s: float = 10.0) -> Any:
@@ -97,7 +98,7 @@ def test_trigger_waiting_gives_up_at_its_deadline_naming_the_refusal(make_harnes
 
 
 def test_trigger_waiting_raises_other_refusals_at_once(make_harness: Any) -> None:
-    h = make_harness(tasks=lambda: [])
+    h = make_harness(tasks=list)
     with pytest.raises(CheckpointException) as info:
         h.coordinator.trigger_waiting(60_000)
     assert info.value.failure_reason is R.NOT_ALL_REQUIRED_TASKS_RUNNING
@@ -158,9 +159,12 @@ def test_a_completed_checkpoint_records_the_cuts_lineage_up_to_its_epoch(make_ha
     h.coordinator.trigger()
     completed = h.coordinator.wait_for(1, timeout=0)
     assert completed.metadata.epoch == 6 and completed.metadata.lineage == LINEAGE
-    raw = json.loads((Path(h.job_dir[len("file://"):]) / "chk-1" / "_metadata").read_text())
+    raw = json.loads((Path(h.job_dir[len("file://") :]) / "chk-1" / "_metadata").read_text())
     assert raw["epoch"] == 6
-    assert raw["lineage"] == [{"query_id": "q1", "offset": 0, "first_epoch": 0}, {"query_id": "q2", "offset": 3, "first_epoch": 5}]
+    assert raw["lineage"] == [
+        {"query_id": "q1", "offset": 0, "first_epoch": 0},
+        {"query_id": "q2", "offset": 3, "first_epoch": 5},
+    ]
     assert load_completed_checkpoint(h.storage, completed.external_path).metadata.lineage == LINEAGE
 
 
@@ -173,16 +177,25 @@ def test_metadata_without_a_lineage_reads_as_empty_and_out_of_order_bindings_are
     raw = _metadata_dict(make_harness())
     del raw["lineage"]
     assert CheckpointMetadata.from_json(json.dumps(raw)).lineage == EMPTY_LINEAGE
-    raw["lineage"] = [{"query_id": "q2", "offset": 3, "first_epoch": 5}, {"query_id": "q1", "offset": 0, "first_epoch": 0}]
+    raw["lineage"] = [
+        {"query_id": "q2", "offset": 3, "first_epoch": 5},
+        {"query_id": "q1", "offset": 0, "first_epoch": 0},
+    ]
     assert CheckpointMetadata.from_json(json.dumps(raw)).lineage == LINEAGE
 
 
-@pytest.mark.parametrize("lineage, problem", [
-    ({"query_id": "q1"}, "field 'lineage' must be a list"),
-    ([{"query_id": "q1", "first_epoch": 0}], "missing field 'lineage[0].offset'"),
-    ([{"query_id": 7, "offset": 0, "first_epoch": 0}], "field 'lineage[0].query_id' must be a string, got 7"),
-    ([{"query_id": "q", "offset": 0, "first_epoch": True}], "field 'lineage[0].first_epoch' must be an integer, got True"),
-])
+@pytest.mark.parametrize(
+    "lineage, problem",
+    [
+        ({"query_id": "q1"}, "field 'lineage' must be a list"),
+        ([{"query_id": "q1", "first_epoch": 0}], "missing field 'lineage[0].offset'"),
+        ([{"query_id": 7, "offset": 0, "first_epoch": 0}], "field 'lineage[0].query_id' must be a string, got 7"),
+        (
+            [{"query_id": "q", "offset": 0, "first_epoch": True}],
+            "field 'lineage[0].first_epoch' must be an integer, got True",
+        ),
+    ],
+)
 def test_a_damaged_lineage_is_reported_naming_the_field(make_harness: Any, lineage: Any, problem: str) -> None:
     raw = _metadata_dict(make_harness())
     raw["lineage"] = lineage

@@ -9,11 +9,12 @@ slots hold.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -35,11 +36,13 @@ from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
     CheckpointCoordinator,
-    CheckpointFailureReason as R,
     CheckpointingSettings,
     CheckpointsCleaner,
     EpochCut,
     InlineExecutor,
+)
+from keyedstate.jobmanager.checkpoint import (
+    CheckpointFailureReason as R,
 )
 from keyedstate.jobmanager.epochs.coordinator import BatchAction, EpochCommit, EpochCoordinator
 from keyedstate.jobmanager.epochs.lineage import LineageEntry
@@ -111,13 +114,30 @@ class Harness:
     closed: threading.Event
     failovers: list[tuple[str, bool, bool]]  # cause, job lock held, epoch lock held
 
-    def commit(self, epoch: int, *, batch_id: int | None = None, query: str = "q1", version: int = VERSION,
-               wait: bool = False, checkpoint: bool = False, timeout_ms: int = 5_000) -> Any:
-        return self.epochs.commit(EpochCommit(
-            job_id=JOB, epoch=epoch, query_id=query, batch_id=epoch if batch_id is None else batch_id,
-            winners=[pb.PartitionAttempt(partition=0, attempt=1)], routing_version=version,
-            checkpoint=checkpoint, wait_for_checkpoint=wait, timeout_ms=timeout_ms,
-        ))
+    def commit(
+        self,
+        epoch: int,
+        *,
+        batch_id: int | None = None,
+        query: str = "q1",
+        version: int = VERSION,
+        wait: bool = False,
+        checkpoint: bool = False,
+        timeout_ms: int = 5_000,
+    ) -> Any:
+        return self.epochs.commit(
+            EpochCommit(
+                job_id=JOB,
+                epoch=epoch,
+                query_id=query,
+                batch_id=epoch if batch_id is None else batch_id,
+                winners=[pb.PartitionAttempt(partition=0, attempt=1)],
+                routing_version=version,
+                checkpoint=checkpoint,
+                wait_for_checkpoint=wait,
+                timeout_ms=timeout_ms,
+            )
+        )
 
     def commit_epochs(self, upto: int, query: str = "q1") -> None:
         for e in range(self.job.committed_epoch + 1, upto + 1):
@@ -138,12 +158,21 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         job = Job(spec, Configuration({}), status=JobStatus.RUNNING, routing_version=VERSION)
         for i, address in enumerate((TM_A, TM_B)):
             subtask = SubtaskId(JOB, "counts", i)
-            job.assignments[subtask] = SlotAssignment(subtask, key_group_range_for_subtask(MAX_P, 2, i), f"tm-{i}", address, 0)
+            job.assignments[subtask] = SlotAssignment(
+                subtask, key_group_range_for_subtask(MAX_P, 2, i), f"tm-{i}", address, 0
+            )
         cluster = JobTaskManagers(storage, job_dir, OPERATORS, mode=settings.pop("mode", "ack"))
         cluster.job, cluster.clock = job, clock
         coordinator = CheckpointCoordinator(
-            JOB, CheckpointingSettings(**{"tolerable_failures": 100, **settings}), storage, job_dir, cluster,
-            clock=clock, scheduler=scheduler, operators=OPERATORS, max_parallelism=MAX_P,
+            JOB,
+            CheckpointingSettings(**{"tolerable_failures": 100, **settings}),
+            storage,
+            job_dir,
+            cluster,
+            clock=clock,
+            scheduler=scheduler,
+            operators=OPERATORS,
+            max_parallelism=MAX_P,
             cleaner=CheckpointsCleaner(storage, InlineExecutor()),
         )
         cluster.coordinator = coordinator
@@ -161,7 +190,9 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         pool = ThreadPoolExecutor(4)
         pools.append(pool)
         closed = threading.Event()
-        epochs = EpochCoordinator(lambda job_id: job, tms, pool, fail_over_now, clock, closed, default_timeout_ms=60_000)
+        epochs = EpochCoordinator(
+            lambda job_id: job, tms, pool, fail_over_now, clock, closed, default_timeout_ms=60_000
+        )
         h = Harness(job, coordinator, tms, cluster, epochs, clock, scheduler, closed, failovers)
         made.append(h)
         return h
@@ -183,7 +214,7 @@ class Call(threading.Thread):
     def run(self) -> None:
         try:
             self._result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:
             self._error = exc
 
     def outcome(self, timeout_s: float = 10.0) -> Any:
@@ -207,16 +238,27 @@ def test_begin_batch_runs_the_next_epoch_and_only_makes_a_committed_one_durable(
         assert (again.action, again.epoch, again.committed_epoch) == (BatchAction.ALREADY_COMMITTED, batch, 2)
 
 
-@pytest.mark.parametrize("status, action", [
-    (JobStatus.CREATED, BatchAction.WAIT), (JobStatus.RESTARTING, BatchAction.WAIT),
-    (JobStatus.FAILED, BatchAction.STOP), (JobStatus.CANCELED, BatchAction.STOP),
-])
-def test_begin_batch_asks_to_wait_or_stop_while_the_job_is_not_running(make: Callable[..., Harness], status: JobStatus,
-                                                                        action: BatchAction) -> None:
+@pytest.mark.parametrize(
+    "status, action",
+    [
+        (JobStatus.CREATED, BatchAction.WAIT),
+        (JobStatus.RESTARTING, BatchAction.WAIT),
+        (JobStatus.FAILED, BatchAction.STOP),
+        (JobStatus.CANCELED, BatchAction.STOP),
+    ],
+)
+def test_begin_batch_asks_to_wait_or_stop_while_the_job_is_not_running(
+    make: Callable[..., Harness], status: JobStatus, action: BatchAction
+) -> None:
     h = make()
     h.job.status, h.job.failure_cause = status, "TaskManager tm-1 lost"
     start = h.epochs.begin_batch(JOB, "q1", 7)  # not even a gap is reported then
-    assert (start.action, start.epoch, start.job_status, start.failure_cause) == (action, -1, status.value, "TaskManager tm-1 lost")
+    assert (start.action, start.epoch, start.job_status, start.failure_cause) == (
+        action,
+        -1,
+        status.value,
+        "TaskManager tm-1 lost",
+    )
 
 
 def test_begin_batch_refuses_a_gap_naming_the_epochs_missing_and_the_ways_out(make: Callable[..., Harness]) -> None:
@@ -231,9 +273,14 @@ def test_begin_batch_refuses_a_gap_naming_the_epochs_missing_and_the_ways_out(ma
         "checkpointLocation"
     )
     h.job.predecessor = "job 'job-1' was cancelled; its latest checkpoint is file:///ckpt/job-1/chk-9"
-    with pytest.raises(EpochGapError, match=r"checkpointLocation\. job 'job-1' was cancelled; its latest checkpoint is file:///ckpt/job-1/chk-9$"):
+    with pytest.raises(
+        EpochGapError,
+        match=r"checkpointLocation\. job 'job-1' was cancelled; its latest checkpoint is file:///ckpt/job-1/chk-9$",
+    ):
         h.epochs.begin_batch(JOB, "q1", 5)
-    with pytest.raises(EpochGapError, match="^job 'job-1': query q9 is at batch 1, but the job's state holds epoch 2 \\(of query q1\\)"):
+    with pytest.raises(
+        EpochGapError, match="^job 'job-1': query q9 is at batch 1, but the job's state holds epoch 2 \\(of query q1\\)"
+    ):
         h.epochs.begin_batch(JOB, "q9", 1)
     with pytest.raises(InvalidArgumentError, match="batch_id must be >= 0"):
         h.epochs.begin_batch(JOB, "q1", -1)
@@ -263,11 +310,18 @@ def test_a_commit_prepares_on_every_taskmanager_before_applying_on_any(make: Cal
     assert (h.job.committed_epoch, h.job.lineage.entries) == (0, (LineageEntry("q1", 0, 0),))
 
 
-@pytest.mark.parametrize("error", [
-    EpochConflictError("partition 0 attempt 1 of epoch 0 had 2 write request(s) acknowledged by job-1/counts/1, but 1 are staged here"),
-    UnavailableError("this TaskManager stopped serving (no heartbeat answered by the JobManager within the lease)"),
-])
-def test_a_refused_prepare_applies_nothing_anywhere_and_the_batch_runs_again(make: Callable[..., Harness], error: KeyedStateError) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        EpochConflictError(
+            "partition 0 attempt 1 of epoch 0 had 2 write request(s) acknowledged by job-1/counts/1, but 1 are staged here"
+        ),
+        UnavailableError("this TaskManager stopped serving (no heartbeat answered by the JobManager within the lease)"),
+    ],
+)
+def test_a_refused_prepare_applies_nothing_anywhere_and_the_batch_runs_again(
+    make: Callable[..., Harness], error: KeyedStateError
+) -> None:
     h = make()
     h.tms.refuse[(TM_B, "prepare")] = error
     with pytest.raises(EpochConflictError) as info:
@@ -282,14 +336,20 @@ def test_a_refused_prepare_applies_nothing_anywhere_and_the_batch_runs_again(mak
     assert h.commit(0).committed_epoch == 0  # the batch again
 
 
-def test_slots_that_disagree_about_the_epoch_fail_the_job_over_before_anything_applies(make: Callable[..., Harness]) -> None:
+def test_slots_that_disagree_about_the_epoch_fail_the_job_over_before_anything_applies(
+    make: Callable[..., Harness],
+) -> None:
     h = make()
     h.tms.refuse[(TM_A, "prepare")] = EpochGapError("job-1/counts/0 holds epoch -1, so epoch 0 ...")
-    with pytest.raises(JobStateError, match=f"^job 'job-1': preparing epoch 0 failed on TaskManager {TM_A}: .*; the job restarts from its latest checkpoint$"):
+    with pytest.raises(
+        JobStateError,
+        match=f"^job 'job-1': preparing epoch 0 failed on TaskManager {TM_A}: .*; the job restarts from its latest checkpoint$",
+    ):
         h.commit(0)
     assert [c for c in h.tms.calls if c[1] == "apply"] == []
-    assert h.failovers == [(f"preparing epoch 0 failed on TaskManager {TM_A}: job-1/counts/0 holds epoch -1, so epoch 0 ...",
-                            True, True)]
+    assert h.failovers == [
+        (f"preparing epoch 0 failed on TaskManager {TM_A}: job-1/counts/0 holds epoch -1, so epoch 0 ...", True, True)
+    ]
 
 
 def test_a_partial_apply_fails_the_job_over_while_no_checkpoint_can_cut(make: Callable[..., Harness]) -> None:
@@ -307,7 +367,9 @@ def test_a_partial_apply_fails_the_job_over_while_no_checkpoint_can_cut(make: Ca
     assert h.epochs.begin_batch(JOB, "q1", 0).action is BatchAction.WAIT
 
 
-def test_a_commit_under_a_routing_version_that_moved_is_refused_before_any_taskmanager_call(make: Callable[..., Harness]) -> None:
+def test_a_commit_under_a_routing_version_that_moved_is_refused_before_any_taskmanager_call(
+    make: Callable[..., Harness],
+) -> None:
     h = make()
     with pytest.raises(EpochConflictError) as info:
         h.commit(0, version=VERSION - 1)
@@ -328,9 +390,13 @@ def test_a_redeploy_during_the_prepare_round_stops_the_commit(make: Callable[...
             h.job.failure_cause = "TaskManager tm-1 lost"
 
     h.tms.during[(TM_B, "prepare")] = redeploy
-    with pytest.raises(EpochConflictError, match=(
-        f"^job 'job-1' is RESTARTING under routing v{VERSION + 1} since the commit of epoch 0 began \\(v{VERSION}\\): "
-        "TaskManager tm-1 lost; run the batch again$")):
+    with pytest.raises(
+        EpochConflictError,
+        match=(
+            f"^job 'job-1' is RESTARTING under routing v{VERSION + 1} since the commit of epoch 0 began \\(v{VERSION}\\): "
+            "TaskManager tm-1 lost; run the batch again$"
+        ),
+    ):
         h.commit(0)
     assert [c for c in h.tms.calls if c[1] == "apply"] == [] and h.job.committed_epoch == -1
 
@@ -443,7 +509,7 @@ def test_a_rollback_below_the_epoch_while_waiting_means_the_batch_runs_again(mak
 
 
 def test_a_checkpoint_in_flight_from_before_the_commit_is_waited_for_then_one_holding_the_epoch_is_taken(
-    make: Callable[..., Harness]
+    make: Callable[..., Harness],
 ) -> None:
     h = make(mode="manual")
     h.commit(0)
@@ -457,7 +523,9 @@ def test_a_checkpoint_in_flight_from_before_the_commit_is_waited_for_then_one_ho
     assert call.outcome().checkpoint_id == 2
 
 
-def test_an_in_flight_checkpoint_holding_the_epoch_answers_without_waiting_the_minimum_pause(make: Callable[..., Harness]) -> None:
+def test_an_in_flight_checkpoint_holding_the_epoch_answers_without_waiting_the_minimum_pause(
+    make: Callable[..., Harness],
+) -> None:
     h = make(mode="manual", min_pause_ms=60_000)
     h.commit(0)
     h.coordinator.trigger()  # a periodic checkpoint cut right after the commit: it holds epoch 0
@@ -478,10 +546,20 @@ def test_two_drivers_committing_one_batch_apply_it_once(make: Callable[..., Harn
     h.tms.during[(TM_A, "prepare")] = lambda: release.wait(10) and None  # the first commit holds the epoch lock
     first = Call(lambda: h.commit(0))
     wait_for(lambda: (TM_A, "prepare", 0) in h.tms.calls, 10, "the first commit's prepare round")
-    second = Call(lambda: h.epochs.commit(EpochCommit(
-        job_id=JOB, epoch=0, query_id="q1", batch_id=0, winners=[pb.PartitionAttempt(partition=0, attempt=2)],
-        routing_version=VERSION, checkpoint=False, wait_for_checkpoint=False,
-    )))
+    second = Call(
+        lambda: h.epochs.commit(
+            EpochCommit(
+                job_id=JOB,
+                epoch=0,
+                query_id="q1",
+                batch_id=0,
+                winners=[pb.PartitionAttempt(partition=0, attempt=2)],
+                routing_version=VERSION,
+                checkpoint=False,
+                wait_for_checkpoint=False,
+            )
+        )
+    )
     h.tms.during.clear()
     release.set()
     outcomes = sorted([first.outcome(), second.outcome()], key=lambda o: o.already_committed)
@@ -500,7 +578,9 @@ def test_a_batch_committed_without_its_own_checkpoint_needs_periodic_checkpoints
     assert h.job.committed_epoch == 0 and h.cluster.barriers == []  # committed, just not durable yet
 
 
-def test_a_batch_committed_without_its_own_checkpoint_is_answered_by_the_next_periodic_one(make: Callable[..., Harness]) -> None:
+def test_a_batch_committed_without_its_own_checkpoint_is_answered_by_the_next_periodic_one(
+    make: Callable[..., Harness],
+) -> None:
     h = make(interval_ms=1_000)
     assert h.coordinator.start_periodic()
     call = Call(lambda: h.commit(0, wait=True, checkpoint=False))

@@ -66,7 +66,10 @@ def test_the_unnamed_query_is_a_query_like_any_other() -> None:
     assert EMPTY_LINEAGE.epoch_of("", 0, -1) == 0
     bound = EMPTY_LINEAGE.bind("", 0, 0)
     assert bound.epoch_of("", 3, 2) == 3
-    with pytest.raises(EpochGapError, match="^" + re.escape(UNNAMED) + " is at batch 2, but the job's state holds epoch 4 \\(of query q1\\)"):
+    with pytest.raises(
+        EpochGapError,
+        match="^" + re.escape(UNNAMED) + " is at batch 2, but the job's state holds epoch 4 \\(of query q1\\)",
+    ):
         lineage(("q1", 0, 0)).epoch_of("", 2, 4)
     with pytest.raises(EpochGapError) as info:
         lineage(("", 0, 0), ("q1", 3, 3)).epoch_of("", 5, 4)
@@ -88,7 +91,8 @@ def test_bind_appends_a_new_query_and_keeps_the_current_one_unchanged() -> None:
     first.epoch_of("q3", 0, 0)
     assert first.entries == (LineageEntry("q1", 0, 0),)
     assert second.to_list() == [
-        {"query_id": "q1", "offset": 0, "first_epoch": 0}, {"query_id": "q2", "offset": 8, "first_epoch": 8},
+        {"query_id": "q1", "offset": 0, "first_epoch": 0},
+        {"query_id": "q2", "offset": 8, "first_epoch": 8},
     ]
 
 

@@ -31,9 +31,15 @@ def storage(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def _completed(tmp_path: Path, cid: int, savepoint: bool = False) -> CompletedCheckpoint:
     files = (FileRef(f"../shared/f{cid}", 1, "", f"f{cid}", True),) if not savepoint else ()
-    meta = CheckpointMetadata("job-1", cid, savepoint, 0, -1, 8, (
-        OperatorSnapshot("op", 1, (), (SubtaskSnapshot(0, KeyGroupRange(0, 7), "rocksdb", 0, 1, 1, files),)),
-    ))
+    meta = CheckpointMetadata(
+        "job-1",
+        cid,
+        savepoint,
+        0,
+        -1,
+        8,
+        (OperatorSnapshot("op", 1, (), (SubtaskSnapshot(0, KeyGroupRange(0, 7), "rocksdb", 0, 1, 1, files),)),),
+    )
     where = f"savepoints/sp-{cid}" if savepoint else f"checkpoints/job-1/chk-{cid}"
     return CompletedCheckpoint(meta, (tmp_path / where).as_uri())
 
@@ -45,7 +51,7 @@ def test_counter_survives_a_restart_and_never_hands_out_an_id_twice(storage, tmp
     assert [first.get_and_increment() for _ in range(3)] == [1, 2, 3]
     # The next id is durable before an id is handed out: a JobManager killed right after
     # taking id 3 restarts at 4, never at 3.
-    assert json.loads(Path(path[len("file://"):]).read_text()) == {"next": 4}
+    assert json.loads(Path(path[len("file://") :]).read_text()) == {"next": 4}
     second = DurableCheckpointIDCounter(storage, path, _no_fence)
     assert second.get_and_increment() == 4
 
@@ -125,7 +131,9 @@ def test_job_records_round_trip_and_a_corrupt_one_does_not_hide_the_others(stora
     (tmp_path / "jobs" / "b").mkdir()
     (tmp_path / "jobs" / "b" / "job.json").write_text('{"format_version": 99}')
     records = jobs.records()
-    assert [(r.job_id, r.status, r.routing_version, r.restore_path) for r in records] == [("a", "RUNNING", 3, "file:///sp")]
+    assert [(r.job_id, r.status, r.routing_version, r.restore_path) for r in records] == [
+        ("a", "RUNNING", 3, "file:///sp")
+    ]
     with pytest.raises(CorruptCheckpointError, match="format_version 99"):
         JobRecord.from_bytes((tmp_path / "jobs" / "b" / "job.json").read_bytes(), "b")
 
@@ -165,8 +173,13 @@ def test_filesystem_ha_needs_a_storage_dir() -> None:
 
 
 def test_bad_cluster_id_is_a_config_error(tmp_path: Path) -> None:
-    conf = Configuration({"high-availability.type": "filesystem", "high-availability.storageDir": tmp_path.as_uri(),
-                          "high-availability.cluster-id": "a/../b"})
+    conf = Configuration(
+        {
+            "high-availability.type": "filesystem",
+            "high-availability.storageDir": tmp_path.as_uri(),
+            "high-availability.cluster-id": "a/../b",
+        }
+    )
     with pytest.raises(ConfigError, match="cluster-id"):
         create_ha_services(conf, open_storage)
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.descriptors import NumberType, OperatorSpec, ReduceField, ReduceFunction, StateDescriptor, StateKind
+from keyedstate.common.descriptors import (
+    NumberType,
+    OperatorSpec,
+    ReduceField,
+    ReduceFunction,
+    StateDescriptor,
+    StateKind,
+)
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.taskmanager.epochs import EpochManager, EpochView, read_committed_epoch
 from keyedstate.taskmanager.slots import Slot, SlotTable
@@ -64,7 +72,9 @@ class EpochHarness:
 
     def deploy(self, subtask_index: int = 0, key_groups: KeyGroupRange = FULL, parallelism: int = 1) -> Slot:
         subtask = SubtaskId(JOB, OP, subtask_index)
-        slot = self.table.reserve(subtask, OperatorSpec(OP, parallelism, STATES), key_groups, MP, self._next_slot, ROUTING_VERSION, "", False)
+        slot = self.table.reserve(
+            subtask, OperatorSpec(OP, parallelism, STATES), key_groups, MP, self._next_slot, ROUTING_VERSION, "", False
+        )
         self._next_slot += 1
         backend = create_backend(
             self.kind, subtask, key_groups, MP, STATES, local_dir=self.work, limits=self.limits, clock=self.clock
@@ -84,7 +94,9 @@ class EpochHarness:
         return self.slot(subtask_index).require_backend()
 
     def view(self, epoch: int, partition: int, attempt: int, subtask_index: int = 0) -> EpochView:
-        return self.manager.view(self.slot(subtask_index), common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt))
+        return self.manager.view(
+            self.slot(subtask_index), common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt)
+        )
 
     def commit(self, epoch: int, winners: Mapping[int, int], abort: bool = False) -> tm_pb.EpochCommitResponse:
         """Commit ``epoch``; epochs between the slots' committed one and it are committed empty first

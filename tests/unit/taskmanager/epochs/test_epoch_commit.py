@@ -6,7 +6,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 import rocksdict
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -301,7 +300,7 @@ def test_staging_the_next_epoch_during_a_commit_is_kept(harness: EpochHarness) -
         try:
             for i in range(200):
                 view.list_append("l", [b"a"], [b"%d" % i], b"")
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+        except BaseException as exc:
             errors.append(exc)
 
     t = threading.Thread(target=next_epoch)

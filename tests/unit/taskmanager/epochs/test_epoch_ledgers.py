@@ -6,14 +6,21 @@ the job on this TaskManager, and leave the staged writes for a corrected commit.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.errors import EpochConflictError, EpochGapError, InvalidArgumentError, Reason, WrongStateKindError
 from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.errors import (
+    EpochConflictError,
+    EpochGapError,
+    InvalidArgumentError,
+    Reason,
+    WrongStateKindError,
+)
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group
 from keyedstate.taskmanager.epochs import EpochView, Winner
@@ -25,8 +32,9 @@ EPOCH = 0
 HALF = MP // 2
 
 
-def numbered(h: EpochHarness, sequence: int, *, epoch: int = EPOCH, partition: int = 0, attempt: int = 1,
-             subtask: int = 0) -> EpochView:
+def numbered(
+    h: EpochHarness, sequence: int, *, epoch: int = EPOCH, partition: int = 0, attempt: int = 1, subtask: int = 0
+) -> EpochView:
     """The view of one write request numbered ``sequence`` (0: unnumbered)."""
     ctx = common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt, sequence=sequence)
     return h.manager.view(h.slot(subtask), ctx)
@@ -39,11 +47,22 @@ def winner(partition: int, attempt: int, ledger: dict[tuple[str, int], int] | No
     return w
 
 
-def commit(h: EpochHarness, *winners: common_pb2.PartitionAttempt, epoch: int = EPOCH, prepare: bool = False,
-           routing_version: int = ROUTING_VERSION) -> tm_pb.EpochCommitResponse:
-    return h.manager.commit(tm_pb.EpochCommitRequest(
-        job_id=JOB, epoch=epoch, winners=list(winners), routing_version=routing_version, prepare=prepare,
-    ))
+def commit(
+    h: EpochHarness,
+    *winners: common_pb2.PartitionAttempt,
+    epoch: int = EPOCH,
+    prepare: bool = False,
+    routing_version: int = ROUTING_VERSION,
+) -> tm_pb.EpochCommitResponse:
+    return h.manager.commit(
+        tm_pb.EpochCommitRequest(
+            job_id=JOB,
+            epoch=epoch,
+            winners=list(winners),
+            routing_version=routing_version,
+            prepare=prepare,
+        )
+    )
 
 
 def two_slots(h: EpochHarness) -> dict[int, list[bytes]]:
@@ -94,38 +113,61 @@ CASES: dict[str, tuple[list[Request], Request, Callable[[Any], Any], Any]] = {
     "ValuePut": (
         [(1, lambda v: _value_put(v, b"first")), (2, lambda v: _value_put(v, b"second"))],
         (1, lambda v: _value_put(v, b"first")),
-        _value, [b"second"],
+        _value,
+        [b"second"],
     ),
     "Clear": (
-        [(1, lambda v: _value_put(v, b"a")), (2, lambda v: v.clear("v", [b"k"], b"")), (3, lambda v: _value_put(v, b"c"))],
+        [
+            (1, lambda v: _value_put(v, b"a")),
+            (2, lambda v: v.clear("v", [b"k"], b"")),
+            (3, lambda v: _value_put(v, b"c")),
+        ],
         (2, lambda v: v.clear("v", [b"k"], b"")),
-        _value, [b"c"],
+        _value,
+        [b"c"],
     ),
     "Reduce": (
         [(1, lambda v: v.reduce("r", [b"k"], [vec(1, 2.0, 3)], b"", False))],
         (1, lambda v: v.reduce("r", [b"k"], [vec(1, 2.0, 3)], b"", False)),
-        _reduced, [(1, 2.0, 3)],
+        _reduced,
+        [(1, 2.0, 3)],
     ),
     "ListAppend": (
-        [(1, lambda v: v.list_append("l", [b"k"], [b"a"], b"")), (2, lambda v: v.list_append("l", [b"k"], [b"b"], b""))],
+        [
+            (1, lambda v: v.list_append("l", [b"k"], [b"a"], b"")),
+            (2, lambda v: v.list_append("l", [b"k"], [b"b"], b"")),
+        ],
         (1, lambda v: v.list_append("l", [b"k"], [b"a"], b"")),
-        _list, [[b"a", b"b"]],
+        _list,
+        [[b"a", b"b"]],
     ),
     "ListUpdate": (
-        [(1, lambda v: v.list_update("l", [b"k", b"k"], [b"x", b"y"], b"")), (2, lambda v: v.list_append("l", [b"k"], [b"z"], b""))],
+        [
+            (1, lambda v: v.list_update("l", [b"k", b"k"], [b"x", b"y"], b"")),
+            (2, lambda v: v.list_append("l", [b"k"], [b"z"], b"")),
+        ],
         (1, lambda v: v.list_update("l", [b"k", b"k"], [b"x", b"y"], b"")),
-        _list, [[b"x", b"y", b"z"]],
+        _list,
+        [[b"x", b"y", b"z"]],
     ),
     "MapPut": (
-        [(1, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"1"], b"")), (2, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"2"], b""))],
+        [
+            (1, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"1"], b"")),
+            (2, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"2"], b"")),
+        ],
         (1, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"1"], b"")),
-        _map, [b"2"],
+        _map,
+        [b"2"],
     ),
     "MapRemove": (
-        [(1, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"1"], b"")), (2, lambda v: v.map_remove("m", [b"k"], [b"uk"], b"")),
-         (3, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"3"], b""))],
+        [
+            (1, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"1"], b"")),
+            (2, lambda v: v.map_remove("m", [b"k"], [b"uk"], b"")),
+            (3, lambda v: v.map_put("m", [b"k"], [b"uk"], [b"3"], b"")),
+        ],
         (2, lambda v: v.map_remove("m", [b"k"], [b"uk"], b"")),
-        _map, [b"3"],
+        _map,
+        [b"3"],
     ),
 }
 
@@ -166,7 +208,9 @@ def test_unnumbered_writes_are_neither_deduplicated_nor_counted(harness: EpochHa
     numbered(harness, 0).list_append("l", [b"k"], [b"a"], b"")
     assert staged(harness) == 0
     assert numbered(harness, 0).list_get("l", [b"k"], b"") == [[b"a", b"a"]]
-    with pytest.raises(EpochConflictError, match="had 2 write request\\(s\\) acknowledged by job-1/op/0, but 0 are staged here"):
+    with pytest.raises(
+        EpochConflictError, match="had 2 write request\\(s\\) acknowledged by job-1/op/0, but 0 are staged here"
+    ):
         commit(harness, winner(0, 1, {(OP, 0): 2}))
     commit(harness, winner(0, 1, {(OP, 0): 0}))
     assert harness.backend().list_get("l", [b"k"], b"") == [[b"a", b"a"]]
@@ -177,8 +221,12 @@ def test_sequence_numbers_belong_to_one_attempt_of_one_epoch(harness: EpochHarne
     _value_put(numbered(harness, 1, attempt=2), b"attempt-2")  # another attempt's request 1: staged
     _value_put(numbered(harness, 1, partition=3, attempt=1), b"partition-3")
     _value_put(numbered(harness, 1, epoch=EPOCH + 1), b"next-epoch")
-    assert [staged(harness, attempt=1), staged(harness, attempt=2), staged(harness, partition=3),
-            staged(harness, epoch=EPOCH + 1)] == [1, 1, 1, 1]
+    assert [
+        staged(harness, attempt=1),
+        staged(harness, attempt=2),
+        staged(harness, partition=3),
+        staged(harness, epoch=EPOCH + 1),
+    ] == [1, 1, 1, 1]
     assert _value(numbered(harness, 0, attempt=2)) == [b"attempt-2"]
     assert _value(numbered(harness, 0, partition=3)) == [b"partition-3"]
 
@@ -224,15 +272,21 @@ def test_a_ledger_that_differs_from_what_was_staged_is_refused_and_applies_nothi
     assert harness.backend().list_get("l", [b"k"], b"") == [[b"e1", b"e2", b"e3"]]
 
 
-def test_a_ledger_naming_a_slot_the_writes_did_not_reach_is_refused_on_both_slots(make_harness: Callable[..., EpochHarness]) -> None:
+def test_a_ledger_naming_a_slot_the_writes_did_not_reach_is_refused_on_both_slots(
+    make_harness: Callable[..., EpochHarness],
+) -> None:
     h = make_harness(deploy=False)
     keys = two_slots(h)
     numbered(h, 1, subtask=0).value_put("v", keys[0], [b"x"] * 3, b"")
     # The task thinks subtask 1 acknowledged its request (the routing moved): neither slot agrees.
-    with pytest.raises(EpochConflictError, match="had 0 write request\\(s\\) acknowledged by job-1/op/0, but 1 are staged here"):
+    with pytest.raises(
+        EpochConflictError, match="had 0 write request\\(s\\) acknowledged by job-1/op/0, but 1 are staged here"
+    ):
         commit(h, winner(0, 1, {(OP, 1): 1}))
     assert [h.committed_epoch(0), h.committed_epoch(1)] == [-1, -1]
-    with pytest.raises(EpochConflictError, match="had 1 write request\\(s\\) acknowledged by job-1/op/1, but 0 are staged here"):
+    with pytest.raises(
+        EpochConflictError, match="had 1 write request\\(s\\) acknowledged by job-1/op/1, but 0 are staged here"
+    ):
         h.manager.slot_epochs(h.slot(1)).prepare(EPOCH, {0: Winner(0, 1, {(OP, 1): 1})}, ROUTING_VERSION)
     assert h.backend(0).value_get("v", keys[0], b"") == [None] * 3
     commit(h, winner(0, 1, {(OP, 0): 1, (OP, 1): 0}))
@@ -240,7 +294,9 @@ def test_a_ledger_naming_a_slot_the_writes_did_not_reach_is_refused_on_both_slot
     assert [h.committed_epoch(0), h.committed_epoch(1)] == [EPOCH, EPOCH]
 
 
-def test_a_winner_without_a_ledger_is_not_counted_and_other_operators_entries_are_ignored(harness: EpochHarness) -> None:
+def test_a_winner_without_a_ledger_is_not_counted_and_other_operators_entries_are_ignored(
+    harness: EpochHarness,
+) -> None:
     _three_requests(harness)
     numbered(harness, 1, partition=1, attempt=7).value_put("v", [b"p1"], [b"p1"], b"")
     commit(
@@ -267,8 +323,16 @@ def redeploy(h: EpochHarness, subtask_index: int, key_groups: KeyGroupRange, rou
     subtask = SubtaskId(JOB, OP, subtask_index)
     index = next(i for i in range(h.table.num_slots) if all(s.index != i for s in h.table.all()))
     slot = h.table.reserve(subtask, OperatorSpec(OP, 2, STATES), key_groups, MP, index, routing_version, "", False)
-    backend = create_backend(h.kind, subtask, key_groups, MP, STATES, local_dir=h.work / f"v{routing_version}",
-                             limits=h.limits, clock=h.clock)
+    backend = create_backend(
+        h.kind,
+        subtask,
+        key_groups,
+        MP,
+        STATES,
+        local_dir=h.work / f"v{routing_version}",
+        limits=h.limits,
+        clock=h.clock,
+    )
     h.table.activate(slot, backend)
     return slot
 
@@ -288,7 +352,9 @@ def _nothing_applied_on_subtask_0(h: EpochHarness, keys: dict[int, list[bytes]],
 LEDGER = {(OP, 0): 1, (OP, 1): 1}
 
 
-def test_a_ledger_refused_by_the_last_slot_applies_nothing_on_the_first(make_harness: Callable[..., EpochHarness]) -> None:
+def test_a_ledger_refused_by_the_last_slot_applies_nothing_on_the_first(
+    make_harness: Callable[..., EpochHarness],
+) -> None:
     h = make_harness(deploy=False)
     keys = two_slots(h)
     _stage_on_both(h, keys)
@@ -300,7 +366,9 @@ def test_a_ledger_refused_by_the_last_slot_applies_nothing_on_the_first(make_har
     assert h.backend(1).value_get("v", keys[1], b"") == [b"new"] * 3
 
 
-def test_a_slot_of_another_routing_version_refuses_the_commit_and_nothing_applies(make_harness: Callable[..., EpochHarness]) -> None:
+def test_a_slot_of_another_routing_version_refuses_the_commit_and_nothing_applies(
+    make_harness: Callable[..., EpochHarness],
+) -> None:
     h = make_harness(deploy=False)
     keys = two_slots(h)
     _stage_on_both(h, keys)
@@ -314,12 +382,17 @@ def test_a_slot_of_another_routing_version_refuses_the_commit_and_nothing_applie
         )
     _nothing_applied_on_subtask_0(h, keys)
     # The new deployment's version is refused by the old slot the same way.
-    with pytest.raises(EpochConflictError, match="job-1/op/0 is deployed under routing version 1, the commit of epoch 0 is for version 2"):
+    with pytest.raises(
+        EpochConflictError,
+        match="job-1/op/0 is deployed under routing version 1, the commit of epoch 0 is for version 2",
+    ):
         commit(h, winner(0, 1, {(OP, 0): 1}), routing_version=ROUTING_VERSION + 1)
     _nothing_applied_on_subtask_0(h, keys)
 
 
-def test_a_slot_holding_another_epoch_refuses_the_commit_and_nothing_applies(make_harness: Callable[..., EpochHarness]) -> None:
+def test_a_slot_holding_another_epoch_refuses_the_commit_and_nothing_applies(
+    make_harness: Callable[..., EpochHarness],
+) -> None:
     h = make_harness(deploy=False)
     keys = two_slots(h)
     commit(h, winner(0, 1, {}))
@@ -345,7 +418,9 @@ def test_a_stale_epoch_is_refused_and_an_applied_one_is_a_no_op(harness: EpochHa
     commit(harness, winner(0, 1, {(OP, 0): 1}))
     _value_put(numbered(harness, 1, epoch=1), b"e1")
     commit(harness, winner(0, 1, {(OP, 0): 1}), epoch=1)
-    with pytest.raises(EpochConflictError, match="^job-1/op/0 already holds epoch 1; epoch 0 is stale and must not be applied again$"):
+    with pytest.raises(
+        EpochConflictError, match="^job-1/op/0 already holds epoch 1; epoch 0 is stale and must not be applied again$"
+    ):
         commit(harness, winner(0, 1, {(OP, 0): 1}))
     again = commit(harness, winner(0, 1, {(OP, 0): 5}), epoch=1)  # already applied: the ledger is not checked again
     assert (again.committed_epoch, again.applied_entries) == (1, 0)
@@ -364,7 +439,8 @@ def test_prepare_answers_the_previous_epoch_and_applies_nothing(harness: EpochHa
 def test_a_commit_naming_no_routing_version_is_refused(harness: EpochHarness) -> None:
     _three_requests(harness)
     for prepare in (True, False):
-        with pytest.raises(InvalidArgumentError, match="^the commit of epoch 0 names no routing version; a commit must carry"):
+        with pytest.raises(
+            InvalidArgumentError, match="^the commit of epoch 0 names no routing version; a commit must carry"
+        ):
             commit(harness, winner(0, 1, {(OP, 0): 3}), prepare=prepare, routing_version=0)
     assert harness.committed_epoch() == -1
-

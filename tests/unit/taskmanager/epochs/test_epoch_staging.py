@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import rocksdict
@@ -107,7 +107,13 @@ def test_a_negative_epoch_context_is_refused(harness: EpochHarness, context: com
 
 
 def test_task_attempt_prefixes_order_by_epoch_partition_attempt() -> None:
-    attempts = [TaskAttempt(2, 0, 0), TaskAttempt(1, 5, 9), TaskAttempt(1, 5, 1), TaskAttempt(1, 0, 1 << 40), TaskAttempt(0, 7, 7)]
+    attempts = [
+        TaskAttempt(2, 0, 0),
+        TaskAttempt(1, 5, 9),
+        TaskAttempt(1, 5, 1),
+        TaskAttempt(1, 0, 1 << 40),
+        TaskAttempt(0, 7, 7),
+    ]
     ordered = sorted(attempts, key=lambda a: a.prefix)
     assert ordered == sorted(attempts, key=lambda a: (a.epoch, a.partition, a.attempt))
     assert len({a.prefix for a in attempts}) == len(attempts)
@@ -237,7 +243,7 @@ def test_exclusive_holder_waits_for_shared_holders_and_blocks_new_ones() -> None
     with lock.shared():
         writer = threading.Thread(target=exclusive)
         writer.start()
-        assert _wait_until(lambda: lock._waiting == 1)  # noqa: SLF001 - observing the waiting commit
+        assert _wait_until(lambda: lock._waiting == 1)
         reader = threading.Thread(target=late_reader)
         reader.start()
         assert not exclusive_in.is_set()

@@ -55,10 +55,15 @@ def test_upload_records_size_and_sha256_in_input_order_and_download_verifies(
     files = _make_files(tmp_path / "db", 7)
     stats = TransferStats()
     uploaded = upload_files(storage, [(str(p), f"{remote}/shared/{p.name}") for p in files], threads=3, stats=stats)
-    assert uploaded == [UploadedFile(f"{remote}/shared/{p.name}", p.stat().st_size, _sha(p.read_bytes())) for p in files]
+    assert uploaded == [
+        UploadedFile(f"{remote}/shared/{p.name}", p.stat().st_size, _sha(p.read_bytes())) for p in files
+    ]
     assert (stats.files_uploaded, stats.bytes_uploaded) == (7, sum(p.stat().st_size for p in files))
 
-    wanted = [DownloadFile(u.remote_path, str(tmp_path / "restore" / Path(u.remote_path).name), u.size, u.sha256) for u in uploaded]
+    wanted = [
+        DownloadFile(u.remote_path, str(tmp_path / "restore" / Path(u.remote_path).name), u.size, u.sha256)
+        for u in uploaded
+    ]
     assert download_files(storage, wanted, threads=3, stats=stats) == sum(u.size for u in uploaded)
     for p in files:
         assert (tmp_path / "restore" / p.name).read_bytes() == p.read_bytes()
@@ -71,7 +76,10 @@ def test_plain_tuples_and_empty_lists_work(storage: LocalStorage, remote: str, t
     assert download_files(storage, [], threads=2) == 0
     (src,) = _make_files(tmp_path / "db", 1)
     (up,) = upload_files(storage, [(src, f"{remote}/x")], threads=1)  # a Path is fine too
-    assert download_files(storage, [(up.remote_path, str(tmp_path / "x"), up.size, up.sha256.upper())], threads=1) == up.size
+    assert (
+        download_files(storage, [(up.remote_path, str(tmp_path / "x"), up.size, up.sha256.upper())], threads=1)
+        == up.size
+    )
 
 
 def test_a_large_file_is_hashed_alongside_its_upload(storage: LocalStorage, remote: str, tmp_path: Path) -> None:
@@ -216,8 +224,13 @@ def test_cancel_stops_a_download(storage: LocalStorage, remote: str, tmp_path: P
     cancel.set()
     stats = TransferStats()
     with pytest.raises(TransferCancelledError):
-        download_files(storage, [(u.remote_path, str(tmp_path / "r" / str(i)), u.size, u.sha256) for i, u in enumerate(ups)],
-                       threads=2, cancel=cancel, stats=stats)
+        download_files(
+            storage,
+            [(u.remote_path, str(tmp_path / "r" / str(i)), u.size, u.sha256) for i, u in enumerate(ups)],
+            threads=2,
+            cancel=cancel,
+            stats=stats,
+        )
     assert stats.files_downloaded == 0
 
 
@@ -270,8 +283,10 @@ def test_fifty_small_files_upload_in_bounded_parallel_to_s3_and_come_back_verifi
     assert body == files[7].read_bytes()
 
     restored = download_files(
-        storage, [(u.remote_path, str(tmp_path / "r" / f"{i}.sst"), u.size, u.sha256) for i, u in enumerate(uploaded)],
-        threads=4, stats=stats,
+        storage,
+        [(u.remote_path, str(tmp_path / "r" / f"{i}.sst"), u.size, u.sha256) for i, u in enumerate(uploaded)],
+        threads=4,
+        stats=stats,
     )
     assert restored == sum(p.stat().st_size for p in files)
     assert stats.files_downloaded == 50
@@ -294,7 +309,9 @@ def test_transient_s3_errors_during_transfer_are_retried(
     storage = S3Storage(fs=fs, retry=RetryPolicy(max_attempts=4, initial_backoff_s=0.01, jitter=0), waiter=_Waiter())
     (src,) = _make_files(tmp_path / "db", 1, size=300_000)
     (up,) = upload_files(storage, [(str(src), f"s3://{bucket}/f.sst")], threads=2)
-    assert download_files(storage, [(up.remote_path, str(tmp_path / "f.sst"), up.size, up.sha256)], threads=2) == up.size
+    assert (
+        download_files(storage, [(up.remote_path, str(tmp_path / "f.sst"), up.size, up.sha256)], threads=2) == up.size
+    )
     assert (tmp_path / "f.sst").read_bytes() == src.read_bytes()
     assert fs.injected == ["put_object", "put_object", "get_object"] and len(waits) == 3
 

@@ -51,8 +51,11 @@ def test_uploads_and_downloads_run_below_the_callers_priority(tmp_path: Path) ->
     uploaded = upload_files(storage, files, threads=3)
     assert len(storage.seen) == 6 and all(n >= 10 for n in storage.seen), storage.seen
     storage.seen.clear()
-    got = download_files(storage, [(u.remote_path, str(tmp_path / "back" / f"{i}.sst"), u.size, u.sha256)
-                                   for i, u in enumerate(uploaded)], threads=3)
+    got = download_files(
+        storage,
+        [(u.remote_path, str(tmp_path / "back" / f"{i}.sst"), u.size, u.sha256) for i, u in enumerate(uploaded)],
+        threads=3,
+    )
     assert got == sum(u.size for u in uploaded)
     assert len(storage.seen) == 6 and all(n >= 10 for n in storage.seen), storage.seen
     assert _nice() == caller, "the calling thread keeps its priority"

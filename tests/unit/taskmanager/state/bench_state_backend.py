@@ -16,8 +16,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import rocksdict
 
@@ -39,16 +39,18 @@ def _rate(n: int, fn: Callable[[], object]) -> float:
 def main(n: int = 200_000, rounds: int = 5) -> None:
     keys = [b"user-%011d" % i for i in range(n)]  # 16 bytes
     value = b"x" * 100
-    batches = [keys[i:i + BATCH] for i in range(0, n, BATCH)]
+    batches = [keys[i : i + BATCH] for i in range(0, n, BATCH)]
     values = [value] * BATCH
     resources = RocksDBResources()
     work = Path(tempfile.mkdtemp(prefix="bench-state-"))
     scenarios: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {}
     closers: list[Callable[[], None]] = []
     try:
+
         def raw_scenario(name: str, batch_keys: list[list[bytes]], stored_value: bytes) -> None:
-            db = rocksdict.Rdict(str(work / name), resources.db_options(),
-                                 column_families={"s": resources.column_family_options()})
+            db = rocksdict.Rdict(
+                str(work / name), resources.db_options(), column_families={"s": resources.column_family_options()}
+            )
             cf = db.get_column_family("s")
             handle = db.get_column_family_handle("s")
 
@@ -66,20 +68,29 @@ def main(n: int = 200_000, rounds: int = 5) -> None:
             def close() -> None:
                 refs.clear()
                 db.close()
+
             closers.append(close)
 
         raw_scenario("raw rocksdict", batches, value)
         stored = [layout.build_prefixes(key_groups(b, 128), b, b"", 16) for b in batches]
         raw_scenario("raw, stored keys", stored, b"\x00" + value)
-        for index, (label, kind, ttl) in enumerate((
-            ("backend", "rocksdb", None),
-            ("backend + TTL", "rocksdb", TtlConfig(3_600_000)),
-            ("hashmap", "hashmap", None),
-        )):
+        for index, (label, kind, ttl) in enumerate(
+            (
+                ("backend", "rocksdb", None),
+                ("backend + TTL", "rocksdb", TtlConfig(3_600_000)),
+                ("hashmap", "hashmap", None),
+            )
+        ):
             backend = create_backend(
-                kind, SubtaskId("bench", "op", index), KeyGroupRange(0, 127), 128,
-                [StateDescriptor("s", StateKind.VALUE, ttl)], local_dir=work, limits=StateLimits(),
-                clock=SYSTEM_CLOCK, resources=resources,
+                kind,
+                SubtaskId("bench", "op", index),
+                KeyGroupRange(0, 127),
+                128,
+                [StateDescriptor("s", StateKind.VALUE, ttl)],
+                local_dir=work,
+                limits=StateLimits(),
+                clock=SYSTEM_CLOCK,
+                resources=resources,
             )
             scenarios[label] = (
                 lambda b=backend: [b.value_put("s", k, values, b"") for k in batches],

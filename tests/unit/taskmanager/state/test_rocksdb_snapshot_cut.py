@@ -7,8 +7,8 @@ that instant, whatever writes run meanwhile. Real RocksDB in tmp_path throughout
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -42,14 +42,25 @@ def opened() -> Iterator[list[KeyedStateBackend]]:
 
 @pytest.fixture
 def backend(tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> KeyedStateBackend:
-    b = create_backend("rocksdb", SUBTASK, ALL, MP, STATES, local_dir=tmp_path / "live", limits=StateLimits(), clock=clock)
+    b = create_backend(
+        "rocksdb", SUBTASK, ALL, MP, STATES, local_dir=tmp_path / "live", limits=StateLimits(), clock=clock
+    )
     opened.append(b)
     return b
 
 
 def restored(directory: Path, tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> KeyedStateBackend:
-    b = restore_backend("rocksdb", SUBTASK, ALL, MP, STATES, snapshot_dirs=[directory],
-                        local_dir=tmp_path / f"restored-{len(opened)}", limits=StateLimits(), clock=clock)
+    b = restore_backend(
+        "rocksdb",
+        SUBTASK,
+        ALL,
+        MP,
+        STATES,
+        snapshot_dirs=[directory],
+        local_dir=tmp_path / f"restored-{len(opened)}",
+        limits=StateLimits(),
+        clock=clock,
+    )
     opened.append(b)
     return b
 
@@ -59,7 +70,10 @@ def memtable_bytes(b: KeyedStateBackend) -> int:
 
 
 def test_snapshot_flushes_the_memtable_and_reports_the_blocked_time(
-    backend: KeyedStateBackend, tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend],
+    backend: KeyedStateBackend,
+    tmp_path: Path,
+    clock: ManualClock,
+    opened: list[KeyedStateBackend],
 ) -> None:
     backend.value_put("v", KEYS, [BIG] * len(KEYS), b"")
     assert memtable_bytes(backend) > 3_000_000
@@ -71,7 +85,10 @@ def test_snapshot_flushes_the_memtable_and_reports_the_blocked_time(
 
 
 def test_snapshot_records_the_committed_epoch_of_its_instant(
-    backend: KeyedStateBackend, tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend],
+    backend: KeyedStateBackend,
+    tmp_path: Path,
+    clock: ManualClock,
+    opened: list[KeyedStateBackend],
 ) -> None:
     backend.apply([], meta={COMMITTED_EPOCH: b"7"})
     snapshot = backend.snapshot(tmp_path / "chk-1")
@@ -94,7 +111,10 @@ def test_snapshot_of_a_closed_backend_is_refused(backend: KeyedStateBackend, tmp
 
 
 def test_a_snapshot_under_concurrent_writes_is_one_instant_of_the_write_sequence(
-    backend: KeyedStateBackend, tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend],
+    backend: KeyedStateBackend,
+    tmp_path: Path,
+    clock: ManualClock,
+    opened: list[KeyedStateBackend],
 ) -> None:
     """One writer puts keys 0, 1, 2, ... in order while the snapshot pre-flushes and cuts. The
     snapshot must hold exactly keys 0..m-1, with m between the writes done before the call and

@@ -41,7 +41,13 @@ def test_value_key_layout_byte_for_byte() -> None:
 def test_decode_value_list_and_map_keys() -> None:
     prefix = layout.key_prefix(5, b"key", b"ns")
     value = layout.decode_key(prefix)
-    assert (value.key_group, value.key, value.namespace, value.suffix, value.prefix_len) == (5, b"key", b"ns", b"", len(prefix))
+    assert (value.key_group, value.key, value.namespace, value.suffix, value.prefix_len) == (
+        5,
+        b"key",
+        b"ns",
+        b"",
+        len(prefix),
+    )
     element = layout.decode_key(layout.list_element_key(prefix, 7))
     assert element.seq == 7 and element.key == b"key" and element.prefix_len == len(prefix)
     entry = layout.decode_key(layout.map_entry_key(prefix, b"\x00user"))
@@ -80,9 +86,13 @@ def test_prefixes_are_prefix_free_for_distinct_key_namespace_pairs() -> None:
 def test_list_elements_sort_by_sequence_and_map_entries_by_user_key() -> None:
     prefix = layout.key_prefix(9, b"k", b"")
     seqs = [0, 1, 2, 255, 256, 70_000, 1 << 40]
-    assert sorted(layout.list_element_key(prefix, s) for s in reversed(seqs)) == [layout.list_element_key(prefix, s) for s in seqs]
+    assert sorted(layout.list_element_key(prefix, s) for s in reversed(seqs)) == [
+        layout.list_element_key(prefix, s) for s in seqs
+    ]
     user_keys = [b"b", b"", b"a", b"\xff", b"ab"]
-    assert [layout.map_entry_key(prefix, u) for u in sorted(user_keys)] == sorted(layout.map_entry_key(prefix, u) for u in user_keys)
+    assert [layout.map_entry_key(prefix, u) for u in sorted(user_keys)] == sorted(
+        layout.map_entry_key(prefix, u) for u in user_keys
+    )
 
 
 def test_prefix_end_bounds_every_extension() -> None:

@@ -16,15 +16,17 @@ from tests.fakes.clock import ManualClock
 
 
 def test_from_config_reads_every_key() -> None:
-    conf = Configuration({
-        "taskmanager.memory.managed.size": "512mb",
-        "state.backend.rocksdb.block.cache-size": "100mb",
-        "state.backend.rocksdb.memory.write-buffer-ratio": 0.25,
-        "state.backend.rocksdb.writebuffer.size": "8mb",
-        "state.backend.rocksdb.writebuffer.count": 3,
-        "state.backend.rocksdb.thread.num": 4,
-        "state.backend.rocksdb.use-bloom-filter": "false",
-    })
+    conf = Configuration(
+        {
+            "taskmanager.memory.managed.size": "512mb",
+            "state.backend.rocksdb.block.cache-size": "100mb",
+            "state.backend.rocksdb.memory.write-buffer-ratio": 0.25,
+            "state.backend.rocksdb.writebuffer.size": "8mb",
+            "state.backend.rocksdb.writebuffer.count": 3,
+            "state.backend.rocksdb.thread.num": 4,
+            "state.backend.rocksdb.use-bloom-filter": "false",
+        }
+    )
     r = RocksDBResources.from_config(conf)
     assert r == RocksDBResources(512 << 20, 100 << 20, 0.25, 8 << 20, 3, 4, False)
     assert r.write_buffer_bytes == 128 << 20 and r.effective_block_cache_bytes == 100 << 20
@@ -64,8 +66,17 @@ def test_backends_of_one_taskmanager_charge_the_same_cache(tmp_path: Path) -> No
     r = RocksDBResources(managed_bytes=16 << 20)
     states = [StateDescriptor("v", StateKind.VALUE)]
     backends = [
-        create_backend("rocksdb", SubtaskId("j", "op", i), KeyGroupRange(0, 127), 128, states,
-                       local_dir=tmp_path, limits=StateLimits(), clock=ManualClock(), resources=r)
+        create_backend(
+            "rocksdb",
+            SubtaskId("j", "op", i),
+            KeyGroupRange(0, 127),
+            128,
+            states,
+            local_dir=tmp_path,
+            limits=StateLimits(),
+            clock=ManualClock(),
+            resources=r,
+        )
         for i in range(2)
     ]
     try:
@@ -82,12 +93,14 @@ def test_backends_of_one_taskmanager_charge_the_same_cache(tmp_path: Path) -> No
 
 
 def test_state_limits_from_config_and_validation() -> None:
-    conf = Configuration({
-        "state.limits.max-key-bytes": "1kb",
-        "state.limits.max-value-bytes": "2mb",
-        "state.limits.list.max-response-bytes": "3mb",
-        "state.limits.list.max-elements": 5,
-    })
+    conf = Configuration(
+        {
+            "state.limits.max-key-bytes": "1kb",
+            "state.limits.max-value-bytes": "2mb",
+            "state.limits.list.max-response-bytes": "3mb",
+            "state.limits.list.max-elements": 5,
+        }
+    )
     assert StateLimits.from_config(conf) == StateLimits(1024, 2 << 20, 3 << 20, 5)
     assert StateLimits.from_config(Configuration()) == StateLimits()
     with pytest.raises(ConfigError, match="^state.limits.list.max-elements: must be at least 1"):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import rocksdict
@@ -19,10 +19,10 @@ from keyedstate.taskmanager.state import (
     RocksDBKeyedStateBackend,
     StateLimits,
     create_backend,
+    layout,
     restore_backend,
     slot_db_dir,
 )
-from keyedstate.taskmanager.state import layout
 from keyedstate.taskmanager.state.metadata import META_CF
 from tests.fakes.clock import ManualClock
 
@@ -45,8 +45,12 @@ def opened() -> Iterator[list[KeyedStateBackend]]:
 
 
 def open_rocks(
-    local: Path, clock: ManualClock, opened: list[KeyedStateBackend],
-    key_groups: KeyGroupRange = KeyGroupRange(0, MP - 1), states: tuple[StateDescriptor, ...] = STATES, mp: int = MP,
+    local: Path,
+    clock: ManualClock,
+    opened: list[KeyedStateBackend],
+    key_groups: KeyGroupRange = KeyGroupRange(0, MP - 1),
+    states: tuple[StateDescriptor, ...] = STATES,
+    mp: int = MP,
 ) -> KeyedStateBackend:
     b = create_backend("rocksdb", SUBTASK, key_groups, mp, states, local_dir=local, limits=StateLimits(), clock=clock)
     opened.append(b)
@@ -63,15 +67,24 @@ def keys_in(groups: KeyGroupRange, n: int) -> list[bytes]:
     return out
 
 
-def test_db_lives_in_the_instance_directory(tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> None:
+def test_db_lives_in_the_instance_directory(
+    tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]
+) -> None:
     b = open_rocks(tmp_path, clock, opened)
     assert isinstance(b, RocksDBKeyedStateBackend)
     assert b.db_dir == tmp_path / "job_job_op_op_0" / "db" == slot_db_dir(tmp_path, SUBTASK)
     assert (b.db_dir / "CURRENT").exists()
-    assert set(rocksdict.Rdict.list_cf(str(b.db_dir), rocksdict.Options(raw_mode=True))) == {"default", META_CF, "v", "l"}
+    assert set(rocksdict.Rdict.list_cf(str(b.db_dir), rocksdict.Options(raw_mode=True))) == {
+        "default",
+        META_CF,
+        "v",
+        "l",
+    }
 
 
-def test_unwritable_local_dir_names_the_config_key(tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> None:
+def test_unwritable_local_dir_names_the_config_key(
+    tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.raises(ConfigError, match="state.backend.rocksdb.localdir"):
@@ -114,7 +127,9 @@ def test_reopen_with_a_smaller_range_deletes_the_other_key_groups(
     assert sorted(k for k, _ in wide.scan_keys("l")) == sorted(low)
 
 
-def test_list_sequence_numbers_continue_after_reopen(tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> None:
+def test_list_sequence_numbers_continue_after_reopen(
+    tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]
+) -> None:
     b = open_rocks(tmp_path, clock, opened)
     b.list_append("l", [b"a", b"a"], [b"1", b"2"], b"")
     b.close()
@@ -122,9 +137,12 @@ def test_list_sequence_numbers_continue_after_reopen(tmp_path: Path, clock: Manu
     b.list_append("l", [b"a"], [b"3"], b"")
     db_dir = b.db_dir
     b.close()
-    raw = rocksdict.Rdict(str(db_dir), rocksdict.Options(raw_mode=True),
-                          column_families={n: rocksdict.Options(raw_mode=True) for n in ("l", "v", META_CF)},
-                          access_type=rocksdict.AccessType.read_only(False))
+    raw = rocksdict.Rdict(
+        str(db_dir),
+        rocksdict.Options(raw_mode=True),
+        column_families={n: rocksdict.Options(raw_mode=True) for n in ("l", "v", META_CF)},
+        access_type=rocksdict.AccessType.read_only(False),
+    )
     cf = raw.get_column_family("l")
     seqs = [layout.decode_key(k).seq for k in cf.keys()]
     del cf
@@ -132,7 +150,9 @@ def test_list_sequence_numbers_continue_after_reopen(tmp_path: Path, clock: Manu
     assert seqs == [0, 1, 2]
 
 
-def test_abandoned_scans_do_not_keep_the_db_locked(tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> None:
+def test_abandoned_scans_do_not_keep_the_db_locked(
+    tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]
+) -> None:
     b = open_rocks(tmp_path, clock, opened)
     b.list_append("l", [b"a"] * 3000, [b"%d" % i for i in range(3000)], b"")
     scan = b.list_scan("l", b"a", b"")
@@ -152,9 +172,17 @@ def test_restore_from_one_covering_snapshot_hard_links_its_sst_files(
     sst = sorted(p for p in snapshot.directory.iterdir() if p.suffix == ".sst")
     assert sst and all(p.stat().st_nlink >= 2 for p in sst)  # the checkpoint links the working DB's files
 
-    restored = restore_backend("rocksdb", SubtaskId("job", "op", 1), KeyGroupRange(0, 63), MP, STATES,
-                               snapshot_dirs=[snapshot.directory], local_dir=tmp_path / "dst",
-                               limits=StateLimits(), clock=clock)
+    restored = restore_backend(
+        "rocksdb",
+        SubtaskId("job", "op", 1),
+        KeyGroupRange(0, 63),
+        MP,
+        STATES,
+        snapshot_dirs=[snapshot.directory],
+        local_dir=tmp_path / "dst",
+        limits=StateLimits(),
+        clock=clock,
+    )
     opened.append(restored)
     assert isinstance(restored, RocksDBKeyedStateBackend)
     linked = {p.name: p.stat().st_ino for p in restored.db_dir.iterdir() if p.suffix == ".sst"}
@@ -165,9 +193,17 @@ def test_restore_from_one_covering_snapshot_hard_links_its_sst_files(
     # Writing to (and closing) the restored DB leaves the snapshot intact and reusable.
     restored.value_put("v", low, [b"changed"] * len(low), b"")
     restored.close()
-    again = restore_backend("rocksdb", SubtaskId("job", "op", 2), KeyGroupRange(0, 127), MP, STATES,
-                            snapshot_dirs=[snapshot.directory], local_dir=tmp_path / "dst2",
-                            limits=StateLimits(), clock=clock)
+    again = restore_backend(
+        "rocksdb",
+        SubtaskId("job", "op", 2),
+        KeyGroupRange(0, 127),
+        MP,
+        STATES,
+        snapshot_dirs=[snapshot.directory],
+        local_dir=tmp_path / "dst2",
+        limits=StateLimits(),
+        clock=clock,
+    )
     opened.append(again)
     assert set(again.value_get("v", keys, b"")) == {b"x" * 50}
 
@@ -175,19 +211,31 @@ def test_restore_from_one_covering_snapshot_hard_links_its_sst_files(
 def test_restore_replaces_stale_local_data(tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> None:
     stale = open_rocks(tmp_path, clock, opened)
     stale.value_put("v", [b"stale"], [b"1"], b"")
-    source = HashMapKeyedStateBackend(SubtaskId("job", "op", 5), KeyGroupRange(0, 127), MP, STATES,
-                                      limits=StateLimits(), clock=clock)
+    source = HashMapKeyedStateBackend(
+        SubtaskId("job", "op", 5), KeyGroupRange(0, 127), MP, STATES, limits=StateLimits(), clock=clock
+    )
     source.value_put("v", [b"fresh"], [b"2"], b"")
     directory = tmp_path / "hm-chk"
     source.snapshot(directory).materialize()
     stale.close()
-    restored = restore_backend("rocksdb", SUBTASK, KeyGroupRange(0, 127), MP, STATES, snapshot_dirs=[directory],
-                               local_dir=tmp_path, limits=StateLimits(), clock=clock)
+    restored = restore_backend(
+        "rocksdb",
+        SUBTASK,
+        KeyGroupRange(0, 127),
+        MP,
+        STATES,
+        snapshot_dirs=[directory],
+        local_dir=tmp_path,
+        limits=StateLimits(),
+        clock=clock,
+    )
     opened.append(restored)
     assert list(restored.scan_keys("v")) == [(b"fresh", b"")]
 
 
-def test_snapshot_that_cannot_be_written_is_a_storage_error(tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]) -> None:
+def test_snapshot_that_cannot_be_written_is_a_storage_error(
+    tmp_path: Path, clock: ManualClock, opened: list[KeyedStateBackend]
+) -> None:
     b = open_rocks(tmp_path / "db", clock, opened)
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -198,12 +246,17 @@ def test_snapshot_that_cannot_be_written_is_a_storage_error(tmp_path: Path, cloc
 
 def test_unknown_backend_kind_is_a_config_error(tmp_path: Path, clock: ManualClock) -> None:
     with pytest.raises(ConfigError, match="state.backend.type"):
-        create_backend("leveldb", SUBTASK, KeyGroupRange(0, 127), MP, STATES, local_dir=tmp_path,
-                       limits=StateLimits(), clock=clock)
+        create_backend(
+            "leveldb", SUBTASK, KeyGroupRange(0, 127), MP, STATES, local_dir=tmp_path, limits=StateLimits(), clock=clock
+        )
 
 
 @pytest.mark.parametrize("key_groups", [KeyGroupRange(0, 128), KeyGroupRange.empty(), KeyGroupRange(-1, 3)])
-def test_key_group_range_must_fit_max_parallelism(tmp_path: Path, clock: ManualClock, key_groups: KeyGroupRange) -> None:
+def test_key_group_range_must_fit_max_parallelism(
+    tmp_path: Path, clock: ManualClock, key_groups: KeyGroupRange
+) -> None:
     with pytest.raises(InvalidArgumentError, match="key-group range"):
-        create_backend("rocksdb", SUBTASK, key_groups, MP, STATES, local_dir=tmp_path, limits=StateLimits(), clock=clock)
+        create_backend(
+            "rocksdb", SUBTASK, key_groups, MP, STATES, local_dir=tmp_path, limits=StateLimits(), clock=clock
+        )
     assert not os.path.exists(slot_db_dir(tmp_path, SUBTASK))
