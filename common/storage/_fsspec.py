@@ -21,7 +21,13 @@ from fsspec import AbstractFileSystem
 
 from keyedstate.common.errors import InvalidArgumentError, KeyedStateError, StorageError
 from keyedstate.common.storage._base import FileInfo
-from keyedstate.common.storage._retry import RetryPolicy, Waiter, call_with_retries, is_transient_os_error
+from keyedstate.common.storage._retry import (
+    RetryPolicy,
+    Waiter,
+    call_with_retries,
+    is_transient_os_error,
+    storage_interrupted,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +247,12 @@ class FsspecStorage(abc.ABC):
     def _call(self, op: str, url: str, fn: Callable[[], T]) -> T:
         try:
             return call_with_retries(
-                fn, what=f"{op} {url}", policy=self._retry, waiter=self._waiter, is_transient=self._is_transient
+                fn,
+                what=f"{op} {url}",
+                policy=self._retry,
+                waiter=self._waiter,
+                is_transient=self._is_transient,
+                interrupted=storage_interrupted,
             )
         except KeyedStateError:
             raise

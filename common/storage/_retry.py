@@ -1,19 +1,17 @@
-"""Bounded retries with exponential backoff for transient storage failures."""
+"""What a storage backend retries: transient OS errors (throttling, 5xx, network).
+
+The retry loop and policy are the project's one mechanism, :mod:`keyedstate.common.retry`;
+they are re-exported here for the storage backends.
+"""
 
 from __future__ import annotations
 
 import errno
-import logging
-import random
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
 
-from keyedstate.common.errors import ConfigError, Reason, StorageError
+from keyedstate.common.errors import Reason, StorageError
+from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
+__all__ = ["RetryPolicy", "Waiter", "call_with_retries", "is_transient_os_error", "storage_interrupted"]
 
 # OSError numbers that mean "try again": throttling (s3fs maps SlowDown/503 to EBUSY),
 # server errors (500 → EREMOTEIO) and network trouble.
@@ -39,41 +37,6 @@ _TRANSIENT_ERRNOS = frozenset(
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
-class Waiter(Protocol):
-    """Waits out a backoff; returns True when interrupted (``threading.Event`` fits)."""
-
-    def wait(self, timeout: float | None = None) -> bool: ...
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently a storage call is retried on a transient error."""
-
-    max_attempts: int = 5
-    """Attempts in total, including the first."""
-    initial_backoff_s: float = 0.2
-    max_backoff_s: float = 5.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    """Each wait is reduced by a random fraction up to this, so that many slots retrying at
-    once do not hit the store in lockstep. 0 makes waits exact (tests)."""
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigError(f"RetryPolicy.max_attempts must be at least 1, got {self.max_attempts}")
-        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
-            raise ConfigError("RetryPolicy backoffs must be >= 0 and the multiplier >= 1")
-        if not 0 <= self.jitter <= 1:
-            raise ConfigError(f"RetryPolicy.jitter must be within [0, 1], got {self.jitter}")
-
-    def backoff_s(self, failed_attempts: int, rng: random.Random | None = None) -> float:
-        """The wait after the ``failed_attempts``-th consecutive failure (1-based)."""
-        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (failed_attempts - 1))
-        if self.jitter:
-            base *= 1.0 - (rng or random).random() * self.jitter
-        return base
-
-
 def is_transient_os_error(exc: BaseException) -> bool:
     """Whether an error from a file system is worth retrying (throttling, 5xx, network)."""
     if isinstance(exc, _PERMANENT):
@@ -83,38 +46,9 @@ def is_transient_os_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
-def call_with_retries(
-    fn: Callable[[], T],
-    *,
-    what: str,
-    policy: RetryPolicy,
-    waiter: Waiter,
-    is_transient: Callable[[BaseException], bool],
-) -> T:
-    """Run ``fn``; retry transient errors with backoff; re-raise the last one when exhausted.
-
-    The caller maps what escapes (the final transient error or any permanent one). A waiter
-    that reports an interruption (shutdown) ends the loop at once with a StorageError.
-    """
-    attempt = 1
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_transient(exc) or attempt >= policy.max_attempts:
-                raise
-            delay = policy.backoff_s(attempt)
-            logger.warning(
-                "storage %s failed (attempt %d of %d), retrying in %.2f s: %s",
-                what,
-                attempt,
-                policy.max_attempts,
-                delay,
-                exc,
-            )
-            if waiter.wait(delay):
-                raise StorageError(
-                    f"{what} abandoned while waiting to retry because the process is shutting down",
-                    reason=Reason.SHUTTING_DOWN,
-                ) from exc
-            attempt += 1
+def storage_interrupted(what: str) -> StorageError:
+    """The error a storage call ends with when shutdown interrupts its backoff."""
+    return StorageError(
+        f"storage {what} abandoned while waiting to retry because the process is shutting down",
+        reason=Reason.SHUTTING_DOWN,
+    )

@@ -1,0 +1,93 @@
+"""The one retry mechanism: a backoff policy, an interruptible waiter, and the loop that uses them.
+
+Every retry in the project (storage calls, the client's calls to TaskManagers and the
+JobManager, the TaskManager's uploads, the Spark helper's batch attempts) goes through
+:func:`call_with_retries` with a :class:`RetryPolicy`, so backoff, jitter, logging and
+shutdown behave the same everywhere. What counts as transient is the caller's predicate.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from keyedstate.common.errors import ConfigError, KeyedStateError, Reason, UnavailableError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Waiter(Protocol):
+    """Waits out a backoff; returns True when interrupted (``threading.Event`` fits)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a call is retried on a transient error."""
+
+    max_attempts: int = 5
+    """Attempts in total, including the first."""
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    """Each wait is reduced by a random fraction up to this, so that many callers retrying at
+    once do not hit a server in lockstep. 0 makes waits exact (tests)."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"RetryPolicy.max_attempts must be at least 1, got {self.max_attempts}")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
+            raise ConfigError("RetryPolicy backoffs must be >= 0 and the multiplier >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ConfigError(f"RetryPolicy.jitter must be within [0, 1], got {self.jitter}")
+
+    def backoff_s(self, failed_attempts: int, rng: random.Random | None = None) -> float:
+        """The wait after the ``failed_attempts``-th consecutive failure (1-based)."""
+        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (failed_attempts - 1))
+        if self.jitter:
+            base *= 1.0 - (rng or random).random() * self.jitter
+        return base
+
+
+def _shutting_down(what: str) -> KeyedStateError:
+    return UnavailableError(
+        f"{what} abandoned while waiting to retry because the process is shutting down",
+        reason=Reason.SHUTTING_DOWN,
+    )
+
+
+def call_with_retries(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    policy: RetryPolicy,
+    waiter: Waiter,
+    is_transient: Callable[[BaseException], bool],
+    interrupted: Callable[[str], KeyedStateError] = _shutting_down,
+) -> T:
+    """Run ``fn``; retry transient errors with backoff; re-raise the last one when exhausted.
+
+    The caller maps what escapes (the final transient error or any permanent one). A waiter
+    that reports an interruption (shutdown) ends the loop at once with ``interrupted(what)``.
+    """
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc) or attempt >= policy.max_attempts:
+                raise
+            delay = policy.backoff_s(attempt)
+            logger.warning(
+                "%s failed (attempt %d of %d), retrying in %.2f s: %s", what, attempt, policy.max_attempts, delay, exc
+            )
+            if waiter.wait(delay):
+                raise interrupted(what) from exc
+            attempt += 1
