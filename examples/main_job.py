@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.minicluster import MiniCluster
 
 logger = logging.getLogger("keyedstate.main_job")
@@ -170,9 +171,9 @@ def _watch_recovery(runtime: Any, recovery: dict[str, float]) -> None:
     while True:
         try:
             info = runtime.client.job_info(runtime.job_id)
-            if info.status != "RUNNING":
+            if info.status != pb.JOB_STATUS_RUNNING:
                 seen_restart = True
-            if seen_restart and info.status == "RUNNING":
+            if seen_restart and info.status == pb.JOB_STATUS_RUNNING:
                 recovery["recovered_at"] = time.monotonic()
                 _say(
                     f"job RUNNING again after {recovery['recovered_at'] - recovery['killed_at']:.1f} s "

@@ -107,7 +107,9 @@ def _ask_jobmanager(args: argparse.Namespace, conf: Configuration) -> _JobManage
         )
     finally:
         client.close()
-    in_progress = frozenset(c.checkpoint_id for c in listing.checkpoints if c.status == "IN_PROGRESS")
+    in_progress = frozenset(
+        c.checkpoint_id for c in listing.checkpoints if c.status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS
+    )
     newest = max((c.checkpoint_id for c in listing.checkpoints), default=0)
     return _JobManagerView(True, in_progress, newest)
 

@@ -23,6 +23,7 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.common.ids import SubtaskId
+from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
@@ -283,10 +284,10 @@ class Checkpointing:
                 closed=self._stop,
             )
         except CheckpointException as exc:
-            return jm_pb.CheckpointInfo(status="FAILED", failure_reason=_failure(exc))
+            return jm_pb.CheckpointInfo(status=jm_pb.CHECKPOINT_STATUS_FAILED, failure_reason=_failure(exc))
         info = jm_pb.CheckpointInfo(
             checkpoint_id=pending.checkpoint_id,
-            status="IN_PROGRESS",
+            status=jm_pb.CHECKPOINT_STATUS_IN_PROGRESS,
             path=pending.target_path,
             savepoint=request.savepoint,
         )
@@ -306,10 +307,15 @@ class Checkpointing:
             completed = coordinator.wait_for(checkpoint_id, timeout)
         except CheckpointException as exc:
             return jm_pb.CheckpointInfo(
-                checkpoint_id=checkpoint_id, status="FAILED", failure_reason=_failure(exc), savepoint=savepoint
+                checkpoint_id=checkpoint_id,
+                status=jm_pb.CHECKPOINT_STATUS_FAILED,
+                failure_reason=_failure(exc),
+                savepoint=savepoint,
             )
         except CheckpointError as exc:
-            return jm_pb.CheckpointInfo(checkpoint_id=checkpoint_id, status="IN_PROGRESS", failure_reason=exc.message)
+            return jm_pb.CheckpointInfo(
+                checkpoint_id=checkpoint_id, status=jm_pb.CHECKPOINT_STATUS_IN_PROGRESS, failure_reason=exc.message
+            )
         return checkpoint_info(completed)
 
     def acknowledge(self, request: jm_pb.AcknowledgeCheckpointRequest) -> str:
@@ -323,7 +329,9 @@ class Checkpointing:
         if job.coordinator is None:
             return "UNKNOWN"
         outcome = job.coordinator.decline(
-            request.checkpoint_id, SubtaskId(request.job_id, request.operator_id, request.subtask_index), request.reason
+            request.checkpoint_id,
+            SubtaskId(request.job_id, request.operator_id, request.subtask_index),
+            request.message,
         )
         return getattr(outcome, "name", str(outcome) if outcome is not None else "SUCCESS")
 
@@ -335,7 +343,7 @@ class Checkpointing:
                 jm_pb.CheckpointInfo(
                     checkpoint_id=e.checkpoint_id,
                     path=e.path or "",
-                    status=e.status,
+                    status=value_of(jm_pb.CheckpointStatus, e.status),
                     failure_reason=f"{e.failure_reason}: {e.failure_message}" if e.failure_reason else "",
                     epoch=e.epoch,
                     trigger_timestamp_ms=e.trigger_timestamp_ms,
@@ -550,7 +558,7 @@ def checkpoint_info(completed: CompletedCheckpoint) -> jm_pb.CheckpointInfo:
     return jm_pb.CheckpointInfo(
         checkpoint_id=completed.checkpoint_id,
         path=completed.external_path,
-        status="COMPLETED",
+        status=jm_pb.CHECKPOINT_STATUS_COMPLETED,
         epoch=meta.epoch,
         trigger_timestamp_ms=meta.timestamp_ms,
         full_size=meta.full_size,

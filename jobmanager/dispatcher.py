@@ -32,6 +32,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.keygroups import past_max_parallelism
+from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
 from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry, check_address
@@ -116,7 +117,7 @@ class Dispatcher:
                     address=r.address,
                     num_slots=r.num_slots,
                     free_slots=len(r.free_slots()),
-                    status=r.status.value,
+                    status=value_of(jm_pb.TaskManagerStatus, r.status.value),
                     last_heartbeat_age_ms=max(0, now - r.last_heartbeat_ms),
                     slots=[
                         jm_pb.SlotReport(

@@ -15,6 +15,7 @@ from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
+from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
 from keyedstate.jobmanager.scheduling import SlotAssignment
 
@@ -171,7 +172,7 @@ class Job:
             version=self.routing_version,
             max_parallelism=self.spec.max_parallelism,
             routes=routes,
-            job_status=self.status.value,
+            job_status=value_of(pb.JobStatus, self.status.value),
             limits=strictest_limits(a.limits for a in self.assignments.values()),
         )
 
@@ -179,7 +180,7 @@ class Job:
         latest = self.coordinator.latest_completed() if self.coordinator is not None else None
         return jm_pb.JobInfo(
             job_id=self.job_id,
-            status=self.status.value,
+            status=value_of(pb.JobStatus, self.status.value),
             max_parallelism=self.spec.max_parallelism,
             operators=[o.to_proto() for o in self.spec.operators],
             latest_checkpoint_id=latest.checkpoint_id if latest is not None else 0,

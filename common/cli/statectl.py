@@ -33,10 +33,13 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
 from keyedstate.common.keygroups import past_max_parallelism
+from keyedstate.common.rpc.enums import message_to_dict, name_of
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -60,9 +63,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _print_json(message: Any) -> None:
     if hasattr(message, "DESCRIPTOR"):
-        message = json_format.MessageToDict(
-            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
+        message = message_to_dict(message)
     print(json.dumps(message, indent=2, sort_keys=True))
 
 
@@ -101,7 +102,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             [
                 tm.taskmanager_id,
                 tm.address,
-                tm.status,
+                name_of(jm_pb.TaskManagerStatus, tm.status),
                 tm.num_slots,
                 tm.free_slots,
                 f"{tm.last_heartbeat_age_ms} ms",
@@ -113,7 +114,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     jobs = [
         [
             j.job_id,
-            j.status,
+            name_of(pb.JobStatus, j.status),
             ", ".join(f"{op.operator_id}x{op.parallelism}" for op in j.operators),
             j.max_parallelism,
             j.latest_checkpoint_id or "-",
@@ -138,7 +139,10 @@ def cmd_job(args: argparse.Namespace) -> int:
                 print(
                     _table(
                         ["JOB", "STATUS", "CHECKPOINT"],
-                        [[j.job_id, j.status, j.latest_checkpoint_id or "-"] for j in overview.jobs],
+                        [
+                            [j.job_id, name_of(pb.JobStatus, j.status), j.latest_checkpoint_id or "-"]
+                            for j in overview.jobs
+                        ],
                     )
                 )
             return 0
@@ -148,7 +152,7 @@ def cmd_job(args: argparse.Namespace) -> int:
             _print_json(client.job_info(args.job))
         elif args.action == "cancel":
             info = client.cancel_job(args.job)
-            print(f"job {info.job_id} {info.status}")
+            print(f"job {info.job_id} {name_of(pb.JobStatus, info.status)}")
         elif args.action == "restore":
             if not args.source:
                 raise InvalidArgumentError("statectl job restore needs --from PATH (a chk-<n> or savepoint directory)")
@@ -175,7 +179,7 @@ def _check_rescale_capacity(client: Any, job_id: str, parallelism: int) -> None:
     """Refuse a rescale the cluster has no slots for before the JobManager stops the job for it."""
     overview = client.cluster()
     job = next((j for j in overview.jobs if j.job_id == job_id), None)
-    if job is None or job.status != "RUNNING":
+    if job is None or job.status != pb.JOB_STATUS_RUNNING:
         return  # the JobManager gives the precise error
     if parallelism > job.max_parallelism:
         raise InvalidArgumentError(past_max_parallelism(job_id, parallelism, job.max_parallelism))
@@ -212,7 +216,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
                         [
                             [
                                 c.checkpoint_id,
-                                c.status,
+                                name_of(jm_pb.CheckpointStatus, c.status),
                                 "savepoint" if c.savepoint else "checkpoint",
                                 c.epoch,
                                 f"{c.duration_ms} ms",
@@ -240,22 +244,24 @@ def _report_checkpoint(info: Any, as_json: bool, waited: bool = True) -> int:
     kind = "savepoint" if info.savepoint else "checkpoint"
     if as_json:
         _print_json(info)
-    elif info.status == "COMPLETED":
+    elif info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED:
         print(f"{kind} {info.checkpoint_id} completed in {info.duration_ms} ms: {info.path}")
-    elif info.status == "IN_PROGRESS" and waited:
+    elif info.status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS and waited:
         print(
             f"statectl: {kind} {info.checkpoint_id} did not complete within --timeout; it may still complete "
             f"(statectl checkpoint list shows it): {info.failure_reason or info.path}",
             file=sys.stderr,
         )
-    elif info.status == "IN_PROGRESS":
+    elif info.status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS:
         print(f"{kind} {info.checkpoint_id} triggered: {info.path}")
     else:
         print(
-            f"statectl: {kind} {info.checkpoint_id or ''} {info.status}: {info.failure_reason or info.path}",
+            f"statectl: {kind} {info.checkpoint_id or ''} {name_of(jm_pb.CheckpointStatus, info.status)}: {info.failure_reason or info.path}",
             file=sys.stderr,
         )
-    if info.status == "COMPLETED" or (info.status == "IN_PROGRESS" and not waited):
+    if info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED or (
+        info.status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS and not waited
+    ):
         return 0
     return 1
 

@@ -268,7 +268,7 @@ class StateClient:
         while True:
             try:
                 overview = self._jm_call("GetClusterOverview", jm_pb.ClusterOverviewRequest(), retry=False)
-                active = [t for t in overview.taskmanagers if t.status == "ACTIVE"]
+                active = [t for t in overview.taskmanagers if t.status == jm_pb.TASK_MANAGER_STATUS_ACTIVE]
                 if len(active) >= count and overview.total_slots >= slots:
                     return overview
                 last = f"{len(active)} of {count} TaskManagers are registered"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.errors import NotFoundError, Reason
+from keyedstate.common.rpc.enums import name_of
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,14 @@ class Routing:
                 for g in range(r.key_groups.start, r.key_groups.end + 1):
                     subtask_of[g] = r.subtask_index
             operators[op_id] = OperatorRoutes(op_id, len(routes), tuple(subtask_of), tuple(r.address for r in routes))
-        return cls(table.job_id, table.version, m, table.job_status, operators, Limits.from_proto(table.limits))
+        return cls(
+            table.job_id,
+            table.version,
+            m,
+            name_of(pb.JobStatus, table.job_status),
+            operators,
+            Limits.from_proto(table.limits),
+        )
 
     def operator(self, operator_id: str) -> OperatorRoutes:
         routes = self.operators.get(operator_id)

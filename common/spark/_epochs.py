@@ -62,6 +62,7 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
+from keyedstate.common.rpc.enums import name_of
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 
@@ -350,11 +351,11 @@ class _BatchRunner:
                 continue
             if start.action == jm_pb.STOP:
                 raise JobStateError(
-                    f"job {job_id!r} is {start.job_status}: {start.failure_cause or 'no cause recorded'}; the query stops "
+                    f"job {job_id!r} is {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause or 'no cause recorded'}; the query stops "
                     f"at batch {batch_id} (restore the job from its latest checkpoint to go on)"
                 )
             if start.action == jm_pb.WAIT:
-                last = f"job {start.job_status}: {start.failure_cause}"
+                last = f"job {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause}"
                 time.sleep(_WAIT_S)
                 continue
             if start.action == jm_pb.RUN:
@@ -403,11 +404,13 @@ class _BatchRunner:
             finally:
                 commit_s += time.perf_counter() - t1
             cp = response.checkpoint
-            if not response.HasField("checkpoint") or cp.status != "COMPLETED" or cp.epoch < start.epoch:
+            if (
+                not response.HasField("checkpoint")
+                or cp.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
+                or cp.epoch < start.epoch
+            ):
                 # Defence in depth: the JobManager answers only with a completed checkpoint.
-                last = (
-                    f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({cp.status})"
-                )
+                last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({name_of(jm_pb.CheckpointStatus, cp.status)})"
                 logger.error("job %s: batch %d: %s", job_id, batch_id, last)
                 continue
             skipped = start.action == jm_pb.ALREADY_COMMITTED and runs == 0

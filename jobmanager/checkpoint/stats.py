@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class CheckpointStatsEntry:
         return jm_pb.CheckpointInfo(
             checkpoint_id=self.checkpoint_id,
             path=self.path,
-            status=self.status,
+            status=value_of(jm_pb.CheckpointStatus, self.status),
             failure_reason=self.failure_reason and f"{self.failure_reason}: {self.failure_message}",
             epoch=self.epoch,
             trigger_timestamp_ms=self.trigger_timestamp_ms,

@@ -12,6 +12,7 @@ import grpc
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.ids import SubtaskId
+from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.rpc.servicer import need_checkpointing
@@ -63,11 +64,11 @@ class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayS
         self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
         outcome = need_checkpointing(self._d).acknowledge(request)  # type: ignore[attr-defined]
-        return jm_pb.AckResponse(outcome=outcome)
+        return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))
 
     @rpc_method
     def DeclineCheckpoint(
         self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
         outcome = need_checkpointing(self._d).decline(request)  # type: ignore[attr-defined]
-        return jm_pb.AckResponse(outcome=outcome)
+        return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))

@@ -12,6 +12,7 @@ from keyedstate.common.config import options as o
 from keyedstate.common.config._secrets import declared_secret_keys
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.jobmanager.checkpointing import checkpoint_info
 from keyedstate.jobmanager.dispatcher import Dispatcher
@@ -112,7 +113,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
             epoch=start.epoch,
             committed_epoch=start.committed_epoch,
             durable_epoch=start.durable_epoch,
-            job_status=start.job_status,
+            job_status=value_of(pb.JobStatus, start.job_status),
             failure_cause=start.failure_cause,
             routing=start.routing,
         )

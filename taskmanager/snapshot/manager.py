@@ -227,7 +227,8 @@ class SnapshotManager:
                             taskmanager_id=self._tm.id,
                             operator_id=slot.subtask.operator_id,
                             subtask_index=slot.subtask.subtask_index,
-                            reason=reason,
+                            message=reason,
+                            reason=jm_pb.DECLINE_REASON_SNAPSHOT_FAILED,
                         ),
                     )
                 except Exception:

@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from tests.chaos._faults import FaultActions
 from tests.chaos._run import ChaosCluster, FaultRecord, RunResult, Timeline, fault_records
 from tests.chaos._schedule import DIRECT_SECONDS, FaultSchedule
@@ -177,9 +178,9 @@ class DirectChaosRun:
             except Exception:
                 time.sleep(0.2)
                 continue
-            if info.status == "RUNNING":
+            if info.status == pb.JOB_STATUS_RUNNING:
                 return info
-            if info.status in ("FAILED", "CANCELED"):
+            if info.status in (pb.JOB_STATUS_FAILED, pb.JOB_STATUS_CANCELED):
                 if self.schedule.restart_attempts >= 100:
                     raise ChaosFailure(
                         f"the job is {info.status} although its restart budget cannot run out here: "
@@ -206,7 +207,7 @@ class DirectChaosRun:
                 continue
             latest = self.monitor.latest()
             if (
-                info.status == "RUNNING"
+                info.status == pb.JOB_STATUS_RUNNING
                 and latest is not None
                 and latest.status == "RUNNING"
                 and latest.routing_version == info.routing_version

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from tests.chaos import _spark_log as spark_log
 from tests.chaos._faults import FaultActions
@@ -483,9 +484,11 @@ class EpochChaosRun:
     def _check_state(self, batches: list[int], context: str) -> Comparison | None:
         """The served state equals the reference of exactly ``batches``; skipped if the job is not RUNNING."""
         info = self.pipeline.wait_for_job(
-            lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"), "RUNNING (or terminal) to check its state", 60
+            lambda i: i.status in (pb.JOB_STATUS_RUNNING, pb.JOB_STATUS_CANCELED, pb.JOB_STATUS_FAILED),
+            "RUNNING (or terminal) to check its state",
+            60,
         )
-        if info.status != "RUNNING":
+        if info.status != pb.JOB_STATUS_RUNNING:
             self.timeline.log(f"{context}: the job is {info.status}; its state is not served")
             return None
         result = compare(self.pipeline, self._files(batches))
@@ -499,9 +502,11 @@ class EpochChaosRun:
         """After an allowed stop: the state holds exactly the batches Spark recorded, or those and the next one whole."""
         recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
         info = self.pipeline.wait_for_job(
-            lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"), "RUNNING (or terminal) to check its state", 60
+            lambda i: i.status in (pb.JOB_STATUS_RUNNING, pb.JOB_STATUS_CANCELED, pb.JOB_STATUS_FAILED),
+            "RUNNING (or terminal) to check its state",
+            60,
         )
-        if info.status != "RUNNING":
+        if info.status != pb.JOB_STATUS_RUNNING:
             self.timeline.log(f"{context}: the job is {info.status}; its state is not served")
             return
         options = [recorded]
@@ -526,12 +531,12 @@ class EpochChaosRun:
         self.actions.join(timeout_s=60)
         self.cluster.settle()
         info = self.pipeline.wait_for_job(
-            lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"),
+            lambda i: i.status in (pb.JOB_STATUS_RUNNING, pb.JOB_STATUS_CANCELED, pb.JOB_STATUS_FAILED),
             "RUNNING (or terminal) after the faults were undone",
             90,
         )
         recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
-        if info.status != "RUNNING":
+        if info.status != pb.JOB_STATUS_RUNNING:
             path = info.latest_checkpoint_path
             self.timeline.log(
                 f"the job is {info.status} at the end; the operator restores its latest checkpoint {path}"
@@ -572,9 +577,11 @@ class EpochChaosRun:
             self.actions.join(timeout_s=60)
             self.cluster.settle()
             info = self.pipeline.wait_for_job(
-                lambda i: i.status in ("RUNNING", "CANCELED", "FAILED"), "RUNNING (or terminal)", 60
+                lambda i: i.status in (pb.JOB_STATUS_RUNNING, pb.JOB_STATUS_CANCELED, pb.JOB_STATUS_FAILED),
+                "RUNNING (or terminal)",
+                60,
             )
-            if info.status != "RUNNING":
+            if info.status != pb.JOB_STATUS_RUNNING:
                 return
             recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
             results = [compare(self.pipeline, self._files(recorded))]
@@ -675,7 +682,7 @@ class EpochChaosRun:
             older = sorted(
                 (c.epoch, c.path)
                 for c in listing.checkpoints
-                if c.status == "COMPLETED" and not c.savepoint and c.epoch <= last - 1
+                if c.status == jm_pb.CHECKPOINT_STATUS_COMPLETED and not c.savepoint and c.epoch <= last - 1
             )
             if not older:
                 record.note = f"no retained checkpoint older than the last recorded batch {last}"

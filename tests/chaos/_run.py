@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.minicluster import DaemonProcess, Placement
 from tests.chaos._schedule import HEARTBEAT_TIMEOUT_S, SLOTS, TASKMANAGERS, Fault, FaultSchedule
@@ -386,7 +387,11 @@ class ChaosCluster:
                     continue  # not submitted yet, or the JobManager is down: the kills are on the timeline
                 now = (info.status, info.routing_version, info.committed_epoch, info.durable_epoch, info.restarts)
                 if now != last:
-                    cause = f" ({info.failure_cause[:160]})" if info.failure_cause and info.status != "RUNNING" else ""
+                    cause = (
+                        f" ({info.failure_cause[:160]})"
+                        if info.failure_cause and info.status != pb.JOB_STATUS_RUNNING
+                        else ""
+                    )
                     self.timeline.log(
                         f"job {info.status} routing v{info.routing_version} epoch {info.committed_epoch} "
                         f"durable {info.durable_epoch} restarts {info.restarts}{cause}"

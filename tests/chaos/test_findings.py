@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ClientSettings, ListState, ReducingState, StateClient
 from keyedstate.common.errors import KeyedStateError
 from tests.integration.partitions._partitions import (
@@ -60,7 +62,7 @@ def test_a_direct_write_reaches_the_new_owner_after_its_taskmanager_died(process
         deadline = time.monotonic() + 60
         while True:
             info = admin.job_info(JOB)
-            if info.status == "RUNNING" and info.routing_version > routing.version:
+            if info.status == pb.JOB_STATUS_RUNNING and info.routing_version > routing.version:
                 break
             assert time.monotonic() < deadline, f"the job did not run again after {owner} died: {info.status}"
             time.sleep(0.05)
@@ -95,7 +97,7 @@ def test_a_direct_write_reaches_a_job_restored_after_it_was_failed_or_cancelled(
         events = ListState(client, JOB, OPERATOR, EVENTS, key_serializer="str", value_serializer="str")
         events.append_many(["k"], ["e0"])
         checkpoint = admin.trigger_checkpoint(JOB, timeout_s=60)
-        assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+        assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
         admin.cancel_job(JOB)
         with pytest.raises(KeyedStateError, match="CANCELED"):
             for _ in range(10):  # the client learns it from a refused call and a fresh table
@@ -103,7 +105,7 @@ def test_a_direct_write_reaches_a_job_restored_after_it_was_failed_or_cancelled(
                 time.sleep(0.1)
         admin.submit_job(JOB, operators(2), restore_path=checkpoint.path)
         deadline = time.monotonic() + 30
-        while admin.job_info(JOB).status != "RUNNING":
+        while admin.job_info(JOB).status != pb.JOB_STATUS_RUNNING:
             assert time.monotonic() < deadline, "the restored job did not run"
             time.sleep(0.05)
         errors: list[str] = []

@@ -34,6 +34,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.clock import SystemClock
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
@@ -105,7 +106,7 @@ def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCh
             client, JOB, OPERATOR, "m", key_serializer="str", user_key_serializer="str", value_serializer="str"
         ).put_many(keys, keys, keys)
         info = client.trigger_checkpoint(JOB, timeout_s=60)
-        assert info.status == "COMPLETED", info.failure_reason
+        assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
     finally:
         cluster.stop()
     chk_dir = Path(info.path.removeprefix("file://"))

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -57,7 +58,9 @@ def test_a_request_that_is_not_protobuf_is_invalid_argument_not_internal(cluster
             assert _reason(err) == "INVALID_ARGUMENT"
             assert "not a valid protobuf message" in err.details() and "keyedstate.v1" in err.details()
         # Still serving: a valid call answers.
-        assert jm_grpc.JobManagerStub(jm).GetJob(jm_pb.JobRequest(job_id="j"), timeout=10).status == "RUNNING"
+        assert (
+            jm_grpc.JobManagerStub(jm).GetJob(jm_pb.JobRequest(job_id="j"), timeout=10).status == pb.JOB_STATUS_RUNNING
+        )
 
 
 def test_a_taskmanager_offering_two_billion_slots_is_refused_at_once(cluster: Any) -> None:
@@ -362,7 +365,7 @@ def test_a_wait_beyond_what_the_clock_can_represent_is_invalid_argument(cluster:
         ok = stub.TriggerCheckpoint(
             jm_pb.TriggerCheckpointRequest(job_id="j", wait=True, timeout_ms=30_000), timeout=40
         )
-        assert ok.status == "COMPLETED", ok.failure_reason
+        assert ok.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, ok.failure_reason
 
 
 @pytest.mark.parametrize("slot_index", [-210, -1, 2, 2**31 - 1])

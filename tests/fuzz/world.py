@@ -123,7 +123,7 @@ class World:
         self.closed_port.bind(("127.0.0.1", 0))
         self.refresh(force_new=True)
         info = self.client.trigger_checkpoint(self.job, timeout_s=30)
-        assert info.status == "COMPLETED", info.failure_reason
+        assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
         self.checkpoint_path = info.path
 
     def close(self) -> None:
@@ -467,7 +467,8 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
             taskmanager_id=w.tm_ids[s % len(w.tm_ids)],
             operator_id=FUZZ_OPERATOR,
             subtask_index=s,
-            reason="fuzz",
+            message="fuzz",
+            reason=jm_pb.DECLINE_REASON_SNAPSHOT_FAILED,
         ),
         w.jm_address,
     ),

@@ -24,21 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akeyedstate/v1/common.proto\x12\rkeyedstate.v1\"u\n\x0bReduceField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12/\n\x08\x66unction\x18\x02 \x01(\x0e\x32\x1d.keyedstate.v1.ReduceFunction\x12\'\n\x04type\x18\x03 \x01(\x0e\x32\x19.keyedstate.v1.NumberType\"\xbc\x01\n\x0fStateDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.keyedstate.v1.StateKind\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x30\n\nttl_update\x18\x04 \x01(\x0e\x32\x1c.keyedstate.v1.TtlUpdateType\x12\x31\n\rreduce_fields\x18\x05 \x03(\x0b\x32\x1a.keyedstate.v1.ReduceField\"h\n\x0cOperatorSpec\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x13\n\x0bparallelism\x18\x02 \x01(\x05\x12.\n\x06states\x18\x03 \x03(\x0b\x32\x1e.keyedstate.v1.StateDescriptor\"+\n\rKeyGroupRange\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"\xa2\x01\n\x05Route\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x30\n\nkey_groups\x18\x03 \x01(\x0b\x32\x1c.keyedstate.v1.KeyGroupRange\x12\x16\n\x0etaskmanager_id\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x12\n\nslot_index\x18\x06 \x01(\x05\"X\n\x0bStateLimits\x12\x15\n\rmax_key_bytes\x18\x01 \x01(\x03\x12\x17\n\x0fmax_value_bytes\x18\x02 \x01(\x03\x12\x19\n\x11max_list_elements\x18\x03 \x01(\x03\"\xae\x01\n\x0cRoutingTable\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fmax_parallelism\x18\x03 \x01(\x05\x12$\n\x06routes\x18\x04 \x03(\x0b\x32\x14.keyedstate.v1.Route\x12\x12\n\njob_status\x18\x05 \x01(\t\x12*\n\x06limits\x18\x06 \x01(\x0b\x32\x1a.keyedstate.v1.StateLimits\"S\n\x0c\x45pochContext\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x03\x12\x10\n\x08sequence\x18\x04 \x01(\x03\"a\n\x0fStateFileHandle\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nlocal_name\x18\x04 \x01(\t\x12\x0e\n\x06shared\x18\x05 \x01(\x08\"\xad\x02\n\x12SubtaskStateHandle\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x30\n\nkey_groups\x18\x03 \x01(\x0b\x32\x1c.keyedstate.v1.KeyGroupRange\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12-\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x1e.keyedstate.v1.StateFileHandle\x12\x18\n\x10incremental_size\x18\x06 \x01(\x03\x12\x11\n\tfull_size\x18\x07 \x01(\x03\x12\x18\n\x10sync_duration_ms\x18\x08 \x01(\x03\x12\x19\n\x11\x61sync_duration_ms\x18\t \x01(\x03\x12\x17\n\x0f\x63ommitted_epoch\x18\n \x01(\x03\"J\n\nSlotWrites\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x10\n\x08requests\x18\x03 \x01(\x03\"u\n\x10PartitionAttempt\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12)\n\x06writes\x18\x03 \x03(\x0b\x32\x19.keyedstate.v1.SlotWrites\x12\x12\n\nhas_ledger\x18\x04 \x01(\x08\"E\n\x0cLineageEntry\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0b\x66irst_epoch\x18\x03 \x01(\x03*S\n\tStateKind\x12\x1a\n\x16STATE_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05VALUE\x10\x01\x12\x08\n\x04LIST\x10\x02\x12\x07\n\x03MAP\x10\x03\x12\x0c\n\x08REDUCING\x10\x04*Q\n\rTtlUpdateType\x12\x10\n\x0cTTL_DISABLED\x10\x00\x12\x17\n\x13ON_CREATE_AND_WRITE\x10\x01\x12\x15\n\x11ON_READ_AND_WRITE\x10\x02*C\n\x0eReduceFunction\x12\x16\n\x12REDUCE_UNSPECIFIED\x10\x00\x12\x07\n\x03SUM\x10\x01\x12\x07\n\x03MIN\x10\x02\x12\x07\n\x03MAX\x10\x03*<\n\nNumberType\x12\x16\n\x12NUMBER_UNSPECIFIED\x10\x00\x12\t\n\x05INT64\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akeyedstate/v1/common.proto\x12\rkeyedstate.v1\"u\n\x0bReduceField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12/\n\x08\x66unction\x18\x02 \x01(\x0e\x32\x1d.keyedstate.v1.ReduceFunction\x12\'\n\x04type\x18\x03 \x01(\x0e\x32\x19.keyedstate.v1.NumberType\"\xbc\x01\n\x0fStateDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.keyedstate.v1.StateKind\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x30\n\nttl_update\x18\x04 \x01(\x0e\x32\x1c.keyedstate.v1.TtlUpdateType\x12\x31\n\rreduce_fields\x18\x05 \x03(\x0b\x32\x1a.keyedstate.v1.ReduceField\"h\n\x0cOperatorSpec\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x13\n\x0bparallelism\x18\x02 \x01(\x05\x12.\n\x06states\x18\x03 \x03(\x0b\x32\x1e.keyedstate.v1.StateDescriptor\"+\n\rKeyGroupRange\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"\xa2\x01\n\x05Route\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x30\n\nkey_groups\x18\x03 \x01(\x0b\x32\x1c.keyedstate.v1.KeyGroupRange\x12\x16\n\x0etaskmanager_id\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x12\n\nslot_index\x18\x06 \x01(\x05\"X\n\x0bStateLimits\x12\x15\n\rmax_key_bytes\x18\x01 \x01(\x03\x12\x17\n\x0fmax_value_bytes\x18\x02 \x01(\x03\x12\x19\n\x11max_list_elements\x18\x03 \x01(\x03\"\xce\x01\n\x0cRoutingTable\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0fmax_parallelism\x18\x03 \x01(\x05\x12$\n\x06routes\x18\x04 \x03(\x0b\x32\x14.keyedstate.v1.Route\x12,\n\njob_status\x18\x07 \x01(\x0e\x32\x18.keyedstate.v1.JobStatus\x12*\n\x06limits\x18\x06 \x01(\x0b\x32\x1a.keyedstate.v1.StateLimitsJ\x04\x08\x05\x10\x06\"S\n\x0c\x45pochContext\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x03\x12\x10\n\x08sequence\x18\x04 \x01(\x03\"a\n\x0fStateFileHandle\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nlocal_name\x18\x04 \x01(\t\x12\x0e\n\x06shared\x18\x05 \x01(\x08\"\xad\x02\n\x12SubtaskStateHandle\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x30\n\nkey_groups\x18\x03 \x01(\x0b\x32\x1c.keyedstate.v1.KeyGroupRange\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12-\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x1e.keyedstate.v1.StateFileHandle\x12\x18\n\x10incremental_size\x18\x06 \x01(\x03\x12\x11\n\tfull_size\x18\x07 \x01(\x03\x12\x18\n\x10sync_duration_ms\x18\x08 \x01(\x03\x12\x19\n\x11\x61sync_duration_ms\x18\t \x01(\x03\x12\x17\n\x0f\x63ommitted_epoch\x18\n \x01(\x03\"J\n\nSlotWrites\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x10\n\x08requests\x18\x03 \x01(\x03\"u\n\x10PartitionAttempt\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12)\n\x06writes\x18\x03 \x03(\x0b\x32\x19.keyedstate.v1.SlotWrites\x12\x12\n\nhas_ledger\x18\x04 \x01(\x08\"E\n\x0cLineageEntry\x12\x10\n\x08query_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0b\x66irst_epoch\x18\x03 \x01(\x03*S\n\tStateKind\x12\x1a\n\x16STATE_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05VALUE\x10\x01\x12\x08\n\x04LIST\x10\x02\x12\x07\n\x03MAP\x10\x03\x12\x0c\n\x08REDUCING\x10\x04*Q\n\rTtlUpdateType\x12\x10\n\x0cTTL_DISABLED\x10\x00\x12\x17\n\x13ON_CREATE_AND_WRITE\x10\x01\x12\x15\n\x11ON_READ_AND_WRITE\x10\x02*C\n\x0eReduceFunction\x12\x16\n\x12REDUCE_UNSPECIFIED\x10\x00\x12\x07\n\x03SUM\x10\x01\x12\x07\n\x03MIN\x10\x02\x12\x07\n\x03MAX\x10\x03*<\n\nNumberType\x12\x16\n\x12NUMBER_UNSPECIFIED\x10\x00\x12\t\n\x05INT64\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02*\xa2\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATUS_CREATED\x10\x01\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x02\x12\x19\n\x15JOB_STATUS_RESTARTING\x10\x03\x12\x15\n\x11JOB_STATUS_FAILED\x10\x04\x12\x17\n\x13JOB_STATUS_CANCELED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'keyedstate.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATEKIND']._serialized_start=1692
-  _globals['_STATEKIND']._serialized_end=1775
-  _globals['_TTLUPDATETYPE']._serialized_start=1777
-  _globals['_TTLUPDATETYPE']._serialized_end=1858
-  _globals['_REDUCEFUNCTION']._serialized_start=1860
-  _globals['_REDUCEFUNCTION']._serialized_end=1927
-  _globals['_NUMBERTYPE']._serialized_start=1929
-  _globals['_NUMBERTYPE']._serialized_end=1989
+  _globals['_STATEKIND']._serialized_start=1724
+  _globals['_STATEKIND']._serialized_end=1807
+  _globals['_TTLUPDATETYPE']._serialized_start=1809
+  _globals['_TTLUPDATETYPE']._serialized_end=1890
+  _globals['_REDUCEFUNCTION']._serialized_start=1892
+  _globals['_REDUCEFUNCTION']._serialized_end=1959
+  _globals['_NUMBERTYPE']._serialized_start=1961
+  _globals['_NUMBERTYPE']._serialized_end=2021
+  _globals['_JOBSTATUS']._serialized_start=2024
+  _globals['_JOBSTATUS']._serialized_end=2186
   _globals['_REDUCEFIELD']._serialized_start=45
   _globals['_REDUCEFIELD']._serialized_end=162
   _globals['_STATEDESCRIPTOR']._serialized_start=165
@@ -52,17 +54,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATELIMITS']._serialized_start=671
   _globals['_STATELIMITS']._serialized_end=759
   _globals['_ROUTINGTABLE']._serialized_start=762
-  _globals['_ROUTINGTABLE']._serialized_end=936
-  _globals['_EPOCHCONTEXT']._serialized_start=938
-  _globals['_EPOCHCONTEXT']._serialized_end=1021
-  _globals['_STATEFILEHANDLE']._serialized_start=1023
-  _globals['_STATEFILEHANDLE']._serialized_end=1120
-  _globals['_SUBTASKSTATEHANDLE']._serialized_start=1123
-  _globals['_SUBTASKSTATEHANDLE']._serialized_end=1424
-  _globals['_SLOTWRITES']._serialized_start=1426
-  _globals['_SLOTWRITES']._serialized_end=1500
-  _globals['_PARTITIONATTEMPT']._serialized_start=1502
-  _globals['_PARTITIONATTEMPT']._serialized_end=1619
-  _globals['_LINEAGEENTRY']._serialized_start=1621
-  _globals['_LINEAGEENTRY']._serialized_end=1690
+  _globals['_ROUTINGTABLE']._serialized_end=968
+  _globals['_EPOCHCONTEXT']._serialized_start=970
+  _globals['_EPOCHCONTEXT']._serialized_end=1053
+  _globals['_STATEFILEHANDLE']._serialized_start=1055
+  _globals['_STATEFILEHANDLE']._serialized_end=1152
+  _globals['_SUBTASKSTATEHANDLE']._serialized_start=1155
+  _globals['_SUBTASKSTATEHANDLE']._serialized_end=1456
+  _globals['_SLOTWRITES']._serialized_start=1458
+  _globals['_SLOTWRITES']._serialized_end=1532
+  _globals['_PARTITIONATTEMPT']._serialized_start=1534
+  _globals['_PARTITIONATTEMPT']._serialized_end=1651
+  _globals['_LINEAGEENTRY']._serialized_start=1653
+  _globals['_LINEAGEENTRY']._serialized_end=1722
 # @@protoc_insertion_point(module_scope)

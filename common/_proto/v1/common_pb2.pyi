@@ -95,6 +95,30 @@ INT64: NumberType.ValueType  # 1
 FLOAT64: NumberType.ValueType  # 2
 Global___NumberType: _TypeAlias = NumberType  # noqa: Y015
 
+class _JobStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _JobStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    JOB_STATUS_UNSPECIFIED: _JobStatus.ValueType  # 0
+    JOB_STATUS_CREATED: _JobStatus.ValueType  # 1
+    JOB_STATUS_RUNNING: _JobStatus.ValueType  # 2
+    JOB_STATUS_RESTARTING: _JobStatus.ValueType  # 3
+    JOB_STATUS_FAILED: _JobStatus.ValueType  # 4
+    JOB_STATUS_CANCELED: _JobStatus.ValueType  # 5
+
+class JobStatus(_JobStatus, metaclass=_JobStatusEnumTypeWrapper):
+    """A job's lifecycle state (the JobManager's JobStatus)."""
+
+JOB_STATUS_UNSPECIFIED: JobStatus.ValueType  # 0
+JOB_STATUS_CREATED: JobStatus.ValueType  # 1
+JOB_STATUS_RUNNING: JobStatus.ValueType  # 2
+JOB_STATUS_RESTARTING: JobStatus.ValueType  # 3
+JOB_STATUS_FAILED: JobStatus.ValueType  # 4
+JOB_STATUS_CANCELED: JobStatus.ValueType  # 5
+Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
+
 @_typing.final
 class ReduceField(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -285,7 +309,7 @@ class RoutingTable(_message.Message):
     job_id: _builtins.str
     version: _builtins.int
     max_parallelism: _builtins.int
-    job_status: _builtins.str
+    job_status: Global___JobStatus.ValueType
     @_builtins.property
     def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Route]: ...
     @_builtins.property
@@ -301,7 +325,7 @@ class RoutingTable(_message.Message):
         version: _builtins.int = ...,
         max_parallelism: _builtins.int = ...,
         routes: _abc.Iterable[Global___Route] | None = ...,
-        job_status: _builtins.str = ...,
+        job_status: Global___JobStatus.ValueType = ...,
         limits: Global___StateLimits | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015

@@ -27,6 +27,92 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _TaskManagerStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TaskManagerStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskManagerStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TASK_MANAGER_STATUS_UNSPECIFIED: _TaskManagerStatus.ValueType  # 0
+    TASK_MANAGER_STATUS_ACTIVE: _TaskManagerStatus.ValueType  # 1
+    TASK_MANAGER_STATUS_LOST: _TaskManagerStatus.ValueType  # 2
+
+class TaskManagerStatus(_TaskManagerStatus, metaclass=_TaskManagerStatusEnumTypeWrapper): ...
+
+TASK_MANAGER_STATUS_UNSPECIFIED: TaskManagerStatus.ValueType  # 0
+TASK_MANAGER_STATUS_ACTIVE: TaskManagerStatus.ValueType  # 1
+TASK_MANAGER_STATUS_LOST: TaskManagerStatus.ValueType  # 2
+Global___TaskManagerStatus: _TypeAlias = TaskManagerStatus  # noqa: Y015
+
+class _CheckpointStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CheckpointStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CheckpointStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CHECKPOINT_STATUS_UNSPECIFIED: _CheckpointStatus.ValueType  # 0
+    """no checkpoint (a CommitEpoch that did not ask for one)"""
+    CHECKPOINT_STATUS_IN_PROGRESS: _CheckpointStatus.ValueType  # 1
+    CHECKPOINT_STATUS_COMPLETED: _CheckpointStatus.ValueType  # 2
+    CHECKPOINT_STATUS_FAILED: _CheckpointStatus.ValueType  # 3
+
+class CheckpointStatus(_CheckpointStatus, metaclass=_CheckpointStatusEnumTypeWrapper): ...
+
+CHECKPOINT_STATUS_UNSPECIFIED: CheckpointStatus.ValueType  # 0
+"""no checkpoint (a CommitEpoch that did not ask for one)"""
+CHECKPOINT_STATUS_IN_PROGRESS: CheckpointStatus.ValueType  # 1
+CHECKPOINT_STATUS_COMPLETED: CheckpointStatus.ValueType  # 2
+CHECKPOINT_STATUS_FAILED: CheckpointStatus.ValueType  # 3
+Global___CheckpointStatus: _TypeAlias = CheckpointStatus  # noqa: Y015
+
+class _DeclineReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeclineReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeclineReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DECLINE_REASON_UNSPECIFIED: _DeclineReason.ValueType  # 0
+    DECLINE_REASON_SNAPSHOT_FAILED: _DeclineReason.ValueType  # 1
+    """taking or uploading the slot's snapshot failed (message says how)"""
+
+class DeclineReason(_DeclineReason, metaclass=_DeclineReasonEnumTypeWrapper):
+    """Why a subtask declines a checkpoint."""
+
+DECLINE_REASON_UNSPECIFIED: DeclineReason.ValueType  # 0
+DECLINE_REASON_SNAPSHOT_FAILED: DeclineReason.ValueType  # 1
+"""taking or uploading the slot's snapshot failed (message says how)"""
+Global___DeclineReason: _TypeAlias = DeclineReason  # noqa: Y015
+
+class _AckOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AckOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AckOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ACK_OUTCOME_UNSPECIFIED: _AckOutcome.ValueType  # 0
+    ACK_OUTCOME_SUCCESS: _AckOutcome.ValueType  # 1
+    """taken into account"""
+    ACK_OUTCOME_DUPLICATE: _AckOutcome.ValueType  # 2
+    """the subtask had acknowledged already"""
+    ACK_OUTCOME_UNKNOWN: _AckOutcome.ValueType  # 3
+    """no such checkpoint (or subtask) pending"""
+    ACK_OUTCOME_DISCARDED: _AckOutcome.ValueType  # 4
+    """the checkpoint was aborted; its files are deleted"""
+
+class AckOutcome(_AckOutcome, metaclass=_AckOutcomeEnumTypeWrapper):
+    """What the coordinator did with an acknowledgement or a decline."""
+
+ACK_OUTCOME_UNSPECIFIED: AckOutcome.ValueType  # 0
+ACK_OUTCOME_SUCCESS: AckOutcome.ValueType  # 1
+"""taken into account"""
+ACK_OUTCOME_DUPLICATE: AckOutcome.ValueType  # 2
+"""the subtask had acknowledged already"""
+ACK_OUTCOME_UNKNOWN: AckOutcome.ValueType  # 3
+"""no such checkpoint (or subtask) pending"""
+ACK_OUTCOME_DISCARDED: AckOutcome.ValueType  # 4
+"""the checkpoint was aborted; its files are deleted"""
+Global___AckOutcome: _TypeAlias = AckOutcome  # noqa: Y015
+
 class _BatchAction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -401,7 +487,7 @@ class TaskManagerInfo(_message.Message):
     address: _builtins.str
     num_slots: _builtins.int
     free_slots: _builtins.int
-    status: _builtins.str
+    status: Global___TaskManagerStatus.ValueType
     last_heartbeat_age_ms: _builtins.int
     metrics_port: _builtins.int
     @_builtins.property
@@ -413,7 +499,7 @@ class TaskManagerInfo(_message.Message):
         address: _builtins.str = ...,
         num_slots: _builtins.int = ...,
         free_slots: _builtins.int = ...,
-        status: _builtins.str = ...,
+        status: Global___TaskManagerStatus.ValueType = ...,
         last_heartbeat_age_ms: _builtins.int = ...,
         slots: _abc.Iterable[Global___SlotReport] | None = ...,
         metrics_port: _builtins.int = ...,
@@ -443,7 +529,7 @@ class JobInfo(_message.Message):
     DURABLE_EPOCH_FIELD_NUMBER: _builtins.int
     LINEAGE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
-    status: _builtins.str
+    status: _common_pb2.JobStatus.ValueType
     max_parallelism: _builtins.int
     latest_checkpoint_id: _builtins.int
     latest_checkpoint_path: _builtins.str
@@ -461,7 +547,7 @@ class JobInfo(_message.Message):
         self,
         *,
         job_id: _builtins.str = ...,
-        status: _builtins.str = ...,
+        status: _common_pb2.JobStatus.ValueType = ...,
         max_parallelism: _builtins.int = ...,
         operators: _abc.Iterable[_common_pb2.OperatorSpec] | None = ...,
         latest_checkpoint_id: _builtins.int = ...,
@@ -575,8 +661,7 @@ class CheckpointInfo(_message.Message):
     SAVEPOINT_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.int
     path: _builtins.str
-    status: _builtins.str
-    """IN_PROGRESS | COMPLETED | FAILED"""
+    status: Global___CheckpointStatus.ValueType
     failure_reason: _builtins.str
     epoch: _builtins.int
     trigger_timestamp_ms: _builtins.int
@@ -589,7 +674,7 @@ class CheckpointInfo(_message.Message):
         *,
         checkpoint_id: _builtins.int = ...,
         path: _builtins.str = ...,
-        status: _builtins.str = ...,
+        status: Global___CheckpointStatus.ValueType = ...,
         failure_reason: _builtins.str = ...,
         epoch: _builtins.int = ...,
         trigger_timestamp_ms: _builtins.int = ...,
@@ -644,13 +729,16 @@ class DeclineCheckpointRequest(_message.Message):
     TASKMANAGER_ID_FIELD_NUMBER: _builtins.int
     OPERATOR_ID_FIELD_NUMBER: _builtins.int
     SUBTASK_INDEX_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     checkpoint_id: _builtins.int
     taskmanager_id: _builtins.str
     operator_id: _builtins.str
     subtask_index: _builtins.int
-    reason: _builtins.str
+    message: _builtins.str
+    """the cause, for logs and the checkpoint's failure reason"""
+    reason: Global___DeclineReason.ValueType
     def __init__(
         self,
         *,
@@ -659,11 +747,12 @@ class DeclineCheckpointRequest(_message.Message):
         taskmanager_id: _builtins.str = ...,
         operator_id: _builtins.str = ...,
         subtask_index: _builtins.int = ...,
-        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        reason: Global___DeclineReason.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "job_id", b"job_id", "operator_id", b"operator_id", "reason", b"reason", "subtask_index", b"subtask_index", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "job_id", b"job_id", "message", b"message", "operator_id", b"operator_id", "reason", b"reason", "subtask_index", b"subtask_index", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -674,12 +763,11 @@ class AckResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OUTCOME_FIELD_NUMBER: _builtins.int
-    outcome: _builtins.str
-    """SUCCESS | DUPLICATE | UNKNOWN | DISCARDED"""
+    outcome: Global___AckOutcome.ValueType
     def __init__(
         self,
         *,
-        outcome: _builtins.str = ...,
+        outcome: Global___AckOutcome.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -735,7 +823,7 @@ class BeginBatchResponse(_message.Message):
     """the epoch the job's state holds"""
     durable_epoch: _builtins.int
     """the epoch of the latest completed checkpoint (-1: none)"""
-    job_status: _builtins.str
+    job_status: _common_pb2.JobStatus.ValueType
     failure_cause: _builtins.str
     @_builtins.property
     def routing(self) -> _common_pb2.RoutingTable:
@@ -748,7 +836,7 @@ class BeginBatchResponse(_message.Message):
         epoch: _builtins.int = ...,
         committed_epoch: _builtins.int = ...,
         durable_epoch: _builtins.int = ...,
-        job_status: _builtins.str = ...,
+        job_status: _common_pb2.JobStatus.ValueType = ...,
         failure_cause: _builtins.str = ...,
         routing: _common_pb2.RoutingTable | None = ...,
     ) -> None: ...

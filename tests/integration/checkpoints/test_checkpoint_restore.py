@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ValueState
 from tests.integration.checkpoints.conftest import (
     JOB,
@@ -39,7 +40,7 @@ CASES = [
 
 def _checkpoint(client: Any, job_id: str = JOB) -> Any:
     info = client.trigger_checkpoint(job_id, timeout_s=60)
-    assert info.status == "COMPLETED", info.failure_reason
+    assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
     return info
 
 

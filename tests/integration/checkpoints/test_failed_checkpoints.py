@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.daemon import JobManager
@@ -66,7 +68,7 @@ def test_declined_checkpoint_leaves_no_files(
     work = Workload(client)
     work.write(key_names(1000), "a")
     first = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert first.status == "COMPLETED", first.failure_reason
+    assert first.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, first.failure_reason
     job_dir = cc.job_dir()
     before = relative_files(cc.storage, job_dir)
 
@@ -75,17 +77,17 @@ def test_declined_checkpoint_leaves_no_files(
     blocker.parent.mkdir()
     blocker.write_bytes(b"not a directory")
     failed = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert (failed.checkpoint_id, failed.status) == (2, "FAILED")
+    assert (failed.checkpoint_id, failed.status) == (2, jm_pb.CHECKPOINT_STATUS_FAILED)
     assert failed.failure_reason.startswith("CHECKPOINT_DECLINED")
     assert "sessions/1" in failed.failure_reason and "chk-2/sessions-1" in failed.failure_reason
 
     # The acknowledged subtask's uploads, the failed subtask's partial uploads, the directory:
     # all gone once the JobManager's and the TaskManagers' deletions ran.
     wait_for_files(cc.storage, job_dir, before, "the files of declined checkpoint 2 to be deleted", cc.flush_deletions)
-    assert client.job_info(JOB).status == "RUNNING", "tolerated failures must not fail the job over"
+    assert client.job_info(JOB).status == pb.JOB_STATUS_RUNNING, "tolerated failures must not fail the job over"
 
     third = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert third.status == "COMPLETED", third.failure_reason
+    assert third.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, third.failure_reason
     # The directory itself: an upload still in flight when checkpoint 2 was declined can create
     # it again after the first deletion (the TaskManager then deletes its files, not the empty
     # directories), so the cleaner sweeps an aborted checkpoint's directory again each time a later
@@ -107,17 +109,17 @@ def test_declined_checkpoint_beyond_tolerance_fails_the_job_over_to_the_last_che
     work = Workload(client)
     work.write(key_names(500), "a")
     first = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert first.status == "COMPLETED", first.failure_reason
+    assert first.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, first.failure_reason
     at_first = work.reference.copy()
     work.write(key_names(500)[:100], "lost")
     blocker = Path(cc.job_dir().removeprefix("file://")) / "chk-2" / "sessions-0"
     blocker.parent.mkdir()
     blocker.write_bytes(b"")
-    assert client.trigger_checkpoint(JOB, timeout_s=60).status == "FAILED"
+    assert client.trigger_checkpoint(JOB, timeout_s=60).status == jm_pb.CHECKPOINT_STATUS_FAILED
 
     def restarted() -> bool:
         info = client.job_info(JOB)
-        return info.status == "RUNNING" and info.restarts == 1
+        return info.status == pb.JOB_STATUS_RUNNING and info.restarts == 1
 
     wait_until(restarted, "the job to fail over and run again")
     assert_state_equals(work.read(), at_first)
@@ -174,19 +176,21 @@ def test_expired_checkpoint_leaves_no_files_even_when_the_upload_finishes_late(
         work = Workload(client)
         work.write(key_names(600), "a")
         first = client.trigger_checkpoint(JOB, timeout_s=60)
-        assert first.status == "COMPLETED", first.failure_reason
+        assert first.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, first.failure_reason
         job_dir = f"{checkpoints_dir}/{JOB}"
         before = relative_files(storage, job_dir)
 
         work.write(key_names(600, "b"), "b")
         proxy.gate.clear()
         started = client.trigger_checkpoint(JOB, wait=False)
-        assert (started.checkpoint_id, started.status) == (2, "IN_PROGRESS")
+        assert (started.checkpoint_id, started.status) == (2, jm_pb.CHECKPOINT_STATUS_IN_PROGRESS)
         scheduler.advance(4_999)
-        assert _list_checkpoints(client)[2].status == "IN_PROGRESS"
+        assert _list_checkpoints(client)[2].status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS
         scheduler.advance(1)
         expired = _list_checkpoints(client)[2]
-        assert expired.status == "FAILED" and expired.failure_reason.startswith("CHECKPOINT_EXPIRED"), expired
+        assert expired.status == jm_pb.CHECKPOINT_STATUS_FAILED and expired.failure_reason.startswith(
+            "CHECKPOINT_EXPIRED"
+        ), expired
         assert "did not acknowledge" in expired.failure_reason
 
         # The stuck uploads now go through, after the JobManager gave up on them.
@@ -203,7 +207,7 @@ def test_expired_checkpoint_leaves_no_files_even_when_the_upload_finishes_late(
         )
 
         third = client.trigger_checkpoint(JOB, timeout_s=60)
-        assert third.status == "COMPLETED", third.failure_reason
+        assert third.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, third.failure_reason
         expected = work.reference.copy()
         client.cancel_job(JOB)
         client.submit_job(JOB, operators(2), max_parallelism=MAX_P, restore_path=third.path)

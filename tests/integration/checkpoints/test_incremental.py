@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from tests.integration.checkpoints.conftest import (
@@ -47,7 +48,7 @@ def test_second_checkpoint_uploads_only_the_changed_one_percent(
         state.put_many(keys[start : start + BATCH], values[start : start + BATCH])
 
     first = client.trigger_checkpoint(JOB, timeout_s=120)
-    assert first.status == "COMPLETED", first.failure_reason
+    assert first.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, first.failure_reason
     # 1M x (16 B key + 100 B random value) is about 116 MB of incompressible data.
     assert first.incremental_size == first.full_size > 100 * N_KEYS
     assert first.duration_ms > 0, "flushing and uploading ~116 MB takes measurable time"
@@ -58,7 +59,7 @@ def test_second_checkpoint_uploads_only_the_changed_one_percent(
         values[i] = rnd.randbytes(100)
     state.put_many([keys[i] for i in changed], [values[i] for i in changed])
     second = client.trigger_checkpoint(JOB, timeout_s=120)
-    assert second.status == "COMPLETED", second.failure_reason
+    assert second.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, second.failure_reason
 
     assert second.full_size > first.full_size, "checkpoint 2 references all the data plus the new SSTs"
     assert second.incremental_size < 0.10 * first.incremental_size, (

@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 import keyedstate.jobmanager.checkpoint.metadata as metadata_module
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from tests.integration.checkpoints.conftest import (
     JOB,
     MAX_P,
@@ -49,7 +50,7 @@ def test_metadata_snippet_from_the_docstring_lists_every_file_of_a_real_checkpoi
     client.submit_job(JOB, operators(3), max_parallelism=MAX_P, config={"execution.checkpointing.incremental": "true"})
     Workload(client).write(key_names(500), "a")
     info = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert info.status == "COMPLETED", info.failure_reason
+    assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
 
     snippet = _docstring_snippet()
     assert snippet.count(EXAMPLE_PATH) == 1 and snippet.startswith("import json\n")
@@ -97,7 +98,7 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     for n in range(3):
         work.write(key_names(400, f"r{n}"), f"r{n}")
         info = client.trigger_checkpoint(JOB, timeout_s=60)
-        assert info.status == "COMPLETED", info.failure_reason
+        assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
         infos.append(info)
     last = infos[-1]
     expect = {
@@ -135,7 +136,7 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     blocker = Path(cc.job_dir().removeprefix("file://")) / "chk-4" / "sessions-0"
     blocker.parent.mkdir()
     blocker.write_bytes(b"")
-    assert client.trigger_checkpoint(JOB, timeout_s=60).status == "FAILED"
+    assert client.trigger_checkpoint(JOB, timeout_s=60).status == jm_pb.CHECKPOINT_STATUS_FAILED
     assert _value(jm, "flink_jobmanager_job_numberOfFailedCheckpoints", job_id=JOB) == 1
     assert (
         _value(jm, "flink_jobmanager_job_checkpointFailuresByReason_total", job_id=JOB, reason="CHECKPOINT_DECLINED")

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import grpc
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import StateClient
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import (
@@ -50,7 +52,7 @@ def _prepare(cc: CheckpointCluster, incremental: bool) -> tuple[StateClient, Wor
     work = Workload(client)
     work.write(key_names(800), "a")
     info = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert info.status == "COMPLETED", info.failure_reason
+    assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
     client.cancel_job(JOB)
     return client, work, info.path
 
@@ -68,7 +70,7 @@ def _refused(
         client.submit_job(JOB, ops or operators(2), max_parallelism=max_parallelism, restore_path=restore_path)
     overview = client.cluster()
     assert overview.free_slots == overview.total_slots == TOTAL_SLOTS, "a refused restore left slots taken"
-    assert all(j.status != "RUNNING" for j in overview.jobs if j.job_id == JOB)
+    assert all(j.status != pb.JOB_STATUS_RUNNING for j in overview.jobs if j.job_id == JOB)
     return caught.value
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.cli import statectl
 from keyedstate.common.client import StateClient
 from keyedstate.common.errors import IncompatibleCheckpointError, InvalidArgumentError, KeyedStateError
@@ -38,7 +40,7 @@ def _running_with_unsaved_writes(cc: CheckpointCluster) -> tuple[StateClient, Wo
     work = Workload(client)
     work.write(key_names(300), "a")
     info = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert info.status == "COMPLETED", info.failure_reason
+    assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
     checkpointed = work.reference.copy()
     work.write(key_names(300, prefix="late"), "b")  # since the last checkpoint
     return client, work, info.path, checkpointed
@@ -51,7 +53,7 @@ def _statectl(cc: CheckpointCluster, capsys: pytest.CaptureFixture[str], *argv: 
 
 def _assert_untouched(client: StateClient, work: Workload, version: int) -> None:
     info = client.job_info(JOB)
-    assert info.status == "RUNNING" and info.routing_version == version, info
+    assert info.status == pb.JOB_STATUS_RUNNING and info.routing_version == version, info
     assert_state_equals(work.read(), work.reference)  # the writes since the last checkpoint included
 
 
@@ -123,7 +125,7 @@ def test_a_restore_that_does_not_fit_the_job_is_refused_and_leaves_it_alone(
     # Another job's checkpoint, of another max parallelism.
     client.submit_job("other", operators(1), max_parallelism=64)
     other = client.trigger_checkpoint("other", timeout_s=60)
-    assert other.status == "COMPLETED", other.failure_reason
+    assert other.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, other.failure_reason
     code, err = _statectl(cc, capsys, "job", "restore", JOB, "--from", other.path)
     assert code == 1 and "max parallelism 64 but the job has 128" in err, err
     _assert_untouched(client, work, version)
@@ -163,14 +165,14 @@ def test_a_verified_restore_replaces_the_running_jobs_state(
     code, err = _statectl(cc, capsys, "job", "restore", JOB, "--from", path)
     assert code == 0, err
     info = client.job_info(JOB)
-    assert info.status == "RUNNING" and info.latest_checkpoint_path == path, info
+    assert info.status == pb.JOB_STATUS_RUNNING and info.latest_checkpoint_path == path, info
     work.reference = checkpointed
     assert_state_equals(work.read(), checkpointed)
 
     # The job goes on from the restored state, and its checkpoints build on it.
     work.write(key_names(50, prefix="after"), "c")
     again = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert again.status == "COMPLETED", again.failure_reason
+    assert again.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, again.failure_reason
     assert_state_equals(work.read(), work.reference)
 
 
@@ -204,7 +206,7 @@ def test_a_restore_whose_deploy_fails_brings_the_job_back_as_it_was(
     assert f"restoring job {JOB!r} from {path} failed" in message, message
     assert "runs again as it was before the restore" in message, message
     after = client.job_info(JOB)
-    assert after.status == "RUNNING" and after.routing_version > before.routing_version, after
+    assert after.status == pb.JOB_STATUS_RUNNING and after.routing_version > before.routing_version, after
     assert after.latest_checkpoint_id > before.latest_checkpoint_id  # the checkpoint the restore took first
     assert_state_equals(work.read(), work.reference)  # the writes since the last checkpoint included
 
@@ -219,14 +221,14 @@ def test_restoring_a_cancelled_job_resubmits_it_with_its_own_definition(
     work = Workload(client)
     work.write(key_names(100), "a")
     info = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert info.status == "COMPLETED", info.failure_reason
+    assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
     client.cancel_job(JOB)
     with pytest.raises(InvalidArgumentError, match="nothing exists there"):
         client.restore_job(JOB, f"{cc.job_dir()}/chk-99")
-    assert client.job_info(JOB).status == "CANCELED"
+    assert client.job_info(JOB).status == pb.JOB_STATUS_CANCELED
     code, err = _statectl(cc, capsys, "job", "restore", JOB, "--from", info.path)
     assert code == 0, err
-    assert client.job_info(JOB).status == "RUNNING"
+    assert client.job_info(JOB).status == pb.JOB_STATUS_RUNNING
     job = cc.cluster.jobmanager.dispatcher.job(JOB)
     assert dict(job.spec.config) == {"execution.checkpointing.num-retained": "2"}  # its config came along
     assert_state_equals(work.read(), work.reference)

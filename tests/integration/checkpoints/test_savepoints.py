@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.cli.statectl import main as statectl
 from keyedstate.common.config import Configuration
 from keyedstate.common.storage import open_storage
@@ -37,7 +38,7 @@ CONFIG = {"execution.checkpointing.incremental": "true", "execution.checkpointin
 
 def _checkpoint(client: Any) -> Any:
     info = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert info.status == "COMPLETED", info.failure_reason
+    assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
     return info
 
 

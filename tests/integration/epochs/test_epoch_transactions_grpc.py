@@ -175,7 +175,7 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
 
     assert response.committed_epoch == 0
     # Every slot's checkpoint reports the epoch the commit wrote into its metadata.
-    assert response.checkpoint.status == "COMPLETED", response.checkpoint
+    assert response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, response.checkpoint
     assert response.checkpoint.epoch == 0
     assert ValueState(client, JOB, OP, "total", value_serializer="int").get_many(keys) == list(range(100))
     info = client.job_info(JOB)

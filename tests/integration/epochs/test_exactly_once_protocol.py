@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
@@ -201,13 +202,13 @@ def test_a_batch_past_a_gap_is_refused_and_a_stale_commit_is_refused(cluster: In
             timeout_s=30,
         )
     info_ = client.job_info(JOB)
-    assert (info_.committed_epoch, info_.status) == (0, "RUNNING")
+    assert (info_.committed_epoch, info_.status) == (0, pb.JOB_STATUS_RUNNING)
 
 
 def test_an_already_committed_batch_is_only_made_durable(cluster: InProcessCluster) -> None:
     client = cluster.client()
     first = run_batch(client, "q1", 0, 7, checkpoint=False, wait_for_checkpoint=False)
-    assert (first.committed_epoch, first.already_committed, first.checkpoint.status) == (0, False, "")
+    assert (first.committed_epoch, first.already_committed, first.checkpoint.status) == (0, False, jm_pb.CHECKPOINT_STATUS_UNSPECIFIED)
     assert (client.job_info(JOB).committed_epoch, client.job_info(JOB).durable_epoch) == (0, -1)
 
     # The driver died after the commit; the batch runs again from BeginBatch.
@@ -220,7 +221,7 @@ def test_an_already_committed_batch_is_only_made_durable(cluster: InProcessClust
     )
     again = commit(client, start, scope, "q1", 0)
     assert (again.committed_epoch, again.already_committed) == (0, True)
-    assert (again.checkpoint.status, again.checkpoint.epoch) == ("COMPLETED", 0)
+    assert (again.checkpoint.status, again.checkpoint.epoch) == (jm_pb.CHECKPOINT_STATUS_COMPLETED, 0)
     assert client.job_info(JOB).durable_epoch == 0
     assert total(client).get_many(KEYS) == [7] * len(KEYS)
 
@@ -272,7 +273,7 @@ def test_a_winner_whose_ledger_the_slots_disagree_with_is_applied_nowhere(cluste
     assert "acknowledged by eo/counts/" in info.value.message
     assert total(client).get_many(KEYS) == [None] * len(KEYS)
     job = client.job_info(JOB)
-    assert (job.committed_epoch, job.status) == (-1, "RUNNING")
+    assert (job.committed_epoch, job.status) == (-1, pb.JOB_STATUS_RUNNING)
     assert (
         client.commit_epoch(
             JOB, 0, [honest], query_id="q1", batch_id=0, expected_routing_version=start.routing.version, timeout_s=60
@@ -425,7 +426,7 @@ def test_a_numbered_write_with_an_unknown_outcome_is_retried_and_staged_once(lea
     assert scope.unacknowledged() == {}
     assert sum(e.requests for e in scope.winner().writes) == 2
     response = commit(client, start, scope, "q1", 0)
-    assert response.committed_epoch == 0 and response.checkpoint.status == "COMPLETED"
+    assert response.committed_epoch == 0 and response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED
     assert ReducingState(client, JOB, OP, "sums").get_many(["a"]) == [(2, 15)]
 
 

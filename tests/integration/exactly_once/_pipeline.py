@@ -36,6 +36,7 @@ from typing import Any
 # Executors cannot import the test tree: the process function travels by value.
 from pyspark import cloudpickle
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.client import ClientSettings, ListState, ReducingState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import JobStateError, StaleRoutingError, UnavailableError
@@ -468,7 +469,9 @@ class ExactlyOncePipeline:
         """
         job_id = job_id or self.job_id
         for attempt in range(1, attempts + 1):
-            self.wait_for_job(lambda i: i.status == "RUNNING", "RUNNING (to read its state)", 60, job_id=job_id)
+            self.wait_for_job(
+                lambda i: i.status == pb.JOB_STATUS_RUNNING, "RUNNING (to read its state)", 60, job_id=job_id
+            )
             try:
                 before = self.client.routing(job_id, refresh=True).version
                 state = self._read_state_once(job_id)
@@ -545,7 +548,7 @@ class ExactlyOncePipeline:
         """For failure messages: the diff against the reference of ``files``, or why the state cannot be read."""
         try:
             info = self.job_info()
-            if info.status in ("CANCELED", "FAILED"):
+            if info.status in (pb.JOB_STATUS_CANCELED, pb.JOB_STATUS_FAILED):
                 return f"not served: job {info.status} ({info.failure_cause or '-'})"
             return self.diff(files) or "exactly the reference"
         except Exception as exc:  # only ever part of a message about another failure

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.faults import ENV as CRASH_AT
@@ -65,7 +66,9 @@ def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(exo_pipeline) -> None:
     run = pipeline.start_query()
     pipeline.wait_for_dead(1)
     # The TaskManager comes back only once the heartbeat timeout declared it lost.
-    pipeline.wait_for_job(lambda i: i.status != "RUNNING" or i.restarts >= 1, "the heartbeat-detected loss", 30)
+    pipeline.wait_for_job(
+        lambda i: i.status != pb.JOB_STATUS_RUNNING or i.restarts >= 1, "the heartbeat-detected loss", 30
+    )
     pipeline.restart_taskmanager(1)
     outcome = run.wait(QUERY_TIMEOUT_S)
     assert_finished_exactly(pipeline, outcome)
@@ -139,9 +142,9 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             checkpoints = [c for c in _checkpoints(pipeline) if not c.savepoint]
-            if any(c.status == "COMPLETED" and c.epoch >= epoch for c in checkpoints):
+            if any(c.status == jm_pb.CHECKPOINT_STATUS_COMPLETED and c.epoch >= epoch for c in checkpoints):
                 return False
-            if not any(c.status == "IN_PROGRESS" for c in checkpoints):
+            if not any(c.status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS for c in checkpoints):
                 return True
             time.sleep(0.001)
         return False
@@ -150,7 +153,7 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pip
         if batch_id == 0 or len(kills) >= 3 or any(committed < batch for batch, _, committed in kills):
             return
         last = run.runtime.last_checkpoint if run.runtime is not None else None
-        refused = last is not None and last.status != "COMPLETED"
+        refused = last is not None and last.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
         too_many = refused and "TOO_MANY_CHECKPOINT_REQUESTS" in last.failure_reason
         last_chance = batch_id == 5 and not kills
         if not (too_many or last_chance):
@@ -158,9 +161,9 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pip
         if refused and not quiet_moment_without(batch_id) and not last_chance:
             return
         pipeline.kill_taskmanager(1)
-        pipeline.wait_for_job(lambda i: i.status != "RUNNING", "the failover after the kill", 30)
+        pipeline.wait_for_job(lambda i: i.status != pb.JOB_STATUS_RUNNING, "the failover after the kill", 30)
         pipeline.restart_taskmanager(1)
-        info = pipeline.wait_for_job(lambda i: i.status == "RUNNING", "RUNNING after the failover", 60)
+        info = pipeline.wait_for_job(lambda i: i.status == pb.JOB_STATUS_RUNNING, "RUNNING after the failover", 60)
         answer = f"{last.status} {last.failure_reason[:110]}" if last is not None else "none"
         kills.append((batch_id, answer, info.committed_epoch))
 
@@ -194,15 +197,15 @@ def test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart(exo_pipeline) ->
     assert run.recorded, "the query committed no batch within 60 s"
     killed_at = time.monotonic()
     pipeline.kill_taskmanager(1)
-    pipeline.wait_for_job(lambda i: i.status != "RUNNING" or i.restarts >= 1, "the loss to be noticed", 30)
+    pipeline.wait_for_job(lambda i: i.status != pb.JOB_STATUS_RUNNING or i.restarts >= 1, "the loss to be noticed", 30)
     time.sleep(max(0.0, killed_at + 5.0 - time.monotonic()))  # a slow TaskManager restart: 5 s
     pipeline.restart_taskmanager(1)
     info = pipeline.wait_for_job(
-        lambda i: i.status in ("RUNNING", "FAILED") and i.restarts >= 1,
+        lambda i: i.status in (pb.JOB_STATUS_RUNNING, pb.JOB_STATUS_FAILED) and i.restarts >= 1,
         "RUNNING or FAILED after the TaskManager came back",
         60,
     )
-    assert (info.status, info.restarts) == ("RUNNING", 1), (
+    assert (info.status, info.restarts) == (pb.JOB_STATUS_RUNNING, 1), (
         f"one TaskManager loss, back after 5 s: job {info.status} after {info.restarts} restart(s) "
         f"(budget 2); cause: {info.failure_cause}"
     )
@@ -317,7 +320,7 @@ def test_11_batches_after_a_rescale_are_partitioned_by_the_new_parallelism(exo_p
 def _state_if_served(pipeline: ExactlyOncePipeline, files: list[int]) -> str:
     """``EXACT`` if the job serves exactly the reference of ``files``, ``NOT_SERVED`` if it does not run
     (a refused resubmission leaves it cancelled), else what differs."""
-    if pipeline.job_info().status in ("CANCELED", "FAILED"):
+    if pipeline.job_info().status in (pb.JOB_STATUS_CANCELED, pb.JOB_STATUS_FAILED):
         return NOT_SERVED
     return pipeline.diff(files) or EXACT
 
@@ -375,7 +378,7 @@ def test_12_savepoints_taken_while_the_stream_runs_all_succeed(exo_pipeline) -> 
         f"savepoint {i.checkpoint_id} (triggered while checkpoint {c.checkpoint_id} was {c.status}): {i.status} "
         f"{i.failure_reason[:300]}"
         for c, i in taken
-        if i.status != "COMPLETED"
+        if i.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
     ]
     assert len(taken) >= 3, f"only {len(taken)} savepoints could be taken while the stream ran"
     if failed:

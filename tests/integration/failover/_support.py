@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ListState, ReducingState, StateClient, ValueState
 from keyedstate.common.descriptors import (
     NumberType,
@@ -38,6 +39,7 @@ from keyedstate.common.errors import (
     StaleRoutingError,
     UnavailableError,
 )
+from keyedstate.common.rpc.enums import name_of
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import CheckpointMetadata, plan_gc
 
@@ -174,7 +176,7 @@ class EpochWriter:
                 expected_routing_version=version,
                 timeout_s=120,
             )
-            if response.checkpoint.status != "COMPLETED":
+            if response.checkpoint.status != jm_pb.CHECKPOINT_STATUS_COMPLETED:
                 raise UnavailableError(
                     f"the checkpoint of epoch {epoch} did not complete: "
                     f"{response.checkpoint.failure_reason or response.checkpoint.status}"
@@ -306,13 +308,15 @@ def wait_for_job(
         except UnavailableError:
             return False
         seen[:] = [info]
-        return info.status in statuses and info.restarts >= min_restarts
+        return name_of(pb.JobStatus, info.status) in statuses and info.restarts >= min_restarts
 
     wait_until(
         ready,
         f"job {job_id} to be {'/'.join(sorted(statuses))} (restarts >= {min_restarts})",
         timeout_s,
-        lambda: (seen[0].status, seen[0].restarts, seen[0].failure_cause) if seen else "no answer",
+        lambda: (
+            (name_of(pb.JobStatus, seen[0].status), seen[0].restarts, seen[0].failure_cause) if seen else "no answer"
+        ),
     )
     return seen[0]
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from tests.integration.failover._support import (
     BackgroundWriter,
     EpochWriter,
@@ -96,7 +97,7 @@ def test_kill_of_a_taskmanager_during_a_checkpoint_upload_leaves_no_orphans(
 
     # Nothing of it is left, the dead TaskManager's unacknowledged shared files included.
     final = client.job_info(job)
-    assert (final.status, final.committed_epoch) == ("RUNNING", 3)
+    assert (final.status, final.committed_epoch) == (pb.JOB_STATUS_RUNNING, 3)
     assert_state_equals(writer.read(), writer.expected(3))
     assert_no_orphans(cluster.storage, job_dir, [final.latest_checkpoint_path])
     assert not orphans_at_kill & relative_files(cluster.storage, job_dir)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import rocksdict
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.errors import IncompatibleCheckpointError
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
@@ -108,7 +110,7 @@ def test_rescale_from_2_to_3_to_1_with_statectl(failover_cluster: Callable[..., 
         assert done.returncode == 0, done.stderr
         assert f"job {job} rescaled to parallelism {parallelism}" in done.stdout
         info = client.job_info(job)
-        assert info.status == "RUNNING" and [op.parallelism for op in info.operators] == [parallelism]
+        assert info.status == pb.JOB_STATUS_RUNNING and [op.parallelism for op in info.operators] == [parallelism]
         # Every key after the move, then more epochs at the new parallelism.
         assert_state_equals(writer.read(), writer.expected(writer.committed))
         assert_slots_hold_only_their_key_groups(cluster, job, parallelism)
@@ -151,17 +153,16 @@ def test_statectl_refuses_a_rescale_beyond_the_free_slots_and_the_job_keeps_runn
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
     assert "needs 5 slots but only 4 are available" in refused.stderr and "start more TaskManagers" in refused.stderr
     info = client.job_info(job)
-    assert info.status == "RUNNING" and [op.parallelism for op in info.operators] == [2], info
+    assert info.status == pb.JOB_STATUS_RUNNING and [op.parallelism for op in info.operators] == [2], info
     writer.run(2)
     assert_state_equals(writer.read(), writer.expected(2))
 
     # The JobManager itself must refuse it too (a client other than statectl asks it directly).
-    from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
     from keyedstate.common.errors import CapacityError
 
     with pytest.raises(CapacityError, match="needs 5 slots"):
         client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=job, parallelism={"": 5}), retry=False)
     # Refused before anything was released: the job runs on at its old parallelism.
-    assert client.job_info(job).status == "RUNNING"
+    assert client.job_info(job).status == pb.JOB_STATUS_RUNNING
     writer.run(3)
     assert_state_equals(writer.read(), writer.expected(3))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.errors import KeyedStateError, Reason
 from tests.integration.failover._support import (
     RETRYABLE,
@@ -67,7 +68,7 @@ def test_kill_of_a_taskmanager_during_writes_loses_and_doubles_no_update(
     assert failures, "the kill must have interrupted the writer"
     assert all(f.error.split(":")[0] in {c.__name__ for c in RETRYABLE} for f in failures), failures
     final = client.job_info(job)
-    assert (final.status, final.committed_epoch) == ("RUNNING", 12) and final.restarts >= 1
+    assert (final.status, final.committed_epoch) == (pb.JOB_STATUS_RUNNING, 12) and final.restarts >= 1
     # Every update exactly once: a lost epoch misses an element, a doubled one adds one.
     assert_state_equals(writer.read(), writer.expected(12))
     assert_no_orphans(cluster.storage, cluster.job_dir(job), [final.latest_checkpoint_path])

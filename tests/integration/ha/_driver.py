@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keyedstate.common._proto.v1 import common_pb2
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ClientSettings, EpochScope, ListState, ReducingState, StateClient
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
@@ -60,9 +61,9 @@ class EpochDriver:
         while True:
             try:
                 info = self.client.job_info(JOB)
-                if info.status == "RUNNING":
+                if info.status == pb.JOB_STATUS_RUNNING:
                     return info
-                if info.status in ("FAILED", "CANCELED"):
+                if info.status in (pb.JOB_STATUS_FAILED, pb.JOB_STATUS_CANCELED):
                     raise AssertionError(f"job {info.status}: {info.failure_cause}")
             except KeyedStateError:
                 pass  # the JobManager is restarting
@@ -113,7 +114,10 @@ class EpochDriver:
                     self.reruns += 1
                 time.sleep(0.1)
                 continue
-            assert response.checkpoint.status == "COMPLETED" and response.checkpoint.epoch >= start.epoch, response
+            assert (
+                response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED
+                and response.checkpoint.epoch >= start.epoch
+            ), response
             self._apply_reference(epoch, rows)
             return response
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ValueState
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
@@ -70,8 +72,8 @@ def test_terminal_jobs_stay_terminal_after_a_restart(inprocess_cluster: Any, tmp
     client.submit_job("kept", _ops())
     client.cancel_job("gone")
     _restart_jobmanager(cluster, tmp_path)
-    assert client.job_info("gone").status == "CANCELED"
-    _wait_for(lambda: client.job_info("kept").status == "RUNNING", 30, "the running job resuming")
+    assert client.job_info("gone").status == pb.JOB_STATUS_CANCELED
+    _wait_for(lambda: client.job_info("kept").status == pb.JOB_STATUS_RUNNING, 30, "the running job resuming")
 
 
 def test_a_recovered_job_that_gets_no_slots_fails_naming_the_timeout(inprocess_cluster: Any, tmp_path: Path) -> None:
@@ -81,7 +83,7 @@ def test_a_recovered_job_that_gets_no_slots_fails_naming_the_timeout(inprocess_c
     cluster.taskmanagers[0].stop(grace_s=0)
     cluster.taskmanagers.clear()
     _restart_jobmanager(cluster, tmp_path, **{"slot.request.timeout": "500 ms", "restart-strategy.type": "none"})
-    info = _wait_for(lambda: (i := client.job_info("job")).status == "FAILED" and i, 30, "the job failing")
+    info = _wait_for(lambda: (i := client.job_info("job")).status == pb.JOB_STATUS_FAILED and i, 30, "the job failing")
     assert "slot.request.timeout" in info.failure_cause and "start more TaskManagers" in info.failure_cause
 
 
@@ -104,7 +106,7 @@ def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitte
     keys = [f"k{i}" for i in range(300)]
     state.put_many(keys, list(range(300)))
     savepoint = client.trigger_checkpoint("a", savepoint=True, timeout_s=60)
-    assert savepoint.status == "COMPLETED", savepoint.failure_reason
+    assert savepoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, savepoint.failure_reason
     client.submit_job("b", _ops(), restore_path=savepoint.path)
     restored = ValueState(client, "b", OP, "v", value_serializer="int")
     assert restored.get_many(keys) == list(range(300))
@@ -113,7 +115,9 @@ def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitte
     cluster.taskmanagers[1].stop(grace_s=0)
     cluster.add_taskmanager()
     _wait_for(
-        lambda: client.job_info("b").restarts >= 1 and client.job_info("b").status == "RUNNING", 60, "job b restarting"
+        lambda: client.job_info("b").restarts >= 1 and client.job_info("b").status == pb.JOB_STATUS_RUNNING,
+        60,
+        "job b restarting",
     )
     assert restored.get_many(keys) == list(range(300))
 
@@ -131,13 +135,13 @@ def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state
     keys = [f"k{i}" for i in range(200)]
     state.put_many(keys, [1] * 200)
     source = client.trigger_checkpoint("job", timeout_s=60)
-    assert source.status == "COMPLETED", source.failure_reason
+    assert source.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, source.failure_reason
     state.put_many(keys, [2] * 200)
     client.restore_job("job", source.path)
     assert state.get_many(keys) == [1] * 200
 
     _restart_jobmanager(cluster, tmp_path)
-    _wait_for(lambda: client.job_info("job").status == "RUNNING", 30, "the job resuming")
+    _wait_for(lambda: client.job_info("job").status == pb.JOB_STATUS_RUNNING, 30, "the job resuming")
     assert state.get_many(keys) == [1] * 200
     assert client.job_info("job").latest_checkpoint_path == source.path
 
@@ -152,15 +156,15 @@ def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(
     client.submit_job("job", _ops())
     ValueState(client, "job", OP, "v", value_serializer="int").put_many(["a", "b"], [1, 2])
     checkpoint = client.trigger_checkpoint("job", timeout_s=60)
-    assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+    assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
     client.cancel_job("job")
     before = client.job_info("job")
     assert (before.latest_checkpoint_id, before.latest_checkpoint_path) == (checkpoint.checkpoint_id, checkpoint.path)
     _restart_jobmanager(cluster, tmp_path)
     after = client.job_info("job")
-    assert after.status == "CANCELED"
+    assert after.status == pb.JOB_STATUS_CANCELED
     assert (after.latest_checkpoint_id, after.latest_checkpoint_path) == (checkpoint.checkpoint_id, checkpoint.path)
     client.wait_for_taskmanagers(1, timeout_s=30)
     client.submit_job("again", _ops(), restore_path=after.latest_checkpoint_path)
-    _wait_for(lambda: client.job_info("again").status == "RUNNING", 30, "the job restored from it running")
+    _wait_for(lambda: client.job_info("again").status == pb.JOB_STATUS_RUNNING, 30, "the job restored from it running")
     assert ValueState(client, "again", OP, "v", value_serializer="int").get_many(["a", "b"]) == [1, 2]

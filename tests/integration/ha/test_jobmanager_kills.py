@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import _paths, load_checkpoint, plan_gc
 from tests.fixtures.s3 import s3_configuration
@@ -163,7 +164,7 @@ def test_jobmanager_killed_between_barrier_and_completion(ha_cluster: Any) -> No
             f"checkpoint ids went backwards or reused {in_flight}: {ids}"
         )
         info = driver.client.job_info(JOB)
-        assert info.status == "RUNNING" and info.committed_epoch == 5 and info.restarts == 0
+        assert info.status == pb.JOB_STATUS_RUNNING and info.committed_epoch == 5 and info.restarts == 0
         driver.verify()
         _assert_no_orphans(cluster)
         print(f"\nJobManager killed between barrier and completion: {figures}, driver re-runs {driver.reruns}")
@@ -183,7 +184,7 @@ def test_jobmanager_killed_right_after_metadata_is_written(ha_cluster: Any) -> N
         ids = _completed_ids(cluster)
         assert ids[-1] > crashed and all(b > a for a, b in zip(ids, ids[1:]))
         info = driver.client.job_info(JOB)
-        assert info.status == "RUNNING" and info.committed_epoch == 5
+        assert info.status == pb.JOB_STATUS_RUNNING and info.committed_epoch == 5
         driver.verify()
         _assert_no_orphans(cluster)
         print(f"\nJobManager killed right after _metadata: {figures}, driver re-runs {driver.reruns}")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.rpc.enums import name_of
 from tests.fixtures.netns import Host, NetnsSettings, VirtualNetwork, check_requirements, find_iptables
 
 pytestmark = pytest.mark.netns
@@ -191,7 +193,14 @@ def test_minicluster_daemons_run_in_their_hosts_and_pause_like_a_stalled_host(
 
         def status(tm_id: str) -> str:
             """ACTIVE, or "gone" once the JobManager dropped it from the overview (a lost TaskManager)."""
-            return next((t.status for t in client.cluster().taskmanagers if t.taskmanager_id == tm_id), "gone")
+            return next(
+                (
+                    name_of(jm_pb.TaskManagerStatus, t.status)
+                    for t in client.cluster().taskmanagers
+                    if t.taskmanager_id == tm_id
+                ),
+                "gone",
+            )
 
         registered = {t.taskmanager_id: t.address.split(":")[0] for t in client.cluster().taskmanagers}
         assert registered == {"tm-0": tm0.ip, "tm-1": tm1.ip}

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.minicluster import MiniCluster
 from tests.fixtures.netns import Host, VirtualNetwork
 from tests.fixtures.waiting import wait_for
@@ -102,7 +103,7 @@ def test_direct_writes_acknowledged_after_failover_survive_and_the_deposed_taskm
             w.stop()
         monitor.stop()
 
-    wait_for(lambda: admin.job_info(job).status == "RUNNING", 30, "the job to be RUNNING after the heal")
+    wait_for(lambda: admin.job_info(job).status == pb.JOB_STATUS_RUNNING, 30, "the job to be RUNNING after the heal")
     final = read_lists(address, job, keys)
     restarts = admin.job_info(job).restarts
     admin.close()

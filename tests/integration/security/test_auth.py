@@ -14,6 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -180,7 +181,7 @@ def test_a_reader_cannot_write_and_a_writer_cannot_cancel(
     assert _refused(cluster, "CancelJob", "PERMISSION_DENIED") == before + 1
     assert "PERMISSION_DENIED /keyedstate.v1.JobManager/CancelJob" in caplog.text
     assert tokens.tokens["pipeline-a"] not in caplog.text
-    assert _client(cluster, tokens, "ops").job_info(JOB_A).status == "RUNNING"  # nothing was cancelled
+    assert _client(cluster, tokens, "ops").job_info(JOB_A).status == pb.JOB_STATUS_RUNNING  # nothing was cancelled
     with pytest.raises(PermissionDeniedError, match="job.restore \\(role admin\\)"):
         _client(cluster, tokens, "pipeline-a").submit_job(JOB_A, operators(1), restore_path="file:///tmp/chk-1")
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ChannelSecurity, ClientSettings, StateClient, ValueState
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import AuthenticationError, PermissionDeniedError
@@ -112,6 +113,6 @@ def test_the_shipped_deployment_runs_secured(inprocess_cluster: Any, tmp_path: P
             with pytest.raises(PermissionDeniedError):
                 writer.cancel_job(JOB)
         checkpoint = admin.trigger_checkpoint(JOB, timeout_s=60)
-        assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+        assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
     with StateClient(cluster.address, SETTINGS, trust) as anonymous, pytest.raises(AuthenticationError):
         anonymous.job_info(JOB)

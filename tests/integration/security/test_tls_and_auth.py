@@ -49,7 +49,7 @@ def test_daemons_authenticate_by_certificate_and_clients_by_token(inprocess_clus
                 writer.cancel_job(JOB)
             assert "job.cancel" in denied.value.message
         checkpoint = admin.trigger_checkpoint(JOB, timeout_s=60)  # barriers and acks ride the internal plane
-        assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+        assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
 
     # TLS without a token: the transport alone is no identity on the client plane.
     with StateClient(cluster.address, SETTINGS, rest) as anonymous:  # no token in this environment

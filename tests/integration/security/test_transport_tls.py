@@ -89,7 +89,7 @@ def test_both_planes_on_tls_end_to_end(inprocess_cluster: Any, pki: Pki) -> None
     state.put_many(keys, [f"v{i}" for i in range(500)])
     assert state.get_many(keys) == [f"v{i}" for i in range(500)]
     checkpoint = client.trigger_checkpoint(JOB, timeout_s=30)  # barriers to, acknowledgements from every TaskManager
-    assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+    assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
 
 
 def test_clients_cannot_reach_internal_services(inprocess_cluster: Any, pki: Pki) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.client import ListState, ValueState
@@ -46,7 +47,7 @@ def _setup(
     last.put_many(keys0 + keys1, list(range(40)))
     events.append_many(keys0 + keys1, ["a"] * 40)
     checkpoint = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+    assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
     return client, last, events, keys0, keys1
 
 
@@ -80,14 +81,14 @@ def test_idempotent_reads_give_up_with_a_clear_error_while_the_job_cannot_run(cl
     client, last, _, keys0, _ = _setup(cluster, max_attempts=3, backoff_s=0.01)
     for tm in list(cluster.taskmanagers):
         tm.stop(grace_s=1)
-    _wait_for(lambda: client.job_info(JOB).status == "RESTARTING", 10, "the failover")
+    _wait_for(lambda: client.job_info(JOB).status == pb.JOB_STATUS_RESTARTING, 10, "the failover")
     with pytest.raises(UnavailableError) as info:
         last.get_many(keys0)
     assert f"job {JOB!r} is RESTARTING" in info.value.message
 
     # A TaskManager arrives; the same client, with no help, reads the restored state.
     cluster.add_taskmanager(**{"taskmanager.numberOfTaskSlots": 2})
-    _wait_for(lambda: client.job_info(JOB).status == "RUNNING", 30, "the restart")
+    _wait_for(lambda: client.job_info(JOB).status == pb.JOB_STATUS_RUNNING, 30, "the restart")
     assert last.get_many(keys0) == list(range(20))
 
 

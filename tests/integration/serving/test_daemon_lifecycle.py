@@ -11,7 +11,10 @@ import sys
 import time
 from typing import Any
 
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ClientSettings, StateClient, ValueState
+from keyedstate.common.rpc.enums import name_of
 from tests.fixtures.waiting import wait_for
 from tests.integration.serving._support import JOB, OPERATOR, operators
 
@@ -27,7 +30,7 @@ _wait_for = wait_for
 
 
 def _taskmanagers(client: StateClient) -> dict[str, str]:
-    return {t.taskmanager_id: t.status for t in client.cluster().taskmanagers}
+    return {t.taskmanager_id: name_of(jm_pb.TaskManagerStatus, t.status) for t in client.cluster().taskmanagers}
 
 
 def _fill(client: StateClient, n: int = 500) -> tuple[ValueState[str, int], list[str]]:
@@ -36,7 +39,7 @@ def _fill(client: StateClient, n: int = 500) -> tuple[ValueState[str, int], list
     keys = [f"user-{i}" for i in range(n)]
     state.put_many(keys, list(range(n)))
     checkpoint = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+    assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
     return state, keys
 
 
@@ -51,7 +54,7 @@ def test_sigterm_taskmanager_exits_0_deregisters_and_closes_rocksdb(process_clus
         assert tm.terminate(timeout_s=30) == 0
         # Deregistration happens before the process exits, so the JobManager already knows.
         assert "tm-0" not in _taskmanagers(client)
-        assert client.job_info(JOB).status == "RESTARTING"
+        assert client.job_info(JOB).status == pb.JOB_STATUS_RESTARTING
         log = tm.log_path.read_text()
         for subtask in (0, 1):
             assert f"closed RocksDB state of {JOB}/{OPERATOR}/{subtask}" in log
@@ -60,7 +63,7 @@ def test_sigterm_taskmanager_exits_0_deregisters_and_closes_rocksdb(process_clus
 
         # A successor on the same local directory restores into the same RocksDB paths.
         cluster.restart_taskmanager(0)
-        _wait_for(lambda: client.job_info(JOB).status == "RUNNING", 30, "the job restart")
+        _wait_for(lambda: client.job_info(JOB).status == pb.JOB_STATUS_RUNNING, 30, "the job restart")
         assert state.get_many(keys) == list(range(len(keys)))
         successor_log = cluster.taskmanagers[0].log_path.read_text().split("taskmanager tm-0: stopped", 1)[1]
         assert "LOCK" not in successor_log and "Traceback" not in successor_log
@@ -73,7 +76,7 @@ def test_sigterm_taskmanager_exits_0_deregisters_and_closes_rocksdb(process_clus
         _wait_for(lambda: client.job_info(JOB).restarts == before + 1, 30, "the restart")
         time.sleep(2)  # many polls for free slots happen meanwhile
         info = client.job_info(JOB)
-        assert (info.status, info.restarts) == ("RESTARTING", before + 1)
+        assert (info.status, info.restarts) == (pb.JOB_STATUS_RESTARTING, before + 1)
         assert cluster.jobmanager.terminate(timeout_s=10) == 0
 
 
@@ -117,7 +120,7 @@ def test_sigkill_taskmanager_is_lost_after_the_heartbeat_timeout(process_cluster
         assert _taskmanagers(client) == {"tm-0": "ACTIVE"}
         info = _wait_for(lambda: (i := client.job_info(JOB)).failure_cause and i, 10, "the failover")
         assert "tm-1" in info.failure_cause and "heartbeat.timeout" in info.failure_cause
-        assert info.status in ("RESTARTING", "FAILED")
+        assert info.status in (pb.JOB_STATUS_RESTARTING, pb.JOB_STATUS_FAILED)
 
 
 def test_taskmanager_reregisters_by_itself_after_a_jobmanager_restart(process_cluster: Any) -> None:
@@ -162,7 +165,7 @@ def test_stopped_taskmanager_hands_its_rocksdb_to_a_successor_in_the_same_proces
     cluster.add_taskmanager(
         **{"taskmanager.resource-id": first.id, "state.backend.rocksdb.localdir": str(first.settings.local_dir)}
     )
-    _wait_for(lambda: client.job_info(JOB).status == "RUNNING", 30, "the job restart")
+    _wait_for(lambda: client.job_info(JOB).status == pb.JOB_STATUS_RUNNING, 30, "the job restart")
     assert client.job_info(JOB).restarts >= 1
     assert state.get_many(keys) == list(range(len(keys)))
     assert os.listdir(first.deployer.work_dir)  # the successor works in the same directory

@@ -199,7 +199,7 @@ def test_a_different_definition_under_a_running_id_is_already_exists(
     # The running job is untouched.
     assert client.routing(JOB, refresh=True) == first
     assert _free_slots(stub) == free
-    assert stub.GetJob(jm_pb.JobRequest(job_id=JOB), timeout=10).status == "RUNNING"
+    assert stub.GetJob(jm_pb.JobRequest(job_id=JOB), timeout=10).status == pb.JOB_STATUS_RUNNING
 
 
 def test_a_canceled_job_id_can_be_reused_and_cached_routing_moves_on(
@@ -216,7 +216,7 @@ def test_a_canceled_job_id_can_be_reused_and_cached_routing_moves_on(
 
     other = cluster.client()
     info = other.cancel_job(JOB)
-    assert info.status == "CANCELED"
+    assert info.status == pb.JOB_STATUS_CANCELED
     assert _free_slots(stub) == 4
     new = other.submit_job(JOB, operators(parallelism=1))
     assert new.version > client.routing(JOB).version
@@ -249,7 +249,7 @@ def test_a_client_that_saw_the_job_canceled_follows_its_restore(cluster: Any) ->
     keys = keys_of_subtask(client.routing(JOB), 0, 2) + keys_of_subtask(client.routing(JOB), 1, 2)
     last.put_many(keys, [1, 2, 3, 4])
     checkpoint = client.trigger_checkpoint(JOB, timeout_s=60)
-    assert checkpoint.status == "COMPLETED", checkpoint.failure_reason
+    assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
 
     operator = cluster.client()
     operator.cancel_job(JOB)
