@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.clock import Clock, Scheduler
+from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import (
     CheckpointError,
@@ -29,7 +34,6 @@ from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
     CheckpointCoordinator,
     CheckpointException,
-    CheckpointFailureReason,
     CheckpointingSettings,
     CheckpointStatsTracker,
     CompletedCheckpoint,
@@ -44,10 +48,11 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
 from keyedstate.jobmanager.ha.job_store import JobRecord
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
+from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
 
-if TYPE_CHECKING:
-    from keyedstate.jobmanager.daemon import JobManager
-    from keyedstate.jobmanager.dispatcher import Dispatcher
+FailOver = Callable[[str, str], None]
+"""``fail_over(job_id, cause)``: what a job's coordinator calls when too many checkpoints failed (the
+Dispatcher's failover, passed in by whoever attaches the coordinator)."""
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +60,9 @@ logger = logging.getLogger(__name__)
 class _JobGateway:
     """The coordinator's view of the TaskManagers hosting one job."""
 
-    def __init__(self, dispatcher: Dispatcher, job: Job) -> None:
-        self._d = dispatcher
+    def __init__(self, taskmanagers: TaskManagerGateways, executor: Executor, job: Job) -> None:
+        self._taskmanagers = taskmanagers
+        self._executor = executor
         self._job = job
         # The TaskManagers of the deployment the current cut saw (set and used under the epoch lock).
         self._cut_addresses: dict[str, int] = {}
@@ -97,7 +103,7 @@ class _JobGateway:
         if not targets:
             raise UnavailableError(f"job {self._job.job_id} runs no subtask to take checkpoint {barrier.checkpoint_id}")
         for address, expected in targets.items():
-            response = self._d.gateways.trigger_checkpoint(address, message)
+            response = self._taskmanagers.trigger_checkpoint(address, message)
             if response.slots != expected:
                 raise UnavailableError(
                     f"TaskManager {address} took the barrier of checkpoint {barrier.checkpoint_id} in "
@@ -111,24 +117,42 @@ class _JobGateway:
         if completed:
             self._notify_all(job_id, checkpoint_id, completed)
         else:
-            self._d.run_in_background(self._notify_all, job_id, checkpoint_id, completed)
+            self._executor.submit(self._notify_all, job_id, checkpoint_id, completed)
 
     def _notify_all(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
         request = tm_pb.CheckpointNotification(job_id=job_id, checkpoint_id=checkpoint_id, completed=completed)
         for address in self._addresses():
             try:
-                self._d.gateways.notify_checkpoint(address, request)
+                self._taskmanagers.notify_checkpoint(address, request)
             except KeyedStateError as exc:
                 logger.info("notify checkpoint %d to %s: %s", checkpoint_id, address, exc.message)
 
 
 class Checkpointing:
-    def __init__(self, jm: JobManager) -> None:
-        self._jm = jm
-        self._d = jm.dispatcher
+    """The checkpoint side of every job: coordinators, storage, restore planning and the HA store.
+
+    Below the Dispatcher: it is handed the jobs it works on and never looks them up, so it knows
+    nothing of the job table, failover or the RPC layer.
+    """
+
+    def __init__(
+        self,
+        conf: Configuration,
+        clock: Clock,
+        scheduler: Scheduler,
+        metrics_registry: CollectorRegistry,
+        taskmanagers: TaskManagerGateways,
+        executor: Executor,
+    ) -> None:
+        self._conf = conf
+        self._clock = clock
+        self._scheduler = scheduler
+        self._metrics_registry = metrics_registry
+        self._taskmanagers = taskmanagers
+        self._executor = executor
         self._stop = threading.Event()
-        self._storages = StorageCache(jm.conf, self._stop)
-        self.ha: HighAvailabilityServices = create_ha_services(jm.conf, self._storages.for_url)
+        self._storages = StorageCache(conf, self._stop)
+        self.ha: HighAvailabilityServices = create_ha_services(conf, self._storages.for_url)
 
     # -- storage -----------------------------------------------------------------------------
     def storage(self, url: str, job: Job | None = None) -> CheckpointStorage:
@@ -142,7 +166,7 @@ class Checkpointing:
         return _paths.join(_paths.normalize(base), job.job_id) if base else ""
 
     # -- job lifecycle -----------------------------------------------------------------------
-    def attach(self, job: Job, recovering: bool = False) -> None:
+    def attach(self, job: Job, fail_over: FailOver, recovering: bool = False) -> None:
         """Give ``job`` its checkpoint coordinator (none without ``state.checkpoints.dir``).
 
         A fresh submission under a job id used before starts with no completed checkpoints of
@@ -167,30 +191,34 @@ class Checkpointing:
             settings,
             storage,
             job_dir,
-            _JobGateway(self._d, job),
+            _JobGateway(self._taskmanagers, self._executor, job),
             id_counter=id_counter,
             store=store,
-            clock=self._jm.clock,
-            scheduler=self._jm.scheduler,
+            clock=self._clock,
+            scheduler=self._scheduler,
             operators=lambda: job.spec.operators,
             max_parallelism=job.spec.max_parallelism,
             tasks=lambda: set(job.assignments),
-            stats=CheckpointStatsTracker(job.job_id, self._jm.metrics_registry),
-            on_failover=lambda reason, message: self._on_checkpoint_failover(job.job_id, reason, message),
+            stats=CheckpointStatsTracker(job.job_id, self._metrics_registry),
+            on_failover=lambda reason, message: fail_over(
+                job.job_id, f"too many failed checkpoints ({reason.name}): {message}"
+            ),
             savepoints_dir=job.config.get(o.SAVEPOINTS_DIR),
         )
 
     def detach(self, job: Job) -> None:
+        """Stop ``job``'s coordinator (cancel, failure, shutdown); its store still answers job info."""
         if job.coordinator is not None:
             job.coordinator.shutdown()
 
     def job_running(self, job: Job) -> None:
+        """``job`` runs (again): periodic checkpoints start and the failure count starts over."""
         if job.coordinator is not None:
             job.coordinator.reset_failure_counter()
             job.coordinator.start_periodic()
 
-    def _coordinator(self, job_id: str) -> CheckpointCoordinator:
-        job = self._d.job(job_id)
+    def _coordinator(self, job: Job) -> CheckpointCoordinator:
+        job_id = job.job_id
         if job.coordinator is None:
             raise InvalidArgumentError(
                 f"job {job_id!r} has no checkpoint storage; set state.checkpoints.dir (for example file:///var/checkpoints "
@@ -224,7 +252,7 @@ class Checkpointing:
         )
         return checkpoint
 
-    def adopt_restore(self, job: Job, checkpoint: CompletedCheckpoint) -> None:
+    def adopt_restore(self, job: Job, checkpoint: CompletedCheckpoint, fail_over: FailOver) -> None:
         """After ``job`` was redeployed from ``checkpoint`` in place: its checkpoints start over from it.
 
         The job gets a new coordinator, as a resubmitted job would: the checkpoints taken before
@@ -234,7 +262,7 @@ class Checkpointing:
         """
         self.detach(job)
         job.coordinator = None
-        self.attach(job)
+        self.attach(job, fail_over)
         self._restored_from(job, checkpoint)
 
     def _restored_from(self, job: Job, checkpoint: CompletedCheckpoint) -> None:
@@ -272,8 +300,9 @@ class Checkpointing:
         return self.plan_restore(job, path) if path else EMPTY_PLAN
 
     # -- RPC entry points --------------------------------------------------------------------
-    def trigger_request(self, request: jm_pb.TriggerCheckpointRequest) -> jm_pb.CheckpointInfo:
-        coordinator = self._coordinator(request.job_id)
+    def trigger_request(self, job: Job, request: jm_pb.TriggerCheckpointRequest) -> jm_pb.CheckpointInfo:
+        """Trigger a checkpoint or savepoint of ``job``; waits for the outcome when ``request.wait``."""
+        coordinator = self._coordinator(job)
         try:
             # A checkpoint in flight or the minimum pause is waited out rather than refused.
             turn_ms = request.timeout_ms or coordinator.settings.timeout_ms
@@ -318,14 +347,14 @@ class Checkpointing:
             )
         return checkpoint_info(completed)
 
-    def acknowledge(self, request: jm_pb.AcknowledgeCheckpointRequest) -> str:
-        job = self._d.job(request.job_id)
+    def acknowledge(self, job: Job, request: jm_pb.AcknowledgeCheckpointRequest) -> str:
+        """A subtask's snapshot of ``job`` is uploaded; the outcome's name (SUCCESS, DUPLICATE, ...)."""
         if job.coordinator is None:
             return "UNKNOWN"
         return job.coordinator.acknowledge(request.checkpoint_id, request.state).name
 
-    def decline(self, request: jm_pb.DeclineCheckpointRequest) -> str:
-        job = self._d.job(request.job_id)
+    def decline(self, job: Job, request: jm_pb.DeclineCheckpointRequest) -> str:
+        """A subtask of ``job`` cannot take the checkpoint: abort it; the outcome's name."""
         if job.coordinator is None:
             return "UNKNOWN"
         outcome = job.coordinator.decline(
@@ -335,8 +364,9 @@ class Checkpointing:
         )
         return getattr(outcome, "name", str(outcome) if outcome is not None else "SUCCESS")
 
-    def list_checkpoints(self, job_id: str) -> jm_pb.ListCheckpointsResponse:
-        coordinator = self._coordinator(job_id)
+    def list_checkpoints(self, job: Job) -> jm_pb.ListCheckpointsResponse:
+        """The checkpoint history of ``job`` (in flight, completed and failed), newest first."""
+        coordinator = self._coordinator(job)
         entries = []
         for e in coordinator.stats.history():
             entries.append(
@@ -358,14 +388,10 @@ class Checkpointing:
     def checkpoint_now(self, job: Job) -> CompletedCheckpoint:
         """A completed checkpoint taken now (before a rescale or a restore redeploys the job), waiting
         for one in flight instead of being refused."""
-        coordinator = self._coordinator(job.job_id)
+        coordinator = self._coordinator(job)
         timeout_ms = coordinator.settings.timeout_ms
         pending = coordinator.trigger_waiting(timeout_ms, closed=self._stop)
         return coordinator.wait_for(pending.checkpoint_id, timeout_ms / 1000.0)
-
-    # -- failures ----------------------------------------------------------------------------
-    def _on_checkpoint_failover(self, job_id: str, reason: CheckpointFailureReason, message: str) -> None:
-        self._d.run_in_background(self._d.fail_over, job_id, f"too many failed checkpoints ({reason.name}): {message}")
 
     # -- high availability ---------------------------------------------------------------------
     def persist(self, job: Job, *, strict: bool = False) -> None:
@@ -398,7 +424,7 @@ class Checkpointing:
                 raise UnavailableError(f"job {job.job_id}: high-availability store unreachable: {exc}") from exc
             logger.error("job %s: could not write its high-availability record: %s", job.job_id, exc)
 
-    def recover_jobs(self, address: str, on_leadership_lost: Callable[[str], None]) -> list[Job]:
+    def recover_jobs(self, address: str, on_leadership_lost: Callable[[str], None], fail_over: FailOver) -> list[Job]:
         """After a JobManager restart: take leadership, load every job and its completed checkpoints.
 
         Runs before the server accepts calls, so a Spark driver resubmitting its job finds it.
@@ -408,14 +434,14 @@ class Checkpointing:
         jobs = []
         for record in self.ha.job_records():
             try:
-                jobs.append(self._recover_job(record))
+                jobs.append(self._recover_job(record, fail_over))
             except KeyedStateError as exc:
                 logger.error("job %s could not be recovered: %s", record.job_id, exc.message)
         return jobs
 
-    def _recover_job(self, record: JobRecord) -> Job:
+    def _recover_job(self, record: JobRecord, fail_over: FailOver) -> Job:
         spec = JobSpec.from_dict(record.spec)
-        job = Job(spec, self._jm.conf.with_values(dict(spec.config)))
+        job = Job(spec, self._conf.with_values(dict(spec.config)))
         job.restore_path = record.restore_path
         job.checkpoints_from = record.checkpoints_from
         job.restarts = record.restarts
@@ -429,15 +455,14 @@ class Checkpointing:
             job.status, job.failure_cause = status, record.failure_cause
             # Its completed checkpoints are still what job info, the checkpoint list and a resubmission's
             # refusal name, as before the restart: the operator restores a FAILED job from them.
-            self.attach(job, recovering=True)
+            self.attach(job, fail_over, recovering=True)
             if job.coordinator is not None:
                 job.coordinator.recover(self._completed_checkpoints(job))
                 self.detach(job)  # no checkpoints of a finished job; the store still answers
-            self._d.adopt(job)
             return job
         job.status = JobStatus.RESTARTING
         job.failure_cause = "the JobManager restarted; the job resumes from its latest completed checkpoint"
-        self.attach(job, recovering=True)
+        self.attach(job, fail_over, recovering=True)
         if job.coordinator is not None:
             job.coordinator.recover(self._completed_checkpoints(job))
             latest = job.coordinator.latest_completed()
@@ -446,7 +471,6 @@ class Checkpointing:
                 job.job_id,
                 latest.external_path if latest is not None else "none",
             )
-        self._d.adopt(job)
         self.persist(job)
         return job
 
@@ -524,9 +548,10 @@ class Checkpointing:
         )
         return execute(storage, plan)
 
-    def shutdown(self) -> None:
+    def shutdown(self, jobs: Iterable[Job]) -> None:
+        """Stop every coordinator of ``jobs`` and close the HA store (the JobManager stops)."""
         self._stop.set()
-        for job in self._d.jobs():
+        for job in jobs:
             self.detach(job)
         self.ha.close()
 
@@ -544,10 +569,6 @@ def _next_unused_checkpoint_id(storage: CheckpointStorage, job_dir: str) -> int:
 def _failure(exc: CheckpointException) -> str:
     # The checkpoint's own reason (CHECKPOINT_DECLINED, ...), not the error class's CHECKPOINT_FAILED.
     return f"{exc.failure_reason.name}: {exc.detail}"
-
-
-def install(jm: JobManager) -> None:
-    jm.dispatcher.checkpointing = Checkpointing(jm)
 
 
 def checkpoint_info(completed: CompletedCheckpoint) -> jm_pb.CheckpointInfo:

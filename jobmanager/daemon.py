@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -23,6 +25,7 @@ from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.common.security.transport import DEFAULT_JOBMANAGER_INTERNAL_PORT
+from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCoordinator
 from keyedstate.jobmanager.registry import TaskManagerRegistry
@@ -35,7 +38,12 @@ logger = logging.getLogger(__name__)
 
 
 class JobManager:
-    """One JobManager process. ``start()`` serves; ``stop()`` shuts down."""
+    """One JobManager process. ``start()`` serves; ``stop()`` shuts down.
+
+    The one place the JobManager is put together: the constructor creates every collaborator
+    (registry, TaskManager gateways, the pool, checkpointing and the HA store, the Dispatcher, the
+    epoch coordinator, the servicers) and hands each what it needs; ``start()`` only binds servers.
+    """
 
     def __init__(
         self,
@@ -67,20 +75,42 @@ class JobManager:
             token=internal_token(conf, "JobManager", "jobmanager", internal_tls=self.security.enabled(INTERNAL)),
         )
         self.auth_metrics = AuthMetrics(self.metrics_registry, "jobmanager")
-        self.dispatcher = Dispatcher(s, conf, self.registry, self.gateways, clock, self.scheduler)
+        # Calls to TaskManagers in parallel (deploys, releases, notifications) and background failovers.
+        self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jm-deploy")
+        self.checkpointing = Checkpointing(
+            conf, clock, self.scheduler, self.metrics_registry, self.gateways, self.executor
+        )
+        self.dispatcher = Dispatcher(
+            s, conf, self.registry, self.gateways, self.checkpointing, self.executor, clock, self.scheduler
+        )
+        self.epochs = EpochCoordinator(
+            jobs=self.dispatcher.job,
+            commit_on=self.gateways.commit_epoch,
+            executor=self.executor,
+            fail_over_now=self.dispatcher.fail_over_now,
+            clock=self.clock,
+            closed=self.dispatcher.closed,
+            default_timeout_ms=s.epoch_commit_timeout_ms,
+        )
+        self._jobmanager_servicer = JobManagerServicer(self.dispatcher, self.checkpointing, self.epochs)
+        self._resource_manager_servicer = ResourceManagerServicer(self.dispatcher)
+        self._checkpoint_gateway_servicer = CheckpointCoordinatorGatewayServicer(self.dispatcher, self.checkpointing)
+        self._health = health.HealthServicer()
         self.port = 0
         self.internal_port = 0
         """The port TaskManagers register at (the client port when the planes share a server)."""
-        self._server = None
-        self._internal_server = None
+        self._server: grpc.Server | None = None
+        self._internal_server: grpc.Server | None = None
         self._metrics_server: MetricsServer | None = None
         self._stopped = threading.Event()
 
     @property
     def address(self) -> str:
+        """Where clients reach this JobManager (``jobmanager.rpc.address`` and the bound port)."""
         return f"{self.settings.address}:{self.port}"
 
     def start(self) -> None:
+        """Bind the servers, recover jobs from the HA store, and serve; a failed start leaves nothing behind."""
         try:
             self._start()
         except BaseException:
@@ -90,9 +120,6 @@ class JobManager:
 
     def _start(self) -> None:
         s = self.settings
-        from keyedstate.jobmanager.checkpointing import install
-
-        install(self)
         security = self.security
         separate = internal_plane_separate(self.conf, o.JOBMANAGER_INTERNAL_PORT)
         security.check_protected_mode("JobManager", s.bind_host, REST, "jobmanager.bind-host")
@@ -131,22 +158,10 @@ class JobManager:
             self._internal_server = internal
         # Jobs come back from the HA store before the first call is served, so that a Spark
         # driver resubmitting its job after the restart finds it instead of creating it anew.
-        recovered = self.dispatcher.checkpointing.recover_jobs(f"{s.address}:{self.port}", self._leadership_lost)
-        epochs = EpochCoordinator(
-            jobs=self.dispatcher.job,
-            commit_on=self.gateways.commit_epoch,
-            executor=self.dispatcher.executor,
-            fail_over_now=self.dispatcher.fail_over_now,
-            clock=self.clock,
-            closed=self.dispatcher.closed,
-            default_timeout_ms=s.epoch_commit_timeout_ms,
-        )
-        jm_grpc.add_JobManagerServicer_to_server(JobManagerServicer(self.dispatcher, epochs), server)
-        jm_grpc.add_ResourceManagerServicer_to_server(ResourceManagerServicer(self.dispatcher), internal)
-        jm_grpc.add_CheckpointCoordinatorGatewayServicer_to_server(
-            CheckpointCoordinatorGatewayServicer(self.dispatcher), internal
-        )
-        self._health = health.HealthServicer()
+        recovered = self.dispatcher.recover(f"{s.address}:{self.port}", self._leadership_lost)
+        jm_grpc.add_JobManagerServicer_to_server(self._jobmanager_servicer, server)
+        jm_grpc.add_ResourceManagerServicer_to_server(self._resource_manager_servicer, internal)
+        jm_grpc.add_CheckpointCoordinatorGatewayServicer_to_server(self._checkpoint_gateway_servicer, internal)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if internal is not server:
             health_pb2_grpc.add_HealthServicer_to_server(self._health, internal)
@@ -193,6 +208,7 @@ class JobManager:
         )
 
     def stop(self, grace_s: float = 5.0) -> None:
+        """Stop serving (waiting up to ``grace_s`` for calls under way) and shut every collaborator down."""
         if self._stopped.is_set():
             return
         self._stopped.set()

@@ -33,7 +33,11 @@ from keyedstate.common.errors import (
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.keygroups import past_max_parallelism
 from keyedstate.common.rpc.enums import value_of
+from keyedstate.jobmanager import failover, recovery
+from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
+from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
+from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
 from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry, check_address
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
@@ -44,12 +48,16 @@ logger = logging.getLogger(__name__)
 
 
 class Dispatcher:
+    """Jobs and their slots: submission, deployment, cancel, restore, rescale, failover, TaskManager membership."""
+
     def __init__(
         self,
         settings: JobManagerSettings,
         conf: Configuration,
         registry: TaskManagerRegistry,
         gateways: TaskManagerGateways,
+        checkpointing: Checkpointing,
+        executor: ThreadPoolExecutor,
         clock: Clock,
         scheduler: Scheduler,
     ) -> None:
@@ -65,12 +73,11 @@ class Dispatcher:
         self._abandoned_versions: dict[str, int] = {}
         self._deploying: set[tuple[str, int]] = set()  # (TaskManager, slot) of deployments under way
         self._lock = threading.RLock()
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jm-deploy")
+        self._pool = executor
         # Set by shutdown(); restart loops wait on it so that they end with the JobManager
         # (the interpreter joins pool threads at exit, so a sleeping loop would keep it alive).
         self.closed = threading.Event()
-        # Installed by the checkpoint layer (keyedstate.jobmanager.checkpointing).
-        self.checkpointing: Any = None
+        self.checkpointing = checkpointing
         registry.add_lost_listener(self._on_taskmanager_lost)
 
     # -- queries -----------------------------------------------------------------------------
@@ -89,7 +96,15 @@ class Dispatcher:
         with self._lock:
             self._jobs[job.job_id] = job
 
+    def recover(self, address: str, on_leadership_lost: Callable[[str], None]) -> list[Job]:
+        """After a JobManager restart: take leadership and adopt every job of the HA store (see Checkpointing)."""
+        recovered = self.checkpointing.recover_jobs(address, on_leadership_lost, self._fail_over_later)
+        for job in recovered:
+            self.adopt(job)
+        return recovered
+
     def jobs(self) -> list[Job]:
+        """Every job the JobManager knows, running or not."""
         with self._lock:
             return list(self._jobs.values())
 
@@ -325,7 +340,7 @@ class Dispatcher:
             self._jobs[spec.job_id] = job
         try:
             with job.lock:
-                self.checkpointing.attach(job)
+                self.checkpointing.attach(job, self._fail_over_later)
                 plan = self.checkpointing.plan_restore(job, restore_path) if restore_path else EMPTY_PLAN
                 self.deploy(job, plan)
                 job.status = JobStatus.RUNNING
@@ -522,7 +537,12 @@ class Dispatcher:
             self.closed.wait(min(0.1, max(0.001, (deadline - now) / 1000.0)))
 
     def run_in_background(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the JobManager's pool (work that must not hold the caller's locks)."""
         self._pool.submit(fn, *args)
+
+    def _fail_over_later(self, job_id: str, cause: str) -> None:
+        # A checkpoint coordinator asks from its own locks and threads: the failover runs on the pool.
+        self._pool.submit(self.fail_over, job_id, cause)
 
     @property
     def executor(self) -> ThreadPoolExecutor:
@@ -588,7 +608,9 @@ class Dispatcher:
             release_source()
             raise
 
-    def _restore_running(self, job: Job, path: str, checkpoint: Any, coordinator: Any, version: int) -> pb.RoutingTable:
+    def _restore_running(
+        self, job: Job, path: str, checkpoint: CompletedCheckpoint, coordinator: CheckpointCoordinator, version: int
+    ) -> pb.RoutingTable:
         """:meth:`restore` of a RUNNING job from a verified ``checkpoint``."""
         job_id = job.job_id
         try:
@@ -627,7 +649,7 @@ class Dispatcher:
             except Exception as exc:  # whatever failed, the job must not stay RESTARTING
                 error = exc if isinstance(exc, KeyedStateError) else KeyedStateError(f"unexpected error: {exc!r}")
                 raise self._restore_failed(job, path, before.external_path, error) from exc
-            self.checkpointing.adopt_restore(job, checkpoint)
+            self.checkpointing.adopt_restore(job, checkpoint, self._fail_over_later)
             job.restore_path = checkpoint.external_path
             job.restarts = 0
             job.failure_cause = ""
@@ -743,9 +765,7 @@ class Dispatcher:
     # -- failures ----------------------------------------------------------------------------
     def resume_recovered(self, job: Job) -> None:
         """Redeploy a job recovered after a JobManager restart, in the background."""
-        from keyedstate.jobmanager.recovery import resume
-
-        self._pool.submit(resume, self, self.checkpointing, job)
+        self._pool.submit(recovery.resume, self, self.checkpointing, job)
 
     def _on_taskmanager_lost(self, record: TaskManagerRecord, cause: str) -> None:
         self.gateways.forget(record.address)
@@ -763,8 +783,6 @@ class Dispatcher:
 
         ``seen_version``: the routing version the failure was observed under (see failover.fail_over).
         """
-        from keyedstate.jobmanager.failover import fail_over
-
         job = self.job(job_id)
         if job.coordinator is None:
             with job.lock:
@@ -772,22 +790,19 @@ class Dispatcher:
                     job.status = JobStatus.FAILED
                     job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
             return
-        fail_over(self, self.checkpointing, job_id, cause, seen_version)
+        failover.fail_over(self, self.checkpointing, job_id, cause, seen_version)
 
     def fail_over_now(self, job: Job, cause: str) -> None:
         """Start a failover before the caller (holding ``job.lock``) releases the lock (see failover.fail_over_now)."""
-        from keyedstate.jobmanager.failover import fail_over_now
-
         if job.coordinator is None:
             job.status = JobStatus.FAILED
             job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
             return
-        fail_over_now(self, self.checkpointing, job, cause)
+        failover.fail_over_now(self, self.checkpointing, job, cause)
 
     def shutdown(self) -> None:
         self.closed.set()
-        if self.checkpointing is not None:
-            self.checkpointing.shutdown()
+        self.checkpointing.shutdown(self.jobs())
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.gateways.close()
 

@@ -18,22 +18,40 @@ One restart (docs/exactly-once.md, "Restarts"):
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import KeyedStateError
+from keyedstate.common.ids import SubtaskId
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
-from keyedstate.jobmanager.jobs import JobStatus
-from keyedstate.jobmanager.scheduling import plan_subtasks
-
-if TYPE_CHECKING:
-    from keyedstate.jobmanager.checkpointing import Checkpointing
-    from keyedstate.jobmanager.dispatcher import Dispatcher
-    from keyedstate.jobmanager.jobs import Job
+from keyedstate.jobmanager.checkpointing import Checkpointing
+from keyedstate.jobmanager.jobs import Job, JobStatus, RestorePlan
+from keyedstate.jobmanager.scheduling import SlotAssignment, plan_subtasks
 
 logger = logging.getLogger(__name__)
+
+
+class Deployments(Protocol):
+    """What a restart needs from the layer above (the Dispatcher, which owns jobs and slots)."""
+
+    @property
+    def closed(self) -> threading.Event: ...
+
+    def job(self, job_id: str) -> Job: ...
+
+    def release_slots(self, job: Job, assignments: list[SlotAssignment], discard_local: bool) -> None: ...
+
+    def wait_for_resources(self, job: Job, needed: int, owners: set[str], timeout_ms: int) -> None: ...
+
+    def deploy(self, job: Job, plan: RestorePlan, prefer: dict[SubtaskId, str] | None = None) -> None: ...
+
+    def run_in_background(self, fn: Callable[..., Any], *args: Any) -> None: ...
+
+    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +84,7 @@ class RestartStrategy:
 
 
 def fail_over(
-    dispatcher: Dispatcher, checkpointing: Checkpointing, job_id: str, cause: str, seen_version: int | None = None
+    dispatcher: Deployments, checkpointing: Checkpointing, job_id: str, cause: str, seen_version: int | None = None
 ) -> None:
     """Restart ``job_id`` from its latest completed checkpoint, as the restart strategy allows.
 
@@ -82,7 +100,7 @@ def fail_over(
     run_restarts(dispatcher, checkpointing, job)
 
 
-def fail_over_now(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job, cause: str) -> None:
+def fail_over_now(dispatcher: Deployments, checkpointing: Checkpointing, job: Job, cause: str) -> None:
     """Start a failover now; the caller holds ``job.lock``, and the restarts run in the background.
 
     The job is RESTARTING (so nothing commits or checkpoints it) before the caller releases the
@@ -115,7 +133,7 @@ def begin_failover(checkpointing: Checkpointing, job: Job, cause: str, seen_vers
     return True
 
 
-def run_restarts(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> None:
+def run_restarts(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> None:
     """Restart the job as its restart strategy allows, until it runs, fails, or is cancelled."""
     strategy = RestartStrategy.from_config(job.config)
     try:
@@ -162,7 +180,7 @@ def run_restarts(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job)
             job.failing_over = False
 
 
-def restart(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> bool:
+def restart(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> bool:
     """One restart of a RESTARTING job (see the module docstring); False if the job stopped restarting meanwhile.
 
     The lock is held only to take the old deployment apart and to deploy the new one; releasing

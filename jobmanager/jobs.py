@@ -16,7 +16,7 @@ from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.rpc.enums import value_of
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
+from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
 from keyedstate.jobmanager.scheduling import SlotAssignment
 
 

@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from keyedstate.common.errors import KeyedStateError
-from keyedstate.jobmanager.failover import restart
+from keyedstate.jobmanager.checkpointing import Checkpointing
+from keyedstate.jobmanager.failover import Deployments, restart
 from keyedstate.jobmanager.jobs import Job, JobStatus
-
-if TYPE_CHECKING:
-    from keyedstate.jobmanager.checkpointing import Checkpointing
-    from keyedstate.jobmanager.dispatcher import Dispatcher
 
 logger = logging.getLogger(__name__)
 
 
-def resume(dispatcher: Dispatcher, checkpointing: Checkpointing, job: Job) -> None:
+def resume(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> None:
     """Bring one recovered job back to RUNNING (runs on the dispatcher's pool).
 
     The restart waits, within ``slot.request.timeout``, for free slots and for every

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.ids import SubtaskId
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
+from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
 
 logger = logging.getLogger(__name__)
 

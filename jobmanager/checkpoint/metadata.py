@@ -63,7 +63,7 @@ from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
 from keyedstate.common.storage import MAX_FILE_NAME, is_plain_file_name
 from keyedstate.jobmanager.checkpoint import _paths
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, LEGACY_QUERY, EpochLineage, LineageEntry
+from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, LEGACY_QUERY, EpochLineage, LineageEntry
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class CheckpointMetadata:
                 out.append(f"{where} appears twice")
             seen.add(op.operator_id)
             try:
-                op.spec  # validates the id, the parallelism and duplicate state names
+                _ = op.spec  # validates the id, the parallelism and duplicate state names
             except KeyedStateError as exc:
                 out.append(f"{where}: {exc.message}")
                 continue

@@ -22,7 +22,7 @@ from keyedstate.jobmanager.checkpoint.metadata import (
     SubtaskSnapshot,
     file_path_problem,
 )
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage
+from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
 
 if TYPE_CHECKING:
     from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint

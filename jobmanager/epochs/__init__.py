@@ -1,8 +1,5 @@
-"""Exactly-once epochs on the JobManager: the lineage of Spark batches, commits, and durability.
+"""Exactly-once epochs on the JobManager: commits and durability (the lineage of Spark batches is
+:mod:`keyedstate.jobmanager.lineage`, below both this package and the checkpoint domain).
 
 See docs/exactly-once.md for the protocol.
 """
-
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
-
-__all__ = ["EMPTY_LINEAGE", "EpochLineage", "LineageEntry"]

@@ -52,8 +52,14 @@ class LeadershipLease:
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def acquire(self) -> int:
-        """Take the next session number; returns it."""
+    def acquire(self, address: str | None = None) -> int:
+        """Take the next session number; returns it.
+
+        ``address`` (the JobManager's, recorded in the session file for operators) replaces the one
+        given at construction: a JobManager knows it only once its server is bound.
+        """
+        if address is not None:
+            self._address = address
         record = json.dumps({"address": self._address, "host": socket.gethostname(), "pid": os.getpid()}).encode()
         while True:
             sessions = self._sessions()

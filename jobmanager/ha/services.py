@@ -91,8 +91,7 @@ class FileSystemHaServices:
         self._jobs = JobStore(storage, f"{self.root}/jobs", self._lease.check)
 
     def start(self, address: str, on_lost: Callable[[str], None]) -> None:
-        self._lease._address = address  # noqa: SLF001 - the address is known only once the server is bound
-        self._lease.acquire()
+        self._lease.acquire(address)
         self._lease.watch(self._interval, on_lost)
 
     @property

@@ -14,8 +14,8 @@ from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
+from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
-from keyedstate.jobmanager.rpc.servicer import need_checkpointing
 
 
 class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
@@ -56,19 +56,22 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
 
 
 class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayServicer):
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    """TaskManagers' acknowledgements and declines, handed to the job's checkpoint coordinator."""
+
+    def __init__(self, dispatcher: Dispatcher, checkpointing: Checkpointing) -> None:
         self._d = dispatcher
+        self._checkpointing = checkpointing
 
     @rpc_method
     def AcknowledgeCheckpoint(
         self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
-        outcome = need_checkpointing(self._d).acknowledge(request)  # type: ignore[attr-defined]
+        outcome = self._checkpointing.acknowledge(self._d.job(request.job_id), request)
         return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))
 
     @rpc_method
     def DeclineCheckpoint(
         self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
-        outcome = need_checkpointing(self._d).decline(request)  # type: ignore[attr-defined]
+        outcome = self._checkpointing.decline(self._d.job(request.job_id), request)
         return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))

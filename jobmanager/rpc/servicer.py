@@ -14,17 +14,10 @@ from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
-from keyedstate.jobmanager.checkpointing import checkpoint_info
+from keyedstate.jobmanager.checkpointing import Checkpointing, checkpoint_info
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCommit, EpochCoordinator
 from keyedstate.jobmanager.jobs import JobSpec
-
-
-def need_checkpointing(dispatcher: Dispatcher) -> object:
-    if dispatcher.checkpointing is None:
-        raise InvalidArgumentError("checkpointing is not available on this JobManager")
-    return dispatcher.checkpointing
-
 
 MAX_WAIT_MS = 86_400_000
 """The longest wait a call may ask for (a day): waits use the OS clock, which overflows far below int64."""
@@ -38,8 +31,11 @@ def _check_timeout_ms(method: str, timeout_ms: int) -> None:
 
 
 class JobManagerServicer(jm_grpc.JobManagerServicer):
-    def __init__(self, dispatcher: Dispatcher, epochs: EpochCoordinator) -> None:
+    """Clients' and statectl's calls, translated onto the Dispatcher, Checkpointing and the EpochCoordinator."""
+
+    def __init__(self, dispatcher: Dispatcher, checkpointing: Checkpointing, epochs: EpochCoordinator) -> None:
         self._d = dispatcher
+        self._checkpointing = checkpointing
         self._epochs = epochs
 
     # -- jobs --------------------------------------------------------------------------------
@@ -96,13 +92,13 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
         self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.CheckpointInfo:
         _check_timeout_ms("TriggerCheckpoint", request.timeout_ms)
-        return need_checkpointing(self._d).trigger_request(request)  # type: ignore[attr-defined]
+        return self._checkpointing.trigger_request(self._d.job(request.job_id), request)
 
     @rpc_method
     def ListCheckpoints(
         self, request: jm_pb.JobRequest, context: grpc.ServicerContext
     ) -> jm_pb.ListCheckpointsResponse:
-        return need_checkpointing(self._d).list_checkpoints(request.job_id)  # type: ignore[attr-defined]
+        return self._checkpointing.list_checkpoints(self._d.job(request.job_id))
 
     # -- epochs ------------------------------------------------------------------------------
     @rpc_method

@@ -19,7 +19,7 @@ from keyedstate.common.errors import CorruptCheckpointError
 from keyedstate.jobmanager.checkpoint import AckOutcome, CheckpointException, EpochCut, load_completed_checkpoint
 from keyedstate.jobmanager.checkpoint import CheckpointFailureReason as R
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
+from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
 from tests.fixtures.waiting import wait_for
 
 LINEAGE = EpochLineage.of([LineageEntry("q1", 0, 0), LineageEntry("q2", 3, 5)])

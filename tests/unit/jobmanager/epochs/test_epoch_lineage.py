@@ -7,7 +7,7 @@ import re
 import pytest
 
 from keyedstate.common.errors import EpochGapError, Reason
-from keyedstate.jobmanager.epochs.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
+from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
 
 UNNAMED = "the unnamed query (batches run outside a streaming query)"
 
