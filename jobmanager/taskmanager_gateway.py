@@ -138,30 +138,47 @@ class TaskManagerGateways:
         if entry is not None:
             self._close(address, entry[0])
 
-    def _call(self, address: str, method: str, request: object, timeout: float) -> object:
-        try:
-            return getattr(self._stub(address), method)(request, timeout=timeout)
-        except grpc.RpcError as exc:
-            target = self._internal.get(address, address)
-            where = address if target == address else f"{address} (internal {target})"
-            raise from_rpc_error(exc, f"{method} on TaskManager {where}", plane=INTERNAL) from exc
+    def _error(self, exc: grpc.RpcError, method: str, address: str) -> Exception:
+        target = self._internal.get(address, address)
+        where = address if target == address else f"{address} (internal {target})"
+        return from_rpc_error(exc, f"{method} on TaskManager {where}", plane=INTERNAL)
 
     def deploy(self, address: str, request: pb.DeploySlotRequest) -> pb.DeploySlotResponse:
-        return self._call(address, "DeploySlot", request, self.deploy_timeout_s)  # type: ignore[return-value]
+        """Deploy one slot (restoring its state first when the request says so); may take long."""
+        try:
+            return self._stub(address).DeploySlot(request, timeout=self.deploy_timeout_s)
+        except grpc.RpcError as exc:
+            raise self._error(exc, "DeploySlot", address) from exc
 
     def release(self, address: str, request: pb.ReleaseSlotRequest) -> None:
-        self._call(address, "ReleaseSlot", request, self.control_timeout_s)
+        """Release one slot; the TaskManager stops serving it before it answers."""
+        try:
+            self._stub(address).ReleaseSlot(request, timeout=self.control_timeout_s)
+        except grpc.RpcError as exc:
+            raise self._error(exc, "ReleaseSlot", address) from exc
 
     def trigger_checkpoint(self, address: str, barrier: pb.CheckpointBarrier) -> pb.TriggerResponse:
-        return self._call(address, "TriggerCheckpoint", barrier, self.barrier_timeout_s)  # type: ignore[return-value]
+        """Send a checkpoint barrier to every slot of the job on ``address``; the answer counts the slots."""
+        try:
+            return self._stub(address).TriggerCheckpoint(barrier, timeout=self.barrier_timeout_s)
+        except grpc.RpcError as exc:
+            raise self._error(exc, "TriggerCheckpoint", address) from exc
 
     def notify_checkpoint(self, address: str, request: pb.CheckpointNotification) -> None:
-        self._call(address, "NotifyCheckpoint", request, self.control_timeout_s)
+        """Tell ``address`` a checkpoint completed or was aborted (it may then drop or keep files)."""
+        try:
+            self._stub(address).NotifyCheckpoint(request, timeout=self.control_timeout_s)
+        except grpc.RpcError as exc:
+            raise self._error(exc, "NotifyCheckpoint", address) from exc
 
     def commit_epoch(self, address: str, request: pb.EpochCommitRequest) -> pb.EpochCommitResponse:
+        """One round of an epoch commit (prepare, or apply) on the slots of ``address``."""
         # A prepare only checks; an apply writes the whole epoch and may take long.
         timeout = self.control_timeout_s if request.prepare else self.deploy_timeout_s
-        return self._call(address, "CommitEpoch", request, timeout)  # type: ignore[return-value]
+        try:
+            return self._stub(address).CommitEpoch(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc, "CommitEpoch", address) from exc
 
     def close(self) -> None:
         with self._lock:
