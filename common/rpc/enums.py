@@ -7,32 +7,32 @@ these fields were strings; an unset value reads as "".
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+if TYPE_CHECKING:
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
 
-class _EnumWrapper(Protocol):
-    def Name(self, number: int, /) -> str: ...
-    def Value(self, name: str, /) -> int: ...
+_V = TypeVar("_V", bound=int)
 
 
-def _prefix(wrapper: _EnumWrapper) -> str:
+def _prefix(wrapper: _EnumTypeWrapper[Any]) -> str:
     return wrapper.Name(0).removesuffix("UNSPECIFIED")
 
 
-def name_of(wrapper: _EnumWrapper, number: int) -> str:
+def name_of(wrapper: _EnumTypeWrapper[Any], number: int) -> str:
     """``name_of(jm_pb.CheckpointStatus, CHECKPOINT_STATUS_COMPLETED)`` is "COMPLETED"; 0 (unspecified) is ""."""
     if number == 0:
         return ""
     return wrapper.Name(number).removeprefix(_prefix(wrapper))
 
 
-def value_of(wrapper: _EnumWrapper, name: str) -> int:
+def value_of(wrapper: _EnumTypeWrapper[_V], name: str) -> _V:
     """The inverse of :func:`name_of`: "COMPLETED" -> CHECKPOINT_STATUS_COMPLETED, "" -> 0."""
     if not name:
-        return 0
+        return wrapper.Value(wrapper.Name(0))  # type: ignore[arg-type]  # 0 is every proto3 enum's first value
     return wrapper.Value(_prefix(wrapper) + name)
 
 
