@@ -18,6 +18,7 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId, validate_id
+from keyedstate.taskmanager.handles import StateFileHandle
 from keyedstate.taskmanager.state import KeyedStateBackend
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class Slot:
     status: SlotStatus = SlotStatus.RESTORING
     # Shared files (local name -> remote handle) of the latest completed checkpoint, reused by
     # the next incremental checkpoint.
-    uploaded_shared: dict[str, object] = field(default_factory=dict)
+    uploaded_shared: dict[str, StateFileHandle] = field(default_factory=dict)
 
     def require_backend(self) -> KeyedStateBackend:
         if self.status is not SlotStatus.RUNNING or self.backend is None:
@@ -97,10 +98,9 @@ class SlotTable:
             existing = self._by_subtask.get(subtask)
             if existing is not None:
                 raise AlreadyExistsError(f"{subtask} is already deployed in slot {existing.index} of {self._tm}")
-            if self._slots[slot_index] is not None:
-                raise CapacityError(
-                    f"slot {slot_index} of TaskManager {self._tm} is taken by {self._slots[slot_index].subtask}"
-                )  # type: ignore[union-attr]
+            taken = self._slots[slot_index]
+            if taken is not None:
+                raise CapacityError(f"slot {slot_index} of TaskManager {self._tm} is taken by {taken.subtask}")
             slot = Slot(
                 slot_index,
                 subtask,

@@ -30,6 +30,7 @@ from keyedstate.common.clock import SystemClock
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.taskmanager.epochs import EpochManager
+from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import StateLimits, create_backend
 
@@ -104,7 +105,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
                         view.reduce("totals", kb[a : a + REQUEST_KEYS], ops[a : a + REQUEST_KEYS], b"", False)
                 t1 = time.perf_counter()
                 with _maybe(commit, profiled):
-                    manager.commit(request)
+                    commit_epoch(manager, request)
                 times["stage"] += t1 - t0
                 times["commit"] += time.perf_counter() - t1
             keys_all = list(expected)

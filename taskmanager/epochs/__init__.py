@@ -7,7 +7,7 @@ committed epoch in the slot's metadata (``state.metadata.COMMITTED_EPOCH``), whi
 """
 
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
-from keyedstate.taskmanager.epochs.manager import CommitResult, EpochManager, winners_from_proto
+from keyedstate.taskmanager.epochs.manager import AttemptContext, CommitResult, EpochManager
 from keyedstate.taskmanager.epochs.slot import NO_EPOCH, EpochCommitError, SlotEpochs, read_committed_epoch
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions, StagingStore
 from keyedstate.taskmanager.epochs.view import EpochView
@@ -15,6 +15,7 @@ from keyedstate.taskmanager.epochs.view import EpochView
 __all__ = [
     "NO_EPOCH",
     "STAGING_DIR",
+    "AttemptContext",
     "CommitResult",
     "EpochCommitError",
     "EpochManager",
@@ -25,5 +26,4 @@ __all__ = [
     "TaskAttempt",
     "Winner",
     "read_committed_epoch",
-    "winners_from_proto",
 ]

@@ -83,6 +83,10 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
         self._lease = lease
         self._transactions = transactions
 
+    def add_to(self, server: grpc.Server) -> None:
+        """Serve this service on ``server`` (the client plane's)."""
+        pb_grpc.add_KeyedStateServicer_to_server(self, server)
+
     def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateBackend | EpochView:
         self._metrics.record_request(method, keys)
         self._lease.check(method)

@@ -24,6 +24,7 @@ from keyedstate.common.errors import (
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group
 from keyedstate.taskmanager.epochs import EpochView, Winner
+from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.state import create_backend
 from tests.unit.taskmanager.epochs.conftest import JOB, MP, OP, ROUTING_VERSION, STATES, VEC, EpochHarness, vec
@@ -54,14 +55,15 @@ def commit(
     prepare: bool = False,
     routing_version: int = ROUTING_VERSION,
 ) -> tm_pb.EpochCommitResponse:
-    return h.manager.commit(
+    return commit_epoch(
+        h.manager,
         tm_pb.EpochCommitRequest(
             job_id=JOB,
             epoch=epoch,
             winners=list(winners),
             routing_version=routing_version,
             prepare=prepare,
-        )
+        ),
     )
 
 
