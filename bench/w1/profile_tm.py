@@ -117,7 +117,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
             backend.close()
     out = io.StringIO()
     if profiled:
-        for label, prof in (("staging (EpochView.reduce)", stage), ("commit (EpochManager.commit)", commit)):
+        for label, prof in (("staging (EpochTransaction.reduce)", stage), ("commit (EpochManager.commit)", commit)):
             out.write(f"\n== {label}: top {top} by own time\n")
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
     return SlotProfile(
@@ -196,7 +196,7 @@ def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no
         applied = 0
         with backend._op, backend._write_lock:
             for sid, (keys, values) in staged.items():
-                st = backend._lookup(self.states[sid][0])
+                st = backend.validation.lookup(self.states[sid][0])
                 header, handle, decode, combine = st.codec.header(now), st.handle, st.codec.decode, st.reducer.combine
                 latest: dict[bytes, bytes | None] = {}
                 for key, value, current in zip(keys, values, st.store.get(keys)):

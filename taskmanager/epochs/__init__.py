@@ -10,7 +10,7 @@ from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
 from keyedstate.taskmanager.epochs.manager import AttemptContext, CommitResult, EpochManager
 from keyedstate.taskmanager.epochs.slot import NO_EPOCH, EpochCommitError, SlotEpochs, read_committed_epoch
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions, StagingStore
-from keyedstate.taskmanager.epochs.view import EpochView
+from keyedstate.taskmanager.epochs.transaction import EpochTransaction
 
 __all__ = [
     "NO_EPOCH",
@@ -19,7 +19,7 @@ __all__ = [
     "CommitResult",
     "EpochCommitError",
     "EpochManager",
-    "EpochView",
+    "EpochTransaction",
     "SlotEpochs",
     "StagingOptions",
     "StagingStore",

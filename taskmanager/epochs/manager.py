@@ -27,7 +27,7 @@ from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
 from keyedstate.taskmanager.epochs.slot import SlotEpochs
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions
-from keyedstate.taskmanager.epochs.view import EpochView
+from keyedstate.taskmanager.epochs.transaction import EpochTransaction
 from keyedstate.taskmanager.slots import Slot, SlotTable
 
 logger = logging.getLogger(__name__)
@@ -79,12 +79,12 @@ class EpochManager:
         self._closed = False
 
     # -- staging calls ------------------------------------------------------------------------
-    def view(self, slot: Slot, context: AttemptContext | TaskAttempt) -> EpochView:
+    def view(self, slot: Slot, context: AttemptContext | TaskAttempt) -> EpochTransaction:
         """The state calls of the task attempt ``context`` on ``slot`` (writes staged, reads merged)."""
         if isinstance(context, TaskAttempt):
-            return EpochView(self.slot_epochs(slot), context)
+            return EpochTransaction(self.slot_epochs(slot), context)
         attempt = TaskAttempt(context.epoch, context.partition, context.attempt)
-        return EpochView(self.slot_epochs(slot), attempt, context.sequence)
+        return EpochTransaction(self.slot_epochs(slot), attempt, context.sequence)
 
     def slot_epochs(self, slot: Slot) -> SlotEpochs:
         """The epoch state of a running slot (created on first use)."""

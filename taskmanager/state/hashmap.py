@@ -133,7 +133,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                     lengths[slot] = 0
                     continue
                 current = 0 if code == OP_LIST_REPLACE else lengths.get(slot, len(st.store.get((key, ns), ())))
-                self._check_list_length(current, len(values), key)
+                self.validation.list_length(current, len(values), key)
                 lengths[slot] = current + len(values)
             # Pass 2: apply; nothing below can fail on valid input.
             for code, st, _kg, key, ns, user_key, value, values in ops:
@@ -196,7 +196,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                         continue
                     total += len(d)
                     if total > limit:
-                        raise self._list_too_large(st.name, limit)
+                        raise self.validation.list_too_large(st.name, limit)
                     elements.append(d)
                     if codec.update_on_read:
                         refresh.append((stored, i, s))

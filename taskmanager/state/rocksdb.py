@@ -370,14 +370,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     elif code == OP_LIST_APPEND:
                         slot = (st.name, prefix)
                         first, nxt = bounds.get(slot) or self._list_bounds_of(st, prefix, iters)
-                        self._check_list_length(nxt - first, len(values), key)
+                        self.validation.list_length(nxt - first, len(values), key)
                         header = st.codec.header(now)
                         for v in values:
                             wb.put(prefix + nxt.to_bytes(layout.SEQ_BYTES, "big"), header + v, h)
                             nxt += 1
                         bounds[slot] = (first, nxt)
                     elif code == OP_LIST_REPLACE:
-                        self._check_list_length(0, len(values), key)
+                        self.validation.list_length(0, len(values), key)
                         # The batch applies in order, so the puts after the range delete survive it.
                         wb.delete_range(prefix, layout.prefix_end(prefix), h)
                         header = st.codec.header(now)
@@ -430,7 +430,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         continue
                     total += len(d)
                     if total > limit:
-                        raise self._list_too_large(st.name, limit)
+                        raise self.validation.list_too_large(st.name, limit)
                     elements.append(d)
                     if codec.update_on_read:
                         seen_keys.append(k)

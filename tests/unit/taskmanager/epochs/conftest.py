@@ -20,7 +20,7 @@ from keyedstate.common.descriptors import (
     StateKind,
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
-from keyedstate.taskmanager.epochs import EpochManager, EpochView, read_committed_epoch
+from keyedstate.taskmanager.epochs import EpochManager, EpochTransaction, read_committed_epoch
 from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import Slot, SlotTable
 from keyedstate.taskmanager.state import KeyedStateBackend, StateLimits, create_backend
@@ -94,7 +94,7 @@ class EpochHarness:
     def backend(self, subtask_index: int = 0) -> KeyedStateBackend:
         return self.slot(subtask_index).require_backend()
 
-    def view(self, epoch: int, partition: int, attempt: int, subtask_index: int = 0) -> EpochView:
+    def view(self, epoch: int, partition: int, attempt: int, subtask_index: int = 0) -> EpochTransaction:
         return self.manager.view(
             self.slot(subtask_index), common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt)
         )
