@@ -14,7 +14,6 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]  # no stubs published
@@ -75,7 +74,7 @@ class TaskManager:
         self._stop = threading.Event()
         # Serving needs a lease from the JobManager (granted at registration, renewed by heartbeats).
         self.lease = Lease(clock.boottime_ms)
-        self._lock_file: IO[str] | None = None
+        self._lock_file: int | None = None
         self._server: grpc.Server | None = None
         self._internal_server: grpc.Server | None = None
         self._health = health.HealthServicer()
@@ -219,7 +218,7 @@ class TaskManager:
         self._stop.set()
         self._health.enter_graceful_shutdown()
         servers = [srv for srv in (self._server, self._internal_server) if srv is not None]
-        for event in [srv.stop(grace_s) for srv in servers]:
+        for event in [srv.stop(grace_s) for srv in servers]:  # type: ignore[no-untyped-call]  # unannotated in types-grpcio
             event.wait(grace_s + 1)
         self._server = self._internal_server = None
         self.checkpoints.close()
@@ -230,7 +229,7 @@ class TaskManager:
         if self._metrics_server is not None:
             self._metrics_server.close()
         if self._lock_file is not None:
-            self._lock_file.close()
+            os.close(self._lock_file)
             self._lock_file = None
         logger.info("taskmanager %s: stopped", self.id)
 
@@ -251,17 +250,17 @@ class TaskManager:
                 f"state.backend.rocksdb.localdir {self.settings.local_dir} cannot be written ({exc.strerror or exc}); "
                 "point it at a writable directory"
             ) from exc
-        lock = open(work / "taskmanager.lock", "w")
+        # A raw descriptor held until stop(): the lock lives as long as it is open.
+        lock = os.open(work / "taskmanager.lock", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            lock.close()
+            os.close(lock)
             raise ConfigError(
                 f"another TaskManager already uses {work}; give each TaskManager its own "
                 "state.backend.rocksdb.localdir or taskmanager.resource-id"
             ) from exc
-        lock.write(str(os.getpid()))
-        lock.flush()
+        os.write(lock, str(os.getpid()).encode())
         self._lock_file = lock
         return work
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import cast
 
 import rocksdict
 
@@ -72,7 +73,7 @@ class StagingStore:
                 "check that state.backend.rocksdb.localdir is writable and has free space"
             ) from exc
         self._wopts = rocksdict.WriteOptions()
-        self._wopts.disable_wal = True
+        self._wopts.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
         logger.info("opened epoch staging database of %s at %s", what, self.path)
 
     def _require(self) -> rocksdict.Rdict:
@@ -87,7 +88,8 @@ class StagingStore:
         """Multi-get."""
         if not keys:
             return []
-        return self._require().get(keys)
+        # rocksdict's stub types neither a list of bytes keys nor the multi-get's answer.
+        return cast("list[bytes | None]", self._require().get(keys))  # type: ignore[arg-type]
 
     def write(self, batch: rocksdict.WriteBatch) -> None:
         """Apply a batch atomically."""
@@ -113,7 +115,7 @@ class StagingStore:
             ro.set_iterate_upper_bound(end)
         it = self._require().items(from_key=begin, read_opt=ro)
         try:
-            return list(islice(it, n))
+            return list(islice(cast("Iterator[tuple[bytes, bytes]]", it), n))  # raw mode: keys and values are bytes
         finally:
             del it
 

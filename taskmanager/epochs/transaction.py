@@ -141,7 +141,7 @@ class EpochTransaction:
                 wb.put(sk, r.CLEAR)
                 continue
             # Entries staged before the clear are gone; the head records that committed ones go too.
-            wb.delete_range(sk, layout.prefix_end(sk))
+            wb.delete_range(sk, layout.key_prefix_end(sk))
             wb.put(sk + r.HEAD, r.list_header(r.REPLACE, 0) if st.kind is StateKind.LIST else r.CLEAR)
         with self._se.writing(self.attempt, self.sequence) as stager:
             if stager is not None:
@@ -259,7 +259,7 @@ class EpochTransaction:
         wb = rocksdict.WriteBatch(raw_mode=True)
         for sk, (key, vs) in grouped.items():
             v.list_length(0, len(vs), key)
-            wb.delete_range(sk, layout.prefix_end(sk))
+            wb.delete_range(sk, layout.key_prefix_end(sk))
             wb.put(sk + r.HEAD, r.list_header(r.REPLACE, len(vs)))
             entry_prefix = sk + r.ENTRY
             for i, value in enumerate(vs):

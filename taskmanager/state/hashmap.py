@@ -34,12 +34,12 @@ from keyedstate.taskmanager.state.backend import (
     OP_VALUE_PUT,
     KeyedStateBackend,
     Op,
-    StateHandle,
 )
 from keyedstate.taskmanager.state.limits import StateLimits
 from keyedstate.taskmanager.state.metadata import HASHMAP_META_FILE, HASHMAP_STATE_FILE
 from keyedstate.taskmanager.state.restore import merge_meta, plan_restore
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot, SnapshotReader, write_kvs
+from keyedstate.taskmanager.state.validation import StateHandle
 from keyedstate.taskmanager.state.values import ValueCodec
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             if codec.update_on_read:
                 for k, n, s, d in zip(keys, self._ns_iter(ns, len(keys)), stored, out):
                     if d is not None:
-                        tbl[(k, n)] = codec.refreshed(s, now)  # type: ignore[arg-type]
+                        tbl[(k, n)] = codec.refreshed(s, now)
             return out
 
     def _value_put(
@@ -240,7 +240,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                 d = codec.decode(s, now)
                 out.append(d)
                 if d is not None and codec.update_on_read:
-                    m[uk] = codec.refreshed(s, now)  # type: ignore[index,arg-type]
+                    m[uk] = codec.refreshed(s, now)  # type: ignore[arg-type]
         return out
 
     def _map_scan(

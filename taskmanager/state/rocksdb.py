@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import rocksdict
 
@@ -48,7 +48,6 @@ from keyedstate.taskmanager.state.backend import (
     OP_VALUE_PUT,
     KeyedStateBackend,
     Op,
-    StateHandle,
     check_compatible,
     slot_db_dir,
 )
@@ -69,6 +68,7 @@ from keyedstate.taskmanager.state.metadata import (
 from keyedstate.taskmanager.state.resources import DEFAULT_RESOURCES, RocksDBResources
 from keyedstate.taskmanager.state.restore import merge_meta, plan_restore
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot
+from keyedstate.taskmanager.state.validation import StateHandle
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def _read_chunk(cf: rocksdict.Rdict, start: bytes, end: bytes | None, n: int) ->
         ro.set_iterate_upper_bound(end)
     it = cf.items(from_key=start, read_opt=ro)
     try:
-        return list(islice(it, n))
+        return list(islice(cast("Iterator[tuple[bytes, bytes]]", it), n))  # raw mode: bytes only
     finally:
         del it
 
@@ -379,7 +379,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     elif code == OP_LIST_REPLACE:
                         self.validation.list_length(0, len(values), key)
                         # The batch applies in order, so the puts after the range delete survive it.
-                        wb.delete_range(prefix, layout.prefix_end(prefix), h)
+                        wb.delete_range(prefix, layout.key_prefix_end(prefix), h)
                         header = st.codec.header(now)
                         for i, v in enumerate(values):
                             wb.put(prefix + i.to_bytes(layout.SEQ_BYTES, "big"), header + v, h)
@@ -389,7 +389,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                             wb.delete(prefix, h)
                             overlay[(st.name, prefix)] = None
                         else:
-                            wb.delete_range(prefix, layout.prefix_end(prefix), h)
+                            wb.delete_range(prefix, layout.key_prefix_end(prefix), h)
                             if st.kind is StateKind.LIST:
                                 bounds[(st.name, prefix)] = (0, 0)
                     else:  # pragma: no cover - codes come from the base class
@@ -765,7 +765,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         assert self._meta is not None
         wb = rocksdict.WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._meta_h)
-        for k in list(self._meta.keys()):
+        for k in cast("list[bytes]", list(self._meta.keys())):  # raw mode: bytes keys
             if not k.startswith(INTERNAL_META_PREFIX) and k not in meta:
                 wb.delete(k)
         for k, v in meta.items():
