@@ -24,7 +24,7 @@ from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
-from keyedstate.common.ids import SubtaskId, TaskManagerId
+from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
@@ -264,7 +264,7 @@ class TaskManager:
         self._lock_file = lock
         return work
 
-    def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[str, int]) -> None:
+    def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[JobId, int]) -> None:
         # The JobManager's word on the jobs' versions replaces what this TaskManager saw (a
         # JobManager that lost its jobs numbers their deployments from 1 again).
         self.slots.set_version_floors(routing_versions)

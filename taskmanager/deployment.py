@@ -12,7 +12,7 @@ from typing import Protocol
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
-from keyedstate.common.ids import KeyGroupRange, SubtaskId, validate_id
+from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId, validate_id
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.handles import SlotRestore
@@ -132,7 +132,7 @@ class SlotDeployer:
     def release(self, subtask: SubtaskId, discard_local_state: bool, up_to_version: int | None = None) -> bool:
         """Release the slot of ``subtask`` (only a deployment of ``up_to_version`` or older, when given)."""
         if up_to_version is not None:
-            self._slots.raise_version_floor(subtask.job_id, up_to_version)
+            self._slots.raise_version_floor(JobId(subtask.job_id), up_to_version)
         slot = self._slots.remove(subtask, up_to_version)
         if slot is None:
             return False

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from keyedstate.common.errors import InvalidArgumentError, NotFoundError, Reason, UnavailableError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.common.ids import JobId, SubtaskId, validate_id
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
 from keyedstate.taskmanager.epochs.slot import SlotEpochs
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions
@@ -107,7 +107,7 @@ class EpochManager:
             return entry
 
     # -- commits ------------------------------------------------------------------------------
-    def _job_slots(self, job_id: str, epoch: int) -> list[Slot]:
+    def _job_slots(self, job_id: JobId, epoch: int) -> list[Slot]:
         validate_id("job id", job_id)
         if epoch < 0:
             raise InvalidArgumentError(f"epoch must be >= 0 (the job epoch of the micro-batch), got {epoch}")
@@ -121,7 +121,7 @@ class EpochManager:
         return slots
 
     def prepare_epoch(
-        self, job_id: str, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0
+        self, job_id: JobId, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0
     ) -> None:
         """Check on every slot of the job that ``epoch`` can be committed (see :meth:`SlotEpochs.check_commit`)."""
         slots = self._job_slots(job_id, epoch)
@@ -131,7 +131,7 @@ class EpochManager:
 
     def commit_epoch(
         self,
-        job_id: str,
+        job_id: JobId,
         epoch: int,
         winners: Mapping[int, int | Winner],
         *,

@@ -49,7 +49,7 @@ _CHECKPOINT_RPC_TIMEOUT_S = 30.0
 _CHECKPOINT_REPORT_RETRIES = RetryPolicy(max_attempts=5, initial_backoff_s=0.2, multiplier=2.0, jitter=0.0)
 """An ack or decline is retried while the JobManager is unreachable (0.2 s, 0.4 s, ... between tries)."""
 
-RetainSlots = Callable[[set[SubtaskId], dict[str, int]], None]
+RetainSlots = Callable[[set[SubtaskId], dict[JobId, int]], None]
 """Release every hosted slot that is not in the given set, and take the jobs' routing versions as
 the floor for later deploys (called before the lease is renewed)."""
 
@@ -60,7 +60,7 @@ class JobManagerConnection:
     def __init__(
         self,
         jobmanager_address: str,
-        taskmanager_id: TaskManagerId | str,
+        taskmanager_id: TaskManagerId,
         address: str,
         host: str,
         num_slots: int,
@@ -198,7 +198,7 @@ class JobManagerConnection:
             timeout=_RPC_TIMEOUT_S,
         )
         kept = {SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in response.kept_slots}
-        self._retain_slots(kept, dict(response.routing_versions))
+        self._retain_slots(kept, {JobId(job): version for job, version in response.routing_versions.items()})
         self._session = response.jobmanager_session
         self.heartbeat_interval_ms = max(10, response.heartbeat_interval_ms)
         self.lease_duration_ms = response.lease_duration_ms

@@ -11,6 +11,7 @@ import grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.ids import JobId, OperatorId
 from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.taskmanager.epochs import EpochManager
@@ -90,7 +91,9 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateAccess:
         self._metrics.record_request(method, keys)
         self._lease.check(method)
-        slot = self._slots.lookup(target.job_id, target.operator_id, target.subtask_index, target.routing_version)
+        slot = self._slots.lookup(
+            JobId(target.job_id), OperatorId(target.operator_id), target.subtask_index, target.routing_version
+        )
         if target.HasField("epoch"):
             # Epoch-scoped calls go to the task attempt's transaction: writes staged, reads merged.
             if self._transactions is None:

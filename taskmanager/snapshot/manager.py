@@ -52,7 +52,7 @@ def _join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
-def shared_group(checkpoint_id: int) -> str:
+def shared_group(checkpoint_id: CheckpointId) -> str:
     """The sub-directory of ``shared/`` holding the files checkpoint ``checkpoint_id`` uploaded first."""
     return f"chk-{checkpoint_id}"
 
@@ -470,7 +470,7 @@ class SnapshotManager:
         except OSError as exc:  # only a lost optimisation
             logger.warning("could not keep the restored snapshot of %s as its local copy: %s", slot.subtask, exc)
 
-    def _local_copy(self, slot: Slot, checkpoint_id: int, handle: SubtaskStateHandle) -> dict[str, Path]:
+    def _local_copy(self, slot: Slot, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> dict[str, Path]:
         """The files of the local snapshot of the same checkpoint that verify, by local name.
 
         Local recovery keeps the snapshot of the last completed checkpoint next to the slot's
