@@ -59,9 +59,8 @@ class DeployResult:
 class Restorer(Protocol):
     """Restores a slot's backend from checkpoint storage (the snapshot layer, above this one)."""
 
-    def restore(
-        self, slot: Slot, instance_dir: Path, restore: SlotRestore
-    ) -> tuple[KeyedStateBackend, DeployResult]: ...
+    def restore(self, slot: Slot, instance_dir: Path, restore: SlotRestore) -> tuple[KeyedStateBackend, DeployResult]:
+        """The backend of ``slot`` built from the snapshots ``restore`` names, in ``instance_dir``."""
 
 
 class SlotDeployer:

@@ -48,6 +48,7 @@ class Slot:
     uploaded_shared: dict[str, StateFileHandle] = field(default_factory=dict)
 
     def require_backend(self) -> KeyedStateBackend:
+        """The backend of a running slot; UNAVAILABLE while it restores or is released."""
         if self.status is not SlotStatus.RUNNING or self.backend is None:
             raise UnavailableError(
                 f"slot {self.index} ({self.subtask}) is {self.status.value}; retry shortly", reason=Reason.UNAVAILABLE
@@ -129,6 +130,7 @@ class SlotTable:
             self._version_floor[job_id] = max(self._version_floor.get(job_id, 0), version + 1)
 
     def activate(self, slot: Slot, backend: KeyedStateBackend) -> None:
+        """The slot serves ``backend`` from now on (status RUNNING)."""
         with self._lock:
             slot.backend = backend
             slot.status = SlotStatus.RUNNING
@@ -186,18 +188,22 @@ class SlotTable:
         return slot
 
     def get(self, subtask: SubtaskId) -> Slot | None:
+        """The slot of ``subtask``, if hosted here (whatever its routing version)."""
         with self._lock:
             return self._by_subtask.get(subtask)
 
     def of_job(self, job_id: JobId) -> list[Slot]:
+        """Every slot of ``job_id`` hosted here."""
         with self._lock:
             return [s for s in self._slots if s is not None and s.subtask.job_id == job_id]
 
     def all(self) -> list[Slot]:
+        """Every occupied slot, in slot order."""
         with self._lock:
             return [s for s in self._slots if s is not None]
 
     def free_count(self) -> int:
+        """How many slots are free (a gauge reads it at scrape time)."""
         with self._lock:
             return sum(1 for s in self._slots if s is None)
 

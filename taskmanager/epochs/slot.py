@@ -57,6 +57,7 @@ class Stager:
         self._marker = marker
 
     def write(self, batch: rocksdict.WriteBatch) -> None:
+        """Stage ``batch`` and the request's marker in one atomic write."""
         if self._marker is not None:
             batch.put(self._marker, b"")
         self.store.write(batch)

@@ -104,6 +104,7 @@ class StagingStore:
             ) from exc
 
     def delete_range(self, begin: bytes, end: bytes) -> None:
+        """Drop every staged entry in ``[begin, end)`` atomically."""
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.delete_range(begin, end)
         self.write(batch)
@@ -130,6 +131,7 @@ class StagingStore:
             start = chunk[-1][0] + b"\x00"
 
     def is_empty(self) -> bool:
+        """Whether nothing is staged (the store can be dropped)."""
         return not self.read_chunk(b"", None, 1)
 
     def close(self, drop: bool = True) -> None:

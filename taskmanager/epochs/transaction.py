@@ -84,6 +84,7 @@ class EpochTransaction:
 
     # -- value and reducing -----------------------------------------------------------------
     def value_get(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> list[bytes | None]:
+        """Staged values of this attempt where it wrote them, committed ones elsewhere (reduce deltas folded in)."""
         b = self._b
         st, kgs, max_len, ns = self._v.batch(state, READABLE_VALUE, "ValueGet", keys, namespaces)
         if not keys:
@@ -118,6 +119,7 @@ class EpochTransaction:
         return out
 
     def value_put(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
+        """Stage one value per key."""
         st, kgs, max_len, ns = self._v.batch(state, VALUE, "ValuePut", keys, namespaces, values=values)
         if not keys:
             return
@@ -269,6 +271,7 @@ class EpochTransaction:
                 stager.write(wb)
 
     def list_get(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> list[list[bytes]]:
+        """Committed elements followed by this attempt's staged ones (only the staged ones after a staged replace)."""
         b = self._b
         st, kgs, max_len, ns = self._v.batch(state, LIST, "ListGet", keys, namespaces)
         if not keys:
@@ -354,6 +357,7 @@ class EpochTransaction:
     def map_get(
         self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
     ) -> list[bytes | None]:
+        """Staged entries of this attempt override committed ones; a staged clear hides the committed map."""
         return self._map_lookup(state, "MapGet", keys, user_keys, namespaces)
 
     def map_contains(

@@ -47,6 +47,7 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
 
     @rpc_method
     def DeploySlot(self, request: pb.DeploySlotRequest, context: grpc.ServicerContext) -> pb.DeploySlotResponse:
+        """Deploy a subtask into a slot, empty or restored; answers once the slot serves."""
         if not request.HasField("operator"):
             raise InvalidArgumentError("DeploySlot needs the operator spec")
         deploy = DeployRequest(
@@ -70,6 +71,7 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
 
     @rpc_method
     def ReleaseSlot(self, request: pb.ReleaseSlotRequest, context: grpc.ServicerContext) -> pb.ReleaseSlotResponse:
+        """Release a subtask's slot (only a deployment up to the routing version given, when one is)."""
         self._deployer.release(
             SubtaskId(request.job_id, request.operator_id, request.subtask_index),
             request.discard_local_state,
@@ -79,6 +81,7 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
 
     @rpc_method
     def TriggerCheckpoint(self, request: pb.CheckpointBarrier, context: grpc.ServicerContext) -> pb.TriggerResponse:
+        """Take the barrier on every slot of the job; answers how many slots took it (uploads go on after)."""
         self._lease.check(f"the barrier of checkpoint {request.checkpoint_id}")
         return pb.TriggerResponse(slots=self._checkpoints.trigger(barrier_from_proto(request)))
 
@@ -86,11 +89,13 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
     def NotifyCheckpoint(
         self, request: pb.CheckpointNotification, context: grpc.ServicerContext
     ) -> pb.NotificationResponse:
+        """A checkpoint completed (keep its files for the next one) or was aborted (delete them)."""
         self._checkpoints.notify(JobId(request.job_id), CheckpointId(request.checkpoint_id), request.completed)
         return pb.NotificationResponse()
 
     @rpc_method
     def CommitEpoch(self, request: pb.EpochCommitRequest, context: grpc.ServicerContext) -> pb.EpochCommitResponse:
+        """Prepare, commit or abort an epoch on every slot of the job here (see :func:`commit_epoch`)."""
         self._lease.check(f"the commit of epoch {request.epoch}")
         return commit_epoch(self._epochs, request)
 

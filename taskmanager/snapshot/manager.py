@@ -63,11 +63,11 @@ class CheckpointReporter(Protocol):
     Both calls retry transient failures themselves and raise when the outcome stays unknown.
     """
 
-    def acknowledge_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, state: SubtaskStateHandle) -> None: ...
+    def acknowledge_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, state: SubtaskStateHandle) -> None:
+        """Report one slot's uploaded snapshot of ``checkpoint_id``."""
 
-    def decline_checkpoint(
-        self, job_id: JobId, checkpoint_id: CheckpointId, subtask: SubtaskId, reason: str
-    ) -> None: ...
+    def decline_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, subtask: SubtaskId, reason: str) -> None:
+        """Report that ``subtask`` cannot complete ``checkpoint_id``, and why (shown to the operator)."""
 
 
 @dataclass
