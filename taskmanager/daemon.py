@@ -84,24 +84,7 @@ class TaskManager:
         self.slots = SlotTable(s.num_slots, self.id)
         resources = RocksDBResources.from_config(conf) if s.backend == "rocksdb" else None
         self.backends = BackendFactory(s.backend, working_dir(s), StateLimits.from_config(conf), resources, clock)
-        self.connection = JobManagerConnection(
-            s.jobmanager_address,
-            self.id,
-            "",  # advertised once the servers are bound (start)
-            s.host,
-            s.num_slots,
-            s.backend,
-            0,
-            lambda: slot_reports(self.slots),
-            self._retain_slots,
-            self.lease,
-            clock,
-            self._stop,
-            limits=self.backends.limits,
-            security=self.security.channel_security(INTERNAL),
-            cluster_id=s.cluster_id,
-            token=internal_token(conf, "TaskManager", "taskmanager", internal_tls=self.security.enabled(INTERNAL)),
-        )
+        self.connection = self._jobmanager_connection()
         self.checkpoints = SnapshotManager(
             self.slots,
             self.backends,
@@ -116,6 +99,28 @@ class TaskManager:
         self.epochs = EpochManager(self.slots, self.backends.instance_dir)
         self._keyed_state = KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs)
         self._task_executor = TaskExecutorServicer(self.deployer, self.lease, self.checkpoints, self.epochs)
+
+    def _jobmanager_connection(self) -> JobManagerConnection:
+        """The connection to the JobManager: registration, heartbeats, and checkpoint reports."""
+        s = self.settings
+        return JobManagerConnection(
+            s.jobmanager_address,
+            self.id,
+            "",  # advertised once the servers are bound (start)
+            s.host,
+            s.num_slots,
+            s.backend,
+            0,
+            lambda: slot_reports(self.slots),
+            self._retain_slots,
+            self.lease,
+            self.clock,
+            self._stop,
+            limits=self.backends.limits,
+            security=self.security.channel_security(INTERNAL),
+            cluster_id=s.cluster_id,
+            token=internal_token(self.conf, "TaskManager", "taskmanager", internal_tls=self.security.enabled(INTERNAL)),
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:

@@ -70,6 +70,10 @@ class CheckpointReporter(Protocol):
         """Report that ``subtask`` cannot complete ``checkpoint_id``, and why (shown to the operator)."""
 
 
+_PlannedUpload = tuple[str, str, str, bool]
+"""(local path, remote url, path relative to the checkpoint directory, shared)"""
+
+
 @dataclass
 class _SlotCheckpoint:
     """One slot's part of one in-flight checkpoint."""
@@ -240,15 +244,16 @@ class SnapshotManager:
             self._discard_uploads(work, barrier)
             return None
 
-    def _upload(self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier) -> SubtaskStateHandle:
+    def _plan_uploads(
+        self, work: _SlotCheckpoint, files: list[Path], barrier: CheckpointBarrier
+    ) -> tuple[list[_PlannedUpload], list[StateFileHandle], int]:
+        """What to upload where, the shared files reused from the last completed checkpoint, and the full size."""
         slot = work.slot
-        files = snapshot.materialize()
-        storage = self._storages.for_url(barrier.target_path)
         owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
         incremental = barrier.incremental and not barrier.savepoint and slot.checkpoint_base
         confirmed: dict[str, StateFileHandle] = dict(slot.uploaded_shared)
-        plan: list[tuple[str, str, str, bool]] = []  # (local path, remote url, relative path, shared)
-        handles: list[StateFileHandle] = []
+        plan: list[_PlannedUpload] = []
+        reused_handles: list[StateFileHandle] = []
         full_size = 0
         for path in files:
             name = path.name
@@ -257,7 +262,7 @@ class SnapshotManager:
             if incremental and name.endswith(".sst"):
                 reused = confirmed.get(name)
                 if reused is not None and reused.size == size:
-                    handles.append(
+                    reused_handles.append(
                         StateFileHandle(
                             path=reused.path, size=reused.size, sha256=reused.sha256, local_name=name, shared=True
                         )
@@ -272,6 +277,13 @@ class SnapshotManager:
                 )
             else:
                 plan.append((str(path), _join(barrier.target_path, owner, name), f"{owner}/{name}", False))
+        return plan, reused_handles, full_size
+
+    def _upload(self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier) -> SubtaskStateHandle:
+        slot = work.slot
+        files = snapshot.materialize()
+        storage = self._storages.for_url(barrier.target_path)
+        plan, handles, full_size = self._plan_uploads(work, files, barrier)
         # Recorded before uploading: when one file fails or the checkpoint is cancelled, the files
         # that did arrive are not reported back, and a discard must still delete every one of them.
         work.uploaded_remote.extend(p[1] for p in plan)

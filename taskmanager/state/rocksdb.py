@@ -76,7 +76,6 @@ _SCAN_CHUNK = 1024
 _SORT_MIN = 4096  # measured: sorting a WriteBatch pays off from a few thousand keys
 _LIST_CACHE_MAX = 65_536
 _SEQ_MAX = b"\xff" * layout.SEQ_BYTES
-_MISSING = object()
 _VALUE_KINDS = (StateKind.VALUE, StateKind.REDUCING)
 _first = itemgetter(0)
 _PREFLUSH_MIN_BYTES = 256 << 10
@@ -327,21 +326,42 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         first = int.from_bytes(it.key()[-layout.SEQ_BYTES :], "big")
         return (first, last + 1)
 
+    def _reduce_bases(self, ops: list[Op]) -> dict[tuple[str, bytes], bytes | None]:
+        """Current stored values of every reduced key of ``ops``, read in one multi-get per state."""
+        key_prefix = layout.key_prefix
+        base: dict[tuple[str, bytes], bytes | None] = {}
+        reduce_keys: dict[str, tuple[StateHandle, list[bytes]]] = {}
+        for code, st, kg, key, ns, *_ in ops:
+            if code == OP_REDUCE:
+                reduce_keys.setdefault(st.name, (st, []))[1].append(key_prefix(kg, key, ns))
+        for name, (st, sks) in reduce_keys.items():
+            base.update(zip(((name, k) for k in sks), st.store.get(sks)))
+        return base
+
+    def _commit_batch(
+        self,
+        wb: rocksdict.WriteBatch,
+        meta: dict[bytes, bytes] | None,
+        bounds: dict[tuple[str, bytes], tuple[int, int]],
+    ) -> None:
+        """Write the batch (with the metadata writes) and remember the lists' new bounds (write lock held)."""
+        if meta:
+            for k, v in meta.items():
+                wb.put(k, v, self._meta_h)
+        self._write(wb)
+        if bounds:
+            if len(self._list_bounds) + len(bounds) > _LIST_CACHE_MAX:
+                self._list_bounds.clear()
+            self._list_bounds.update(bounds)
+
     def _execute(self, ops: list[Op], meta: dict[bytes, bytes] | None) -> list[bytes]:
-        results: list[bytes] = []
+        results: list[bytes] = []  # the new vector of every REDUCE op, in order
         key_prefix = layout.key_prefix
         with self._write_lock:
             now = self.clock.now_ms()
-            # Current values of every reduced key, read in one multi-get per state.
-            base: dict[tuple[str, bytes], bytes | None] = {}
-            reduce_keys: dict[str, tuple[StateHandle, list[bytes]]] = {}
-            for code, st, kg, key, ns, *_ in ops:
-                if code == OP_REDUCE:
-                    reduce_keys.setdefault(st.name, (st, []))[1].append(key_prefix(kg, key, ns))
-            for name, (st, sks) in reduce_keys.items():
-                base.update(zip(((name, k) for k in sks), st.store.get(sks)))
-
+            base = self._reduce_bases(ops)
             wb = rocksdict.WriteBatch(raw_mode=True)
+            # Values this batch wrote so far: a later REDUCE of the same key continues from them.
             overlay: dict[tuple[str, bytes], bytes | None] = {}
             bounds: dict[tuple[str, bytes], tuple[int, int]] = {}
             iters: dict[str, Any] = {}
@@ -355,9 +375,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         overlay[(st.name, prefix)] = stored
                     elif code == OP_REDUCE:
                         slot = (st.name, prefix)
-                        current = overlay.get(slot, _MISSING)
-                        if current is _MISSING:
-                            current = base[slot]
+                        # A key reduced earlier in this batch continues from that value.
+                        current = overlay[slot] if slot in overlay else base[slot]
                         new = st.reducer.combine(st.codec.decode(current, now), value)  # type: ignore[arg-type,union-attr]
                         stored = st.codec.header(now) + new
                         wb.put(prefix, stored, h)
@@ -396,14 +415,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         raise KeyedStateError(f"unknown op code {code}", reason=Reason.INTERNAL)
             finally:
                 iters.clear()
-            if meta:
-                for k, v in meta.items():
-                    wb.put(k, v, self._meta_h)
-            self._write(wb)
-            if bounds:
-                if len(self._list_bounds) + len(bounds) > _LIST_CACHE_MAX:
-                    self._list_bounds.clear()
-                self._list_bounds.update(bounds)
+            self._commit_batch(wb, meta, bounds)
         return results
 
     # -- list -------------------------------------------------------------------------------
