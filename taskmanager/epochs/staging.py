@@ -88,8 +88,7 @@ class StagingStore:
         """Multi-get."""
         if not keys:
             return []
-        # rocksdict's stub types neither a list of bytes keys nor the multi-get's answer.
-        return cast("list[bytes | None]", self._require().get(keys))  # type: ignore[arg-type]
+        return cast("list[bytes | None]", self._require().get(keys))  # type: ignore[arg-type]  # the stub lacks list[bytes] keys
 
     def write(self, batch: rocksdict.WriteBatch) -> None:
         """Apply a batch atomically."""

@@ -407,7 +407,7 @@ class EpochTransaction:
     ) -> Iterator[tuple[bytes, bytes]]:
         with self._se.reading() as store:
             staged_any = store is not None
-            cleared = staged_any and store.get([sk + r.HEAD])[0] is not None  # type: ignore[union-attr]
+            cleared = store is not None and store.get([sk + r.HEAD])[0] is not None
         committed: Iterator[tuple[bytes, bytes]] = (
             iter(()) if cleared else self._b.map_scan(state, key, namespace, keys_only)
         )
@@ -420,7 +420,7 @@ class EpochTransaction:
         s = next(staged, None)
         while c is not None or s is not None:
             if s is None or (c is not None and c[0] < s[0]):
-                yield c  # type: ignore[misc]
+                yield c  # type: ignore[misc]  # not None: the loop runs while c or s is, and s is None or c < s
                 c = next(committed, None)
                 continue
             if c is not None and c[0] == s[0]:

@@ -142,7 +142,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                 if code == OP_VALUE_PUT:
                     tbl[k] = st.codec.header(now) + value
                 elif code == OP_REDUCE:
-                    new = st.reducer.combine(st.codec.decode(tbl.get(k), now), value)  # type: ignore[union-attr]
+                    new = st.reducer.combine(st.codec.decode(tbl.get(k), now), value)  # type: ignore[union-attr]  # REDUCE ops exist only for reducing state, which has a reducer
                     tbl[k] = st.codec.header(now) + new
                     results.append(new)
                 elif code == OP_LIST_APPEND:
@@ -240,7 +240,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                 d = codec.decode(s, now)
                 out.append(d)
                 if d is not None and codec.update_on_read:
-                    m[uk] = codec.refreshed(s, now)  # type: ignore[arg-type]
+                    m[uk] = codec.refreshed(s, now)  # type: ignore[arg-type]  # d is not None, so the entry s exists
         return out
 
     def _map_scan(

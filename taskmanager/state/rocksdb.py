@@ -377,7 +377,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         slot = (st.name, prefix)
                         # A key reduced earlier in this batch continues from that value.
                         current = overlay[slot] if slot in overlay else base[slot]
-                        new = st.reducer.combine(st.codec.decode(current, now), value)  # type: ignore[arg-type,union-attr]
+                        new = st.reducer.combine(st.codec.decode(current, now), value)  # type: ignore[union-attr]  # REDUCE ops exist only for reducing state, which has a reducer
                         stored = st.codec.header(now) + new
                         wb.put(prefix, stored, h)
                         overlay[slot] = stored
