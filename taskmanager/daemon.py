@@ -12,50 +12,59 @@ import fcntl
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]  # no stubs published
 from prometheus_client import CollectorRegistry
 
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
+from keyedstate.common.storage import StorageCache
+from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
-from keyedstate.taskmanager.jobmanager_connection import JobManagerConnection
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
+from keyedstate.taskmanager.rpc.jobmanager_connection import JobManagerConnection
 from keyedstate.taskmanager.rpc.keyed_state import KeyedStateServicer
 from keyedstate.taskmanager.rpc.task_executor import TaskExecutorServicer
+from keyedstate.taskmanager.rpc.wire import slot_reports
 from keyedstate.taskmanager.settings import TaskManagerSettings, working_dir
 from keyedstate.taskmanager.slots import SlotTable
+from keyedstate.taskmanager.snapshot.manager import SnapshotManager
 from keyedstate.taskmanager.state import RocksDBResources, StateLimits
 
 logger = logging.getLogger(__name__)
 
 
 class TaskManager:
-    """One TaskManager process. ``start()`` serves and registers; ``stop()`` shuts down cleanly."""
+    """One TaskManager process. ``start()`` serves and registers; ``stop()`` shuts down cleanly.
+
+    The constructor is the one place where the TaskManager is put together: it creates every
+    collaborator (slots, backend factory, JobManager connection, snapshot manager, deployer,
+    epoch manager, servicers) and hands each what it needs. ``start()`` only binds, serves and
+    registers.
+    """
 
     def __init__(
         self, conf: Configuration, clock: Clock = SYSTEM_CLOCK, security: TransportSecurity | None = None
     ) -> None:
+        s = TaskManagerSettings.from_config(conf)
         self.conf = conf
-        self.settings = TaskManagerSettings.from_config(conf)
+        self.settings = s
         # Loads and checks every certificate now: a bad file stops the start with the key to fix.
         self.security = security if security is not None else TransportSecurity.from_config(conf)
         self.clock = clock
-        self.id = self.settings.resource_id
-        self.slots = SlotTable(self.settings.num_slots, self.id)
+        self.id = TaskManagerId(s.resource_id)
         self.registry = CollectorRegistry()
         self.metrics = TaskManagerMetrics(self.registry, self.id)
         self.port = 0
@@ -65,18 +74,57 @@ class TaskManager:
         self._stop = threading.Event()
         # Serving needs a lease from the JobManager (granted at registration, renewed by heartbeats).
         self.lease = Lease(clock.boottime_ms)
-        self._lock_file: IO[str] | None = None
-        self._server = None
-        self._internal_server = None
-        self._health: health.HealthServicer | None = None
+        self._lock_file: int | None = None
+        self._server: grpc.Server | None = None
+        self._internal_server: grpc.Server | None = None
+        self._health = health.HealthServicer()
         self._metrics_server: MetricsServer | None = None
-        self.connection: JobManagerConnection | None = None
-        self.deployer: SlotDeployer | None = None
-        self.epochs: EpochManager | None = None
         self._sweeper: threading.Thread | None = None
+
+        self.slots = SlotTable(s.num_slots, self.id)
+        resources = RocksDBResources.from_config(conf) if s.backend == "rocksdb" else None
+        self.backends = BackendFactory(s.backend, working_dir(s), StateLimits.from_config(conf), resources, clock)
+        self.connection = self._jobmanager_connection()
+        self.checkpoints = SnapshotManager(
+            self.slots,
+            self.backends,
+            self.connection,
+            StorageCache(conf, self._stop),
+            self.metrics,
+            clock,
+            transfer_threads=s.transfer_threads,
+            local_recovery=s.local_recovery,
+        )
+        self.deployer = SlotDeployer(self.slots, self.backends, self.checkpoints, clock)
+        self.epochs = EpochManager(self.slots, self.backends.instance_dir)
+        self._keyed_state = KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs)
+        self._task_executor = TaskExecutorServicer(self.deployer, self.lease, self.checkpoints, self.epochs)
+
+    def _jobmanager_connection(self) -> JobManagerConnection:
+        """The connection to the JobManager: registration, heartbeats, and checkpoint reports."""
+        s = self.settings
+        return JobManagerConnection(
+            s.jobmanager_address,
+            self.id,
+            "",  # advertised once the servers are bound (start)
+            s.host,
+            s.num_slots,
+            s.backend,
+            0,
+            lambda: slot_reports(self.slots),
+            self._retain_slots,
+            self.lease,
+            self.clock,
+            self._stop,
+            limits=self.backends.limits,
+            security=self.security.channel_security(INTERNAL),
+            cluster_id=s.cluster_id,
+            token=internal_token(self.conf, "TaskManager", "taskmanager", internal_tls=self.security.enabled(INTERNAL)),
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
+        """Bind both planes, serve, then register with the JobManager (which grants the lease)."""
         work = self._prepare_work_dir()
         try:
             self._start(work)
@@ -88,14 +136,37 @@ class TaskManager:
 
     def _start(self, work: Path) -> None:
         s = self.settings
-        resources = RocksDBResources.from_config(self.conf) if s.backend == "rocksdb" else None
-        limits = StateLimits.from_config(self.conf)
-        self.deployer = SlotDeployer(self.slots, s.backend, work, limits, resources, self.clock)
-        self._install_snapshots()
-        self.epochs = EpochManager(self.slots, self.deployer.instance_dir)
-        security = self.security
+        server, internal = self._bind_servers()
+        self._serve(server, internal)
+        self.metrics.slots_total.set(s.num_slots)
+        self.metrics.slots_available.set_function(self.slots.free_count)
+        self.metrics.watch_slots(self._slot_stats)
+        self._metrics_server = MetricsServer(
+            self.registry, s.metrics_ports, host=s.bind_host, tls=self.security.http_context()
+        )
+        logger.info(
+            "taskmanager %s: serving on %s with %d %s slots (local dir %s)",
+            self.id,
+            self.address,
+            s.num_slots,
+            s.backend,
+            work,
+        )
+        self.connection.advertise(
+            self.address,
+            self.internal_address if internal is not server else "",
+            self._metrics_server.port or 0,
+        )
+        self.connection.register(s.registration_timeout_ms)
+        self.connection.start_heartbeats()
+        if s.ttl_cleanup_interval_ms > 0:
+            self._sweeper = threading.Thread(target=self._ttl_sweep_loop, name="ttl-sweeper", daemon=True)
+            self._sweeper.start()
+
+    def _bind_servers(self) -> tuple[grpc.Server, grpc.Server]:
+        """The client plane's server and the internal plane's (the same one unless the planes are separate)."""
+        s, security = self.settings, self.security
         auth_metrics = AuthMetrics(self.registry, "taskmanager")
-        token = internal_token(self.conf, "TaskManager", "taskmanager", internal_tls=security.enabled(INTERNAL))
         separate = internal_plane_separate(self.conf, o.TASKMANAGER_INTERNAL_PORT)
         security.check_protected_mode("TaskManager", s.bind_host, REST, "taskmanager.bind-host")
         if separate:
@@ -129,92 +200,41 @@ class TaskManager:
                 ),
             )
             self._internal_server = internal
-        tm_grpc.add_KeyedStateServicer_to_server(
-            KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs), server
-        )
-        tm_grpc.add_TaskExecutorServicer_to_server(
-            TaskExecutorServicer(self.deployer, self.lease, getattr(self, "checkpoints", None), self.epochs), internal
-        )
-        self._health = health.HealthServicer()
+        self.address = f"{s.host}:{self.port}"
+        self.internal_address = f"{s.host}:{internal_port}"
+        return server, internal
+
+    def _serve(self, server: grpc.Server, internal: grpc.Server) -> None:
+        """Put the services on their planes, start serving and report healthy."""
+        self._keyed_state.add_to(server)
+        self._task_executor.add_to(internal)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if internal is not server:
             health_pb2_grpc.add_HealthServicer_to_server(self._health, internal)
-            internal.start()
-        server.start()
-        self.address = f"{s.host}:{self.port}"
-        self.internal_address = f"{s.host}:{internal_port}"
+            internal.start()  # type: ignore[no-untyped-call]  # grpc.Server.start is unannotated in types-grpcio
+        server.start()  # type: ignore[no-untyped-call]  # as above
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._health.set("keyedstate.v1.KeyedState", health_pb2.HealthCheckResponse.SERVING)
-        self.metrics.slots_total.set(s.num_slots)
-        self.metrics.slots_available.set_function(self.slots.free_count)
-        self.metrics.watch_slots(self._slot_stats)
-        self._metrics_server = MetricsServer(
-            self.registry, s.metrics_ports, host=s.bind_host, tls=security.http_context()
-        )
-        logger.info(
-            "taskmanager %s: serving on %s with %d %s slots (local dir %s)",
-            self.id,
-            self.address,
-            s.num_slots,
-            s.backend,
-            work,
-        )
-        self.connection = JobManagerConnection(
-            s.jobmanager_address,
-            self.id,
-            self.address,
-            s.host,
-            s.num_slots,
-            s.backend,
-            self._metrics_server.port or 0,
-            self._slot_reports,
-            self._retain_slots,
-            self.lease,
-            self.clock,
-            self._stop,
-            limits=limits.to_proto(),
-            internal_address=self.internal_address if internal is not server else "",
-            security=security.channel_security(INTERNAL),
-            cluster_id=s.cluster_id,
-            token=token,
-        )
-        self.connection.register(s.registration_timeout_ms)
-        self.connection.start_heartbeats()
-        if s.ttl_cleanup_interval_ms > 0:
-            self._sweeper = threading.Thread(target=self._ttl_sweep_loop, name="ttl-sweeper", daemon=True)
-            self._sweeper.start()
-
-    def _install_snapshots(self) -> None:
-        """Hook for checkpointing and restore (installed by the snapshot layer)."""
-        from keyedstate.taskmanager.snapshot.manager import install
-
-        install(self)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting calls, finish those in flight, flush and close every backend, deregister."""
         if self._stop.is_set() and self._server is None:
             return
         self._stop.set()
-        if self._health is not None:
-            self._health.enter_graceful_shutdown()
+        self._health.enter_graceful_shutdown()
         servers = [srv for srv in (self._server, self._internal_server) if srv is not None]
-        for event in [srv.stop(grace_s) for srv in servers]:
+        for event in [srv.stop(grace_s) for srv in servers]:  # type: ignore[no-untyped-call]  # unannotated in types-grpcio
             event.wait(grace_s + 1)
         self._server = self._internal_server = None
-        checkpoints = getattr(self, "checkpoints", None)
-        if checkpoints is not None:
-            checkpoints.close()
-        if self.epochs is not None:
-            self.epochs.close()
-        if self.deployer is not None:
-            self.deployer.close_all()
-        if self.connection is not None:
-            self.connection.deregister()
-            self.connection.close()
+        self.checkpoints.close()
+        self.epochs.close()
+        self.deployer.close_all()
+        self.connection.deregister()
+        self.connection.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
         if self._lock_file is not None:
-            self._lock_file.close()
+            os.close(self._lock_file)
             self._lock_file = None
         logger.info("taskmanager %s: stopped", self.id)
 
@@ -235,40 +255,28 @@ class TaskManager:
                 f"state.backend.rocksdb.localdir {self.settings.local_dir} cannot be written ({exc.strerror or exc}); "
                 "point it at a writable directory"
             ) from exc
-        lock = open(work / "taskmanager.lock", "w")
+        # A raw descriptor held until stop(): the lock lives as long as it is open.
+        lock = os.open(work / "taskmanager.lock", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            lock.close()
+            os.close(lock)
             raise ConfigError(
                 f"another TaskManager already uses {work}; give each TaskManager its own "
                 "state.backend.rocksdb.localdir or taskmanager.resource-id"
             ) from exc
-        lock.write(str(os.getpid()))
-        lock.flush()
+        os.write(lock, str(os.getpid()).encode())
         self._lock_file = lock
         return work
 
-    def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[str, int]) -> None:
-        assert self.deployer is not None
+    def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[JobId, int]) -> None:
         # The JobManager's word on the jobs' versions replaces what this TaskManager saw (a
         # JobManager that lost its jobs numbers their deployments from 1 again).
         self.slots.set_version_floors(routing_versions)
-        if self.deployer.retain(kept) and self.epochs is not None:
+        if self.deployer.retain(kept):
             self.epochs.sweep()
 
-    def _slot_reports(self) -> list[jm_pb.SlotReport]:
-        return [
-            jm_pb.SlotReport(
-                slot_index=s.index,
-                job_id=s.subtask.job_id,
-                operator_id=s.subtask.operator_id,
-                subtask_index=s.subtask.subtask_index,
-            )
-            for s in self.slots.all()
-        ]
-
-    def _slot_stats(self):  # type: ignore[no-untyped-def]
+    def _slot_stats(self) -> Iterator[tuple[tuple[str, str, str], dict[str, int]]]:
         for slot in self.slots.all():
             if slot.backend is not None:
                 labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))

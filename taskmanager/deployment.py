@@ -5,18 +5,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
-from keyedstate.common.ids import KeyGroupRange, SubtaskId, validate_id
+from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId, validate_id
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from keyedstate.taskmanager.backends import BackendFactory
+from keyedstate.taskmanager.handles import SlotRestore
 from keyedstate.taskmanager.slots import Slot, SlotTable
-from keyedstate.taskmanager.state import KeyedStateBackend, RocksDBResources, StateLimits, create_backend
+from keyedstate.taskmanager.state import KeyedStateBackend
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class DeployRequest:
     incremental: bool
 
     def validate(self) -> None:
+        """Refuse a request whose job id, parallelism or key-group range no slot could serve."""
         validate_id("job id", self.subtask.job_id)
         if not 1 <= self.max_parallelism <= UPPER_BOUND_MAX_PARALLELISM:
             raise InvalidArgumentError(
@@ -54,34 +56,33 @@ class DeployResult:
     """The epoch the deployed state holds; the JobManager checks it against what it restored."""
 
 
-# Restores a slot's backend from checkpoint storage; provided by the snapshot/restore layer.
-Restorer = Callable[[Slot, Path, object], tuple[KeyedStateBackend, DeployResult]]
+class Restorer(Protocol):
+    """Restores a slot's backend from checkpoint storage (the snapshot layer, above this one)."""
+
+    def restore(self, slot: Slot, instance_dir: Path, restore: SlotRestore) -> tuple[KeyedStateBackend, DeployResult]:
+        """The backend of ``slot`` built from the snapshots ``restore`` names, in ``instance_dir``."""
 
 
 class SlotDeployer:
     """Creates, restores and releases the backends of slots."""
 
-    def __init__(
-        self,
-        slots: SlotTable,
-        backend_kind: str,
-        work_dir: Path,
-        limits: StateLimits,
-        resources: RocksDBResources | None,
-        clock: Clock,
-    ) -> None:
+    def __init__(self, slots: SlotTable, backends: BackendFactory, restorer: Restorer | None, clock: Clock) -> None:
         self._slots = slots
-        self.backend_kind = backend_kind
-        self.work_dir = work_dir
-        self._limits = limits
-        self._resources = resources
+        self._backends = backends
+        self._restorer = restorer
         self._clock = clock
-        self.restorer: Restorer | None = None
+
+    @property
+    def work_dir(self) -> Path:
+        """This TaskManager's working directory (one sub-directory per hosted subtask)."""
+        return self._backends.work_dir
 
     def instance_dir(self, subtask: SubtaskId) -> Path:
-        return self.work_dir / subtask.instance_dir_name()
+        """The local directory of one subtask (see :meth:`BackendFactory.instance_dir`)."""
+        return self._backends.instance_dir(subtask)
 
-    def deploy(self, request: DeployRequest, restore: object | None = None) -> DeployResult:
+    def deploy(self, request: DeployRequest, restore: SlotRestore | None = None) -> DeployResult:
+        """Reserve the slot and give it a backend, empty or restored; the slot serves once this returns."""
         request.validate()
         slot = self._slots.reserve(
             request.subtask,
@@ -93,16 +94,16 @@ class SlotDeployer:
             request.checkpoint_base,
             request.incremental,
         )
-        started = time.monotonic()
+        started = self._clock.monotonic_ms()
         try:
             if restore is not None:
-                if self.restorer is None:
+                if self._restorer is None:
                     raise InvalidArgumentError("this TaskManager cannot restore state (no restorer configured)")
-                backend, result = self.restorer(slot, self.instance_dir(request.subtask), restore)
+                backend, result = self._restorer.restore(slot, self.instance_dir(request.subtask), restore)
             else:
                 # A fresh deployment starts empty: leftovers of an earlier run are not this job's state.
                 shutil.rmtree(self.instance_dir(request.subtask), ignore_errors=True)
-                backend = self.create_empty(slot, self.instance_dir(request.subtask))
+                backend = self._backends.create(slot)
                 result = DeployResult()
         except BaseException:
             self._slots.remove(request.subtask)
@@ -115,22 +116,9 @@ class SlotDeployer:
             request.slot_index,
             request.key_groups,
             "restored" if restore else "empty",
-            (time.monotonic() - started) * 1000,
+            self._clock.monotonic_ms() - started,
         )
         return result
-
-    def create_empty(self, slot: Slot, instance_dir: Path) -> KeyedStateBackend:
-        return create_backend(
-            self.backend_kind,
-            slot.subtask,
-            slot.key_groups,
-            slot.max_parallelism,
-            slot.operator.states,
-            local_dir=self.work_dir,
-            limits=self._limits,
-            clock=self._clock,
-            resources=self._resources,
-        )
 
     def retain(self, kept: set[SubtaskId]) -> list[SubtaskId]:
         """Release every slot whose subtask is not in ``kept`` (after a re-registration); returns the released."""
@@ -143,7 +131,7 @@ class SlotDeployer:
     def release(self, subtask: SubtaskId, discard_local_state: bool, up_to_version: int | None = None) -> bool:
         """Release the slot of ``subtask`` (only a deployment of ``up_to_version`` or older, when given)."""
         if up_to_version is not None:
-            self._slots.raise_version_floor(subtask.job_id, up_to_version)
+            self._slots.raise_version_floor(JobId(subtask.job_id), up_to_version)
         slot = self._slots.remove(subtask, up_to_version)
         if slot is None:
             return False
@@ -155,6 +143,7 @@ class SlotDeployer:
         return True
 
     def close_all(self) -> None:
+        """Release every slot (the TaskManager stops); a backend that fails to close is logged, not raised."""
         for slot in self._slots.all():
             self._slots.remove(slot.subtask)
             if slot.backend is not None:

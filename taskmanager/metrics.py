@@ -9,13 +9,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from keyedstate.common.ids import TaskManagerId
+
 logger = logging.getLogger(__name__)
 
 _SLOT_LABELS = ("job_id", "operator_id", "subtask_index")
 
 
 class TaskManagerMetrics:
-    def __init__(self, registry: CollectorRegistry, taskmanager_id: str) -> None:
+    def __init__(self, registry: CollectorRegistry, taskmanager_id: TaskManagerId) -> None:
         self.registry = registry
         self._requests = Counter(
             "keyedstate_taskmanager_state_requests",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from keyedstate.common.descriptors import OperatorSpec
@@ -17,7 +18,8 @@ from keyedstate.common.errors import (
     StaleRoutingError,
     UnavailableError,
 )
-from keyedstate.common.ids import KeyGroupRange, SubtaskId, validate_id
+from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId, TaskManagerId, validate_id
+from keyedstate.taskmanager.handles import StateFileHandle
 from keyedstate.taskmanager.state import KeyedStateBackend
 
 logger = logging.getLogger(__name__)
@@ -43,9 +45,10 @@ class Slot:
     status: SlotStatus = SlotStatus.RESTORING
     # Shared files (local name -> remote handle) of the latest completed checkpoint, reused by
     # the next incremental checkpoint.
-    uploaded_shared: dict[str, object] = field(default_factory=dict)
+    uploaded_shared: dict[str, StateFileHandle] = field(default_factory=dict)
 
     def require_backend(self) -> KeyedStateBackend:
+        """The backend of a running slot; UNAVAILABLE while it restores or is released."""
         if self.status is not SlotStatus.RUNNING or self.backend is None:
             raise UnavailableError(
                 f"slot {self.index} ({self.subtask}) is {self.status.value}; retry shortly", reason=Reason.UNAVAILABLE
@@ -56,11 +59,11 @@ class Slot:
 class SlotTable:
     """Thread-safe table of a TaskManager's slots."""
 
-    def __init__(self, num_slots: int, taskmanager_id: str) -> None:
+    def __init__(self, num_slots: int, taskmanager_id: TaskManagerId) -> None:
         self._slots: list[Slot | None] = [None] * num_slots
         self._by_subtask: dict[SubtaskId, Slot] = {}
         # Per job, the highest routing version deployed here: older deploys are late, and refused.
-        self._version_floor: dict[str, int] = {}
+        self._version_floor: dict[JobId, int] = {}
         self._lock = threading.Lock()
         self._tm = taskmanager_id
 
@@ -85,7 +88,8 @@ class SlotTable:
                 raise InvalidArgumentError(
                     f"slot index {slot_index} does not exist on TaskManager {self._tm} (it has {len(self._slots)} slots)"
                 )
-            floor = self._version_floor.get(subtask.job_id, 0)
+            job_id = JobId(subtask.job_id)
+            floor = self._version_floor.get(job_id, 0)
             if routing_version < floor:
                 # A deploy that arrives late: a newer deployment of the job was made here since.
                 raise StaleRoutingError(
@@ -97,10 +101,9 @@ class SlotTable:
             existing = self._by_subtask.get(subtask)
             if existing is not None:
                 raise AlreadyExistsError(f"{subtask} is already deployed in slot {existing.index} of {self._tm}")
-            if self._slots[slot_index] is not None:
-                raise CapacityError(
-                    f"slot {slot_index} of TaskManager {self._tm} is taken by {self._slots[slot_index].subtask}"
-                )  # type: ignore[union-attr]
+            taken = self._slots[slot_index]
+            if taken is not None:
+                raise CapacityError(f"slot {slot_index} of TaskManager {self._tm} is taken by {taken.subtask}")
             slot = Slot(
                 slot_index,
                 subtask,
@@ -113,20 +116,21 @@ class SlotTable:
             )
             self._slots[slot_index] = slot
             self._by_subtask[subtask] = slot
-            self._version_floor[subtask.job_id] = max(floor, routing_version)
+            self._version_floor[job_id] = max(floor, routing_version)
             return slot
 
-    def set_version_floors(self, versions: dict[str, int]) -> None:
+    def set_version_floors(self, versions: Mapping[JobId, int]) -> None:
         """Take the JobManager's current routing version of each job as its floor (at registration)."""
         with self._lock:
             self._version_floor = dict(versions)
 
-    def raise_version_floor(self, job_id: str, version: int) -> None:
+    def raise_version_floor(self, job_id: JobId, version: int) -> None:
         """Deployments of ``job_id`` up to ``version`` are over (released): later deploys of them are late."""
         with self._lock:
             self._version_floor[job_id] = max(self._version_floor.get(job_id, 0), version + 1)
 
     def activate(self, slot: Slot, backend: KeyedStateBackend) -> None:
+        """The slot serves ``backend`` from now on (status RUNNING)."""
         with self._lock:
             slot.backend = backend
             slot.status = SlotStatus.RUNNING
@@ -150,7 +154,9 @@ class SlotTable:
             slot.status = SlotStatus.RELEASING
             return slot
 
-    def lookup(self, job_id: str, operator_id: str, subtask_index: int, routing_version: int | None = None) -> Slot:
+    def lookup(
+        self, job_id: JobId, operator_id: OperatorId, subtask_index: int, routing_version: int | None = None
+    ) -> Slot:
         """The slot hosting the subtask under ``routing_version`` (None: any version).
 
         A call routed with another version than the slot was deployed under is refused: after a
@@ -182,21 +188,25 @@ class SlotTable:
         return slot
 
     def get(self, subtask: SubtaskId) -> Slot | None:
+        """The slot of ``subtask``, if hosted here (whatever its routing version)."""
         with self._lock:
             return self._by_subtask.get(subtask)
 
-    def of_job(self, job_id: str) -> list[Slot]:
+    def of_job(self, job_id: JobId) -> list[Slot]:
+        """Every slot of ``job_id`` hosted here."""
         with self._lock:
             return [s for s in self._slots if s is not None and s.subtask.job_id == job_id]
 
     def all(self) -> list[Slot]:
+        """Every occupied slot, in slot order."""
         with self._lock:
             return [s for s in self._slots if s is not None]
 
     def free_count(self) -> int:
+        """How many slots are free (a gauge reads it at scrape time)."""
         with self._lock:
             return sum(1 for s in self._slots if s is None)
 
 
-def unknown_job_error(job_id: str) -> NotFoundError:
+def unknown_job_error(job_id: JobId) -> NotFoundError:
     return NotFoundError(f"unknown job {job_id!r}", reason=Reason.UNKNOWN_JOB)

@@ -30,6 +30,7 @@ from keyedstate.common.clock import SystemClock
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.taskmanager.epochs import EpochManager
+from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import StateLimits, create_backend
 
@@ -104,7 +105,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
                         view.reduce("totals", kb[a : a + REQUEST_KEYS], ops[a : a + REQUEST_KEYS], b"", False)
                 t1 = time.perf_counter()
                 with _maybe(commit, profiled):
-                    manager.commit(request)
+                    commit_epoch(manager, request)
                 times["stage"] += t1 - t0
                 times["commit"] += time.perf_counter() - t1
             keys_all = list(expected)
@@ -116,7 +117,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
             backend.close()
     out = io.StringIO()
     if profiled:
-        for label, prof in (("staging (EpochView.reduce)", stage), ("commit (EpochManager.commit)", commit)):
+        for label, prof in (("staging (EpochTransaction.reduce)", stage), ("commit (EpochManager.commit)", commit)):
             out.write(f"\n== {label}: top {top} by own time\n")
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
     return SlotProfile(
@@ -195,7 +196,7 @@ def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no
         applied = 0
         with backend._op, backend._write_lock:
             for sid, (keys, values) in staged.items():
-                st = backend._lookup(self.states[sid][0])
+                st = backend.validation.lookup(self.states[sid][0])
                 header, handle, decode, combine = st.codec.header(now), st.handle, st.codec.decode, st.reducer.combine
                 latest: dict[bytes, bytes | None] = {}
                 for key, value, current in zip(keys, values, st.store.get(keys)):

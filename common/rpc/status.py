@@ -190,3 +190,14 @@ def from_rpc_error(err: grpc.RpcError, what: str = "", plane: str = "rest") -> e
     if code is grpc.StatusCode.PERMISSION_DENIED:
         return e.PermissionDeniedError(f"{prefix}{details}")
     return e.KeyedStateError(f"{prefix}{code.name}: {details}")
+
+
+def status_name(err: grpc.RpcError) -> str:
+    """The status code's name of a received error (for logs): ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ..."""
+    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+    return str(code.name)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether a call failed because the server could not be reached (UNAVAILABLE): worth retrying as is."""
+    return isinstance(exc, grpc.RpcError) and isinstance(exc, grpc.Call) and exc.code() is grpc.StatusCode.UNAVAILABLE

@@ -7,23 +7,23 @@ committed epoch in the slot's metadata (``state.metadata.COMMITTED_EPOCH``), whi
 """
 
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
-from keyedstate.taskmanager.epochs.manager import CommitResult, EpochManager, winners_from_proto
+from keyedstate.taskmanager.epochs.manager import AttemptContext, CommitResult, EpochManager
 from keyedstate.taskmanager.epochs.slot import NO_EPOCH, EpochCommitError, SlotEpochs, read_committed_epoch
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions, StagingStore
-from keyedstate.taskmanager.epochs.view import EpochView
+from keyedstate.taskmanager.epochs.transaction import EpochTransaction
 
 __all__ = [
     "NO_EPOCH",
     "STAGING_DIR",
+    "AttemptContext",
     "CommitResult",
     "EpochCommitError",
     "EpochManager",
-    "EpochView",
+    "EpochTransaction",
     "SlotEpochs",
     "StagingOptions",
     "StagingStore",
     "TaskAttempt",
     "Winner",
     "read_committed_epoch",
-    "winners_from_proto",
 ]

@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from keyedstate.common._proto.v1 import common_pb2
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import InvalidArgumentError, NotFoundError, Reason, UnavailableError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.common.ids import JobId, SubtaskId, validate_id
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
 from keyedstate.taskmanager.epochs.slot import SlotEpochs
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions
-from keyedstate.taskmanager.epochs.view import EpochView
+from keyedstate.taskmanager.epochs.transaction import EpochTransaction
 from keyedstate.taskmanager.slots import Slot, SlotTable
 
 logger = logging.getLogger(__name__)
@@ -43,29 +42,17 @@ class CommitResult:
     slots: int
 
 
-def winners_from_proto(items: Iterable[common_pb2.PartitionAttempt]) -> dict[int, Winner]:
-    """partition -> its winning attempt and ledger; one winner per partition."""
-    winners: dict[int, Winner] = {}
-    for w in items:
-        if w.partition < 0 or w.attempt < 0:
-            raise InvalidArgumentError(f"winner partition {w.partition} attempt {w.attempt}: both must be >= 0")
-        ledger: dict[tuple[str, int], int] | None = None
-        if w.has_ledger:
-            ledger = {}
-            for entry in w.writes:
-                if entry.requests < 0 or entry.subtask_index < 0:
-                    raise InvalidArgumentError(
-                        f"winner partition {w.partition}: ledger entry {entry.operator_id}/{entry.subtask_index} has "
-                        f"{entry.requests} requests; counts and subtask indexes must be >= 0"
-                    )
-                ledger[(entry.operator_id, entry.subtask_index)] = entry.requests
-        previous = winners.get(w.partition)
-        if previous is not None and previous.attempt != w.attempt:
-            raise InvalidArgumentError(
-                f"partition {w.partition} has two winning attempts ({previous.attempt} and {w.attempt}); name one winner per partition"
-            )
-        winners[w.partition] = Winner(w.partition, w.attempt, ledger)
-    return winners
+class AttemptContext(Protocol):
+    """Who is calling inside an epoch: the fields of the wire's ``EpochContext``."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def sequence(self) -> int: ...
 
 
 def as_winners(winners: Mapping[int, int | Winner]) -> dict[int, Winner]:
@@ -92,12 +79,12 @@ class EpochManager:
         self._closed = False
 
     # -- staging calls ------------------------------------------------------------------------
-    def view(self, slot: Slot, context: common_pb2.EpochContext | TaskAttempt) -> EpochView:
+    def view(self, slot: Slot, context: AttemptContext | TaskAttempt) -> EpochTransaction:
         """The state calls of the task attempt ``context`` on ``slot`` (writes staged, reads merged)."""
         if isinstance(context, TaskAttempt):
-            return EpochView(self.slot_epochs(slot), context)
+            return EpochTransaction(self.slot_epochs(slot), context)
         attempt = TaskAttempt(context.epoch, context.partition, context.attempt)
-        return EpochView(self.slot_epochs(slot), attempt, context.sequence)
+        return EpochTransaction(self.slot_epochs(slot), attempt, context.sequence)
 
     def slot_epochs(self, slot: Slot) -> SlotEpochs:
         """The epoch state of a running slot (created on first use)."""
@@ -120,18 +107,7 @@ class EpochManager:
             return entry
 
     # -- commits ------------------------------------------------------------------------------
-    def commit(self, request: tm_pb.EpochCommitRequest) -> tm_pb.EpochCommitResponse:
-        """The ``CommitEpoch`` RPC: prepare, commit or (with ``abort``) discard an epoch on every slot of the job."""
-        winners = winners_from_proto(request.winners)
-        if request.prepare:
-            self.prepare_epoch(request.job_id, request.epoch, winners, request.routing_version)
-            return tm_pb.EpochCommitResponse(committed_epoch=request.epoch - 1)
-        result = self.commit_epoch(
-            request.job_id, request.epoch, winners, abort=request.abort, routing_version=request.routing_version
-        )
-        return tm_pb.EpochCommitResponse(committed_epoch=result.committed_epoch, applied_entries=result.applied)
-
-    def _job_slots(self, job_id: str, epoch: int) -> list[Slot]:
+    def _job_slots(self, job_id: JobId, epoch: int) -> list[Slot]:
         validate_id("job id", job_id)
         if epoch < 0:
             raise InvalidArgumentError(f"epoch must be >= 0 (the job epoch of the micro-batch), got {epoch}")
@@ -145,7 +121,7 @@ class EpochManager:
         return slots
 
     def prepare_epoch(
-        self, job_id: str, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0
+        self, job_id: JobId, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0
     ) -> None:
         """Check on every slot of the job that ``epoch`` can be committed (see :meth:`SlotEpochs.check_commit`)."""
         slots = self._job_slots(job_id, epoch)
@@ -155,7 +131,7 @@ class EpochManager:
 
     def commit_epoch(
         self,
-        job_id: str,
+        job_id: JobId,
         epoch: int,
         winners: Mapping[int, int | Winner],
         *,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,6 +57,7 @@ class Stager:
         self._marker = marker
 
     def write(self, batch: rocksdict.WriteBatch) -> None:
+        """Stage ``batch`` and the request's marker in one atomic write."""
         if self._marker is not None:
             batch.put(self._marker, b"")
         self.store.write(batch)
@@ -225,7 +225,7 @@ class SlotEpochs:
                 logger.info("epoch %d of %s is already committed; nothing to apply", epoch, self.subtask)
                 self._discard(*records.through_epoch(epoch))
                 return epoch, 0
-            t0 = time.monotonic()
+            t0 = self.backend.clock.monotonic_ms()  # the slot's injected clock
             try:
                 mutations = self._winning_mutations(epoch, winners)
                 applied = self.backend.apply(mutations, meta={COMMITTED_EPOCH: str(epoch).encode("ascii")})
@@ -246,7 +246,7 @@ class SlotEpochs:
                 self.subtask,
                 applied,
                 len(winners),
-                (time.monotonic() - t0) * 1000,
+                self.backend.clock.monotonic_ms() - t0,
             )
             return epoch, applied
 

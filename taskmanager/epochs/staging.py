@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import cast
 
 import rocksdict
 
@@ -72,7 +73,7 @@ class StagingStore:
                 "check that state.backend.rocksdb.localdir is writable and has free space"
             ) from exc
         self._wopts = rocksdict.WriteOptions()
-        self._wopts.disable_wal = True
+        self._wopts.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
         logger.info("opened epoch staging database of %s at %s", what, self.path)
 
     def _require(self) -> rocksdict.Rdict:
@@ -87,7 +88,7 @@ class StagingStore:
         """Multi-get."""
         if not keys:
             return []
-        return self._require().get(keys)
+        return cast("list[bytes | None]", self._require().get(keys))  # type: ignore[arg-type]  # the stub lacks list[bytes] keys
 
     def write(self, batch: rocksdict.WriteBatch) -> None:
         """Apply a batch atomically."""
@@ -102,6 +103,7 @@ class StagingStore:
             ) from exc
 
     def delete_range(self, begin: bytes, end: bytes) -> None:
+        """Drop every staged entry in ``[begin, end)`` atomically."""
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.delete_range(begin, end)
         self.write(batch)
@@ -113,7 +115,7 @@ class StagingStore:
             ro.set_iterate_upper_bound(end)
         it = self._require().items(from_key=begin, read_opt=ro)
         try:
-            return list(islice(it, n))
+            return list(islice(cast("Iterator[tuple[bytes, bytes]]", it), n))  # raw mode: keys and values are bytes
         finally:
             del it
 
@@ -128,6 +130,7 @@ class StagingStore:
             start = chunk[-1][0] + b"\x00"
 
     def is_empty(self) -> bool:
+        """Whether nothing is staged (the store can be dropped)."""
         return not self.read_chunk(b"", None, 1)
 
     def close(self, drop: bool = True) -> None:

@@ -11,12 +11,13 @@ import grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.ids import JobId, OperatorId
 from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.status import rpc_method
-from keyedstate.taskmanager.epochs import EpochManager, EpochView
+from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
 from keyedstate.taskmanager.slots import SlotTable
-from keyedstate.taskmanager.state import KeyedStateBackend
+from keyedstate.taskmanager.state.access import KeyedStateAccess
 
 _DEFAULT_CHUNK = 1000
 _MAX_CHUNK = 100_000
@@ -83,10 +84,16 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
         self._lease = lease
         self._transactions = transactions
 
-    def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateBackend | EpochView:
+    def add_to(self, server: grpc.Server) -> None:
+        """Serve this service on ``server`` (the client plane's)."""
+        pb_grpc.add_KeyedStateServicer_to_server(self, server)
+
+    def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateAccess:
         self._metrics.record_request(method, keys)
         self._lease.check(method)
-        slot = self._slots.lookup(target.job_id, target.operator_id, target.subtask_index, target.routing_version)
+        slot = self._slots.lookup(
+            JobId(target.job_id), OperatorId(target.operator_id), target.subtask_index, target.routing_version
+        )
         if target.HasField("epoch"):
             # Epoch-scoped calls go to the task attempt's transaction: writes staged, reads merged.
             if self._transactions is None:

@@ -23,29 +23,24 @@ import logging
 import os
 import shutil
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-import grpc
-
-from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.clock import Clock
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.ids import validate_id
+from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId, SubtaskId, validate_id
 from keyedstate.common.storage import StorageCache, is_plain_file_name
+from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.deployment import DeployResult
-from keyedstate.taskmanager.slots import Slot
-from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, upload_files
-from keyedstate.taskmanager.state import KeyedStateBackend, restore_backend
-
-if TYPE_CHECKING:
-    from keyedstate.taskmanager.daemon import TaskManager
+from keyedstate.taskmanager.handles import CheckpointBarrier, SlotRestore, StateFileHandle, SubtaskStateHandle
+from keyedstate.taskmanager.metrics import TaskManagerMetrics
+from keyedstate.taskmanager.slots import Slot, SlotTable
+from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, sha256_file, upload_files
+from keyedstate.taskmanager.state import KeyedStateBackend, LocalSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +52,26 @@ def _join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
-def shared_group(checkpoint_id: int) -> str:
+def shared_group(checkpoint_id: CheckpointId) -> str:
     """The sub-directory of ``shared/`` holding the files checkpoint ``checkpoint_id`` uploaded first."""
     return f"chk-{checkpoint_id}"
+
+
+class CheckpointReporter(Protocol):
+    """Where a slot's checkpoint outcome goes: the JobManager, through the TaskManager's RPC edge.
+
+    Both calls retry transient failures themselves and raise when the outcome stays unknown.
+    """
+
+    def acknowledge_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, state: SubtaskStateHandle) -> None:
+        """Report one slot's uploaded snapshot of ``checkpoint_id``."""
+
+    def decline_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, subtask: SubtaskId, reason: str) -> None:
+        """Report that ``subtask`` cannot complete ``checkpoint_id``, and why (shown to the operator)."""
+
+
+_PlannedUpload = tuple[str, str, str, bool]
+"""(local path, remote url, path relative to the checkpoint directory, shared)"""
 
 
 @dataclass
@@ -67,14 +79,14 @@ class _SlotCheckpoint:
     """One slot's part of one in-flight checkpoint."""
 
     slot: Slot
-    checkpoint_id: int
+    checkpoint_id: CheckpointId
     local_dir: Path
     target_path: str = ""
     """Where this checkpoint's own (non-shared) files go: ``<job dir>/chk-<n>`` or the savepoint dir."""
     cancel: threading.Event = field(default_factory=threading.Event)
     # local SST name -> handle (relative path from a chk dir) uploaded by this checkpoint
-    new_shared: dict[str, pb.StateFileHandle] = field(default_factory=dict)
-    referenced_shared: dict[str, pb.StateFileHandle] = field(default_factory=dict)
+    new_shared: dict[str, StateFileHandle] = field(default_factory=dict)
+    referenced_shared: dict[str, StateFileHandle] = field(default_factory=dict)
     uploaded_remote: list[str] = field(default_factory=list)
     done: bool = False
     savepoint: bool = False
@@ -83,18 +95,33 @@ class _SlotCheckpoint:
 class SnapshotManager:
     """Runs slot snapshots for barriers and restores slots from checkpoint storage."""
 
-    def __init__(self, tm: TaskManager) -> None:
-        self._tm = tm
-        self._threads = tm.settings.transfer_threads
-        self._storages = StorageCache(tm.conf, tm._stop)  # noqa: SLF001 - the daemon's shutdown event
+    def __init__(
+        self,
+        slots: SlotTable,
+        backends: BackendFactory,
+        reporter: CheckpointReporter,
+        storages: StorageCache,
+        metrics: TaskManagerMetrics,
+        clock: Clock,
+        *,
+        transfer_threads: int,
+        local_recovery: bool,
+    ) -> None:
+        self._slots = slots
+        self._backends = backends
+        self._reporter = reporter
+        self._storages = storages
+        self._metrics = metrics
+        self._clock = clock
+        self._threads = transfer_threads
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot-async")
-        self._inflight: dict[tuple[str, int], list[_SlotCheckpoint]] = {}
+        self._inflight: dict[tuple[JobId, CheckpointId], list[_SlotCheckpoint]] = {}
         self._lock = threading.Lock()
         self.stats = TransferStats()
-        self.local_recovery = tm.settings.local_recovery
+        self.local_recovery = local_recovery
 
     # -- checkpoints -------------------------------------------------------------------------
-    def trigger(self, barrier: tm_pb.CheckpointBarrier) -> int:
+    def trigger(self, barrier: CheckpointBarrier) -> int:
         """Take the synchronous part for every slot of the job and start the uploads."""
         if barrier.checkpoint_id <= 0 or not barrier.target_path:
             raise InvalidArgumentError("a checkpoint barrier needs a positive checkpoint_id and a target_path")
@@ -121,8 +148,8 @@ class SnapshotManager:
                     del self._inflight[key]  # refused before any slot started
             raise
 
-    def _start(self, barrier: tm_pb.CheckpointBarrier, key: tuple[str, int]) -> int:
-        slots = self._tm.slots.of_job(barrier.job_id)
+    def _start(self, barrier: CheckpointBarrier, key: tuple[JobId, CheckpointId]) -> int:
+        slots = self._slots.of_job(barrier.job_id)
         for slot in slots:
             # The cut must be consistent: every slot of the job holds the epoch the barrier names.
             held = slot.require_backend().committed_epoch()
@@ -136,13 +163,13 @@ class SnapshotManager:
             self._inflight[key] = started  # filled as slots start, so a notify in between sees them
         for slot in slots:
             backend = slot.require_backend()
-            local_dir = self._tm.deployer.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / _local_name(barrier)  # type: ignore[union-attr]
+            local_dir = self._backends.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / _local_name(barrier)
             if local_dir.exists():
                 shutil.rmtree(local_dir)
             local_dir.parent.mkdir(parents=True, exist_ok=True)
-            t0 = time.monotonic()
+            t0 = self._clock.monotonic_ms()
             snapshot = backend.snapshot(local_dir)
-            sync_ms = (time.monotonic() - t0) * 1000
+            sync_ms = float(self._clock.monotonic_ms() - t0)
             work = _SlotCheckpoint(
                 slot, barrier.checkpoint_id, local_dir, barrier.target_path, savepoint=barrier.savepoint
             )
@@ -158,7 +185,7 @@ class SnapshotManager:
         return len(started)
 
     def _run_async(
-        self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier, sync_ms: float
+        self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier, sync_ms: float
     ) -> None:
         try:
             handle = self._finish_snapshot(work, snapshot, barrier, sync_ms)
@@ -166,15 +193,7 @@ class SnapshotManager:
                 return
             crash_point("taskmanager.checkpoint.before-ack")
             try:
-                self._jm(
-                    "AcknowledgeCheckpoint",
-                    jm_pb.AcknowledgeCheckpointRequest(
-                        job_id=barrier.job_id,
-                        checkpoint_id=barrier.checkpoint_id,
-                        taskmanager_id=self._tm.id,
-                        state=handle,
-                    ),
-                )
+                self._reporter.acknowledge_checkpoint(barrier.job_id, barrier.checkpoint_id, handle)
             except Exception as exc:
                 # The outcome is unknown: the JobManager may have completed the checkpoint with
                 # this ack (its answer lost or late), so nothing is deleted here. If the checkpoint
@@ -189,11 +208,11 @@ class SnapshotManager:
             work.done = True
 
     def _finish_snapshot(
-        self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier, sync_ms: float
-    ) -> pb.SubtaskStateHandle | None:
+        self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier, sync_ms: float
+    ) -> SubtaskStateHandle | None:
         """Upload; on failure decline (unless cancelled), delete what was uploaded and return None."""
         slot = work.slot
-        t0 = time.monotonic()
+        t0 = self._clock.monotonic_ms()
         labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
         try:
             # The synchronous phase is the time the slot's writes were blocked. A RocksDB
@@ -207,44 +226,34 @@ class SnapshotManager:
                     snapshot.blocked_ms,
                 )
                 sync_ms = snapshot.blocked_ms
-            self._tm.metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
+            self._metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
             handle = self._upload(work, snapshot, barrier)
             handle.sync_duration_ms = int(sync_ms)
-            handle.async_duration_ms = int((time.monotonic() - t0) * 1000)
-            self._tm.metrics.checkpoint_async_ms.labels(*labels).observe(handle.async_duration_ms)
-            self._tm.metrics.checkpoint_bytes.labels(*labels).inc(handle.incremental_size)
+            handle.async_duration_ms = self._clock.monotonic_ms() - t0
+            self._metrics.checkpoint_async_ms.labels(*labels).observe(handle.async_duration_ms)
+            self._metrics.checkpoint_bytes.labels(*labels).inc(handle.incremental_size)
             return handle
         except Exception as exc:  # every failure becomes a decline with its cause
             reason = exc.message if isinstance(exc, KeyedStateError) else repr(exc)
             if not work.cancel.is_set():
                 logger.warning("checkpoint %d of %s failed: %s", barrier.checkpoint_id, slot.subtask, reason)
                 try:
-                    self._jm(
-                        "DeclineCheckpoint",
-                        jm_pb.DeclineCheckpointRequest(
-                            job_id=barrier.job_id,
-                            checkpoint_id=barrier.checkpoint_id,
-                            taskmanager_id=self._tm.id,
-                            operator_id=slot.subtask.operator_id,
-                            subtask_index=slot.subtask.subtask_index,
-                            message=reason,
-                            reason=jm_pb.DECLINE_REASON_SNAPSHOT_FAILED,
-                        ),
-                    )
+                    self._reporter.decline_checkpoint(barrier.job_id, barrier.checkpoint_id, slot.subtask, reason)
                 except Exception:
                     logger.warning("could not decline checkpoint %d (JobManager unreachable)", barrier.checkpoint_id)
             self._discard_uploads(work, barrier)
             return None
 
-    def _upload(self, work: _SlotCheckpoint, snapshot: Any, barrier: tm_pb.CheckpointBarrier) -> pb.SubtaskStateHandle:
+    def _plan_uploads(
+        self, work: _SlotCheckpoint, files: list[Path], barrier: CheckpointBarrier
+    ) -> tuple[list[_PlannedUpload], list[StateFileHandle], int]:
+        """What to upload where, the shared files reused from the last completed checkpoint, and the full size."""
         slot = work.slot
-        files = snapshot.materialize()
-        storage = self._storages.for_url(barrier.target_path)
         owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
         incremental = barrier.incremental and not barrier.savepoint and slot.checkpoint_base
-        confirmed: dict[str, pb.StateFileHandle] = dict(slot.uploaded_shared)  # type: ignore[arg-type]
-        plan: list[tuple[str, str, str, bool]] = []  # (local path, remote url, relative path, shared)
-        handles: list[pb.StateFileHandle] = []
+        confirmed: dict[str, StateFileHandle] = dict(slot.uploaded_shared)
+        plan: list[_PlannedUpload] = []
+        reused_handles: list[StateFileHandle] = []
         full_size = 0
         for path in files:
             name = path.name
@@ -253,8 +262,8 @@ class SnapshotManager:
             if incremental and name.endswith(".sst"):
                 reused = confirmed.get(name)
                 if reused is not None and reused.size == size:
-                    handles.append(
-                        pb.StateFileHandle(
+                    reused_handles.append(
+                        StateFileHandle(
                             path=reused.path, size=reused.size, sha256=reused.sha256, local_name=name, shared=True
                         )
                     )
@@ -268,6 +277,13 @@ class SnapshotManager:
                 )
             else:
                 plan.append((str(path), _join(barrier.target_path, owner, name), f"{owner}/{name}", False))
+        return plan, reused_handles, full_size
+
+    def _upload(self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier) -> SubtaskStateHandle:
+        slot = work.slot
+        files = snapshot.materialize()
+        storage = self._storages.for_url(barrier.target_path)
+        plan, handles, full_size = self._plan_uploads(work, files, barrier)
         # Recorded before uploading: when one file fails or the checkpoint is cancelled, the files
         # that did arrive are not reported back, and a discard must still delete every one of them.
         work.uploaded_remote.extend(p[1] for p in plan)
@@ -282,17 +298,17 @@ class SnapshotManager:
         incremental_size = 0
         for (local, _remote, relative, shared), up in zip(plan, uploaded):
             name = Path(local).name
-            handle = pb.StateFileHandle(path=relative, size=up.size, sha256=up.sha256, local_name=name, shared=shared)
+            handle = StateFileHandle(path=relative, size=up.size, sha256=up.sha256, local_name=name, shared=shared)
             handles.append(handle)
             incremental_size += up.size
             if shared:
                 work.new_shared[name] = handle
         backend = slot.backend
-        return pb.SubtaskStateHandle(
-            operator_id=slot.subtask.operator_id,
+        return SubtaskStateHandle(
+            operator_id=OperatorId(slot.subtask.operator_id),
             subtask_index=slot.subtask.subtask_index,
-            key_groups=pb.KeyGroupRange(start=slot.key_groups.start, end=slot.key_groups.end),
-            backend=self._tm.settings.backend,
+            key_groups=KeyGroupRange(slot.key_groups.start, slot.key_groups.end),
+            backend=self._backends.kind,
             files=handles,
             incremental_size=incremental_size,
             full_size=full_size,
@@ -304,7 +320,7 @@ class SnapshotManager:
             else -1,
         )
 
-    def _discard_uploads(self, work: _SlotCheckpoint, barrier: tm_pb.CheckpointBarrier) -> None:
+    def _discard_uploads(self, work: _SlotCheckpoint, barrier: CheckpointBarrier) -> None:
         """Delete what this attempt uploaded and its local snapshot: a failed checkpoint leaves nothing."""
         storage = self._storages.for_url(barrier.target_path)
         for remote in work.uploaded_remote:
@@ -327,7 +343,8 @@ class SnapshotManager:
                 logger.warning("could not delete %s of failed checkpoint %d", work.target_path, barrier.checkpoint_id)
         shutil.rmtree(work.local_dir, ignore_errors=True)
 
-    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+    def notify(self, job_id: JobId, checkpoint_id: CheckpointId, completed: bool) -> None:
+        """The JobManager's word on a checkpoint: completed (keep its files for the next one) or aborted."""
         with self._lock:
             works = self._inflight.pop((job_id, checkpoint_id), [])
         if completed and works and not works[0].savepoint:
@@ -341,7 +358,7 @@ class SnapshotManager:
             else:
                 self._cancel(work)
 
-    def _subsume_older(self, job_id: str, checkpoint_id: int) -> None:
+    def _subsume_older(self, job_id: JobId, checkpoint_id: CheckpointId) -> None:
         """A completed checkpoint subsumes the job's older in-flight *checkpoints*; savepoints carry on."""
         with self._lock:
             older = [
@@ -356,8 +373,8 @@ class SnapshotManager:
     def _cancel(self, work: _SlotCheckpoint) -> None:
         work.cancel.set()
         if work.done:
-            barrier = tm_pb.CheckpointBarrier(
-                job_id=work.slot.subtask.job_id,
+            barrier = CheckpointBarrier(
+                job_id=JobId(work.slot.subtask.job_id),
                 checkpoint_id=work.checkpoint_id,
                 target_path=work.target_path or work.slot.checkpoint_base or "file:///",
             )
@@ -377,27 +394,10 @@ class SnapshotManager:
         if not self.local_recovery:
             shutil.rmtree(work.local_dir, ignore_errors=True)
 
-    def _jm(self, method: str, request: Any) -> Any:
-        connection = self._tm.connection
-        if connection is None:
-            raise KeyedStateError("not connected to a JobManager")
-        delay = 0.2
-        for attempt in range(5):
-            try:
-                return getattr(connection.checkpoint_gateway, method)(request, timeout=30)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
-                    raise
-                time.sleep(delay)
-                delay *= 2
-        return None
-
     # -- restore -----------------------------------------------------------------------------
-    def restore(
-        self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore
-    ) -> tuple[KeyedStateBackend, DeployResult]:
+    def restore(self, slot: Slot, instance_dir: Path, restore: SlotRestore) -> tuple[KeyedStateBackend, DeployResult]:
         """Download (or find locally) every snapshot overlapping the slot and build its backend."""
-        t0 = time.monotonic()
+        t0 = self._clock.monotonic_ms()
         for handle in restore.handles:
             # The handle's operator id names a directory below; refuse traversal before anything is made.
             validate_id("operator id of a restore handle", handle.operator_id)
@@ -432,27 +432,16 @@ class SnapshotManager:
                 downloaded_files += len(items)
             snapshot_dirs.append(target)
         shutil.rmtree(instance_dir, ignore_errors=True)
-        backend = restore_backend(
-            self._tm.settings.backend,
-            slot.subtask,
-            slot.key_groups,
-            slot.max_parallelism,
-            slot.operator.states,
-            snapshot_dirs=snapshot_dirs,
-            local_dir=self._tm.deployer.work_dir,
-            limits=self._tm.deployer._limits,  # type: ignore[union-attr]  # noqa: SLF001
-            clock=self._tm.clock,
-            resources=self._tm.deployer._resources,  # type: ignore[union-attr]  # noqa: SLF001
-        )
+        backend = self._backends.restore(slot, snapshot_dirs)
         self._keep_restored_copy(slot, instance_dir, restore, snapshot_dirs)
         shutil.rmtree(work_root, ignore_errors=True)
         # A restored RocksDB keeps the SST names it was restored with, but the next incremental
         # checkpoint uploads them again: the restore may have clipped key groups, and reusing
         # another subtask's shared files would tie their lifetimes together.
-        ms = int((time.monotonic() - t0) * 1000)
+        ms = self._clock.monotonic_ms() - t0
         labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
-        self._tm.metrics.restore_ms.labels(*labels).set(ms)
-        self._tm.metrics.record_restore(labels, downloaded_files, downloaded, local_files, local_bytes)
+        self._metrics.restore_ms.labels(*labels).set(ms)
+        self._metrics.record_restore(labels, downloaded_files, downloaded, local_files, local_bytes)
         logger.info(
             "restored %s from checkpoint %d: %d snapshot(s), %d files (%d bytes) downloaded, %d files (%d bytes) "
             "from the local copy, %d ms",
@@ -468,7 +457,7 @@ class SnapshotManager:
         return backend, DeployResult(restore_duration_ms=ms, restored_bytes=restored_bytes, downloaded_bytes=downloaded)
 
     def _keep_restored_copy(
-        self, slot: Slot, instance_dir: Path, restore: tm_pb.SlotRestore, snapshot_dirs: list[Path]
+        self, slot: Slot, instance_dir: Path, restore: SlotRestore, snapshot_dirs: list[Path]
     ) -> None:
         """With local recovery, the snapshot a slot was restored from becomes its local copy.
 
@@ -493,7 +482,7 @@ class SnapshotManager:
         except OSError as exc:  # only a lost optimisation
             logger.warning("could not keep the restored snapshot of %s as its local copy: %s", slot.subtask, exc)
 
-    def _local_copy(self, slot: Slot, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> dict[str, Path]:
+    def _local_copy(self, slot: Slot, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> dict[str, Path]:
         """The files of the local snapshot of the same checkpoint that verify, by local name.
 
         Local recovery keeps the snapshot of the last completed checkpoint next to the slot's
@@ -502,11 +491,8 @@ class SnapshotManager:
         """
         if not self.local_recovery or checkpoint_id <= 0:
             return {}
-        from keyedstate.common.ids import SubtaskId
-        from keyedstate.taskmanager.snapshot.transfer import sha256_file
-
         source = SubtaskId(slot.subtask.job_id, handle.operator_id, handle.subtask_index)
-        local = self._tm.deployer.instance_dir(source) / _LOCAL_SNAPSHOTS / f"chk-{checkpoint_id}"  # type: ignore[union-attr]
+        local = self._backends.instance_dir(source) / _LOCAL_SNAPSHOTS / f"chk-{checkpoint_id}"
         if not local.is_dir():
             logger.info(
                 "no local copy of checkpoint %d of %s at %s; %s downloads it",
@@ -541,6 +527,7 @@ class SnapshotManager:
         return verified
 
     def close(self) -> None:
+        """Cancel the uploads in flight and wait for the workers (the TaskManager stops)."""
         with self._lock:
             for works in self._inflight.values():
                 for w in works:
@@ -548,7 +535,7 @@ class SnapshotManager:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _local_name(barrier: tm_pb.CheckpointBarrier) -> str:
+def _local_name(barrier: CheckpointBarrier) -> str:
     """Local snapshot directory of one barrier: savepoints apart, so no checkpoint's completion touches them."""
     return f"{'savepoint' if barrier.savepoint else 'chk'}-{barrier.checkpoint_id}"
 
@@ -558,9 +545,3 @@ def _checkpoint_id(name: str) -> int | None:
     if name.startswith(prefix) and name[len(prefix) :].isdigit():
         return int(name[len(prefix) :])
     return None
-
-
-def install(tm: TaskManager) -> None:
-    manager = SnapshotManager(tm)
-    tm.checkpoints = manager  # type: ignore[attr-defined]
-    tm.deployer.restorer = manager.restore  # type: ignore[union-attr,assignment]

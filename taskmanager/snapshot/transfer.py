@@ -152,7 +152,9 @@ def download_files(
     is left behind locally.
     """
     _check_threads("download", threads)
-    items = [DownloadFile(str(r), os.path.abspath(os.fspath(l)), int(s), str(h).lower()) for r, l, s, h in files]
+    items = [
+        DownloadFile(str(r), os.path.abspath(os.fspath(local)), int(s), str(h).lower()) for r, local, s, h in files
+    ]
     _check_unique("local path", (item.local_path for item in items))
     for item in items:
         if item.size < 0 or not _SHA256_HEX.match(item.sha256):

@@ -30,13 +30,20 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM
-from keyedstate.common.keygroups import key_groups as key_groups_of
 from keyedstate.taskmanager.state.limits import StateLimits
 from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH, INTERNAL_META_PREFIX
 from keyedstate.taskmanager.state.mutation import Mutation, MutationKind
-from keyedstate.taskmanager.state.reducing import Reducer
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot, SnapshotManifest
-from keyedstate.taskmanager.state.values import ValueCodec
+from keyedstate.taskmanager.state.validation import (
+    ANY_KIND,
+    LIST,
+    MAP,
+    READABLE_VALUE,
+    REDUCING,
+    VALUE,
+    RequestValidator,
+    StateHandle,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,35 +69,6 @@ _MUTATION_CODES = {
     MutationKind.MAP_REMOVE: (OP_MAP_REMOVE, (StateKind.MAP,)),
 }
 
-_CALLS = {
-    StateKind.VALUE: "ValueGet/ValuePut/Clear",
-    StateKind.LIST: "ListAppend/ListGet/ListUpdate/ListScan/Clear",
-    StateKind.MAP: "MapPut/MapGet/MapRemove/MapContains/MapScan/Clear",
-    StateKind.REDUCING: "Reduce (ValueGet reads the current value)/Clear",
-}
-
-_VALUE = (StateKind.VALUE,)
-_READABLE_VALUE = (StateKind.VALUE, StateKind.REDUCING)
-_LIST = (StateKind.LIST,)
-_MAP = (StateKind.MAP,)
-_REDUCING = (StateKind.REDUCING,)
-_ANY = tuple(StateKind)
-
-
-class StateHandle:
-    """One state of a slot as a backend sees it; ``store``/``handle`` belong to the backend."""
-
-    __slots__ = ("codec", "descriptor", "handle", "kind", "name", "reducer", "store")
-
-    def __init__(self, descriptor: StateDescriptor) -> None:
-        self.descriptor = descriptor
-        self.name = descriptor.name
-        self.kind = descriptor.kind
-        self.codec = ValueCodec.for_descriptor(descriptor)
-        self.reducer = Reducer(descriptor) if descriptor.kind is StateKind.REDUCING else None
-        self.store: Any = None
-        self.handle: Any = None
-
 
 def slot_db_dir(local_dir: Path, subtask: SubtaskId) -> Path:
     """Where a slot's working RocksDB lives."""
@@ -112,29 +90,43 @@ def check_compatible(declared: StateDescriptor, stored: StateDescriptor, where: 
 
 
 class _InFlight:
-    """Counts calls inside the backend so close() can wait for them (no use-after-close)."""
+    """Counts calls inside a backend so close() can wait for them (no use-after-close)."""
 
-    __slots__ = ("_backend",)
+    __slots__ = ("_closing", "_count", "_gate", "_subtask")
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
-        self._backend = backend
+    def __init__(self, subtask: SubtaskId) -> None:
+        self._subtask = subtask
+        self._gate = threading.Condition(threading.Lock())
+        self._count = 0
+        self._closing = False
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def __enter__(self) -> None:
-        b = self._backend
-        with b._gate:
-            if b._closing:
+        with self._gate:
+            if self._closing:
                 raise UnavailableError(
-                    f"the state backend of {b.subtask} is closed (slot released or shutting down); retry against the new owner",
+                    f"the state backend of {self._subtask} is closed (slot released or shutting down); retry against the new owner",
                     reason=Reason.SHUTTING_DOWN,
                 )
-            b._inflight += 1
+            self._count += 1
 
     def __exit__(self, *exc: object) -> None:
-        b = self._backend
-        with b._gate:
-            b._inflight -= 1
-            if b._inflight == 0:
-                b._gate.notify_all()
+        with self._gate:
+            self._count -= 1
+            if self._count == 0:
+                self._gate.notify_all()
+
+    def close(self, timeout_s: float) -> tuple[bool, int]:
+        """Refuse new calls and wait for those running: (first close, calls still running after the wait)."""
+        with self._gate:
+            if self._closing:
+                return False, 0
+            self._closing = True
+            self._gate.wait_for(lambda: self._count == 0, timeout=timeout_s)
+            return True, self._count
 
 
 class KeyedStateBackend(ABC):
@@ -176,12 +168,9 @@ class KeyedStateBackend(ABC):
         # States found in restored data but no longer declared: kept (and snapshotted) so a later
         # job version can declare them again, but not served.
         self._carried: dict[str, StateHandle] = {s.name: StateHandle(s) for s in carried if s.name not in self._states}
-        self._kg_start = key_groups.start
-        self._kg_end = key_groups.end
-        self._gate = threading.Condition(threading.Lock())
-        self._inflight = 0
-        self._closing = False
-        self._op = _InFlight(self)
+        self.validation = RequestValidator(subtask, key_groups, max_parallelism, limits, self._states)
+        """The request checks of this slot, shared with the epoch transaction (one set of rules)."""
+        self._op = _InFlight(subtask)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.subtask}, key_groups={self.key_groups})"
@@ -189,122 +178,19 @@ class KeyedStateBackend(ABC):
     # -- introspection ----------------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        return self._closing
+        """Closed (or closing): every call is refused with UNAVAILABLE."""
+        return self._op.closing
 
     def descriptor(self, state: str) -> StateDescriptor:
-        return self._lookup(state).descriptor
+        """The declared state ``state`` (NotFoundError when the operator does not declare it)."""
+        return self.validation.lookup(state).descriptor
 
     def descriptors(self) -> list[StateDescriptor]:
+        """The states the operator declares (not the carried ones)."""
         return [h.descriptor for h in self._states.values()]
 
     def _all_handles(self) -> list[StateHandle]:
         return [*self._states.values(), *self._carried.values()]
-
-    # -- validation -------------------------------------------------------------------------
-    def _lookup(self, state: str) -> StateHandle:
-        handle = self._states.get(state)
-        if handle is None:
-            known = ", ".join(sorted(self._states)) or "(none)"
-            raise NotFoundError(
-                f"unknown state {state!r} in {self.subtask}; the operator declares: {known}",
-                reason=Reason.UNKNOWN_STATE,
-            )
-        return handle
-
-    def _state(self, state: str, kinds: tuple[StateKind, ...], call: str) -> StateHandle:
-        handle = self._lookup(state)
-        if handle.kind not in kinds:
-            raise WrongStateKindError(
-                f"{call} does not apply to state {state!r}: it is {handle.kind.value} state; use {_CALLS[handle.kind]}"
-            )
-        return handle
-
-    def _check_keys(self, keys: Sequence[bytes]) -> tuple[list[int], int]:
-        """Key groups of the keys (checked to be this slot's) and the longest key's length."""
-        if not keys:
-            return [], 0
-        max_len = max(map(len, keys))
-        if max_len > self.limits.max_key_bytes:
-            i = next(i for i, k in enumerate(keys) if len(k) > self.limits.max_key_bytes)
-            raise SizeLimitError(
-                f"key #{i} has {len(keys[i])} bytes, more than state.limits.max-key-bytes ({self.limits.max_key_bytes}); "
-                "use shorter keys (for example a hash of a long key) or raise the limit"
-            )
-        kgs = key_groups_of(keys if isinstance(keys, list) else list(keys), self.max_parallelism)
-        # The range is contiguous, so min/max (C loops) check every key at once.
-        if min(kgs) < self._kg_start or max(kgs) > self._kg_end:
-            i = next(i for i, g in enumerate(kgs) if not self._kg_start <= g <= self._kg_end)
-            raise StaleRoutingError(
-                f"key #{i} belongs to key group {kgs[i]}, which {self.subtask} does not own (it owns {self.key_groups}); "
-                "the routing table is stale: refresh it and resend"
-            )
-        return kgs, max_len
-
-    def _check_namespaces(self, namespaces: bytes | Sequence[bytes], n: int) -> bytes | list[bytes]:
-        limit = self.limits.max_key_bytes
-        if isinstance(namespaces, bytes):
-            if len(namespaces) > limit:
-                raise SizeLimitError(
-                    f"namespace of {len(namespaces)} bytes exceeds state.limits.max-key-bytes ({limit}); use a shorter namespace"
-                )
-            return namespaces
-        if isinstance(namespaces, (bytearray, memoryview)):
-            return self._check_namespaces(bytes(namespaces), n)
-        if not isinstance(namespaces, (list, tuple)):
-            raise InvalidArgumentError(f"namespaces must be bytes or a list of bytes, got {type(namespaces).__name__}")
-        if len(namespaces) != n:
-            raise InvalidArgumentError(
-                f"{len(namespaces)} namespaces for {n} keys; send one namespace per key, or a single one for all"
-            )
-        if n and max(map(len, namespaces)) > limit:
-            i = next(i for i, ns in enumerate(namespaces) if len(ns) > limit)
-            raise SizeLimitError(
-                f"namespace #{i} has {len(namespaces[i])} bytes, more than state.limits.max-key-bytes ({limit})"
-            )
-        return list(namespaces)
-
-    def _check_same_length(self, what: str, items: Sequence[bytes], n: int) -> None:
-        if len(items) != n:
-            raise InvalidArgumentError(f"{len(items)} {what} for {n} keys; send exactly one per key")
-
-    def _check_values(self, values: Sequence[bytes], n: int, what: str = "values") -> None:
-        self._check_same_length(what, values, n)
-        limit = self.limits.max_value_bytes
-        if n and max(map(len, values)) > limit:
-            i = next(i for i, v in enumerate(values) if len(v) > limit)
-            raise SizeLimitError(
-                f"{what[:-1]} #{i} has {len(values[i])} bytes, more than state.limits.max-value-bytes ({limit}); "
-                "split it (a list state stores elements separately) or raise the limit"
-            )
-
-    def _check_user_keys(self, user_keys: Sequence[bytes], n: int) -> None:
-        self._check_same_length("user keys", user_keys, n)
-        limit = self.limits.max_key_bytes
-        if n and max(map(len, user_keys)) > limit:
-            i = next(i for i, k in enumerate(user_keys) if len(k) > limit)
-            raise SizeLimitError(
-                f"user key #{i} has {len(user_keys[i])} bytes, more than state.limits.max-key-bytes ({limit})"
-            )
-
-    def _check_single(self, key: bytes, namespace: bytes) -> int:
-        kgs, _ = self._check_keys([key])
-        self._check_namespaces(namespace, 1)
-        return kgs[0]
-
-    def _check_list_length(self, current: int, adding: int, key: bytes) -> None:
-        limit = self.limits.max_list_elements
-        if current + adding > limit:
-            raise SizeLimitError(
-                f"the list of key {key[:32]!r} would grow to {current + adding} elements, more than "
-                f"state.limits.list.max-elements ({limit}); clear or trim it, or raise the limit"
-            )
-
-    def _list_too_large(self, state: str, total: int) -> SizeLimitError:
-        return SizeLimitError(
-            f"ListGet of state {state!r} would return more than {total} bytes, past "
-            f"state.limits.list.max-response-bytes ({self.limits.max_list_response_bytes}); "
-            "read such a list with ListState.scan(key), which streams a list of any size (the ListScan call), or raise the limit"
-        )
 
     @staticmethod
     def _ns_iter(namespaces: bytes | list[bytes], n: int) -> Any:
@@ -312,19 +198,16 @@ class KeyedStateBackend(ABC):
 
     # -- value ------------------------------------------------------------------------------
     def value_get(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> list[bytes | None]:
-        st = self._state(state, _READABLE_VALUE, "ValueGet")
-        kgs, max_len = self._check_keys(keys)
-        ns = self._check_namespaces(namespaces, len(keys))
+        """The value of each (key, namespace), None where unset; reducing state reads its current vector."""
+        st, kgs, max_len, ns = self.validation.batch(state, READABLE_VALUE, "ValueGet", keys, namespaces)
         if not keys:
             return []
         with self._op:
             return self._value_get(st, kgs, keys, ns, max_len)
 
     def value_put(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
-        st = self._state(state, _VALUE, "ValuePut")
-        kgs, max_len = self._check_keys(keys)
-        self._check_values(values, len(keys))
-        ns = self._check_namespaces(namespaces, len(keys))
+        """Set one value per key (a later duplicate key in the batch wins)."""
+        st, kgs, max_len, ns = self.validation.batch(state, VALUE, "ValuePut", keys, namespaces, values=values)
         if not keys:
             return
         with self._op:
@@ -332,9 +215,7 @@ class KeyedStateBackend(ABC):
 
     def clear(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Remove every entry of each (key, namespace): a value, a whole list or a whole map."""
-        st = self._state(state, _ANY, "Clear")
-        kgs, _ = self._check_keys(keys)
-        ns = self._check_namespaces(namespaces, len(keys))
+        st, kgs, _, ns = self.validation.batch(state, ANY_KIND, "Clear", keys, namespaces)
         ops: list[Op] = [
             (OP_CLEAR, st, g, k, n, b"", b"", ()) for g, k, n in zip(kgs, keys, self._ns_iter(ns, len(keys)))
         ]
@@ -344,12 +225,7 @@ class KeyedStateBackend(ABC):
         self, state: str, keys: list[bytes], operands: list[bytes], namespaces: bytes | list[bytes], return_values: bool
     ) -> list[bytes] | None:
         """Fold each operand into the key's vector, in order; optionally return each new vector."""
-        st = self._state(state, _REDUCING, "Reduce")
-        kgs, _ = self._check_keys(keys)
-        self._check_same_length("operands", operands, len(keys))
-        assert st.reducer is not None
-        st.reducer.check_operands(operands)
-        ns = self._check_namespaces(namespaces, len(keys))
+        st, kgs, _, ns = self.validation.batch(state, REDUCING, "Reduce", keys, namespaces, operands=operands)
         ops: list[Op] = [
             (OP_REDUCE, st, g, k, n, b"", v, ())
             for g, k, v, n in zip(kgs, keys, operands, self._ns_iter(ns, len(keys)))
@@ -360,10 +236,7 @@ class KeyedStateBackend(ABC):
     # -- list -------------------------------------------------------------------------------
     def list_append(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Append one element per key (keys may repeat; order is kept)."""
-        st = self._state(state, _LIST, "ListAppend")
-        kgs, _ = self._check_keys(keys)
-        self._check_values(values, len(keys))
-        ns = self._check_namespaces(namespaces, len(keys))
+        st, kgs, _, ns = self.validation.batch(state, LIST, "ListAppend", keys, namespaces, values=values)
         ops: list[Op] = [
             (OP_LIST_APPEND, st, g, k, n, b"", b"", (v,))
             for g, k, v, n in zip(kgs, keys, values, self._ns_iter(ns, len(keys)))
@@ -371,9 +244,8 @@ class KeyedStateBackend(ABC):
         self._run(ops)
 
     def list_get(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> list[list[bytes]]:
-        st = self._state(state, _LIST, "ListGet")
-        kgs, max_len = self._check_keys(keys)
-        ns = self._check_namespaces(namespaces, len(keys))
+        """Each key's whole list (bounded by ``state.limits.list.max-response-bytes``; see list_scan)."""
+        st, kgs, max_len, ns = self.validation.batch(state, LIST, "ListGet", keys, namespaces)
         if not keys:
             return []
         with self._op:
@@ -381,10 +253,7 @@ class KeyedStateBackend(ABC):
 
     def list_update(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Replace lists: each distinct (key, namespace) becomes the values given for it, in order."""
-        st = self._state(state, _LIST, "ListUpdate")
-        kgs, _ = self._check_keys(keys)
-        self._check_values(values, len(keys))
-        ns = self._check_namespaces(namespaces, len(keys))
+        st, kgs, _, ns = self.validation.batch(state, LIST, "ListUpdate", keys, namespaces, values=values)
         grouped: dict[tuple[bytes, bytes], tuple[int, list[bytes]]] = {}
         for g, k, v, n in zip(kgs, keys, values, self._ns_iter(ns, len(keys))):
             entry = grouped.get((k, n))
@@ -397,8 +266,7 @@ class KeyedStateBackend(ABC):
 
     def list_scan(self, state: str, key: bytes, namespace: bytes) -> Iterator[bytes]:
         """Stream one list of any size (validated now, read lazily in chunks)."""
-        st = self._state(state, _LIST, "ListScan")
-        kg = self._check_single(key, namespace)
+        st, kg = self.validation.single_key(state, LIST, "ListScan", key, namespace)
         return self._list_scan(st, kg, key, namespace)
 
     # -- map --------------------------------------------------------------------------------
@@ -410,11 +278,10 @@ class KeyedStateBackend(ABC):
         values: list[bytes],
         namespaces: bytes | list[bytes],
     ) -> None:
-        st = self._state(state, _MAP, "MapPut")
-        kgs, _ = self._check_keys(keys)
-        self._check_user_keys(user_keys, len(keys))
-        self._check_values(values, len(keys))
-        ns = self._check_namespaces(namespaces, len(keys))
+        """Set one map entry (user key -> value) per key."""
+        st, kgs, _, ns = self.validation.batch(
+            state, MAP, "MapPut", keys, namespaces, user_keys=user_keys, values=values
+        )
         ops: list[Op] = [
             (OP_MAP_PUT, st, g, k, n, uk, v, ())
             for g, k, uk, v, n in zip(kgs, keys, user_keys, values, self._ns_iter(ns, len(keys)))
@@ -424,10 +291,8 @@ class KeyedStateBackend(ABC):
     def map_get(
         self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
     ) -> list[bytes | None]:
-        st = self._state(state, _MAP, "MapGet")
-        kgs, max_len = self._check_keys(keys)
-        self._check_user_keys(user_keys, len(keys))
-        ns = self._check_namespaces(namespaces, len(keys))
+        """The value of each (key, user key), None where absent."""
+        st, kgs, max_len, ns = self.validation.batch(state, MAP, "MapGet", keys, namespaces, user_keys=user_keys)
         if not keys:
             return []
         with self._op:
@@ -436,10 +301,8 @@ class KeyedStateBackend(ABC):
     def map_remove(
         self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
     ) -> None:
-        st = self._state(state, _MAP, "MapRemove")
-        kgs, _ = self._check_keys(keys)
-        self._check_user_keys(user_keys, len(keys))
-        ns = self._check_namespaces(namespaces, len(keys))
+        """Remove one map entry per key (absent entries are no error)."""
+        st, kgs, _, ns = self.validation.batch(state, MAP, "MapRemove", keys, namespaces, user_keys=user_keys)
         ops: list[Op] = [
             (OP_MAP_REMOVE, st, g, k, n, uk, b"", ())
             for g, k, uk, n in zip(kgs, keys, user_keys, self._ns_iter(ns, len(keys)))
@@ -449,10 +312,8 @@ class KeyedStateBackend(ABC):
     def map_contains(
         self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
     ) -> list[bool]:
-        st = self._state(state, _MAP, "MapContains")
-        kgs, max_len = self._check_keys(keys)
-        self._check_user_keys(user_keys, len(keys))
-        ns = self._check_namespaces(namespaces, len(keys))
+        """Whether each (key, user key) has an entry."""
+        st, kgs, max_len, ns = self.validation.batch(state, MAP, "MapContains", keys, namespaces, user_keys=user_keys)
         if not keys:
             return []
         with self._op:
@@ -462,13 +323,12 @@ class KeyedStateBackend(ABC):
         self, state: str, key: bytes, namespace: bytes, keys_only: bool = False
     ) -> Iterator[tuple[bytes, bytes]]:
         """(user_key, value) of one map sorted by user-key bytes; value is b"" with ``keys_only``."""
-        st = self._state(state, _MAP, "MapScan")
-        kg = self._check_single(key, namespace)
+        st, kg = self.validation.single_key(state, MAP, "MapScan", key, namespace)
         return self._map_scan(st, kg, key, namespace, keys_only)
 
     def scan_keys(self, state: str) -> Iterator[tuple[bytes, bytes]]:
         """Every distinct (key, namespace) of ``state`` holding at least one live entry."""
-        st = self._state(state, _ANY, "ScanKeys")
+        st = self.validation.state(state, ANY_KIND, "ScanKeys")
         return self._scan_keys(st)
 
     # -- mutations & metadata ---------------------------------------------------------------
@@ -491,16 +351,16 @@ class KeyedStateBackend(ABC):
         if not isinstance(m, Mutation):
             raise InvalidArgumentError(f"expected a Mutation, got {type(m).__name__}")
         code, kinds = _MUTATION_CODES[m.kind]
-        st = self._state(m.state, kinds, m.kind.value)
-        kg = self._check_single(m.key, m.namespace)
+        v = self.validation
+        st, kg = v.single_key(m.state, kinds, m.kind.value, m.key, m.namespace)
         if code in (OP_LIST_APPEND, OP_LIST_REPLACE):
             if m.value and not m.values:
                 raise InvalidArgumentError(f"{m.kind.value} takes its elements in `values`, not `value`")
-            self._check_values(list(m.values), len(m.values))
+            v.values(list(m.values), len(m.values))
         elif code in (OP_VALUE_PUT, OP_REDUCE, OP_MAP_PUT):
-            self._check_values([m.value], 1)
+            v.values([m.value], 1)
         if code in (OP_MAP_PUT, OP_MAP_REMOVE):
-            self._check_user_keys([m.user_key], 1)
+            v.user_keys([m.user_key], 1)
         if code == OP_REDUCE:
             assert st.reducer is not None
             st.reducer.check_operands([m.value])
@@ -618,14 +478,11 @@ class KeyedStateBackend(ABC):
 
     def close(self) -> None:
         """Wait for calls in flight, then release everything. Idempotent."""
-        with self._gate:
-            if self._closing:
-                return
-            self._closing = True
-            if not self._gate.wait_for(lambda: self._inflight == 0, timeout=self._CLOSE_WAIT_S):
-                logger.error(
-                    "%s: %d calls still running after %.0f s; closing anyway", self, self._inflight, self._CLOSE_WAIT_S
-                )
+        first, running = self._op.close(self._CLOSE_WAIT_S)
+        if not first:
+            return
+        if running:
+            logger.error("%s: %d calls still running after %.0f s; closing anyway", self, running, self._CLOSE_WAIT_S)
         self._close()
 
     @abstractmethod

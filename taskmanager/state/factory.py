@@ -47,7 +47,7 @@ def create_backend(
 ) -> KeyedStateBackend:
     """A backend for one slot. RocksDB keeps data already in ``local_dir/<instance>/db``."""
     cls = backend_class(kind)
-    return cls(  # type: ignore[call-arg]
+    return cls(  # type: ignore[call-arg]  # the abstract __init__ lacks the keywords both concrete backends take
         subtask,
         key_groups,
         max_parallelism,

@@ -34,12 +34,12 @@ from keyedstate.taskmanager.state.backend import (
     OP_VALUE_PUT,
     KeyedStateBackend,
     Op,
-    StateHandle,
 )
 from keyedstate.taskmanager.state.limits import StateLimits
 from keyedstate.taskmanager.state.metadata import HASHMAP_META_FILE, HASHMAP_STATE_FILE
 from keyedstate.taskmanager.state.restore import merge_meta, plan_restore
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot, SnapshotReader, write_kvs
+from keyedstate.taskmanager.state.validation import StateHandle
 from keyedstate.taskmanager.state.values import ValueCodec
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             if codec.update_on_read:
                 for k, n, s, d in zip(keys, self._ns_iter(ns, len(keys)), stored, out):
                     if d is not None:
-                        tbl[(k, n)] = codec.refreshed(s, now)  # type: ignore[arg-type]
+                        tbl[(k, n)] = codec.refreshed(s, now)
             return out
 
     def _value_put(
@@ -133,7 +133,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                     lengths[slot] = 0
                     continue
                 current = 0 if code == OP_LIST_REPLACE else lengths.get(slot, len(st.store.get((key, ns), ())))
-                self._check_list_length(current, len(values), key)
+                self.validation.list_length(current, len(values), key)
                 lengths[slot] = current + len(values)
             # Pass 2: apply; nothing below can fail on valid input.
             for code, st, _kg, key, ns, user_key, value, values in ops:
@@ -142,7 +142,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                 if code == OP_VALUE_PUT:
                     tbl[k] = st.codec.header(now) + value
                 elif code == OP_REDUCE:
-                    new = st.reducer.combine(st.codec.decode(tbl.get(k), now), value)  # type: ignore[union-attr]
+                    new = st.reducer.combine(st.codec.decode(tbl.get(k), now), value)  # type: ignore[union-attr]  # REDUCE ops exist only for reducing state, which has a reducer
                     tbl[k] = st.codec.header(now) + new
                     results.append(new)
                 elif code == OP_LIST_APPEND:
@@ -196,7 +196,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                         continue
                     total += len(d)
                     if total > limit:
-                        raise self._list_too_large(st.name, limit)
+                        raise self.validation.list_too_large(st.name, limit)
                     elements.append(d)
                     if codec.update_on_read:
                         refresh.append((stored, i, s))
@@ -240,7 +240,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                 d = codec.decode(s, now)
                 out.append(d)
                 if d is not None and codec.update_on_read:
-                    m[uk] = codec.refreshed(s, now)  # type: ignore[index,arg-type]
+                    m[uk] = codec.refreshed(s, now)  # type: ignore[arg-type]  # d is not None, so the entry s exists
         return out
 
     def _map_scan(

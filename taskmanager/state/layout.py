@@ -172,6 +172,15 @@ def prefix_end(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes((stripped[-1] + 1,))
 
 
+def key_prefix_end(prefix: bytes) -> bytes:
+    """:func:`prefix_end` of a stored key's prefix, which always has one: it starts with a key
+    group below ``UPPER_BOUND_MAX_PARALLELISM`` (0x8000), never with 0xFF."""
+    end = prefix_end(prefix)
+    if end is None:
+        raise ValueError(f"{prefix[:8]!r}... is not the prefix of a stored key")
+    return end
+
+
 def key_group_bounds(key_groups: KeyGroupRange) -> tuple[bytes, bytes]:
     """``[begin, end)`` covering every stored key of the key groups of the range."""
     return key_groups.start.to_bytes(KEY_GROUP_BYTES, "big"), (key_groups.end + 1).to_bytes(KEY_GROUP_BYTES, "big")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.config import Configuration, options
 from keyedstate.common.errors import ConfigError
 
@@ -32,14 +31,6 @@ class StateLimits:
         for name, key in _KEYS.items():
             if getattr(self, name) < 1:
                 raise ConfigError(f"{key}: must be at least 1, got {getattr(self, name)}")
-
-    def to_proto(self) -> pb.StateLimits:
-        """What the TaskManager reports to the JobManager, which hands it to clients (they check calls first)."""
-        return pb.StateLimits(
-            max_key_bytes=self.max_key_bytes,
-            max_value_bytes=self.max_value_bytes,
-            max_list_elements=self.max_list_elements,
-        )
 
     @classmethod
     def from_config(cls, conf: Configuration) -> StateLimits:

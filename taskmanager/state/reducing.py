@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from keyedstate.common.descriptors import NumberType, ReduceFunction, StateDescriptor
 from keyedstate.common.errors import InvalidArgumentError
@@ -36,7 +36,7 @@ class Reducer:
         self._all_sum = all(f.function is ReduceFunction.SUM for f in descriptor.reduce_fields)
         self._describe = ", ".join(f"{f.name}:{f.type.value}" for f in descriptor.reduce_fields)
 
-    def check_operands(self, operands: list[bytes]) -> None:
+    def check_operands(self, operands: Sequence[bytes]) -> None:
         size = self.size
         for i, op in enumerate(operands):
             if len(op) != size:

@@ -8,6 +8,7 @@ here, before the backend touches its directory.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ def plan_restore(
                 carried[d.name] = d
         parts.append(RestorePart(directory, manifest, manifest.key_groups.intersection(key_groups)))
     contributing = sorted((p for p in parts if len(p.overlap)), key=lambda p: p.overlap.start)
-    for a, b in zip(contributing, contributing[1:]):
+    for a, b in itertools.pairwise(contributing):
         if a.overlap.end >= b.overlap.start:
             raise InvalidArgumentError(
                 f"snapshots {a.directory} ({a.manifest.key_groups}) and {b.directory} ({b.manifest.key_groups}) both hold "

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import rocksdict
 
@@ -48,7 +48,6 @@ from keyedstate.taskmanager.state.backend import (
     OP_VALUE_PUT,
     KeyedStateBackend,
     Op,
-    StateHandle,
     check_compatible,
     slot_db_dir,
 )
@@ -69,6 +68,7 @@ from keyedstate.taskmanager.state.metadata import (
 from keyedstate.taskmanager.state.resources import DEFAULT_RESOURCES, RocksDBResources
 from keyedstate.taskmanager.state.restore import merge_meta, plan_restore
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot
+from keyedstate.taskmanager.state.validation import StateHandle
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,6 @@ _SCAN_CHUNK = 1024
 _SORT_MIN = 4096  # measured: sorting a WriteBatch pays off from a few thousand keys
 _LIST_CACHE_MAX = 65_536
 _SEQ_MAX = b"\xff" * layout.SEQ_BYTES
-_MISSING = object()
 _VALUE_KINDS = (StateKind.VALUE, StateKind.REDUCING)
 _first = itemgetter(0)
 _PREFLUSH_MIN_BYTES = 256 << 10
@@ -91,7 +90,7 @@ def _read_chunk(cf: rocksdict.Rdict, start: bytes, end: bytes | None, n: int) ->
         ro.set_iterate_upper_bound(end)
     it = cf.items(from_key=start, read_opt=ro)
     try:
-        return list(islice(it, n))
+        return list(islice(cast("Iterator[tuple[bytes, bytes]]", it), n))  # raw mode: bytes only
     finally:
         del it
 
@@ -327,21 +326,42 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         first = int.from_bytes(it.key()[-layout.SEQ_BYTES :], "big")
         return (first, last + 1)
 
+    def _reduce_bases(self, ops: list[Op]) -> dict[tuple[str, bytes], bytes | None]:
+        """Current stored values of every reduced key of ``ops``, read in one multi-get per state."""
+        key_prefix = layout.key_prefix
+        base: dict[tuple[str, bytes], bytes | None] = {}
+        reduce_keys: dict[str, tuple[StateHandle, list[bytes]]] = {}
+        for code, st, kg, key, ns, *_ in ops:
+            if code == OP_REDUCE:
+                reduce_keys.setdefault(st.name, (st, []))[1].append(key_prefix(kg, key, ns))
+        for name, (st, sks) in reduce_keys.items():
+            base.update(zip(((name, k) for k in sks), st.store.get(sks)))
+        return base
+
+    def _commit_batch(
+        self,
+        wb: rocksdict.WriteBatch,
+        meta: dict[bytes, bytes] | None,
+        bounds: dict[tuple[str, bytes], tuple[int, int]],
+    ) -> None:
+        """Write the batch (with the metadata writes) and remember the lists' new bounds (write lock held)."""
+        if meta:
+            for k, v in meta.items():
+                wb.put(k, v, self._meta_h)
+        self._write(wb)
+        if bounds:
+            if len(self._list_bounds) + len(bounds) > _LIST_CACHE_MAX:
+                self._list_bounds.clear()
+            self._list_bounds.update(bounds)
+
     def _execute(self, ops: list[Op], meta: dict[bytes, bytes] | None) -> list[bytes]:
-        results: list[bytes] = []
+        results: list[bytes] = []  # the new vector of every REDUCE op, in order
         key_prefix = layout.key_prefix
         with self._write_lock:
             now = self.clock.now_ms()
-            # Current values of every reduced key, read in one multi-get per state.
-            base: dict[tuple[str, bytes], bytes | None] = {}
-            reduce_keys: dict[str, tuple[StateHandle, list[bytes]]] = {}
-            for code, st, kg, key, ns, *_ in ops:
-                if code == OP_REDUCE:
-                    reduce_keys.setdefault(st.name, (st, []))[1].append(key_prefix(kg, key, ns))
-            for name, (st, sks) in reduce_keys.items():
-                base.update(zip(((name, k) for k in sks), st.store.get(sks)))
-
+            base = self._reduce_bases(ops)
             wb = rocksdict.WriteBatch(raw_mode=True)
+            # Values this batch wrote so far: a later REDUCE of the same key continues from them.
             overlay: dict[tuple[str, bytes], bytes | None] = {}
             bounds: dict[tuple[str, bytes], tuple[int, int]] = {}
             iters: dict[str, Any] = {}
@@ -355,10 +375,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         overlay[(st.name, prefix)] = stored
                     elif code == OP_REDUCE:
                         slot = (st.name, prefix)
-                        current = overlay.get(slot, _MISSING)
-                        if current is _MISSING:
-                            current = base[slot]
-                        new = st.reducer.combine(st.codec.decode(current, now), value)  # type: ignore[arg-type,union-attr]
+                        # A key reduced earlier in this batch continues from that value.
+                        current = overlay[slot] if slot in overlay else base[slot]
+                        new = st.reducer.combine(st.codec.decode(current, now), value)  # type: ignore[union-attr]  # REDUCE ops exist only for reducing state, which has a reducer
                         stored = st.codec.header(now) + new
                         wb.put(prefix, stored, h)
                         overlay[slot] = stored
@@ -370,16 +389,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     elif code == OP_LIST_APPEND:
                         slot = (st.name, prefix)
                         first, nxt = bounds.get(slot) or self._list_bounds_of(st, prefix, iters)
-                        self._check_list_length(nxt - first, len(values), key)
+                        self.validation.list_length(nxt - first, len(values), key)
                         header = st.codec.header(now)
                         for v in values:
                             wb.put(prefix + nxt.to_bytes(layout.SEQ_BYTES, "big"), header + v, h)
                             nxt += 1
                         bounds[slot] = (first, nxt)
                     elif code == OP_LIST_REPLACE:
-                        self._check_list_length(0, len(values), key)
+                        self.validation.list_length(0, len(values), key)
                         # The batch applies in order, so the puts after the range delete survive it.
-                        wb.delete_range(prefix, layout.prefix_end(prefix), h)
+                        wb.delete_range(prefix, layout.key_prefix_end(prefix), h)
                         header = st.codec.header(now)
                         for i, v in enumerate(values):
                             wb.put(prefix + i.to_bytes(layout.SEQ_BYTES, "big"), header + v, h)
@@ -389,21 +408,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                             wb.delete(prefix, h)
                             overlay[(st.name, prefix)] = None
                         else:
-                            wb.delete_range(prefix, layout.prefix_end(prefix), h)
+                            wb.delete_range(prefix, layout.key_prefix_end(prefix), h)
                             if st.kind is StateKind.LIST:
                                 bounds[(st.name, prefix)] = (0, 0)
                     else:  # pragma: no cover - codes come from the base class
                         raise KeyedStateError(f"unknown op code {code}", reason=Reason.INTERNAL)
             finally:
                 iters.clear()
-            if meta:
-                for k, v in meta.items():
-                    wb.put(k, v, self._meta_h)
-            self._write(wb)
-            if bounds:
-                if len(self._list_bounds) + len(bounds) > _LIST_CACHE_MAX:
-                    self._list_bounds.clear()
-                self._list_bounds.update(bounds)
+            self._commit_batch(wb, meta, bounds)
         return results
 
     # -- list -------------------------------------------------------------------------------
@@ -430,7 +442,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         continue
                     total += len(d)
                     if total > limit:
-                        raise self._list_too_large(st.name, limit)
+                        raise self.validation.list_too_large(st.name, limit)
                     elements.append(d)
                     if codec.update_on_read:
                         seen_keys.append(k)
@@ -765,7 +777,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         assert self._meta is not None
         wb = rocksdict.WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._meta_h)
-        for k in list(self._meta.keys()):
+        for k in cast("list[bytes]", list(self._meta.keys())):  # raw mode: bytes keys
             if not k.startswith(INTERNAL_META_PREFIX) and k not in meta:
                 wb.delete(k)
         for k, v in meta.items():

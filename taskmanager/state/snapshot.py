@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import rocksdict
 
@@ -274,7 +275,8 @@ class SnapshotReader(ABC):
         """Every entry of the metadata table."""
 
     def close(self) -> None:
-        pass
+        """Release what the reader holds (nothing, unless a subclass opened something)."""
+        return None
 
     def __enter__(self) -> SnapshotReader:
         return self
@@ -324,8 +326,9 @@ class RocksDBSnapshotReader(SnapshotReader):
             ro = rocksdict.ReadOptions()
             if end is not None:
                 ro.set_iterate_upper_bound(end)
-            chunk = []
-            for item in cf.items(from_key=start, read_opt=ro):
+            chunk: list[tuple[bytes, bytes]] = []
+            # Raw mode: keys and values are bytes (the stub's item type covers every rocksdict mode).
+            for item in cast("Iterator[tuple[bytes, bytes]]", cf.items(from_key=start, read_opt=ro)):
                 chunk.append(item)
                 if len(chunk) >= _SCAN_CHUNK:
                     break

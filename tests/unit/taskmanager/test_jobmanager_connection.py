@@ -18,7 +18,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.lease import Lease
-from keyedstate.taskmanager.jobmanager_connection import JobManagerConnection
+from keyedstate.taskmanager.rpc.jobmanager_connection import JobManagerConnection
 from tests.fakes.clock import ManualClock
 
 LEASE = 2_000

@@ -20,7 +20,8 @@ from keyedstate.common.descriptors import (
     StateKind,
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
-from keyedstate.taskmanager.epochs import EpochManager, EpochView, read_committed_epoch
+from keyedstate.taskmanager.epochs import EpochManager, EpochTransaction, read_committed_epoch
+from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import Slot, SlotTable
 from keyedstate.taskmanager.state import KeyedStateBackend, StateLimits, create_backend
 from tests.fakes.clock import ManualClock
@@ -93,7 +94,7 @@ class EpochHarness:
     def backend(self, subtask_index: int = 0) -> KeyedStateBackend:
         return self.slot(subtask_index).require_backend()
 
-    def view(self, epoch: int, partition: int, attempt: int, subtask_index: int = 0) -> EpochView:
+    def view(self, epoch: int, partition: int, attempt: int, subtask_index: int = 0) -> EpochTransaction:
         return self.manager.view(
             self.slot(subtask_index), common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt)
         )
@@ -106,13 +107,13 @@ class EpochHarness:
         request = tm_pb.EpochCommitRequest(job_id=JOB, epoch=epoch, abort=abort, routing_version=ROUTING_VERSION)
         for partition, attempt in winners.items():
             request.winners.add(partition=partition, attempt=attempt)
-        return self.manager.commit(request)
+        return commit_epoch(self.manager, request)
 
     def fill_to(self, epoch: int) -> None:
         """Commit empty epochs until every slot of the job holds ``epoch`` (never moves backwards)."""
         held = min((read_committed_epoch(s.require_backend()) for s in self.table.of_job(JOB)), default=epoch)
         for e in range(held + 1, epoch + 1):
-            self.manager.commit(tm_pb.EpochCommitRequest(job_id=JOB, epoch=e, routing_version=ROUTING_VERSION))
+            commit_epoch(self.manager, tm_pb.EpochCommitRequest(job_id=JOB, epoch=e, routing_version=ROUTING_VERSION))
 
     def committed_epoch(self, subtask_index: int = 0) -> int:
         return read_committed_epoch(self.backend(subtask_index))

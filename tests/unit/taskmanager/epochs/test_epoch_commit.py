@@ -13,6 +13,7 @@ from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, N
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import key_group
 from keyedstate.taskmanager.epochs import EpochCommitError, records
+from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.state import StateLimits
 from tests.unit.taskmanager.epochs.conftest import MP, VEC, EpochHarness, vec
 
@@ -232,11 +233,11 @@ def test_bad_commit_requests_are_refused(harness: EpochHarness) -> None:
     duplicate.winners.add(partition=0, attempt=1)
     duplicate.winners.add(partition=0, attempt=2)
     with pytest.raises(InvalidArgumentError, match="partition 0 has two winning attempts"):
-        harness.manager.commit(duplicate)
+        commit_epoch(harness.manager, duplicate)
     negative = tm_pb.EpochCommitRequest(job_id="job-1", epoch=1)
     negative.winners.add(partition=-1, attempt=1)
     with pytest.raises(InvalidArgumentError, match="must be >= 0"):
-        harness.manager.commit(negative)
+        commit_epoch(harness.manager, negative)
     with pytest.raises(InvalidArgumentError, match="epoch must be >= 0"):
         harness.manager.commit_epoch("job-1", -1, {})
     with pytest.raises(InvalidArgumentError, match="invalid job id"):

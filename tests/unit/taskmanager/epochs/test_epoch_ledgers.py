@@ -23,7 +23,8 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group
-from keyedstate.taskmanager.epochs import EpochView, Winner
+from keyedstate.taskmanager.epochs import EpochTransaction, Winner
+from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.state import create_backend
 from tests.unit.taskmanager.epochs.conftest import JOB, MP, OP, ROUTING_VERSION, STATES, VEC, EpochHarness, vec
@@ -34,7 +35,7 @@ HALF = MP // 2
 
 def numbered(
     h: EpochHarness, sequence: int, *, epoch: int = EPOCH, partition: int = 0, attempt: int = 1, subtask: int = 0
-) -> EpochView:
+) -> EpochTransaction:
     """The view of one write request numbered ``sequence`` (0: unnumbered)."""
     ctx = common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt, sequence=sequence)
     return h.manager.view(h.slot(subtask), ctx)
@@ -54,14 +55,15 @@ def commit(
     prepare: bool = False,
     routing_version: int = ROUTING_VERSION,
 ) -> tm_pb.EpochCommitResponse:
-    return h.manager.commit(
+    return commit_epoch(
+        h.manager,
         tm_pb.EpochCommitRequest(
             job_id=JOB,
             epoch=epoch,
             winners=list(winners),
             routing_version=routing_version,
             prepare=prepare,
-        )
+        ),
     )
 
 
@@ -88,7 +90,7 @@ def reduced(values: list[bytes | None]) -> list[tuple[Any, ...] | None]:
 # Each case: the requests in order (sequence, write), then a late retry of an earlier sequence
 # number (same payload, as a client retries), then what reads must show (in the view and, after
 # the commit, in committed state).
-def _value_put(v: EpochView, value: bytes) -> None:
+def _value_put(v: EpochTransaction, value: bytes) -> None:
     v.value_put("v", [b"k"], [value], b"")
 
 
@@ -108,7 +110,7 @@ def _reduced(r: Any) -> Any:
     return reduced(r.value_get("r", [b"k"], b""))
 
 
-Request = tuple[int, Callable[[EpochView], Any]]
+Request = tuple[int, Callable[[EpochTransaction], Any]]
 CASES: dict[str, tuple[list[Request], Request, Callable[[Any], Any], Any]] = {
     "ValuePut": (
         [(1, lambda v: _value_put(v, b"first")), (2, lambda v: _value_put(v, b"second"))],

@@ -22,7 +22,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import key_group
-from keyedstate.taskmanager.epochs import EpochView, StagingStore, TaskAttempt
+from keyedstate.taskmanager.epochs import EpochTransaction, StagingStore, TaskAttempt
 from keyedstate.taskmanager.epochs.locks import SharedExclusiveLock
 from keyedstate.taskmanager.state import StateLimits
 from tests.unit.taskmanager.epochs.conftest import MP, EpochHarness
@@ -58,7 +58,7 @@ def test_staging_is_a_rocksdb_under_the_slot_instance_dir_created_by_the_first_w
     ],
 )
 def test_refused_batches_stage_nothing(
-    make_harness: Callable[..., EpochHarness], call: Callable[[EpochView], object], error: type, match: str
+    make_harness: Callable[..., EpochHarness], call: Callable[[EpochTransaction], object], error: type, match: str
 ) -> None:
     h = make_harness(limits=StateLimits(max_key_bytes=64, max_value_bytes=100, max_list_elements=3))
     v = h.view(1, 0, 1)

@@ -1,9 +1,9 @@
-"""One task attempt's view of a slot: its writes are staged, its reads merge them with committed state.
+"""One task attempt's transaction on a slot: its writes are staged, its reads merge them with committed state.
 
-The view offers the state calls of :class:`~keyedstate.taskmanager.state.KeyedStateBackend`, so
-the KeyedState servicer serves an epoch-scoped call exactly like a direct one. Batches are
-validated by the backend's own checks (state kind, sizes, key-group ownership) before anything
-is staged, and each batch is staged with one atomic ``WriteBatch``: a refused batch stages
+The transaction implements :class:`~keyedstate.taskmanager.state.access.KeyedStateAccess`, like
+the backend, so the KeyedState servicer serves an epoch-scoped call exactly like a direct one.
+Batches are validated by the slot's one ``RequestValidator`` (state kind, sizes, key-group
+ownership) before anything is staged, and each batch is staged with one atomic ``WriteBatch``: a refused batch stages
 nothing, and a client may retry it.
 
 Reads see the state committed through the slot's last committed epoch plus this attempt's own
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import cast
 
 import rocksdict
 
@@ -26,16 +27,10 @@ from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.slot import SlotEpochs, Stager
 from keyedstate.taskmanager.epochs.staging import SCAN_CHUNK
 from keyedstate.taskmanager.state import layout
-from keyedstate.taskmanager.state.backend import StateHandle
+from keyedstate.taskmanager.state.validation import ANY_KIND, LIST, MAP, READABLE_VALUE, REDUCING, VALUE, StateHandle
 
 logger = logging.getLogger(__name__)
 
-_VALUE = (StateKind.VALUE,)
-_READABLE_VALUE = (StateKind.VALUE, StateKind.REDUCING)
-_LIST = (StateKind.LIST,)
-_MAP = (StateKind.MAP,)
-_REDUCING = (StateKind.REDUCING,)
-_ANY = tuple(StateKind)
 _ENTRY_END = b"\x02"  # prefix + _ENTRY_END bounds the entries (prefix + ENTRY + ...) of one list or map
 
 
@@ -48,23 +43,24 @@ def _subset(keys: list[bytes], ns: bytes | list[bytes], indices: list[int]) -> t
     return [keys[i] for i in indices], sub_ns
 
 
-class EpochView:
-    """The state calls of one task attempt (``TaskAttempt``) on one slot.
+class EpochTransaction:
+    """The state calls of one task attempt (``TaskAttempt``) on one slot (a ``KeyedStateAccess``).
 
-    The backend's validation helpers are used on purpose: an epoch-scoped batch must be refused
-    for exactly the reasons a direct one would be, so a commit never meets a mutation the
-    backend rejects for its shape.
+    The backend's validator is used on purpose: an epoch-scoped batch must be refused for
+    exactly the reasons a direct one would be, so a commit never meets a mutation the backend
+    rejects for its shape. Committed state is read through the backend's public calls.
     """
 
     def __init__(self, slot_epochs: SlotEpochs, attempt: TaskAttempt, sequence: int = 0) -> None:
         self._se = slot_epochs
         self._b = slot_epochs.backend
+        self._v = slot_epochs.backend.validation
         self.attempt = attempt
         self.sequence = sequence
         """The write request's sequence number (0: unnumbered, as reads are): staged once per attempt."""
 
     def __repr__(self) -> str:
-        return f"EpochView({self._se.subtask}, {self.attempt})"
+        return f"EpochTransaction({self._se.subtask}, {self.attempt})"
 
     def _staged_keys(
         self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
@@ -88,10 +84,9 @@ class EpochView:
 
     # -- value and reducing -----------------------------------------------------------------
     def value_get(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> list[bytes | None]:
+        """Staged values of this attempt where it wrote them, committed ones elsewhere (reduce deltas folded in)."""
         b = self._b
-        st = b._state(state, _READABLE_VALUE, "ValueGet")  # noqa: SLF001 - see the class docstring
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        st, kgs, max_len, ns = self._v.batch(state, READABLE_VALUE, "ValueGet", keys, namespaces)
         if not keys:
             return []
         with self._se.reading() as store:
@@ -124,11 +119,8 @@ class EpochView:
         return out
 
     def value_put(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
-        b = self._b
-        st = b._state(state, _VALUE, "ValuePut")  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        b._check_values(values, len(keys))  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        """Stage one value per key."""
+        st, kgs, max_len, ns = self._v.batch(state, VALUE, "ValuePut", keys, namespaces, values=values)
         if not keys:
             return
         wb = rocksdict.WriteBatch(raw_mode=True)
@@ -142,10 +134,7 @@ class EpochView:
 
     def clear(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Stage the removal of every entry of each (key, namespace): a value, a whole list or map."""
-        b = self._b
-        st = b._state(state, _ANY, "Clear")  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        st, kgs, max_len, ns = self._v.batch(state, ANY_KIND, "Clear", keys, namespaces)
         if not keys:
             return
         wb = rocksdict.WriteBatch(raw_mode=True)
@@ -154,7 +143,7 @@ class EpochView:
                 wb.put(sk, r.CLEAR)
                 continue
             # Entries staged before the clear are gone; the head records that committed ones go too.
-            wb.delete_range(sk, layout.prefix_end(sk))
+            wb.delete_range(sk, layout.key_prefix_end(sk))
             wb.put(sk + r.HEAD, r.list_header(r.REPLACE, 0) if st.kind is StateKind.LIST else r.CLEAR)
         with self._se.writing(self.attempt, self.sequence) as stager:
             if stager is not None:
@@ -164,14 +153,7 @@ class EpochView:
         self, state: str, keys: list[bytes], operands: list[bytes], namespaces: bytes | list[bytes], return_values: bool
     ) -> list[bytes] | None:
         """Stage reduce operands (folded per key); optionally return each key's value after its operand."""
-        b = self._b
-        st = b._state(state, _REDUCING, "Reduce")  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        b._check_same_length("operands", operands, len(keys))  # noqa: SLF001
-        reducer = st.reducer
-        assert reducer is not None
-        reducer.check_operands(operands)
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        st, kgs, max_len, ns = self._v.batch(state, REDUCING, "Reduce", keys, namespaces, operands=operands)
         if not keys:
             return [] if return_values else None
         sks = self._staged_keys(st, kgs, keys, ns, max_len)
@@ -183,7 +165,8 @@ class EpochView:
                 results = self._stage_reduce(stager, state, st, keys, ns, sks, operands, return_values)
         if duplicate:
             # Staged before (a retry whose answer was lost): answer with the values as they are now.
-            return self.value_get(state, keys, ns) if return_values else None  # type: ignore[return-value]
+            # A reduced key always has a value, so no None comes back here.
+            return cast("list[bytes]", self.value_get(state, keys, ns)) if return_values else None
         return results
 
     def _stage_reduce(
@@ -236,11 +219,8 @@ class EpochView:
     # -- list -------------------------------------------------------------------------------
     def list_append(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Stage one appended element per key (keys may repeat; order is kept)."""
-        b = self._b
-        st = b._state(state, _LIST, "ListAppend")  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        b._check_values(values, len(keys))  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        v = self._v
+        st, kgs, max_len, ns = v.batch(state, LIST, "ListAppend", keys, namespaces, values=values)
         if not keys:
             return
         sks = self._staged_keys(st, kgs, keys, ns, max_len)
@@ -254,11 +234,11 @@ class EpochView:
                 for sk, h in zip(distinct, store.get([sk + r.HEAD for sk in distinct]))
             }
             wb = rocksdict.WriteBatch(raw_mode=True)
-            for sk, key, v in zip(sks, keys, values):
+            for sk, key, value in zip(sks, keys, values):
                 tag, count = heads[sk]
                 # Only the staged elements are checked here; committed + staged is checked by the commit.
-                b._check_list_length(count, 1, key)  # noqa: SLF001
-                wb.put(r.element_key(sk + r.ENTRY, count), v)
+                v.list_length(count, 1, key)
+                wb.put(r.element_key(sk + r.ENTRY, count), value)
                 heads[sk] = (tag, count + 1)
             for sk in distinct:
                 tag, count = heads[sk]
@@ -267,37 +247,33 @@ class EpochView:
 
     def list_update(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Stage list replacements: each distinct (key, namespace) becomes the values given for it, in order."""
-        b = self._b
-        st = b._state(state, _LIST, "ListUpdate")  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        b._check_values(values, len(keys))  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        v = self._v
+        st, kgs, max_len, ns = v.batch(state, LIST, "ListUpdate", keys, namespaces, values=values)
         if not keys:
             return
         grouped: dict[bytes, tuple[bytes, list[bytes]]] = {}
-        for sk, key, v in zip(self._staged_keys(st, kgs, keys, ns, max_len), keys, values):
+        for sk, key, value in zip(self._staged_keys(st, kgs, keys, ns, max_len), keys, values):
             entry = grouped.get(sk)
             if entry is None:
-                grouped[sk] = (key, [v])
+                grouped[sk] = (key, [value])
             else:
-                entry[1].append(v)
+                entry[1].append(value)
         wb = rocksdict.WriteBatch(raw_mode=True)
         for sk, (key, vs) in grouped.items():
-            b._check_list_length(0, len(vs), key)  # noqa: SLF001
-            wb.delete_range(sk, layout.prefix_end(sk))
+            v.list_length(0, len(vs), key)
+            wb.delete_range(sk, layout.key_prefix_end(sk))
             wb.put(sk + r.HEAD, r.list_header(r.REPLACE, len(vs)))
             entry_prefix = sk + r.ENTRY
-            for i, v in enumerate(vs):
-                wb.put(r.element_key(entry_prefix, i), v)
+            for i, value in enumerate(vs):
+                wb.put(r.element_key(entry_prefix, i), value)
         with self._se.writing(self.attempt, self.sequence) as stager:
             if stager is not None:
                 stager.write(wb)
 
     def list_get(self, state: str, keys: list[bytes], namespaces: bytes | list[bytes]) -> list[list[bytes]]:
+        """Committed elements followed by this attempt's staged ones (only the staged ones after a staged replace)."""
         b = self._b
-        st = b._state(state, _LIST, "ListGet")  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        st, kgs, max_len, ns = self._v.batch(state, LIST, "ListGet", keys, namespaces)
         if not keys:
             return []
         with self._se.reading() as store:
@@ -318,15 +294,13 @@ class EpochView:
                 for _k, element in store.scan(*_entries_range(sks[i])):
                     total += len(element)
                     if total > limit:
-                        raise b._list_too_large(state, limit)  # noqa: SLF001
+                        raise self._v.list_too_large(state, limit)
                     out[i].append(element)
             return out
 
     def list_scan(self, state: str, key: bytes, namespace: bytes) -> Iterator[bytes]:
         """Stream one list (committed elements, then this attempt's staged ones), validated now."""
-        b = self._b
-        st = b._state(state, _LIST, "ListScan")  # noqa: SLF001
-        kg = b._check_single(key, namespace)  # noqa: SLF001
+        st, kg = self._v.single_key(state, LIST, "ListScan", key, namespace)
         return self._list_scan(state, key, namespace, self._staged_key(st, kg, key, namespace))
 
     def _list_scan(self, state: str, key: bytes, namespace: bytes, sk: bytes) -> Iterator[bytes]:
@@ -363,13 +337,7 @@ class EpochView:
         values: list[bytes] | None,
         namespaces: bytes | list[bytes],
     ) -> None:
-        b = self._b
-        st = b._state(state, _MAP, call)  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        b._check_user_keys(user_keys, len(keys))  # noqa: SLF001
-        if values is not None:
-            b._check_values(values, len(keys))  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        st, kgs, max_len, ns = self._v.batch(state, MAP, call, keys, namespaces, user_keys=user_keys, values=values)
         if not keys:
             return
         wb = rocksdict.WriteBatch(raw_mode=True)
@@ -389,6 +357,7 @@ class EpochView:
     def map_get(
         self, state: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
     ) -> list[bytes | None]:
+        """Staged entries of this attempt override committed ones; a staged clear hides the committed map."""
         return self._map_lookup(state, "MapGet", keys, user_keys, namespaces)
 
     def map_contains(
@@ -400,10 +369,7 @@ class EpochView:
         self, state: str, call: str, keys: list[bytes], user_keys: list[bytes], namespaces: bytes | list[bytes]
     ) -> list[bytes | None]:
         b = self._b
-        st = b._state(state, _MAP, call)  # noqa: SLF001
-        kgs, max_len = b._check_keys(keys)  # noqa: SLF001
-        b._check_user_keys(user_keys, len(keys))  # noqa: SLF001
-        ns = b._check_namespaces(namespaces, len(keys))  # noqa: SLF001
+        st, kgs, max_len, ns = self._v.batch(state, MAP, call, keys, namespaces, user_keys=user_keys)
         n = len(keys)
         if not n:
             return []
@@ -433,9 +399,7 @@ class EpochView:
         self, state: str, key: bytes, namespace: bytes, keys_only: bool = False
     ) -> Iterator[tuple[bytes, bytes]]:
         """(user_key, value) of one map merged with this attempt's staged entries, sorted by user key."""
-        b = self._b
-        st = b._state(state, _MAP, "MapScan")  # noqa: SLF001
-        kg = b._check_single(key, namespace)  # noqa: SLF001
+        st, kg = self._v.single_key(state, MAP, "MapScan", key, namespace)
         return self._map_scan(state, key, namespace, keys_only, self._staged_key(st, kg, key, namespace))
 
     def _map_scan(
@@ -443,7 +407,7 @@ class EpochView:
     ) -> Iterator[tuple[bytes, bytes]]:
         with self._se.reading() as store:
             staged_any = store is not None
-            cleared = staged_any and store.get([sk + r.HEAD])[0] is not None  # type: ignore[union-attr]
+            cleared = store is not None and store.get([sk + r.HEAD])[0] is not None
         committed: Iterator[tuple[bytes, bytes]] = (
             iter(()) if cleared else self._b.map_scan(state, key, namespace, keys_only)
         )
@@ -456,7 +420,7 @@ class EpochView:
         s = next(staged, None)
         while c is not None or s is not None:
             if s is None or (c is not None and c[0] < s[0]):
-                yield c  # type: ignore[misc]
+                yield c  # type: ignore[misc]  # not None: the loop runs while c or s is, and s is None or c < s
                 c = next(committed, None)
                 continue
             if c is not None and c[0] == s[0]:

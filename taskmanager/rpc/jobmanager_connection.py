@@ -7,6 +7,9 @@ lost) revokes it at once, and the TaskManager registers again; the registration 
 the slots it may keep, and every other slot is released before the lease is renewed. A
 TaskManager that cannot reach the JobManager keeps heartbeating and stops serving when its
 lease runs out.
+
+Checkpoint acknowledgements and declines travel on the same channel; this module is the one
+place that writes their fields (the decline reason, and any ack outcome the JobManager answers).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from collections.abc import Callable
 
 import grpc
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.clock import Clock
@@ -30,17 +32,24 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
+from keyedstate.common.retry import RetryPolicy, call_with_retries
 from keyedstate.common.rpc.channels import open_channel
-from keyedstate.common.rpc.status import from_rpc_error
+from keyedstate.common.rpc.status import from_rpc_error, is_unreachable, status_name
 from keyedstate.common.security.tls import ChannelSecurity
+from keyedstate.taskmanager.handles import SubtaskStateHandle
+from keyedstate.taskmanager.rpc.wire import handle_to_proto, limits_to_proto
+from keyedstate.taskmanager.state import StateLimits
 
 logger = logging.getLogger(__name__)
 
 _RPC_TIMEOUT_S = 10.0
+_CHECKPOINT_RPC_TIMEOUT_S = 30.0
+_CHECKPOINT_REPORT_RETRIES = RetryPolicy(max_attempts=5, initial_backoff_s=0.2, multiplier=2.0, jitter=0.0)
+"""An ack or decline is retried while the JobManager is unreachable (0.2 s, 0.4 s, ... between tries)."""
 
-RetainSlots = Callable[[set[SubtaskId], dict[str, int]], None]
+RetainSlots = Callable[[set[SubtaskId], dict[JobId, int]], None]
 """Release every hosted slot that is not in the given set, and take the jobs' routing versions as
 the floor for later deploys (called before the lease is renewed)."""
 
@@ -51,7 +60,7 @@ class JobManagerConnection:
     def __init__(
         self,
         jobmanager_address: str,
-        taskmanager_id: str,
+        taskmanager_id: TaskManagerId,
         address: str,
         host: str,
         num_slots: int,
@@ -63,7 +72,7 @@ class JobManagerConnection:
         clock: Clock,
         stop: threading.Event,
         *,
-        limits: pb.StateLimits | None = None,
+        limits: StateLimits | None = None,
         internal_address: str = "",
         security: ChannelSecurity | None = None,
         cluster_id: str = "default",
@@ -82,7 +91,7 @@ class JobManagerConnection:
         self._clock = clock
         self._stop = stop
         self._cluster_id = cluster_id
-        self._limits = limits
+        self._limits = limits_to_proto(limits) if limits is not None else None
         self._internal_address = internal_address
         # The JobManager's internal plane: mutual TLS with the cluster's certificates when enabled.
         self._channel = open_channel(jobmanager_address, security=security, token=token)
@@ -94,15 +103,50 @@ class JobManagerConnection:
         self.lease_duration_ms = 0
         self._thread: threading.Thread | None = None
         self.registrations = 0
+        self._asked_to_register = False
 
     @property
     def stub(self) -> jm_grpc.ResourceManagerStub:
+        """The JobManager's ResourceManager service on this connection's channel."""
         return self._stub
 
-    @property
-    def checkpoint_gateway(self) -> jm_grpc.CheckpointCoordinatorGatewayStub:
-        """Where this TaskManager acknowledges or declines checkpoints."""
-        return self._checkpoints
+    def advertise(self, address: str, internal_address: str, metrics_port: int) -> None:
+        """Where this TaskManager serves, as registrations report it (known once its servers are bound)."""
+        self._address = address
+        self._internal_address = internal_address
+        self._metrics_port = metrics_port
+
+    # -- checkpoints (the snapshot layer's CheckpointReporter) ---------------------------------
+    def acknowledge_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, state: SubtaskStateHandle) -> None:
+        """Report one slot's uploaded snapshot; retried while the JobManager is unreachable."""
+        request = jm_pb.AcknowledgeCheckpointRequest(
+            job_id=job_id, checkpoint_id=checkpoint_id, taskmanager_id=self._tm_id, state=handle_to_proto(state)
+        )
+        self._report(
+            f"acknowledging checkpoint {checkpoint_id}",
+            lambda: self._checkpoints.AcknowledgeCheckpoint(request, timeout=_CHECKPOINT_RPC_TIMEOUT_S),
+        )
+
+    def decline_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, subtask: SubtaskId, reason: str) -> None:
+        """Report that one slot cannot complete a checkpoint, and why; retried while the JobManager is unreachable."""
+        request = jm_pb.DeclineCheckpointRequest(
+            job_id=job_id,
+            checkpoint_id=checkpoint_id,
+            taskmanager_id=self._tm_id,
+            operator_id=subtask.operator_id,
+            subtask_index=subtask.subtask_index,
+            message=reason,
+            reason=jm_pb.DECLINE_REASON_SNAPSHOT_FAILED,
+        )
+        self._report(
+            f"declining checkpoint {checkpoint_id}",
+            lambda: self._checkpoints.DeclineCheckpoint(request, timeout=_CHECKPOINT_RPC_TIMEOUT_S),
+        )
+
+    def _report(self, what: str, call: Callable[[], object]) -> None:
+        call_with_retries(
+            call, what=what, policy=_CHECKPOINT_REPORT_RETRIES, waiter=self._stop, is_transient=is_unreachable
+        )
 
     def register(self, timeout_ms: int) -> None:
         """Register, retrying until ``timeout_ms`` passes; then raise with what to check."""
@@ -137,6 +181,7 @@ class JobManagerConnection:
         # Fenced before asking: from the moment the JobManager sees this registration, nothing is
         # served here except the slots its answer lets us keep.
         self.lease.revoke("registering with the JobManager")
+        self._asked_to_register = True
         sent_at = self._clock.boottime_ms()
         response = self._stub.RegisterTaskManager(
             jm_pb.RegisterTaskManagerRequest(
@@ -154,7 +199,7 @@ class JobManagerConnection:
             timeout=_RPC_TIMEOUT_S,
         )
         kept = {SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in response.kept_slots}
-        self._retain_slots(kept, dict(response.routing_versions))
+        self._retain_slots(kept, {JobId(job): version for job, version in response.routing_versions.items()})
         self._session = response.jobmanager_session
         self.heartbeat_interval_ms = max(10, response.heartbeat_interval_ms)
         self.lease_duration_ms = response.lease_duration_ms
@@ -170,6 +215,7 @@ class JobManagerConnection:
         )
 
     def start_heartbeats(self) -> None:
+        """Heartbeat every interval the JobManager asked for, until the TaskManager stops."""
         self._thread = threading.Thread(target=self._heartbeat_loop, name="tm-heartbeat", daemon=True)
         self._thread.start()
 
@@ -199,25 +245,29 @@ class JobManagerConnection:
                     "taskmanager %s: heartbeat to %s failed: %s (lease %d ms left)",
                     self._tm_id,
                     self.jobmanager_address,
-                    exc.code(),
+                    status_name(exc),
                     self.lease.remaining_ms(),
                 )
             except Exception:  # the loop must survive anything; the next beat retries
                 logger.exception("taskmanager %s: heartbeat failed", self._tm_id)
 
     def deregister(self) -> None:
+        """Tell the JobManager this TaskManager leaves (best effort: its lease runs out anyway)."""
+        if not self._asked_to_register:
+            return  # the JobManager never heard of this TaskManager: nobody to tell
         try:
             self._stub.DeregisterTaskManager(
                 jm_pb.DeregisterTaskManagerRequest(taskmanager_id=self._tm_id), timeout=2.0
             )
         except grpc.RpcError as exc:
-            logger.info("taskmanager %s: deregistration skipped (%s)", self._tm_id, exc.code())
+            logger.info("taskmanager %s: deregistration skipped (%s)", self._tm_id, status_name(exc))
 
     def close(self) -> None:
+        """Stop heartbeating and close the channel."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._channel.close()
+        self._channel.close()  # type: ignore[no-untyped-call]  # unannotated in types-grpcio
 
 
 def _refusal(exc: Exception) -> KeyedStateError | None:

@@ -1,0 +1,63 @@
+"""What a checkpoint is made of on the TaskManager side, as domain types (no protobuf).
+
+The RPC edge (``taskmanager.rpc.wire``) converts the JobManager's barrier and restore messages
+into these and the acknowledged handle back; the snapshot layer and the slots work with these
+only. Field meanings match ``common.proto`` (``StateFileHandle``, ``SubtaskStateHandle``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId
+
+
+@dataclass(frozen=True)
+class CheckpointBarrier:
+    """The JobManager's order to snapshot every slot of a job (a checkpoint or a savepoint)."""
+
+    job_id: JobId
+    checkpoint_id: CheckpointId
+    target_path: str
+    """Where this checkpoint's own files go: ``<job dir>/chk-<n>`` or the savepoint directory."""
+    epoch: int = 0
+    """The job epoch the cut was taken at; every slot of the job must hold exactly it."""
+    savepoint: bool = False
+    incremental: bool = False
+
+
+@dataclass(frozen=True)
+class StateFileHandle:
+    """One uploaded file of a snapshot."""
+
+    path: str
+    """Relative to the checkpoint directory (``../shared/...`` for shared files)."""
+    size: int
+    sha256: str
+    local_name: str = ""
+    """The file's name inside the snapshot (for example ``000012.sst``)."""
+    shared: bool = False
+
+
+@dataclass
+class SubtaskStateHandle:
+    """One slot's part of a checkpoint, as acknowledged to the JobManager."""
+
+    operator_id: OperatorId
+    subtask_index: int
+    key_groups: KeyGroupRange
+    backend: str
+    files: list[StateFileHandle] = field(default_factory=list)
+    incremental_size: int = 0
+    full_size: int = 0
+    sync_duration_ms: int = 0
+    async_duration_ms: int = 0
+    committed_epoch: int = -1
+
+
+@dataclass(frozen=True)
+class SlotRestore:
+    """The snapshots a slot is restored from (those overlapping its key groups)."""
+
+    checkpoint_id: CheckpointId
+    handles: tuple[SubtaskStateHandle, ...] = ()
