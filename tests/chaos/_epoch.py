@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from tests.chaos import _spark_log as spark_log
 from tests.chaos._faults import FaultActions
 from tests.chaos._run import (
@@ -671,7 +670,7 @@ class EpochChaosRun:
         else:
             recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
             last = max(recorded) if recorded else -1
-            listing = self.pipeline.client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=self.pipeline.job_id))
+            listing = self.pipeline.client.list_checkpoints(self.pipeline.job_id)
             older = sorted(
                 (c.epoch, c.path)
                 for c in listing.checkpoints

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from keyedstate.common.cli import statectl
+from keyedstate.cli import statectl
 from keyedstate.common.client import StateClient
 from keyedstate.common.errors import IncompatibleCheckpointError, InvalidArgumentError, KeyedStateError
 from tests.integration.checkpoints.conftest import (

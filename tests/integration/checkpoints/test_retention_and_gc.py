@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from keyedstate.common.cli.statectl import main as statectl
+from keyedstate.cli.statectl import main as statectl
 from keyedstate.common.config import Configuration
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import PendingStatus

@@ -141,9 +141,7 @@ def test_a_pinned_scope_refuses_to_write_after_a_redeploy_and_its_commit_is_refu
     start, scope = begin(client, "q1", 0)
     old = start.routing.version
     total(client, scope).put_many(KEYS, [1] * len(KEYS))
-    new = client._jm_call(
-        "RescaleJob", jm_pb.RescaleJobRequest(job_id=JOB, parallelism={"": 3}), timeout=60, retry=False
-    ).version
+    new = client.rescale_job(JOB, 3, timeout_s=60).version
     assert new > old
 
     # The client still holds the old table: the slots refuse the old version, and the task fails.

@@ -156,11 +156,10 @@ def test_statectl_refuses_a_rescale_beyond_the_free_slots_and_the_job_keeps_runn
     assert_state_equals(writer.read(), writer.expected(2))
 
     # The JobManager itself must refuse it too (a client other than statectl asks it directly).
-    from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
     from keyedstate.common.errors import CapacityError
 
     with pytest.raises(CapacityError, match="needs 5 slots"):
-        client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=job, parallelism={"": 5}), retry=False)
+        client.rescale_job(job, 5)
     # Refused before anything was released: the job runs on at its old parallelism.
     assert client.job_info(job).status == "RUNNING"
     writer.run(3)
