@@ -28,14 +28,14 @@ check: $(STAMP) typecheck-tree
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
-		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.examples
+		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.cli -p keyedstate.examples
 	PYTHONPATH=build/typecheck $(VENV)/bin/lint-imports --config pyproject.toml
 
 ## mypy and import-linter see the top-level folders under their import root (keyedstate.common, ...),
 ## as the installed package does; a tree of symlinks gives them that view without moving a file.
 typecheck-tree:
 	@mkdir -p build/typecheck/keyedstate
-	@for f in common jobmanager taskmanager examples; do ln -sfn ../../../$$f build/typecheck/keyedstate/$$f; done
+	@for f in common jobmanager taskmanager cli examples; do ln -sfn ../../../$$f build/typecheck/keyedstate/$$f; done
 
 ## Rewrites the code in the house format and applies the safe lint fixes.
 format: $(STAMP)

@@ -5,7 +5,7 @@
 
 from setuptools import find_namespace_packages, setup
 
-FOLDERS = ("common", "jobmanager", "taskmanager", "examples")
+FOLDERS = ("common", "jobmanager", "taskmanager", "cli", "examples")
 
 setup(
     packages=[

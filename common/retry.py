@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.errors import ConfigError, KeyedStateError, Reason, UnavailableError
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ class RetryPolicy:
     jitter: float = 0.5
     """Each wait is reduced by a random fraction up to this, so that many callers retrying at
     once do not hit a server in lockstep. 0 makes waits exact (tests)."""
+    deadline_s: float | None = None
+    """Retry no longer than this after the first attempt began (on the clock given to
+    :func:`call_with_retries`); the last wait is cut short so the last attempt starts at the
+    deadline. None: only ``max_attempts`` bounds the retries."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -47,6 +52,8 @@ class RetryPolicy:
             raise ConfigError("RetryPolicy backoffs must be >= 0 and the multiplier >= 1")
         if not 0 <= self.jitter <= 1:
             raise ConfigError(f"RetryPolicy.jitter must be within [0, 1], got {self.jitter}")
+        if self.deadline_s is not None and self.deadline_s < 0:
+            raise ConfigError(f"RetryPolicy.deadline_s must be >= 0, got {self.deadline_s}")
 
     def backoff_s(self, failed_attempts: int, rng: random.Random | None = None) -> float:
         """The wait after the ``failed_attempts``-th consecutive failure (1-based)."""
@@ -71,22 +78,47 @@ def call_with_retries(
     waiter: Waiter,
     is_transient: Callable[[BaseException], bool],
     interrupted: Callable[[str], KeyedStateError] = _shutting_down,
+    clock: Clock = SYSTEM_CLOCK,
+    immediate: Callable[[BaseException], bool] | None = None,
+    log_level: int = logging.WARNING,
 ) -> T:
     """Run ``fn``; retry transient errors with backoff; re-raise the last one when exhausted.
 
     The caller maps what escapes (the final transient error or any permanent one). A waiter
     that reports an interruption (shutdown) ends the loop at once with ``interrupted(what)``.
+
+    ``immediate``: transient errors worth retrying without a wait (the client after a stale
+    routing: the fresh table is fetched by the retry itself); they do not grow the backoff.
+    ``clock`` measures ``policy.deadline_s``. ``log_level``: hot paths that retry as a matter of
+    course (the client) log at DEBUG.
     """
+    deadline_ms = None if policy.deadline_s is None else clock.monotonic_ms() + int(policy.deadline_s * 1000)
     attempt = 1
+    waits = 0
     while True:
         try:
             return fn()
         except Exception as exc:
             if not is_transient(exc) or attempt >= policy.max_attempts:
                 raise
-            delay = policy.backoff_s(attempt)
-            logger.warning(
-                "%s failed (attempt %d of %d), retrying in %.2f s: %s", what, attempt, policy.max_attempts, delay, exc
+            if immediate is not None and immediate(exc):
+                delay = 0.0
+            else:
+                waits += 1
+                delay = policy.backoff_s(waits)
+            if deadline_ms is not None:
+                left_s = (deadline_ms - clock.monotonic_ms()) / 1000.0
+                if left_s <= 0:
+                    raise
+                delay = min(delay, left_s)
+            logger.log(
+                log_level,
+                "%s failed (attempt %d of %d), retrying in %.2f s: %s",
+                what,
+                attempt,
+                policy.max_attempts,
+                delay,
+                exc,
             )
             if waiter.wait(delay):
                 raise interrupted(what) from exc

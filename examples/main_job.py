@@ -135,7 +135,7 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
         _say("verifying the state against a plain-Python reference")
         mismatches = _verify(runtime, reference(events))
         info = runtime.client.job_info("sessions-demo")
-        checkpoints_taken = len(runtime.client._jm_call("ListCheckpoints", _job_request("sessions-demo")).checkpoints)
+        checkpoints_taken = len(runtime.client.list_checkpoints("sessions-demo").checkpoints)
         recovery_s = recovery.get("recovered_at", 0) - recovery.get("killed_at", 0)
         print()
         print("=" * 72)
@@ -158,12 +158,6 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
         if spark is not None:
             spark.stop()
         cluster.stop()
-
-
-def _job_request(job_id: str) -> Any:
-    from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-
-    return jm_pb.JobRequest(job_id=job_id)
 
 
 def _watch_recovery(runtime: Any, recovery: dict[str, float]) -> None:

@@ -19,6 +19,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError, KeyedStateError, NotFoundError
@@ -89,14 +90,13 @@ def _stable_plan(
 
 
 def _ask_jobmanager(args: argparse.Namespace, conf: Configuration) -> _JobManagerView:
-    from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
     from keyedstate.common.client import ClientSettings, StateClient
 
     address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
     timeout = min(float(getattr(args, "timeout", _JM_TIMEOUT_S) or _JM_TIMEOUT_S), _JM_TIMEOUT_S)
     client = StateClient(address, ClientSettings(timeout_s=timeout, max_attempts=1, backoff_s=0.1))
     try:
-        listing = client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=args.job), retry=False)  # noqa: SLF001
+        listing = client.list_checkpoints(args.job, retry=False)
     except KeyedStateError as exc:
         return _JobManagerView(
             False,

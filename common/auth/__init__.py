@@ -12,7 +12,6 @@ from typing import Any
 from keyedstate.common.auth._credentials import (
     TOKEN_ENV,
     TOKEN_FILE_ENV,
-    BearerTokenInterceptor,
     read_token_file,
     resolve_token,
     token_from_config,
@@ -21,6 +20,7 @@ from keyedstate.common.auth._interceptor import AuthInterceptor, AuthMetrics, ce
 from keyedstate.common.auth._methods import RULES, SERVICE_RULES, MethodRule
 from keyedstate.common.auth._roles import ALL_JOBS, ROLE_PERMISSIONS, Permission, Principal, Role, roles_granting
 from keyedstate.common.auth._tokens import TokenEntry, TokenStore, fingerprint, hash_token, new_token, parse_tokens
+from keyedstate.common.rpc.bearer import BearerTokenInterceptor
 
 
 def server_interceptors(

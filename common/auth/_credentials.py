@@ -1,4 +1,4 @@
-"""The client's side: where a process finds its token, and the interceptor that sends it.
+"""The client's side: where a process finds its token (``rpc.bearer`` sends it).
 
 A token is read from a file (``security.auth.token-file``, or the file named by
 ``KEYEDSTATE_TOKEN_FILE``) or from ``KEYEDSTATE_TOKEN``; never from the command line, where
@@ -15,16 +15,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from keyedstate.common.errors import ConfigError
+from keyedstate.common.rpc.bearer import check_token
 
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "KEYEDSTATE_TOKEN"
 TOKEN_FILE_ENV = "KEYEDSTATE_TOKEN_FILE"
-AUTHORIZATION = "authorization"
-BEARER = "Bearer "
 
 
 def read_token_file(path: str | Path, what: str = "security.auth.token-file") -> str:
@@ -42,14 +39,6 @@ def read_token_file(path: str | Path, what: str = "security.auth.token-file") ->
             "token file %s can be read by other users (mode %o); restrict it with chmod 600", p, mode & 0o777
         )
     return check_token(text.strip(), f"{what} {p}")
-
-
-def check_token(token: str, where: str) -> str:
-    if not token:
-        raise ConfigError(f"{where} is empty; it must hold the token")
-    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
-        raise ConfigError(f"{where} holds more than one token-like word or non-ASCII text; it must hold only the token")
-    return token
 
 
 def resolve_token(
@@ -79,45 +68,3 @@ def token_from_config(conf: Any, environ: Mapping[str, str] | None = None) -> st
     from keyedstate.common.config import options as o
 
     return resolve_token(conf.get(o.AUTH_TOKEN_FILE) if conf is not None else None, environ)
-
-
-class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
-    def __init__(self, details: grpc.ClientCallDetails, metadata: list[tuple[str, str]]) -> None:
-        self.method = details.method
-        self.timeout = details.timeout
-        self.metadata = metadata
-        self.credentials = details.credentials
-        self.wait_for_ready = getattr(details, "wait_for_ready", None)
-        self.compression = getattr(details, "compression", None)
-
-
-class BearerTokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """Adds ``authorization: Bearer <token>`` to every call of a channel."""
-
-    def __init__(self, token: str) -> None:
-        self._header = (AUTHORIZATION, BEARER + check_token(token, "the token"))
-
-    def __repr__(self) -> str:  # never show the token
-        return "BearerTokenInterceptor(<token>)"
-
-    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = [m for m in (details.metadata or ()) if m[0] != AUTHORIZATION]
-        metadata.append(self._header)
-        return _Details(details, metadata)
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(details), request_iterator)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(details), request_iterator)

@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from keyedstate.common.auth._credentials import AUTHORIZATION, BEARER
 from keyedstate.common.auth._methods import RULES, MethodRule
 from keyedstate.common.auth._roles import Principal, Role, roles_granting
 from keyedstate.common.auth._tokens import TokenStore, fingerprint
 from keyedstate.common.errors import AuthenticationError, KeyedStateError, PermissionDeniedError
+from keyedstate.common.rpc.bearer import AUTHORIZATION, BEARER
 from keyedstate.common.rpc.interceptors import HandlerWrappingInterceptor
 from keyedstate.common.rpc.status import abort_with
 

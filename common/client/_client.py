@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import xxhash
@@ -25,6 +24,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.auth import resolve_token, token_from_config
 from keyedstate.common.client._epoch import EpochScope, as_scope
 from keyedstate.common.client._routing import Limits, Routing
+from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
@@ -39,7 +39,9 @@ from keyedstate.common.errors import (
     StaleRoutingError,
     UnavailableError,
 )
+from keyedstate.common.ids import JobId, OperatorId
 from keyedstate.common.keygroups import HASH_SEED
+from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
 from keyedstate.common.security.tls import REST, ChannelSecurity
@@ -48,6 +50,8 @@ from keyedstate.common.security.transport import TransportSecurity
 logger = logging.getLogger(__name__)
 
 _xxh64 = xxhash.xxh64_intdigest
+
+Req = TypeVar("Req")
 
 # Calls whose second application changes nothing: retried after any transport failure.
 IDEMPOTENT = frozenset(
@@ -108,6 +112,248 @@ class _Ledger:
     requests: int = 0
 
 
+# The TaskManager's unary keyed methods, by name: the stub method each name calls (typed, no getattr).
+_KEYED_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable]] = {
+    "ValueGet": lambda stub: stub.ValueGet,
+    "ValuePut": lambda stub: stub.ValuePut,
+    "Clear": lambda stub: stub.Clear,
+    "Reduce": lambda stub: stub.Reduce,
+    "ListAppend": lambda stub: stub.ListAppend,
+    "ListGet": lambda stub: stub.ListGet,
+    "ListUpdate": lambda stub: stub.ListUpdate,
+    "MapPut": lambda stub: stub.MapPut,
+    "MapGet": lambda stub: stub.MapGet,
+    "MapRemove": lambda stub: stub.MapRemove,
+    "MapContains": lambda stub: stub.MapContains,
+}
+# ... and its streaming scans.
+_SCAN_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryStreamMultiCallable]] = {
+    "ListScan": lambda stub: stub.ListScan,
+    "MapScan": lambda stub: stub.MapScan,
+    "ScanKeys": lambda stub: stub.ScanKeys,
+}
+
+
+def _keyed_rpc(
+    method: str,
+) -> Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable]:
+    rpc = _KEYED_RPCS.get(method)
+    if rpc is None:
+        raise InvalidArgumentError(f"{method!r} is not a keyed method of the TaskManager ({', '.join(_KEYED_RPCS)})")
+    return rpc
+
+
+@dataclass
+class _Call:
+    """One keyed call across its rounds: what it sends, how it may be retried, and where it stands."""
+
+    job_id: str
+    operator_id: str
+    state: str
+    method: str
+    keys: list[bytes]
+    build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest]
+    scope: EpochScope | None
+    columns: Mapping[str, Sequence[bytes]]
+    namespace: bytes
+    rpc: Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable]
+    pinned: bool
+    """Inside an epoch scope with a pinned routing version: every round goes out under that version."""
+    numbered: bool
+    """Epoch writes: each request carries a sequence number the slot stages once."""
+    idempotent: bool
+    order_free: bool
+    """Requests of one subtask may overtake each other in flight (see :meth:`plan`)."""
+    ledger: _Ledger | None
+    refresh: bool
+    pending: list[_Unit] | None = None
+    """The requests the next round sends again; None: the first round, everything."""
+    sent_under: int = -1
+    """The routing version the pending units were built for."""
+    sent_with: Routing | None = None
+    """The routing the latest requests were sent under."""
+    results: list[tuple[Part, Any]] = field(default_factory=list)
+
+    @classmethod
+    def plan(
+        cls,
+        job_id: str,
+        operator_id: str,
+        state: str,
+        method: str,
+        keys: list[bytes],
+        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
+        scope: EpochScope | None,
+        columns: Mapping[str, Sequence[bytes]],
+        namespace: bytes,
+        batch_size: int,
+        *,
+        refresh: bool,
+    ) -> _Call:
+        pinned = scope is not None and scope.routing_version > 0
+        numbered = scope is not None and scope.numbered and method in WRITES
+        return cls(
+            job_id,
+            operator_id,
+            state,
+            method,
+            keys,
+            build,
+            scope,
+            columns,
+            namespace,
+            _keyed_rpc(method),
+            pinned=pinned,
+            numbered=numbered,
+            idempotent=method in IDEMPOTENT or (numbered and pinned),
+            # Harmless for reads and for writes that touch every key once (checked on the whole
+            # call, conservatively per key).
+            order_free=method in READS or len(keys) <= batch_size or len(set(keys)) == len(keys),
+            # Direct writes account for every request, to say exactly what a failure left applied.
+            # (Epoch writes are only staged: a failed task's attempt is never committed.)
+            ledger=_Ledger() if scope is None and method in WRITES else None,
+            refresh=refresh,
+        )
+
+    def request_for(self, target: tm_pb.StateTarget, unit: _Unit) -> tm_pb.KeyedRequest:
+        """Build the request of ``unit`` (an epoch write's target carries its sequence number)."""
+        if not unit.seq:
+            return self.build(target, unit.part)
+        assert self.scope is not None
+        numbered = tm_pb.StateTarget()
+        numbered.CopyFrom(target)
+        numbered.epoch.CopyFrom(self.scope.context_for(unit.seq))
+        return self.build(numbered, unit.part)
+
+
+class _Pipeline:
+    """One round of a keyed call: the requests of every subtask, pipelined; (answers, units to retry, last error).
+
+    Each request is built just before it is sent, so encoding the next batch overlaps the
+    TaskManager applying the previous one. Up to ``max_in_flight`` requests per subtask are
+    in flight when their order cannot matter (reads, or writes whose keys are all distinct);
+    otherwise one at a time, so a repeated key's writes apply in the caller's order. After a
+    retryable failure a subtask sends nothing more: its remaining requests are retried in
+    order with the failed one.
+
+    With a ledger (direct writes) a failure that ends the call stops sending, but the requests
+    already in flight are waited for instead of cancelled: the ledger then knows which were
+    applied, and the error raised at the end can say so.
+    """
+
+    def __init__(
+        self,
+        routing: Routing,
+        call: _Call,
+        units: list[_Unit],
+        stub_for: Callable[[str], tm_grpc.KeyedStateStub],
+        suspect: set[str],
+        settings: ClientSettings,
+    ) -> None:
+        self._routing = routing
+        self._call = call
+        self._suspect = suspect
+        self._per_subtask = settings.max_in_flight if call.order_free else 1
+        self._timeout = settings.timeout_s
+        self._lanes = self._make_lanes(units, stub_for)
+        self._sent: list[tuple[Part, Any]] = []
+        self._failed: list[_Unit] = []
+        self._last_error: KeyedStateError = UnavailableError("no error")
+        self._fatal: list[tuple[KeyedStateError, grpc.RpcError]] = []  # the failure that ends the call (ledger only)
+        self._in_flight: deque[tuple[_Lane, _Unit, Any]] = deque()
+
+    def _make_lanes(self, units: list[_Unit], stub_for: Callable[[str], tm_grpc.KeyedStateStub]) -> dict[int, _Lane]:
+        routing, call = self._routing, self._call
+        routes = routing.operator(call.operator_id)
+        context = call.scope.context if call.scope is not None else None
+        lanes: dict[int, _Lane] = {}
+        for unit in units:
+            lane = lanes.get(unit.subtask)
+            if lane is None:
+                target = tm_pb.StateTarget(
+                    job_id=routing.job_id,
+                    operator_id=call.operator_id,
+                    subtask_index=unit.subtask,
+                    state_name=call.state,
+                    routing_version=routing.version,
+                    epoch=context,
+                )
+                address = routes.addresses[unit.subtask]
+                lane = lanes[unit.subtask] = _Lane(target, address, call.rpc(stub_for(address)), deque())
+            lane.parts.append(unit)
+        return lanes
+
+    def run(self) -> tuple[list[tuple[Part, Any]], list[_Unit], KeyedStateError]:
+        ledger, in_flight = self._call.ledger, self._in_flight
+        while True:
+            for lane in self._lanes.values():
+                while lane.parts and lane.in_flight < self._per_subtask:
+                    unit = lane.parts.popleft()
+                    request = self._call.request_for(lane.target, unit)
+                    in_flight.append((lane, unit, lane.call.future(request, timeout=self._timeout)))
+                    lane.in_flight += 1
+                    if ledger is not None:
+                        ledger.requests += 1
+            if not in_flight:
+                if self._fatal:
+                    error, cause = self._fatal[0]
+                    raise error from cause
+                return self._sent, self._failed, self._last_error
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        call, ledger = self._call, self._call.ledger
+        lane, unit, future = self._in_flight.popleft()
+        lane.in_flight -= 1
+        if ledger is not None:
+            ledger.sent = True
+        try:
+            self._sent.append((unit.part, future.result()))
+        except grpc.RpcError as exc:
+            self._failed_request(lane, unit, exc)
+            return
+        if ledger is not None:
+            ledger.applied.append(unit)
+        if unit.seq and call.scope is not None:
+            call.scope.acknowledged(call.operator_id, unit.subtask, unit.seq)
+
+    def _cancel_in_flight(self) -> None:
+        for _lane, _unit, future in self._in_flight:
+            future.cancel()
+
+    def _failed_request(self, lane: _Lane, unit: _Unit, exc: grpc.RpcError) -> None:
+        call, ledger, method = self._call, self._call.ledger, self._call.method
+        error = from_rpc_error(exc, f"{method} on TaskManager {lane.address}")
+        if call.pinned and isinstance(error, StaleRoutingError):
+            self._cancel_in_flight()
+            raise EpochConflictError(
+                f"{error.message}. The batch's routing version v{self._routing.version} is no longer the slot's, so "
+                "this task's writes cannot be committed; the batch must run again"
+            ) from exc
+        if ledger is not None and not _not_applied(exc):
+            ledger.unknown.append(unit)  # until a retry applies it
+        retryable = isinstance(error, (StaleRoutingError, UnavailableError))
+        if not self._fatal and retryable and (call.idempotent or _not_applied(exc)):
+            self._failed.append(unit)
+            self._failed.extend(lane.parts)  # never sent, so certainly not applied
+            lane.parts.clear()
+            self._last_error = error
+            return
+        if retryable:
+            self._suspect.add(self._routing.job_id)  # the owner may be gone: the next call fetches the table
+            error = UnavailableError(
+                f"{error.message}. The outcome of this {method} is unknown (the TaskManager may have applied "
+                "it), so it was not retried; use epoch transactions for exactly-once updates"
+            )
+        if ledger is None:
+            self._cancel_in_flight()  # the caller gets the error now; stop the rest
+            raise error from exc
+        if not self._fatal:
+            self._fatal.append((error, exc))
+            for other in self._lanes.values():  # send nothing more; learn what the requests in flight did
+                other.parts.clear()
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     timeout_s: float = 60.0
@@ -134,8 +380,32 @@ def client_security(conf: Configuration) -> ChannelSecurity | None:
     return TransportSecurity.from_config(conf, role="client").channel_security(REST)
 
 
-class _Retry(Exception):
-    """Internal: a sub-batch must be sent again after a routing refresh."""
+class _RoundFailed(Exception):
+    """Internal: some requests of a keyed call failed retryably; the next round sends them again."""
+
+    def __init__(self, error: KeyedStateError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _is_round_failure(exc: BaseException) -> bool:
+    return isinstance(exc, _RoundFailed)
+
+
+def _is_stale_round(exc: BaseException) -> bool:
+    """A stale routing is retried at once: the retry fetches the new table itself, there is nothing to wait for."""
+    return isinstance(exc, _RoundFailed) and isinstance(exc.error, StaleRoutingError)
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, UnavailableError)
+
+
+def _is_retryable_stream_error(exc: BaseException) -> bool:
+    return isinstance(exc, (StaleRoutingError, UnavailableError))
+
+
+_ONCE = RetryPolicy(max_attempts=1, jitter=0.0)
 
 
 def _not_applied(err: grpc.RpcError) -> bool:
@@ -145,8 +415,9 @@ def _not_applied(err: grpc.RpcError) -> bool:
     not to apply it, except OUTCOME_UNKNOWN (the call may have applied); a bare transport error
     leaves the outcome unknown.
     """
+    trailing_metadata: Callable[[], Any] | None = getattr(err, "trailing_metadata", None)  # a grpc.Call's
     try:
-        reasons = [v for k, v in (err.trailing_metadata() or ()) if k == REASON_KEY]
+        reasons = [v for k, v in ((trailing_metadata() if trailing_metadata else None) or ()) if k == REASON_KEY]
     except Exception:
         return False
     return bool(reasons) and Reason.OUTCOME_UNKNOWN.value not in reasons
@@ -162,15 +433,31 @@ class StateClient:
         security: ChannelSecurity | None = None,
         *,
         token: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        waiter: Waiter | None = None,
     ) -> None:
         """``security``: TLS for every channel (None: plaintext); :meth:`from_config` builds it from the
         security.ssl.rest.* keys, :meth:`ChannelSecurity.from_pem` from PEM bytes.
 
         ``token``: sent with every call (security.auth.enabled). None: the token of this process's
         environment, from the file named by ``KEYEDSTATE_TOKEN_FILE`` or from ``KEYEDSTATE_TOKEN``
-        (none there: calls carry no token)."""
+        (none there: calls carry no token).
+
+        ``clock`` and ``waiter`` time the retries (tests inject fakes); the default waiter is
+        released by :meth:`close`, so a retry waiting out its backoff ends when the client closes."""
         self.jobmanager_address = jobmanager_address
         self.settings = settings or ClientSettings()
+        self._clock = clock
+        self._closing = threading.Event()
+        self._waiter: Waiter = waiter if waiter is not None else self._closing
+        # The client's backoff: doubling from backoff_s up to 5 s, exact (no jitter), as it always was.
+        self._retry_policy = RetryPolicy(
+            max_attempts=self.settings.max_attempts,
+            initial_backoff_s=self.settings.backoff_s,
+            max_backoff_s=5.0,
+            multiplier=2.0,
+            jitter=0.0,
+        )
         self.security = security
         self._token = token if token is not None else resolve_token()
         self._jm_channel = open_channel(
@@ -193,24 +480,38 @@ class StateClient:
         return cls(address, ClientSettings.from_config(conf), client_security(conf), token=token_from_config(conf))
 
     # -- JobManager calls --------------------------------------------------------------------
-    def _jm_call(self, method: str, request: Any, timeout: float | None = None, retry: bool = True) -> Any:
-        attempts = self.settings.max_attempts if retry else 1
-        delay = self.settings.backoff_s
-        for attempt in range(1, attempts + 1):
+    def _jm_call(
+        self,
+        name: str,
+        rpc: grpc.UnaryUnaryMultiCallable,
+        request: Req,
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+    ) -> Any:
+        """Call JobManager method ``name`` (``rpc`` is its stub method); UNAVAILABLE is retried with ``retry``."""
+        what = f"JobManager {self.jobmanager_address} {name}"
+        call_timeout = timeout or self.settings.timeout_s
+
+        def attempt() -> Any:
             try:
-                return getattr(self.jobmanager, method)(request, timeout=timeout or self.settings.timeout_s)
+                return rpc(request, timeout=call_timeout)
             except grpc.RpcError as exc:
-                error = from_rpc_error(exc, f"JobManager {self.jobmanager_address} {method}")
-                if isinstance(error, UnavailableError) and attempt < attempts:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-                raise error from exc
-        raise AssertionError("unreachable")
+                raise from_rpc_error(exc, what) from exc
+
+        return call_with_retries(
+            attempt,
+            what=what,
+            policy=self._retry_policy if retry else _ONCE,
+            waiter=self._waiter,
+            is_transient=_is_unavailable,
+            clock=self._clock,
+            log_level=logging.DEBUG,
+        )
 
     def submit_job(
         self,
-        job_id: str,
+        job_id: JobId | str,
         operators: Sequence[OperatorSpec],
         *,
         max_parallelism: int = 0,
@@ -218,8 +519,9 @@ class StateClient:
         config: dict[str, str] | None = None,
     ) -> Routing:
         """Register (or re-attach to) a job; returns its routing. Submitting the same job again is a no-op."""
-        table = self._jm_call(
+        table: pb.RoutingTable = self._jm_call(
             "SubmitJob",
+            self.jobmanager.SubmitJob,
             jm_pb.SubmitJobRequest(
                 job_id=job_id,
                 operators=[op.to_proto() for op in operators],
@@ -231,29 +533,61 @@ class StateClient:
         )
         return self._store_routing(table)
 
-    def restore_job(self, job_id: str, restore_path: str) -> Routing:
+    def restore_job(self, job_id: JobId | str, restore_path: str) -> Routing:
         """Replace the state of job ``job_id`` with the checkpoint or savepoint at ``restore_path``.
 
         The JobManager verifies the source in full before it touches the job, so a bad path or a
         damaged checkpoint leaves the job as it was; a running job whose redeploy fails comes back
         as it was (see ``statectl job restore`` in the README). Not retried: the answer says what happened.
         """
-        table = self._jm_call(
+        table: pb.RoutingTable = self._jm_call(
             "RestoreJob",
+            self.jobmanager.RestoreJob,
             jm_pb.RestoreJobRequest(job_id=job_id, restore_path=restore_path),
             timeout=max(self.settings.timeout_s, 600.0),
             retry=False,
         )
         return self._store_routing(table, fetched=True)
 
-    def cancel_job(self, job_id: str) -> jm_pb.JobInfo:
-        return self._jm_call("CancelJob", jm_pb.JobRequest(job_id=job_id))
+    def rescale_job(self, job_id: JobId | str, parallelism: int, *, timeout_s: float | None = None) -> Routing:
+        """Run every operator of ``job_id`` at ``parallelism``; the job's new routing.
 
-    def job_info(self, job_id: str) -> jm_pb.JobInfo:
-        return self._jm_call("GetJob", jm_pb.JobRequest(job_id=job_id))
+        The JobManager refuses a rescale the cluster has no slots for before it stops anything.
+        Not retried: the answer says what happened. The routing is returned, not cached: this
+        client's calls go on under the table they know until a slot refuses it.
+        """
+        table: pb.RoutingTable = self._jm_call(
+            "RescaleJob",
+            self.jobmanager.RescaleJob,
+            jm_pb.RescaleJobRequest(job_id=job_id, parallelism={"": parallelism}),
+            timeout=timeout_s,
+            retry=False,
+        )
+        return Routing.from_proto(table)
+
+    def cancel_job(self, job_id: JobId | str) -> jm_pb.JobInfo:
+        """Cancel ``job_id``; its slots are released and its routing fails calls until it is restored."""
+        result: jm_pb.JobInfo = self._jm_call("CancelJob", self.jobmanager.CancelJob, jm_pb.JobRequest(job_id=job_id))
+        return result
+
+    def job_info(self, job_id: JobId | str) -> jm_pb.JobInfo:
+        """The JobManager's view of ``job_id``: status, operators, declared states, latest checkpoint, restarts."""
+        result: jm_pb.JobInfo = self._jm_call("GetJob", self.jobmanager.GetJob, jm_pb.JobRequest(job_id=job_id))
+        return result
+
+    def list_checkpoints(self, job_id: JobId | str, *, retry: bool = True) -> jm_pb.ListCheckpointsResponse:
+        """The checkpoints and savepoints the JobManager remembers for ``job_id`` (completed, failed, in progress)."""
+        result: jm_pb.ListCheckpointsResponse = self._jm_call(
+            "ListCheckpoints", self.jobmanager.ListCheckpoints, jm_pb.JobRequest(job_id=job_id), retry=retry
+        )
+        return result
 
     def cluster(self) -> jm_pb.ClusterOverview:
-        return self._jm_call("GetClusterOverview", jm_pb.ClusterOverviewRequest())
+        """TaskManagers, slots and jobs, as the JobManager sees them now."""
+        result: jm_pb.ClusterOverview = self._jm_call(
+            "GetClusterOverview", self.jobmanager.GetClusterOverview, jm_pb.ClusterOverviewRequest()
+        )
+        return result
 
     def wait_for_taskmanagers(self, count: int, *, slots: int = 0, timeout_s: float = 60.0) -> jm_pb.ClusterOverview:
         """Wait until ``count`` TaskManagers (and at least ``slots`` slots) are registered; the cluster then.
@@ -262,38 +596,63 @@ class StateClient:
         a job (``statectl cluster --wait N`` does the same from a shell). Raises UnavailableError
         naming what is missing after ``timeout_s``.
         """
-        deadline = time.monotonic() + timeout_s
-        last = "the JobManager did not answer"
-        fix = f"check that a JobManager runs at {self.jobmanager_address}"
-        while True:
-            try:
-                overview = self._jm_call("GetClusterOverview", jm_pb.ClusterOverviewRequest(), retry=False)
-                active = [t for t in overview.taskmanagers if t.status == jm_pb.TASK_MANAGER_STATUS_ACTIVE]
-                if len(active) >= count and overview.total_slots >= slots:
-                    return overview
-                last = f"{len(active)} of {count} TaskManagers are registered"
-                if slots:
-                    last += f", with {overview.total_slots} of {slots} slots"
-                fix = "start more TaskManagers (pointed at this JobManager), or wait longer"
-            except UnavailableError as exc:
-                last = exc.message
-            if time.monotonic() >= deadline:
-                raise UnavailableError(
-                    f"the cluster at {self.jobmanager_address} was not ready within {timeout_s:.0f} s: {last}; {fix}"
-                )
-            time.sleep(0.1)
+        progress = {
+            "last": "the JobManager did not answer",
+            "fix": f"check that a JobManager runs at {self.jobmanager_address}",
+        }
+
+        def ready() -> jm_pb.ClusterOverview:
+            overview: jm_pb.ClusterOverview = self._jm_call(
+                "GetClusterOverview", self.jobmanager.GetClusterOverview, jm_pb.ClusterOverviewRequest(), retry=False
+            )
+            active = [t for t in overview.taskmanagers if t.status == jm_pb.TASK_MANAGER_STATUS_ACTIVE]
+            if len(active) >= count and overview.total_slots >= slots:
+                return overview
+            last = f"{len(active)} of {count} TaskManagers are registered"
+            if slots:
+                last += f", with {overview.total_slots} of {slots} slots"
+            progress["last"] = last
+            progress["fix"] = "start more TaskManagers (pointed at this JobManager), or wait longer"
+            raise UnavailableError(last)
+
+        def not_ready(exc: BaseException) -> bool:
+            if isinstance(exc, UnavailableError) and exc.message != progress["last"]:
+                progress["last"] = exc.message  # the JobManager's own answer
+            return isinstance(exc, UnavailableError)
+
+        poll = RetryPolicy(max_attempts=2**31, initial_backoff_s=0.1, multiplier=1.0, jitter=0.0, deadline_s=timeout_s)
+        try:
+            return call_with_retries(
+                ready,
+                what=f"waiting for {count} TaskManagers",
+                policy=poll,
+                waiter=self._waiter,
+                is_transient=not_ready,
+                clock=self._clock,
+                log_level=logging.DEBUG,
+            )
+        except UnavailableError:
+            raise UnavailableError(
+                f"the cluster at {self.jobmanager_address} was not ready within {timeout_s:.0f} s: "
+                f"{progress['last']}; {progress['fix']}"
+            ) from None
 
     def trigger_checkpoint(
         self,
-        job_id: str,
+        job_id: JobId | str,
         *,
         savepoint: bool = False,
         target_directory: str = "",
         wait: bool = True,
         timeout_s: float = 600.0,
     ) -> jm_pb.CheckpointInfo:
-        return self._jm_call(
+        """Trigger a checkpoint (or a savepoint into ``target_directory``); with ``wait``, answer once it ended.
+
+        Not retried: a second trigger would start a second checkpoint.
+        """
+        result: jm_pb.CheckpointInfo = self._jm_call(
             "TriggerCheckpoint",
+            self.jobmanager.TriggerCheckpoint,
             jm_pb.TriggerCheckpointRequest(
                 job_id=job_id,
                 savepoint=savepoint,
@@ -304,21 +663,24 @@ class StateClient:
             timeout=timeout_s + 30,
             retry=False,
         )
+        return result
 
-    def begin_batch(self, job_id: str, query_id: str, batch_id: int) -> jm_pb.BeginBatchResponse:
+    def begin_batch(self, job_id: JobId | str, query_id: str, batch_id: int) -> jm_pb.BeginBatchResponse:
         """Where batch ``batch_id`` of ``query_id`` stands: its job epoch and what to do (docs/exactly-once.md).
 
         Raises EpochGapError when the job's state cannot take the batch (it would skip epochs).
         """
-        response = self._jm_call(
-            "BeginBatch", jm_pb.BeginBatchRequest(job_id=job_id, query_id=query_id, batch_id=batch_id)
+        response: jm_pb.BeginBatchResponse = self._jm_call(
+            "BeginBatch",
+            self.jobmanager.BeginBatch,
+            jm_pb.BeginBatchRequest(job_id=job_id, query_id=query_id, batch_id=batch_id),
         )
         self._store_routing(response.routing, fetched=True)
         return response
 
     def commit_epoch(
         self,
-        job_id: str,
+        job_id: JobId | str,
         epoch: int,
         winners: dict[int, int] | Sequence[pb.PartitionAttempt],
         *,
@@ -351,9 +713,12 @@ class StateClient:
             winners=attempts,
             timeout_ms=int(timeout_s * 1000),
         )
-        return self._jm_call("CommitEpoch", request, timeout=timeout_s + 30, retry=False)
+        result: jm_pb.CommitEpochResponse = self._jm_call(
+            "CommitEpoch", self.jobmanager.CommitEpoch, request, timeout=timeout_s + 30, retry=False
+        )
+        return result
 
-    def routing(self, job_id: str, refresh: bool = False) -> Routing:
+    def routing(self, job_id: JobId | str, refresh: bool = False) -> Routing:
         """The job's routing table: cached, or fetched from the JobManager with ``refresh``.
 
         A cached table of a FAILED or CANCELED job is never trusted: the job may have been
@@ -361,7 +726,9 @@ class StateClient:
         """
         routing = self._routing.get(job_id)
         if routing is None or refresh or routing.job_status in _TERMINAL:
-            table = self._jm_call("GetRouting", jm_pb.GetRoutingRequest(job_id=job_id))
+            table: pb.RoutingTable = self._jm_call(
+                "GetRouting", self.jobmanager.GetRouting, jm_pb.GetRoutingRequest(job_id=job_id)
+            )
             routing = self._store_routing(table, fetched=True)
             self._suspect.discard(job_id)
         return routing
@@ -382,7 +749,7 @@ class StateClient:
                 self._routing[routing.job_id] = routing
         return self._routing[routing.job_id]
 
-    def descriptor(self, job_id: str, operator_id: str, state: str) -> StateDescriptor:
+    def descriptor(self, job_id: JobId | str, operator_id: OperatorId | str, state: str) -> StateDescriptor:
         key = (job_id, operator_id, state)
         found = self._descriptors.get(key)
         if found is None:
@@ -422,8 +789,8 @@ class StateClient:
 
     def keyed_call(
         self,
-        job_id: str,
-        operator_id: str,
+        job_id: JobId | str,
+        operator_id: OperatorId | str,
         state: str,
         method: str,
         keys: list[bytes],
@@ -453,73 +820,63 @@ class StateClient:
         """
         if not keys:
             return []
-        scope = as_scope(epoch)
-        pinned = scope is not None and scope.routing_version > 0
-        numbered = scope is not None and scope.numbered and method in WRITES
-        idempotent = method in IDEMPOTENT or (numbered and pinned)
-        # Requests of one subtask may overtake each other in flight; that is harmless for reads and
-        # for writes that touch every key once (checked on the whole call, conservatively per key).
-        order_free = method in READS or (len(keys) <= self.settings.batch_size) or len(set(keys)) == len(keys)
-        # Direct writes account for every request, to say exactly what a failure left applied. (Epoch
-        # writes are only staged: a failed task's attempt is never committed.)
-        ledger = _Ledger() if scope is None and method in WRITES else None
-        attempts = self.settings.max_attempts
-        delay = self.settings.backoff_s
-        pending: list[_Unit] | None = None  # None: first round, everything
-        failed_units: list[_Unit] | None
-        results: list[tuple[Part, Any]] = []
-        refresh = job_id in self._suspect
-        sent_under = -1  # the routing version the pending units were built for
-        sent_with: Routing | None = None  # the routing the latest requests were sent under
+        call = _Call.plan(
+            job_id,
+            operator_id,
+            state,
+            method,
+            keys,
+            build,
+            as_scope(epoch),
+            columns or {},
+            namespace,
+            self.settings.batch_size,
+            refresh=job_id in self._suspect,
+        )
         try:
-            for attempt in range(1, attempts + 1):
-                routing = self._routing_for(job_id, scope if pinned else None, refresh)
-                if routing.job_status not in ("RUNNING", ""):
-                    _refuse_stopped(routing)
-                    failed_units = pending  # None: nothing was sent yet, everything goes next round
-                    error: KeyedStateError = UnavailableError(f"job {job_id!r} is {routing.job_status}")
-                else:
-                    if pending is None:
-                        check_limits(routing, method, keys, columns or {}, namespace)
-                    if pending is not None and (pinned or (numbered and routing.version == sent_under)):
-                        # Same routing version: same owners, and the same sequence numbers, so a slot that
-                        # applied a request whose answer was lost does not stage it twice.
-                        units = pending
-                    else:
-                        units = self._units(routing, operator_id, method, keys, pending, scope if numbered else None)
-                    sent_under, sent_with = routing.version, routing
-                    sent, failed_units, error = self._send_units(
-                        routing,
-                        operator_id,
-                        state,
-                        method,
-                        units,
-                        build,
-                        scope,
-                        numbered,
-                        idempotent,
-                        order_free,
-                        pinned,
-                        ledger,
-                    )
-                    results.extend(sent)
-                    if not failed_units:
-                        return results
-                if attempt == attempts:
-                    raise error
-                logger.debug(
-                    "retrying %s of %s/%s after %s (attempt %d)", method, job_id, operator_id, error.message, attempt
+            try:
+                return call_with_retries(
+                    lambda: self._round(call),
+                    what=f"{method} of {job_id}/{operator_id}",
+                    policy=self._retry_policy,
+                    waiter=self._waiter,
+                    is_transient=_is_round_failure,
+                    immediate=_is_stale_round,
+                    clock=self._clock,
+                    log_level=logging.DEBUG,
                 )
-                pending = failed_units
-                refresh = True
-                if not isinstance(error, StaleRoutingError):
-                    time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+            except _RoundFailed as failed:
+                raise failed.error from None
         except KeyedStateError as exc:
-            if ledger is None or not ledger.sent or sent_with is None:
+            ledger = call.ledger
+            if ledger is None or not ledger.sent or call.sent_with is None:
                 raise
-            raise _with_outcome(exc, ledger, method, keys, sent_with, operator_id) from exc
-        raise AssertionError("unreachable")
+            raise _with_outcome(exc, ledger, method, keys, call.sent_with, operator_id) from exc
+
+    def _round(self, call: _Call) -> list[tuple[Part, Any]]:
+        """One round of a keyed call: everything on the first, the failed requests after; _RoundFailed to go again."""
+        routing = self._routing_for(call.job_id, call.scope if call.pinned else None, call.refresh)
+        call.refresh = True  # a later round is a retry: it fetches the table again
+        if routing.job_status not in ("RUNNING", ""):
+            _refuse_stopped(routing)
+            raise _RoundFailed(UnavailableError(f"job {call.job_id!r} is {routing.job_status}"))
+        if call.pending is None:
+            check_limits(routing, call.method, call.keys, call.columns, call.namespace)
+        if call.pending is not None and (call.pinned or (call.numbered and routing.version == call.sent_under)):
+            # Same routing version: same owners, and the same sequence numbers, so a slot that
+            # applied a request whose answer was lost does not stage it twice.
+            units = call.pending
+        else:
+            units = self._units(
+                routing, call.operator_id, call.method, call.keys, call.pending, call.scope if call.numbered else None
+            )
+        call.sent_under, call.sent_with = routing.version, routing
+        sent, failed, error = _Pipeline(routing, call, units, self._stub, self._suspect, self.settings).run()
+        call.results.extend(sent)
+        if failed:
+            call.pending = failed
+            raise _RoundFailed(error)
+        return call.results
 
     def _routing_for(self, job_id: str, scope: EpochScope | None, refresh: bool) -> Routing:
         """The routing to send with: the pinned version inside an epoch scope, else the newest known."""
@@ -604,132 +961,10 @@ class StateClient:
             return [indices]
         return [indices[a : a + batch] for a in range(0, len(indices), batch)]
 
-    def _send_units(
-        self,
-        routing: Routing,
-        operator_id: str,
-        state: str,
-        method: str,
-        units: list[_Unit],
-        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
-        scope: EpochScope | None,
-        numbered: bool,
-        idempotent: bool,
-        order_free: bool,
-        pinned: bool,
-        ledger: _Ledger | None = None,
-    ) -> tuple[list[tuple[Part, Any]], list[_Unit], KeyedStateError]:
-        """Pipeline the requests of every subtask; returns (answers, units to retry, last error).
-
-        Each request is built just before it is sent, so encoding the next batch overlaps the
-        TaskManager applying the previous one. Up to ``max_in_flight`` requests per subtask are
-        in flight when their order cannot matter (reads, or writes whose keys are all distinct);
-        otherwise one at a time, so a repeated key's writes apply in the caller's order. After a
-        retryable failure a subtask sends nothing more: its remaining requests are retried in
-        order with the failed one.
-
-        With a ``ledger`` (direct writes) a failure that ends the call stops sending, but the
-        requests already in flight are waited for instead of cancelled: the ledger then knows
-        which were applied, and the error raised at the end can say so.
-        """
-        routes = routing.operator(operator_id)
-        per_subtask = self.settings.max_in_flight if order_free else 1
-        timeout = self.settings.timeout_s
-        context = scope.context if scope is not None else None
-        lanes: dict[int, _Lane] = {}
-        for unit in units:
-            lane = lanes.get(unit.subtask)
-            if lane is None:
-                target = tm_pb.StateTarget(
-                    job_id=routing.job_id,
-                    operator_id=operator_id,
-                    subtask_index=unit.subtask,
-                    state_name=state,
-                    routing_version=routing.version,
-                    epoch=context,
-                )
-                address = routes.addresses[unit.subtask]
-                lane = lanes[unit.subtask] = _Lane(target, address, getattr(self._stub(address), method), deque())
-            lane.parts.append(unit)
-        sent: list[tuple[Part, Any]] = []
-        failed: list[_Unit] = []
-        last_error: KeyedStateError = UnavailableError("no error")
-        fatal: list[tuple[KeyedStateError, grpc.RpcError]] = []  # the failure that ends the call (ledger only)
-        in_flight: deque[tuple[_Lane, _Unit, Any]] = deque()
-
-        def request_for(lane: _Lane, unit: _Unit) -> tm_pb.KeyedRequest:
-            if not unit.seq:
-                return build(lane.target, unit.part)
-            assert scope is not None
-            target = tm_pb.StateTarget()
-            target.CopyFrom(lane.target)
-            target.epoch.CopyFrom(scope.context_for(unit.seq))
-            return build(target, unit.part)
-
-        def drain_one() -> None:
-            nonlocal last_error
-            lane, unit, future = in_flight.popleft()
-            lane.in_flight -= 1
-            if ledger is not None:
-                ledger.sent = True
-            try:
-                sent.append((unit.part, future.result()))
-                if ledger is not None:
-                    ledger.applied.append(unit)
-                if unit.seq and scope is not None:
-                    scope.acknowledged(operator_id, unit.subtask, unit.seq)
-            except grpc.RpcError as exc:
-                error = from_rpc_error(exc, f"{method} on TaskManager {lane.address}")
-                if pinned and isinstance(error, StaleRoutingError):
-                    for _lane, _unit, f in in_flight:
-                        f.cancel()
-                    raise EpochConflictError(
-                        f"{error.message}. The batch's routing version v{routing.version} is no longer the slot's, so "
-                        "this task's writes cannot be committed; the batch must run again"
-                    ) from exc
-                if ledger is not None and not _not_applied(exc):
-                    ledger.unknown.append(unit)  # until a retry applies it
-                retryable = isinstance(error, (StaleRoutingError, UnavailableError))
-                if not fatal and retryable and (idempotent or _not_applied(exc)):
-                    failed.append(unit)
-                    failed.extend(lane.parts)  # never sent, so certainly not applied
-                    lane.parts.clear()
-                    last_error = error
-                    return
-                if retryable:
-                    self._suspect.add(routing.job_id)  # the owner may be gone: the next call fetches the table
-                    error = UnavailableError(
-                        f"{error.message}. The outcome of this {method} is unknown (the TaskManager may have applied "
-                        "it), so it was not retried; use epoch transactions for exactly-once updates"
-                    )
-                if ledger is None:
-                    for _lane, _unit, f in in_flight:  # the caller gets the error now; stop the rest
-                        f.cancel()
-                    raise error from exc
-                if not fatal:
-                    fatal.append((error, exc))
-                    for other in lanes.values():  # send nothing more; learn what the requests in flight did
-                        other.parts.clear()
-
-        while True:
-            for lane in lanes.values():
-                while lane.parts and lane.in_flight < per_subtask:
-                    unit = lane.parts.popleft()
-                    in_flight.append((lane, unit, lane.call.future(request_for(lane, unit), timeout=timeout)))
-                    lane.in_flight += 1
-                    if ledger is not None:
-                        ledger.requests += 1
-            if not in_flight:
-                if fatal:
-                    error, cause = fatal[0]
-                    raise error from cause
-                return sent, failed, last_error
-            drain_one()
-
     def stream_call(
         self,
-        job_id: str,
-        operator_id: str,
+        job_id: JobId | str,
+        operator_id: OperatorId | str,
         method: str,
         subtask: int,
         request: tm_pb.ScanRequest,
@@ -740,36 +975,57 @@ class StateClient:
         pinned = scope if scope is not None and scope.routing_version > 0 else None
         if scope is not None:
             request.target.epoch.CopyFrom(scope.context)
-        for attempt in range(1, self.settings.max_attempts + 1):
-            routing = self._routing_for(job_id, pinned, refresh=attempt > 1)
+        rpc = _SCAN_RPCS.get(method)
+        if rpc is None:
+            raise InvalidArgumentError(f"{method!r} is not a scan of the TaskManager ({', '.join(_SCAN_RPCS)})")
+        attempts = [0]
+        address = ""
+
+        def open_stream() -> tuple[Iterator[tm_pb.ScanChunk], tm_pb.ScanChunk | None]:
+            nonlocal address
+            attempts[0] += 1
+            routing = self._routing_for(job_id, pinned, refresh=attempts[0] > 1)
             _refuse_stopped(routing)
             address = routing.operator(operator_id).addresses[subtask]
             request.target.routing_version = routing.version
             try:
-                stream = getattr(self._stub(address), method)(request, timeout=self.settings.timeout_s * 10)
-                first = True
-                for chunk in stream:
-                    first = False
-                    yield chunk
-                return
+                stream = iter(rpc(self._stub(address))(request, timeout=self.settings.timeout_s * 10))
+                return stream, next(stream, None)
             except grpc.RpcError as exc:
-                error = from_rpc_error(exc, f"{method} on TaskManager {address}")
-                if (
-                    first
-                    and isinstance(error, (StaleRoutingError, UnavailableError))
-                    and attempt < self.settings.max_attempts
-                ):
-                    time.sleep(self.settings.backoff_s)
-                    continue
-                raise error from exc
+                raise from_rpc_error(exc, f"{method} on TaskManager {address}") from exc
 
-    def subtask_of(self, job_id: str, operator_id: str, key: bytes) -> int:
+        constant = RetryPolicy(
+            max_attempts=self.settings.max_attempts,
+            initial_backoff_s=self.settings.backoff_s,
+            multiplier=1.0,
+            jitter=0.0,
+        )
+        stream, first = call_with_retries(
+            open_stream,
+            what=f"{method} of {job_id}/{operator_id} subtask {subtask}",
+            policy=constant,
+            waiter=self._waiter,
+            is_transient=_is_retryable_stream_error,
+            clock=self._clock,
+            log_level=logging.DEBUG,
+        )
+        if first is None:
+            return
+        yield first
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, f"{method} on TaskManager {address}") from exc
+
+    def subtask_of(self, job_id: JobId | str, operator_id: OperatorId | str, key: bytes) -> int:
         routing = self.routing(job_id)
         _refuse_stopped(routing)
         routes = routing.operator(operator_id)
         return routes.subtask_of[(_xxh64(key, HASH_SEED) & 0xFFFFFFFF) % routing.max_parallelism]
 
     def close(self) -> None:
+        """Close every channel; a retry waiting out its backoff ends at once (the default waiter)."""
+        self._closing.set()
         with self._lock:
             channels = list(self._channels.values())
             self._channels.clear()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from keyedstate.common.config import options
+
 REDACTED = "******"
 
 _SENSITIVE_WORDS = (
@@ -56,8 +58,6 @@ def is_secret_key(key: str, secret_keys: Iterable[str] = ()) -> bool:
 
 def declared_secret_keys() -> frozenset[str]:
     """The keys (and legacy keys) of every option marked ``secret``."""
-    from keyedstate.common.config import options
-
     keys: set[str] = set()
     for option in options.ALL:
         if option.secret:

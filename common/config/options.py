@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from keyedstate.common.config._configuration import (
+from keyedstate.common.config._option import ConfigOption
+from keyedstate.common.config._parsers import (
     bool_parser,
     duration_parser,
     enum_parser,
@@ -23,7 +24,6 @@ from keyedstate.common.config._configuration import (
     port_range_parser,
     string_parser,
 )
-from keyedstate.common.config._option import ConfigOption
 
 ALL: list[ConfigOption[Any]] = []
 

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from keyedstate.common.errors import ConfigError, UnavailableError
+from keyedstate.common.rpc.bearer import BearerTokenInterceptor
 from keyedstate.common.rpc.decoding import MalformedRequestInterceptor
 from keyedstate.common.security.tls import ChannelSecurity
 
@@ -80,8 +81,6 @@ def open_channel(
         )
     if token is None:
         return channel
-    from keyedstate.common.auth import BearerTokenInterceptor
-
     return grpc.intercept_channel(channel, BearerTokenInterceptor(token))
 
 

@@ -51,6 +51,7 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.auth import resolve_token
 from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
+from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import (
     CheckpointError,
@@ -62,6 +63,7 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
+from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.enums import name_of
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
@@ -212,6 +214,8 @@ class KeyedStateRuntime:
         security: ChannelSecurity | None = None,
         token_file: str | None = None,
         executor_token_file: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        waiter: Waiter | None = None,
     ) -> None:
         """Submit (or attach to) the job. A job already running keeps its current definition: a
         restarted driver adopts a parallelism changed by a rescale.
@@ -224,14 +228,20 @@ class KeyedStateRuntime:
         role admin on the job. The executors' token (role writer is enough) is the file
         ``executor_token_file``, shipped to them, or the file named by the Spark conf key
         ``spark.keyedstate.tokenFile`` (shipped with ``spark-submit --files``).
+
+        ``clock`` and ``waiter`` time the batches' deadlines and waits (tests inject fakes); the
+        default waiter is released by :meth:`close`.
         """
         self.jobmanager = jobmanager
+        self.clock = clock
+        self._closing = threading.Event()
+        self.waiter: Waiter = waiter if waiter is not None else self._closing
         self.job_id = job_id
         self.operators = list(operators)
         self.security = security
         self.executor_token_file = executor_token_file
         self._executor_token: tuple[str | None] | None = None
-        self.client = StateClient(jobmanager, security=security, token=resolve_token(token_file))
+        self.client = StateClient(jobmanager, security=security, token=resolve_token(token_file), clock=clock)
         routing = self.client.submit_job(
             job_id, self.operators, max_parallelism=max_parallelism, restore_path=restore_path, config=job_config
         )
@@ -310,7 +320,43 @@ class KeyedStateRuntime:
         return self._executor_token[0]
 
     def close(self) -> None:
+        """Close the driver's client; a batch waiting to try again gives up at once."""
+        self._closing.set()
         self.client.close()
+
+
+class _TryAgain(Exception):
+    """Internal: the batch is not durable yet; ``wait``: the cluster is not ready, so pause before the next pass."""
+
+    def __init__(self, reason: str, wait: bool) -> None:
+        super().__init__(reason)
+        self.wait = wait
+
+
+def _is_try_again(exc: BaseException) -> bool:
+    return isinstance(exc, _TryAgain)
+
+
+def _is_try_again_now(exc: BaseException) -> bool:
+    """A re-run or a new commit goes at once: what failed has already taken its time."""
+    return isinstance(exc, _TryAgain) and not exc.wait
+
+
+@dataclass
+class _BatchAttempt:
+    """Where one ``foreachBatch`` call stands across its passes."""
+
+    batch_id: int
+    query_id: str
+    deadline_ms: int
+    runs: int = 0
+    tasks_s: float = 0.0
+    commit_s: float = 0.0
+    last: str = "none"
+
+    def again(self, reason: str, *, wait: bool = False) -> _TryAgain:
+        self.last = reason
+        return _TryAgain(reason, wait)
 
 
 class _BatchRunner:
@@ -332,94 +378,122 @@ class _BatchRunner:
         self._run_exactly_once(df, batch_id, _query_id(df), started)
 
     def _run_exactly_once(self, df: Any, batch_id: int, query_id: str, started: float) -> None:
+        """Run the batch until a completed checkpoint holds it, within ``batch_timeout_s`` and ``max_batch_attempts`` runs."""
+        clock, options = self._rt.clock, self._o
+        attempt = _BatchAttempt(batch_id, query_id, clock.monotonic_ms() + int(options.batch_timeout_s * 1000))
+        policy = RetryPolicy(
+            max_attempts=2**31,
+            initial_backoff_s=_WAIT_S,
+            multiplier=1.0,
+            jitter=0.0,
+            deadline_s=options.batch_timeout_s,
+        )
+        try:
+            response, start = call_with_retries(
+                lambda: self._try_batch(df, attempt),
+                what=f"job {self._rt.job_id}: batch {batch_id}",
+                policy=policy,
+                waiter=self._rt.waiter,
+                is_transient=_is_try_again,
+                immediate=_is_try_again_now,
+                clock=clock,
+                log_level=logging.DEBUG,
+            )
+        except _TryAgain:
+            raise BatchTimeoutError(
+                f"job {self._rt.job_id!r}: batch {batch_id} did not become durable within {options.batch_timeout_s:.0f} s "
+                f"(batch_timeout_s) after {attempt.runs} run(s); the last reason: {attempt.last}"
+            ) from None
+        skipped = start.action == jm_pb.ALREADY_COMMITTED and attempt.runs == 0
+        if skipped:
+            logger.info(
+                "job %s: batch %d (epoch %d) was already committed; it is durable",
+                self._rt.job_id,
+                batch_id,
+                start.epoch,
+            )
+        self._done(batch_id, started, attempt.tasks_s, attempt.commit_s, response.checkpoint, skipped=skipped)
+
+    def _try_batch(self, df: Any, attempt: _BatchAttempt) -> tuple[jm_pb.CommitEpochResponse, jm_pb.BeginBatchResponse]:
+        """One pass: where the batch stands, its Spark job when it must run, the commit; _TryAgain otherwise."""
+        rt, job_id, batch_id = self._rt, self._rt.job_id, attempt.batch_id
+        try:
+            start = rt.client.begin_batch(job_id, attempt.query_id, batch_id)
+        except (UnavailableError, JobStateError) as exc:
+            raise attempt.again(f"the JobManager did not answer BeginBatch: {exc.message}", wait=True) from exc
+        if start.action == jm_pb.STOP:
+            raise JobStateError(
+                f"job {job_id!r} is {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause or 'no cause recorded'}; the query stops "
+                f"at batch {batch_id} (restore the job from its latest checkpoint to go on)"
+            )
+        if start.action == jm_pb.WAIT:
+            raise attempt.again(f"job {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause}", wait=True)
+        winners = self._run_batch_job(df, start, attempt) if start.action == jm_pb.RUN else []
+        # (not RUN: the state holds the batch already; only make it durable)
+        return self._commit(start, winners, attempt), start
+
+    def _run_batch_job(
+        self, df: Any, start: jm_pb.BeginBatchResponse, attempt: _BatchAttempt
+    ) -> list[pb.PartitionAttempt]:
+        if attempt.runs >= self._o.max_batch_attempts:
+            raise BatchTimeoutError(
+                f"job {self._rt.job_id!r}: batch {attempt.batch_id} ran {attempt.runs} times (max_batch_attempts) "
+                f"without becoming durable; the last reason: {attempt.last}"
+            )
+        attempt.runs += 1
+        self._rt.batch_attempts += 1
+        t0 = time.perf_counter()
+        try:
+            return self._run_tasks(df, attempt.batch_id, start, Routing.from_proto(start.routing))
+        except Exception as exc:
+            cause = _state_path_cause(exc)
+            if cause is None:
+                raise  # the user's code failed: Spark reports it as the query's error
+            last = f"a task failed on the state path ({cause})"
+            logger.warning(
+                "job %s: batch %d run %d: %s; running it again", self._rt.job_id, attempt.batch_id, attempt.runs, last
+            )
+            raise attempt.again(last) from exc
+        finally:
+            attempt.tasks_s += time.perf_counter() - t0
+
+    def _commit(
+        self, start: jm_pb.BeginBatchResponse, winners: list[pb.PartitionAttempt], attempt: _BatchAttempt
+    ) -> jm_pb.CommitEpochResponse:
         rt, job_id = self._rt, self._rt.job_id
-        deadline = time.monotonic() + self._o.batch_timeout_s
-        runs = 0
-        tasks_s = commit_s = 0.0
-        last = "none"
-        while True:
-            if time.monotonic() >= deadline:
-                raise BatchTimeoutError(
-                    f"job {job_id!r}: batch {batch_id} did not become durable within {self._o.batch_timeout_s:.0f} s "
-                    f"(batch_timeout_s) after {runs} run(s); the last reason: {last}"
-                )
-            try:
-                start = rt.client.begin_batch(job_id, query_id, batch_id)
-            except (UnavailableError, JobStateError) as exc:
-                last = f"the JobManager did not answer BeginBatch: {exc.message}"
-                time.sleep(_WAIT_S)
-                continue
-            if start.action == jm_pb.STOP:
-                raise JobStateError(
-                    f"job {job_id!r} is {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause or 'no cause recorded'}; the query stops "
-                    f"at batch {batch_id} (restore the job from its latest checkpoint to go on)"
-                )
-            if start.action == jm_pb.WAIT:
-                last = f"job {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause}"
-                time.sleep(_WAIT_S)
-                continue
-            if start.action == jm_pb.RUN:
-                if runs >= self._o.max_batch_attempts:
-                    raise BatchTimeoutError(
-                        f"job {job_id!r}: batch {batch_id} ran {runs} times (max_batch_attempts) without becoming "
-                        f"durable; the last reason: {last}"
-                    )
-                runs += 1
-                rt.batch_attempts += 1
-                t0 = time.perf_counter()
-                try:
-                    winners = self._run_tasks(df, batch_id, start, Routing.from_proto(start.routing))
-                except Exception as exc:
-                    cause = _state_path_cause(exc)
-                    if cause is None:
-                        raise  # the user's code failed: Spark reports it as the query's error
-                    last = f"a task failed on the state path ({cause})"
-                    logger.warning("job %s: batch %d run %d: %s; running it again", job_id, batch_id, runs, last)
-                    continue
-                finally:
-                    tasks_s += time.perf_counter() - t0
-            else:
-                winners = []  # the state holds the batch already: only make it durable
-            t1 = time.perf_counter()
-            try:
-                response = rt.client.commit_epoch(
-                    job_id,
-                    start.epoch,
-                    winners,
-                    query_id=query_id,
-                    batch_id=batch_id,
-                    expected_routing_version=start.routing.version,
-                    checkpoint=self._o.checkpoint,
-                    wait_for_checkpoint=True,
-                    timeout_s=max(1.0, deadline - time.monotonic()),
-                )
-            except EpochGapError:
-                raise
-            except (EpochConflictError, JobStateError, UnavailableError, CheckpointError) as exc:
-                last = exc.message
-                logger.warning(
-                    "job %s: batch %d (epoch %d): %s; trying again", job_id, batch_id, start.epoch, exc.message
-                )
-                continue
-            finally:
-                commit_s += time.perf_counter() - t1
-            cp = response.checkpoint
-            if (
-                not response.HasField("checkpoint")
-                or cp.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
-                or cp.epoch < start.epoch
-            ):
-                # Defence in depth: the JobManager answers only with a completed checkpoint.
-                last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({name_of(jm_pb.CheckpointStatus, cp.status)})"
-                logger.error("job %s: batch %d: %s", job_id, batch_id, last)
-                continue
-            skipped = start.action == jm_pb.ALREADY_COMMITTED and runs == 0
-            if skipped:
-                logger.info(
-                    "job %s: batch %d (epoch %d) was already committed; it is durable", job_id, batch_id, start.epoch
-                )
-            self._done(batch_id, started, tasks_s, commit_s, cp, skipped=skipped)
-            return
+        t1 = time.perf_counter()
+        try:
+            response = rt.client.commit_epoch(
+                job_id,
+                start.epoch,
+                winners,
+                query_id=attempt.query_id,
+                batch_id=attempt.batch_id,
+                expected_routing_version=start.routing.version,
+                checkpoint=self._o.checkpoint,
+                wait_for_checkpoint=True,
+                timeout_s=max(1.0, (attempt.deadline_ms - rt.clock.monotonic_ms()) / 1000.0),
+            )
+        except EpochGapError:
+            raise
+        except (EpochConflictError, JobStateError, UnavailableError, CheckpointError) as exc:
+            logger.warning(
+                "job %s: batch %d (epoch %d): %s; trying again", job_id, attempt.batch_id, start.epoch, exc.message
+            )
+            raise attempt.again(exc.message) from exc
+        finally:
+            attempt.commit_s += time.perf_counter() - t1
+        cp = response.checkpoint
+        if (
+            not response.HasField("checkpoint")
+            or cp.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
+            or cp.epoch < start.epoch
+        ):
+            # Defence in depth: the JobManager answers only with a completed checkpoint.
+            last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({name_of(jm_pb.CheckpointStatus, cp.status)})"
+            logger.error("job %s: batch %d: %s", job_id, attempt.batch_id, last)
+            raise attempt.again(last)
+        return response
 
     def _done(
         self, batch_id: int, started: float, tasks_s: float, commit_s: float, checkpoint: Any, skipped: bool = False

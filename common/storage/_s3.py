@@ -220,7 +220,7 @@ class S3Storage(FsspecStorage):
             )
         if isinstance(exc, PermissionError):
             return "S3 denied access; check the credentials (s3.access-key / AWS_ACCESS_KEY_ID) and the bucket policy"
-        if isinstance(exc, _NETWORK_ERRORS) or isinstance(exc, (ConnectionError, TimeoutError)):
+        if isinstance(exc, (*_NETWORK_ERRORS, ConnectionError, TimeoutError)):
             endpoint = (
                 self._options.get("endpoint_url") or getattr(self._fs, "endpoint_url", None) or "the AWS S3 endpoint"
             )

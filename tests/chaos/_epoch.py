@@ -678,7 +678,7 @@ class EpochChaosRun:
         else:
             recorded = spark_log.committed_batches(self.pipeline.spark_checkpoint)
             last = max(recorded) if recorded else -1
-            listing = self.pipeline.client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=self.pipeline.job_id))
+            listing = self.pipeline.client.list_checkpoints(self.pipeline.job_id)
             older = sorted(
                 (c.epoch, c.path)
                 for c in listing.checkpoints

@@ -45,9 +45,8 @@ TOLERANT = {"execution.checkpointing.tolerable-failed-checkpoints": "10"}
 
 
 def _list_checkpoints(client: Any) -> dict[int, Any]:
-    from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 
-    listing = client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=JOB))
+    listing = client.list_checkpoints(JOB)
     return {c.checkpoint_id: c for c in listing.checkpoints}
 
 

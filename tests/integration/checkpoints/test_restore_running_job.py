@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from keyedstate.cli import statectl
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common.cli import statectl
 from keyedstate.common.client import StateClient
 from keyedstate.common.errors import IncompatibleCheckpointError, InvalidArgumentError, KeyedStateError
 from tests.integration.checkpoints.conftest import (

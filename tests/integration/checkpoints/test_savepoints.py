@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from keyedstate.cli.statectl import main as statectl
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common.cli.statectl import main as statectl
 from keyedstate.common.config import Configuration
 from keyedstate.common.storage import open_storage
 from tests.fixtures.s3 import boto3_client

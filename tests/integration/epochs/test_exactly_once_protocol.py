@@ -142,9 +142,7 @@ def test_a_pinned_scope_refuses_to_write_after_a_redeploy_and_its_commit_is_refu
     start, scope = begin(client, "q1", 0)
     old = start.routing.version
     total(client, scope).put_many(KEYS, [1] * len(KEYS))
-    new = client._jm_call(
-        "RescaleJob", jm_pb.RescaleJobRequest(job_id=JOB, parallelism={"": 3}), timeout=60, retry=False
-    ).version
+    new = client.rescale_job(JOB, 3, timeout_s=60).version
     assert new > old
 
     # The client still holds the old table: the slots refuse the old version, and the task fails.
@@ -208,7 +206,11 @@ def test_a_batch_past_a_gap_is_refused_and_a_stale_commit_is_refused(cluster: In
 def test_an_already_committed_batch_is_only_made_durable(cluster: InProcessCluster) -> None:
     client = cluster.client()
     first = run_batch(client, "q1", 0, 7, checkpoint=False, wait_for_checkpoint=False)
-    assert (first.committed_epoch, first.already_committed, first.checkpoint.status) == (0, False, jm_pb.CHECKPOINT_STATUS_UNSPECIFIED)
+    assert (first.committed_epoch, first.already_committed, first.checkpoint.status) == (
+        0,
+        False,
+        jm_pb.CHECKPOINT_STATUS_UNSPECIFIED,
+    )
     assert (client.job_info(JOB).committed_epoch, client.job_info(JOB).durable_epoch) == (0, -1)
 
     # The driver died after the commit; the batch runs again from BeginBatch.

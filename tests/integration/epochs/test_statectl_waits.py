@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from keyedstate.common.cli.statectl import main
+from keyedstate.cli.statectl import main
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import UnavailableError
 from tests.fixtures.cluster import InProcessCluster

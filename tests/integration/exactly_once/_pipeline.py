@@ -365,7 +365,7 @@ class ExactlyOncePipeline:
     def statectl(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run the ``statectl`` console script against this cluster."""
         script = Path(sys.executable).parent / "statectl"
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "keyedstate.common.cli.statectl"]
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "keyedstate.cli.statectl"]
         return subprocess.run(
             [*command, *args, "--jobmanager", self.address],
             capture_output=True,

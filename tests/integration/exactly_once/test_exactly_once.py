@@ -337,7 +337,7 @@ BIG_STATE = {"state.backend.rocksdb.writebuffer.size": "4 mb", **FAST_RESTARTS}
 
 def _checkpoints(pipeline: ExactlyOncePipeline) -> list[Any]:
     """``statectl checkpoint list``'s source: every checkpoint the JobManager remembers, newest first."""
-    return list(pipeline.client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=pipeline.job_id)).checkpoints)
+    return list(pipeline.client.list_checkpoints(pipeline.job_id).checkpoints)
 
 
 def _wait_for_epoch_checkpoint(
@@ -414,12 +414,7 @@ def test_12_rescale_requested_during_an_inflight_checkpoint_waits_for_it(exo_pip
         checkpoint = _wait_for_epoch_checkpoint(pipeline, last_id, run)
         assert checkpoint is not None, f"the query ended before rescale {len(results) + 1}: {run.wait(0).describe()}"
         try:
-            table = pipeline.client._jm_call(
-                "RescaleJob",
-                jm_pb.RescaleJobRequest(job_id=pipeline.job_id, parallelism={"": parallelism}),
-                timeout=120,
-                retry=False,
-            )
+            table = pipeline.client.rescale_job(pipeline.job_id, parallelism, timeout_s=120)
             results.append(
                 (
                     True,

@@ -18,7 +18,6 @@ import pytest
 import rocksdict
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.errors import IncompatibleCheckpointError
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
@@ -161,7 +160,7 @@ def test_statectl_refuses_a_rescale_beyond_the_free_slots_and_the_job_keeps_runn
     from keyedstate.common.errors import CapacityError
 
     with pytest.raises(CapacityError, match="needs 5 slots"):
-        client._jm_call("RescaleJob", jm_pb.RescaleJobRequest(job_id=job, parallelism={"": 5}), retry=False)
+        client.rescale_job(job, 5)
     # Refused before anything was released: the job runs on at its old parallelism.
     assert client.job_info(job).status == pb.JOB_STATUS_RUNNING
     writer.run(3)

@@ -27,7 +27,7 @@ S3_SECRET = "s3-SECRET-VALUE-9c1d5a"
 def _statectl(*args: str, token_file: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KEYEDSTATE_TOKEN_FILE": token_file}
     return subprocess.run(
-        [sys.executable, "-m", "keyedstate.common.cli.statectl", *args],
+        [sys.executable, "-m", "keyedstate.cli.statectl", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -352,7 +352,7 @@ def test_a_bad_certificate_stops_the_daemon_process_with_exit_2(pki: Pki, tmp_pa
 
 
 def test_statectl_over_tls(inprocess_cluster: Any, pki: Pki, capsys: pytest.CaptureFixture[str]) -> None:
-    from keyedstate.common.cli import statectl
+    from keyedstate.cli import statectl
 
     cluster = _tls_cluster(inprocess_cluster, pki, taskmanagers=1)
     base = ["cluster", "--json", "--jobmanager", cluster.address]

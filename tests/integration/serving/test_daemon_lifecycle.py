@@ -136,7 +136,7 @@ def test_taskmanager_reregisters_by_itself_after_a_jobmanager_restart(process_cl
         [
             sys.executable,
             "-m",
-            "keyedstate.common.cli.statectl",
+            "keyedstate.cli.statectl",
             "cluster",
             "--json",
             "--jobmanager",

@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.serving._support import JOB, OPERATOR, free_port, operators, run_module
 
-STATECTL = "keyedstate.common.cli.statectl"
+STATECTL = "keyedstate.cli.statectl"
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from keyedstate.common.cli import statectl
+from keyedstate.cli import statectl
 from keyedstate.common.config import options
 
 
@@ -89,7 +89,7 @@ def test_config_docs_prints_every_key_once(capsys: pytest.CaptureFixture[str]) -
 
 def test_config_docs_through_the_entry_point() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "keyedstate.common.cli.statectl", "config", "docs"],
+        [sys.executable, "-m", "keyedstate.cli.statectl", "config", "docs"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -10,7 +10,7 @@ import pytest
 
 from keyedstate.common.config import Configuration, parse_duration_ms, parse_memory_bytes
 from keyedstate.common.config import options as o
-from keyedstate.common.config._configuration import bool_parser, enum_parser, int_parser, port_range_parser
+from keyedstate.common.config._parsers import bool_parser, enum_parser, int_parser, port_range_parser
 from keyedstate.common.errors import ConfigError, Reason
 
 CONFIG_LOGGER = "keyedstate.common.config._configuration"

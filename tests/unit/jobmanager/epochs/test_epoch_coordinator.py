@@ -45,8 +45,8 @@ from keyedstate.jobmanager.checkpoint import (
     CheckpointFailureReason as R,
 )
 from keyedstate.jobmanager.epochs.coordinator import BatchAction, EpochCommit, EpochCoordinator
-from keyedstate.jobmanager.lineage import LineageEntry
 from keyedstate.jobmanager.jobs import Job, JobSpec, JobStatus
+from keyedstate.jobmanager.lineage import LineageEntry
 from keyedstate.jobmanager.scheduling import SlotAssignment
 from tests.fakes.clock import ManualClock
 from tests.fakes.scheduler import ManualScheduler

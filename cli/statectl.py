@@ -163,15 +163,8 @@ def cmd_job(args: argparse.Namespace) -> int:
             if not args.parallelism:
                 raise InvalidArgumentError("statectl job rescale needs --parallelism N")
             _check_rescale_capacity(client, args.job, args.parallelism)
-            from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-
-            table = client._jm_call(
-                "RescaleJob",
-                jm_pb.RescaleJobRequest(job_id=args.job, parallelism={"": args.parallelism}),
-                timeout=args.timeout,
-                retry=False,
-            )
-            print(f"job {args.job} rescaled to parallelism {args.parallelism} (routing v{table.version})")
+            routing = client.rescale_job(args.job, args.parallelism, timeout_s=args.timeout)
+            print(f"job {args.job} rescaled to parallelism {args.parallelism} (routing v{routing.version})")
     return 0
 
 
@@ -204,9 +197,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
             info = client.trigger_checkpoint(args.job, wait=not args.no_wait, timeout_s=args.timeout)
             return _report_checkpoint(info, args.json, waited=not args.no_wait)
         if args.action == "list":
-            from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-
-            listing = client._jm_call("ListCheckpoints", jm_pb.JobRequest(job_id=args.job))
+            listing = client.list_checkpoints(args.job)
             if args.json:
                 _print_json(listing)
             else:
