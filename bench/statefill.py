@@ -94,38 +94,37 @@ def moto_s3(workdir: Path, *, nice: int = 10) -> Iterator[S3Endpoint]:
     binary = Path(sys.executable).with_name("moto_server")
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
-    log = open(workdir / "moto.log", "ab")
-    env = {**os.environ, "TMPDIR": str(workdir)}  # spilled object bodies go to the scenario's workdir
+    with open(workdir / "moto.log", "ab") as log:
+        env = {**os.environ, "TMPDIR": str(workdir)}  # spilled object bodies go to the scenario's workdir
 
-    def lower_priority() -> None:
-        os.nice(nice)
+        def lower_priority() -> None:
+            os.nice(nice)
 
-    proc = subprocess.Popen(
-        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=log,
-        env=env,
-        preexec_fn=lower_priority if nice else None,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"moto_server did not start on port {port}; see {workdir / 'moto.log'}"
-                    ) from None
-                time.sleep(0.1)
-        endpoint = S3Endpoint(f"http://127.0.0.1:{port}", "bench", proc.pid)
-        endpoint.s3fs().call_s3("create_bucket", Bucket=endpoint.bucket)
-        yield endpoint
-    finally:
-        stop_process(proc)
-        log.close()
+        proc = subprocess.Popen(
+            [str(binary), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=log,
+            env=env,
+            preexec_fn=lower_priority if nice else None,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"moto_server did not start on port {port}; see {workdir / 'moto.log'}"
+                        ) from None
+                    time.sleep(0.1)
+            endpoint = S3Endpoint(f"http://127.0.0.1:{port}", "bench", proc.pid)
+            endpoint.s3fs().call_s3("create_bucket", Bucket=endpoint.bucket)
+            yield endpoint
+        finally:
+            stop_process(proc)
 
 
 class _BenchCluster(MiniCluster):

@@ -10,6 +10,7 @@ load; the ratio is TLS keys/s over plaintext keys/s.
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 from pathlib import Path
@@ -99,13 +100,17 @@ def run(ctx: BenchContext) -> ScenarioResult:
     ):
         for _ in range(sizes.repeats):
             for label, state, pid in (("plain", plain, plain_pid), ("tls", tls, tls_pid)):
-                rates[f"{label} put"].append(timed(f"{label} put", pid, lambda: client_put(state, keys, values)))
+                rates[f"{label} put"].append(
+                    timed(f"{label} put", pid, functools.partial(client_put, state, keys, values))
+                )
             for label, state, pid in (("plain", plain, plain_pid), ("tls", tls, tls_pid)):
                 rates[f"{label} get"].append(
                     timed(
                         f"{label} get",
                         pid,
-                        lambda: check_values(client_get(state, keys), values, f"the {label} client"),
+                        lambda state=state, label=label: check_values(
+                            client_get(state, keys), values, f"the {label} client"
+                        ),
                     )
                 )
     pair = lambda a, b: statistics.median(x / y for x, y in zip(rates[a], rates[b]))  # noqa: E731

@@ -53,7 +53,8 @@ class _Progress:
     """Appends one JSON line per event to ``progress.jsonl`` (flushed and fsynced: the harness tails it)."""
 
     def __init__(self, path: Path, incarnation: int) -> None:
-        self._f = open(path, "a", encoding="utf-8")
+        # Held open for the driver process's life, which ends by exit or SIGKILL; each line is fsynced.
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
         self.incarnation = incarnation
 

@@ -448,7 +448,7 @@ class ChaosCluster:
     def statectl(self, *args: str, timeout_s: float = 120.0, attempts: int = 3) -> Any:
         """``statectl ARGS`` against the cluster; tried again while the JobManager does not answer."""
         done = None
-        for attempt in range(attempts):
+        for _attempt in range(attempts):
             try:
                 done = self.pipeline.statectl(*args, timeout_s=timeout_s)
             except Exception as exc:  # subprocess timeout

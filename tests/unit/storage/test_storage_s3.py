@@ -114,7 +114,7 @@ def test_urls_s3_storage_does_not_serve_are_refused(url: str, s3_config: Configu
 def test_delete_dir_refuses_a_bucket_root_and_keeps_the_bucket(
     s3_bucket: tuple[str, str], s3_config: Configuration
 ) -> None:
-    endpoint, bucket = s3_bucket
+    _endpoint, bucket = s3_bucket
     storage = open_storage(f"s3://{bucket}", s3_config)
     storage.write_bytes(f"s3://{bucket}/keep", b"1")
     with pytest.raises(InvalidArgumentError):

@@ -386,7 +386,7 @@ def test_retention_deletes_subsumed_dirs_and_only_unreferenced_shared_files(make
 
 def test_retaining_one_checkpoint_keeps_the_files_it_shares_with_the_subsumed_one(make_harness: Any) -> None:
     h = make_harness(num_retained=1)
-    for cid in range(1, 5):
+    for _ in range(1, 5):
         h.coordinator.trigger()
         latest = h.coordinator.latest_completed()
         verify_files_exist(h.storage, latest.metadata, latest.external_path)

@@ -150,7 +150,7 @@ def test_a_newer_jobmanager_fences_the_older_one(storage, tmp_path: Path) -> Non
     with pytest.raises(LeadershipLostError, match="replaced by session 2"):
         old.check()
     # Older sessions are cleaned up, a few kept for post-mortems.
-    for i in range(6):
+    for _ in range(6):
         LeadershipLease(storage, directory, "x").acquire()
     assert len(list(storage.list(directory))) <= 4
 

@@ -27,6 +27,7 @@ from keyedstate.taskmanager.state.metadata import META_CF
 from tests.fakes.clock import ManualClock
 
 MP = 128
+ALL_KEY_GROUPS = KeyGroupRange(0, MP - 1)
 SUBTASK = SubtaskId("job", "op", 0)
 STATES = (StateDescriptor("v", StateKind.VALUE), StateDescriptor("l", StateKind.LIST))
 
@@ -48,7 +49,7 @@ def open_rocks(
     local: Path,
     clock: ManualClock,
     opened: list[KeyedStateBackend],
-    key_groups: KeyGroupRange = KeyGroupRange(0, MP - 1),
+    key_groups: KeyGroupRange = ALL_KEY_GROUPS,
     states: tuple[StateDescriptor, ...] = STATES,
     mp: int = MP,
 ) -> KeyedStateBackend:
@@ -144,7 +145,7 @@ def test_list_sequence_numbers_continue_after_reopen(
         access_type=rocksdict.AccessType.read_only(False),
     )
     cf = raw.get_column_family("l")
-    seqs = [layout.decode_key(k).seq for k in cf.keys()]
+    seqs = [layout.decode_key(k).seq for k in cf.keys()]  # noqa: SIM118 - a column family is not iterable
     del cf
     raw.close()
     assert seqs == [0, 1, 2]
