@@ -160,7 +160,7 @@ STATE = "v"
 
 def submit(
     client: StateClient, *, job_id: str = JOB, restore_path: str = "", config: dict[str, Any] | None = None
-) -> ValueState:
+) -> ValueState[bytes, bytes]:
     """Submit the one-slot job with one ValueState of raw bytes; return its handle."""
     ops = [OperatorSpec(OPERATOR, 1, (StateDescriptor(STATE, StateKind.VALUE),))]
     client.submit_job(
@@ -206,7 +206,7 @@ class StateFiller:
         raw = random.Random((self.seed * 7919 + chunk) * 131 + version).randbytes(size * n)
         return [raw[i : i + size] for i in range(0, len(raw), size)]
 
-    def fill_to(self, state: ValueState, total_bytes: int) -> float:
+    def fill_to(self, state: ValueState[bytes, bytes], total_bytes: int) -> float:
         """Write chunks until about ``total_bytes`` of keys and values are stored; returns seconds."""
         t0 = time.perf_counter()
         while self.bytes_written < total_bytes:
@@ -214,7 +214,7 @@ class StateFiller:
             self.chunks += 1
         return time.perf_counter() - t0
 
-    def rewrite_fraction(self, state: ValueState, fraction: float, version: int) -> int:
+    def rewrite_fraction(self, state: ValueState[bytes, bytes], fraction: float, version: int) -> int:
         """Give a new value to the first ``fraction`` of every chunk's keys; returns keys changed."""
         per_chunk = max(1, int(CHUNK_KEYS * fraction))
         changed = 0
@@ -239,7 +239,7 @@ class RssSampler:
     def sample(self) -> int:
         import psutil
 
-        rss = psutil.Process(self.pid).memory_info().rss
+        rss: int = psutil.Process(self.pid).memory_info().rss  # psutil publishes no types
         self.peak = max(self.peak, rss)
         self.samples.append((time.monotonic(), rss))
         return rss
@@ -266,7 +266,9 @@ class ServingLoad:
     """Batched multi-gets over the whole key space and multi-puts over the ``hot`` prefix of
     each chunk, from one client thread; counts keys served."""
 
-    def __init__(self, state: ValueState, filler: StateFiller, hot_fraction: float, batch: int = 1000) -> None:
+    def __init__(
+        self, state: ValueState[bytes, bytes], filler: StateFiller, hot_fraction: float, batch: int = 1000
+    ) -> None:
         self.state = state
         self.filler = filler
         self.batch = batch
@@ -350,7 +352,8 @@ class TaskManagerMetrics:
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            return answer.read().decode()
+            text: str = answer.read().decode()
+            return text
 
     def scrape(self) -> dict[str, float]:
         """Every sample of the TaskManager, by name (labels dropped; one slot, so no clash)."""

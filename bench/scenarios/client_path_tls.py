@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,8 @@ from bench.scenarios.client_path import (
     client_put,
     cluster_state,
     dataset,
+    pair_ratio,
+    spread,
 )
 
 logger = logging.getLogger(__name__)
@@ -113,9 +114,8 @@ def run(ctx: BenchContext) -> ScenarioResult:
                         ),
                     )
                 )
-    pair = lambda a, b: statistics.median(x / y for x, y in zip(rates[a], rates[b]))  # noqa: E731
-    put_ratio, get_ratio = pair("tls put", "plain put"), pair("tls get", "plain get")
-    spread = lambda rs: f"runs: {', '.join(f'{r / 1e3:.0f}k' for r in rs)}"  # noqa: E731
+    put_ratio = pair_ratio(rates["tls put"], rates["plain put"])
+    get_ratio = pair_ratio(rates["tls get"], rates["plain get"])
     measurements = [Measurement(f"client batched {k}", max(v), "keys/s", spread(v)) for k, v in rates.items()]
     ratios = [
         Ratio("TLS put / plaintext put", put_ratio, TARGET, ">=", "median of alternating pairs"),
