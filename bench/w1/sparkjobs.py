@@ -59,7 +59,7 @@ def start_session(workdir: Path, settings: SparkSettings) -> Any:
     import bench.w1.executor as executor_fns
 
     # Executors cannot import the bench package (it is not installed): ship its functions by value.
-    cloudpickle.register_pickle_by_value(executor_fns)  # type: ignore[no-untyped-call]  # pyspark's cloudpickle is untyped
+    cloudpickle.register_pickle_by_value(executor_fns)
     scratch = workdir / "spark-cwd"
     scratch.mkdir(parents=True, exist_ok=True)
     previous = os.getcwd()
