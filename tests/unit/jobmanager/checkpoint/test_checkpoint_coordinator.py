@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -30,7 +30,7 @@ JOB = "job-1"
 
 def metadata_of(h: Any, checkpoint_id: int) -> dict[str, Any]:
     path = Path(h.job_dir[len("file://") :]) / f"chk-{checkpoint_id}" / "_metadata"
-    return json.loads(path.read_text(encoding="utf-8"))
+    return cast("dict[str, Any]", json.loads(path.read_text(encoding="utf-8")))
 
 
 def referenced_files(h: Any) -> set[str]:
@@ -66,7 +66,7 @@ def test_full_lifecycle_writes_metadata_last_and_notifies(make_harness: Any) -> 
     assert completed.external_path == h.job_dir + "/chk-1"
     assert h.coordinator.latest_completed() == completed
     assert h.cluster.notifications == [(1, True)]
-    assert pending.status is PendingStatus.COMPLETED
+    assert cast(PendingStatus, pending.status) is PendingStatus.COMPLETED  # the last ack moved it on
 
     meta = metadata_of(h, 1)
     assert meta["format"] == "keyedstate-checkpoint" and meta["version"] == 1
