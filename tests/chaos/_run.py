@@ -223,7 +223,8 @@ class ChaosCluster:
             hosts = {"jobmanager": self.jm_host, **{f"taskmanager-{i}": h for i, h in enumerate(self.tm_hosts)}}
 
             def placement(daemon: str) -> Placement:
-                return net.placement(hosts[daemon])
+                placed: Placement = net.placement(hosts[daemon])
+                return placed
 
         tm_env = {i: self._arm(f"taskmanager-{i}") for i in range(TASKMANAGERS)}
         jm_env = self._arm("jobmanager")
@@ -271,9 +272,12 @@ class ChaosCluster:
         return self.pipeline.cluster
 
     def process(self, daemon: str) -> DaemonProcess:
+        process: DaemonProcess
         if daemon == "jobmanager":
-            return self.cluster.jobmanager
-        return self.cluster.taskmanagers[_daemon_index(daemon)]
+            process = self.cluster.jobmanager
+        else:
+            process = self.cluster.taskmanagers[_daemon_index(daemon)]
+        return process
 
     def dump_threads(self) -> None:
         """Ask every live daemon for its threads' stacks (SIGUSR1: they land in its log), for a failed run's report."""
