@@ -28,7 +28,9 @@ check: $(STAMP) typecheck-tree
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
-		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.cli -p keyedstate.examples
+		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.cli -p keyedstate.examples \
+		-p bench -p tests.unit -p tests.contract -p tests.fixtures -p tests.fakes -p tests.model -p tests.fuzz \
+		-p tests.chaos -p tests.bench
 	PYTHONPATH=build/typecheck $(VENV)/bin/lint-imports --config pyproject.toml
 
 ## mypy and import-linter see the top-level folders under their import root (keyedstate.common, ...),
@@ -36,6 +38,7 @@ check: $(STAMP) typecheck-tree
 typecheck-tree:
 	@mkdir -p build/typecheck/keyedstate
 	@for f in common jobmanager taskmanager cli examples; do ln -sfn ../../../$$f build/typecheck/keyedstate/$$f; done
+	@for f in bench tests; do ln -sfn ../../$$f build/typecheck/$$f; done
 
 ## Rewrites the code in the house format and applies the safe lint fixes.
 format: $(STAMP)

@@ -94,38 +94,37 @@ def moto_s3(workdir: Path, *, nice: int = 10) -> Iterator[S3Endpoint]:
     binary = Path(sys.executable).with_name("moto_server")
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
-    log = open(workdir / "moto.log", "ab")
-    env = {**os.environ, "TMPDIR": str(workdir)}  # spilled object bodies go to the scenario's workdir
+    with open(workdir / "moto.log", "ab") as log:
+        env = {**os.environ, "TMPDIR": str(workdir)}  # spilled object bodies go to the scenario's workdir
 
-    def lower_priority() -> None:
-        os.nice(nice)
+        def lower_priority() -> None:
+            os.nice(nice)
 
-    proc = subprocess.Popen(
-        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=log,
-        env=env,
-        preexec_fn=lower_priority if nice else None,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"moto_server did not start on port {port}; see {workdir / 'moto.log'}"
-                    ) from None
-                time.sleep(0.1)
-        endpoint = S3Endpoint(f"http://127.0.0.1:{port}", "bench", proc.pid)
-        endpoint.s3fs().call_s3("create_bucket", Bucket=endpoint.bucket)
-        yield endpoint
-    finally:
-        stop_process(proc)
-        log.close()
+        proc = subprocess.Popen(
+            [str(binary), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=log,
+            env=env,
+            preexec_fn=lower_priority if nice else None,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"moto_server did not start on port {port}; see {workdir / 'moto.log'}"
+                        ) from None
+                    time.sleep(0.1)
+            endpoint = S3Endpoint(f"http://127.0.0.1:{port}", "bench", proc.pid)
+            endpoint.s3fs().call_s3("create_bucket", Bucket=endpoint.bucket)
+            yield endpoint
+        finally:
+            stop_process(proc)
 
 
 class _BenchCluster(MiniCluster):
@@ -161,7 +160,7 @@ STATE = "v"
 
 def submit(
     client: StateClient, *, job_id: str = JOB, restore_path: str = "", config: dict[str, Any] | None = None
-) -> ValueState:
+) -> ValueState[bytes, bytes]:
     """Submit the one-slot job with one ValueState of raw bytes; return its handle."""
     ops = [OperatorSpec(OPERATOR, 1, (StateDescriptor(STATE, StateKind.VALUE),))]
     client.submit_job(
@@ -207,7 +206,7 @@ class StateFiller:
         raw = random.Random((self.seed * 7919 + chunk) * 131 + version).randbytes(size * n)
         return [raw[i : i + size] for i in range(0, len(raw), size)]
 
-    def fill_to(self, state: ValueState, total_bytes: int) -> float:
+    def fill_to(self, state: ValueState[bytes, bytes], total_bytes: int) -> float:
         """Write chunks until about ``total_bytes`` of keys and values are stored; returns seconds."""
         t0 = time.perf_counter()
         while self.bytes_written < total_bytes:
@@ -215,7 +214,7 @@ class StateFiller:
             self.chunks += 1
         return time.perf_counter() - t0
 
-    def rewrite_fraction(self, state: ValueState, fraction: float, version: int) -> int:
+    def rewrite_fraction(self, state: ValueState[bytes, bytes], fraction: float, version: int) -> int:
         """Give a new value to the first ``fraction`` of every chunk's keys; returns keys changed."""
         per_chunk = max(1, int(CHUNK_KEYS * fraction))
         changed = 0
@@ -240,7 +239,7 @@ class RssSampler:
     def sample(self) -> int:
         import psutil
 
-        rss = psutil.Process(self.pid).memory_info().rss
+        rss: int = psutil.Process(self.pid).memory_info().rss  # psutil publishes no types
         self.peak = max(self.peak, rss)
         self.samples.append((time.monotonic(), rss))
         return rss
@@ -267,7 +266,9 @@ class ServingLoad:
     """Batched multi-gets over the whole key space and multi-puts over the ``hot`` prefix of
     each chunk, from one client thread; counts keys served."""
 
-    def __init__(self, state: ValueState, filler: StateFiller, hot_fraction: float, batch: int = 1000) -> None:
+    def __init__(
+        self, state: ValueState[bytes, bytes], filler: StateFiller, hot_fraction: float, batch: int = 1000
+    ) -> None:
         self.state = state
         self.filler = filler
         self.batch = batch
@@ -351,7 +352,8 @@ class TaskManagerMetrics:
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            return answer.read().decode()
+            text: str = answer.read().decode()
+            return text
 
     def scrape(self) -> dict[str, float]:
         """Every sample of the TaskManager, by name (labels dropped; one slot, so no clash)."""

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench.result import BenchContext, Measurement, Ratio, ScenarioResult, Series
 
@@ -124,7 +124,8 @@ class InProcessRocksDB:
         get = self.db.get
         out: list[bytes | None] = []
         for a, b in _chunks(len(keys), batch):
-            out.extend(get(keys[a:b]))
+            # rocksdict's stub takes an invariant List of every key type and returns Any | None.
+            out.extend(cast("list[bytes | None]", get(cast("list[Any]", keys[a:b]))))
         return out
 
     def close(self) -> None:
@@ -166,7 +167,9 @@ def cluster_state(
             mc.jobmanager_address, ClientSettings(batch_size=batch, max_in_flight=in_flight), security, token=token
         )
         client.submit_job(JOB, [OperatorSpec(OPERATOR, 1, (StateDescriptor(STATE, StateKind.VALUE),))])
-        state = ValueState(client, JOB, OPERATOR, STATE, key_serializer="bytes", value_serializer="bytes")
+        state: ValueState[bytes, bytes] = ValueState(
+            client, JOB, OPERATOR, STATE, key_serializer="bytes", value_serializer="bytes"
+        )
         tm = mc.taskmanagers[0].process
         assert tm is not None
         yield state, client, tm.pid
@@ -200,7 +203,7 @@ def _cpu_s(pid: int) -> float:
     import psutil
 
     t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
+    return float(t.user + t.system)  # psutil publishes no types
 
 
 def paired_rates(
@@ -223,6 +226,11 @@ def paired_rates(
         server_cpu += _cpu_s(server_pid) - s0
     total = n * repeats
     return ours_rates, base_rates, (client_cpu / total, server_cpu / total, base_cpu / total)
+
+
+def spread(rates: list[float]) -> str:
+    """Every run's keys/s, for a measurement's note."""
+    return f"runs: {', '.join(f'{r / 1e3:.0f}k' for r in rates)}"
 
 
 def pair_ratio(ours: list[float], base: list[float]) -> float:
@@ -284,7 +292,6 @@ def run(ctx: BenchContext) -> ScenarioResult:
         notes.append(PUT_PROFILE)
     if get_ratio < TARGET:
         notes.append(GET_PROFILE)
-    spread = lambda rs: f"runs: {', '.join(f'{r / 1e3:.0f}k' for r in rs)}"  # noqa: E731
     measurements += [
         Measurement("in-process rocksdict WriteBatch put", base_put, "keys/s", spread(base_put_all)),
         Measurement("in-process rocksdict multi-get", base_get, "keys/s", spread(base_get_all)),

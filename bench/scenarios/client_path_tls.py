@@ -10,8 +10,8 @@ load; the ratio is TLS keys/s over plaintext keys/s.
 
 from __future__ import annotations
 
+import functools
 import logging
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from bench.scenarios.client_path import (
     client_put,
     cluster_state,
     dataset,
+    pair_ratio,
+    spread,
 )
 
 logger = logging.getLogger(__name__)
@@ -99,18 +101,21 @@ def run(ctx: BenchContext) -> ScenarioResult:
     ):
         for _ in range(sizes.repeats):
             for label, state, pid in (("plain", plain, plain_pid), ("tls", tls, tls_pid)):
-                rates[f"{label} put"].append(timed(f"{label} put", pid, lambda: client_put(state, keys, values)))
+                rates[f"{label} put"].append(
+                    timed(f"{label} put", pid, functools.partial(client_put, state, keys, values))
+                )
             for label, state, pid in (("plain", plain, plain_pid), ("tls", tls, tls_pid)):
                 rates[f"{label} get"].append(
                     timed(
                         f"{label} get",
                         pid,
-                        lambda: check_values(client_get(state, keys), values, f"the {label} client"),
+                        lambda state=state, label=label: check_values(
+                            client_get(state, keys), values, f"the {label} client"
+                        ),
                     )
                 )
-    pair = lambda a, b: statistics.median(x / y for x, y in zip(rates[a], rates[b]))  # noqa: E731
-    put_ratio, get_ratio = pair("tls put", "plain put"), pair("tls get", "plain get")
-    spread = lambda rs: f"runs: {', '.join(f'{r / 1e3:.0f}k' for r in rs)}"  # noqa: E731
+    put_ratio = pair_ratio(rates["tls put"], rates["plain put"])
+    get_ratio = pair_ratio(rates["tls get"], rates["plain get"])
     measurements = [Measurement(f"client batched {k}", max(v), "keys/s", spread(v)) for k, v in rates.items()]
     ratios = [
         Ratio("TLS put / plaintext put", put_ratio, TARGET, ">=", "median of alternating pairs"),

@@ -127,13 +127,14 @@ def run(ctx: BenchContext) -> ScenarioResult:
     measurements: list[Measurement] = []
 
     # -- single-process baselines (no Spark, no cluster) -------------------------------------
-    for label, fn in (
+    baselines: tuple[tuple[str, Callable[[int], tuple[float, dict[int, tuple[int, int]]]]], ...] = (
         ("rocksdict in-process", lambda i: local.run_rocksdict(data, sizes.files_per_trigger, work / f"rocksdict-{i}")),
         ("pure Python", lambda i: local.run_pure_python(data, sizes.files_per_trigger)),
-    ):
+    )
+    for label, baseline in baselines:
         times = []
         for i in range(sizes.repeats):
-            seconds, final = fn(i)
+            seconds, final = baseline(i)
             _check(label, data, final)
             times.append(seconds)
         rates[label] = data.events / _best(times)
@@ -195,6 +196,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             return seconds
 
         def redis_variant(d: w1data.W1Data, tag: str) -> float:
+            assert redis_port is not None  # the variant is registered only when Redis started
             _flush_redis(redis_port)
             seconds, final = sparkjobs.run_redis(
                 spark, d, sizes.files_per_trigger, redis_port, work / f"redis-{tag}-{next(jobs)}"
@@ -360,7 +362,7 @@ def _users_per_batch(data: w1data.W1Data, files_per_trigger: int) -> list[list[i
 
 
 # -- redis-server for the Redis variant ---------------------------------------------------------
-def _flush_redis(port: int | None) -> None:
+def _flush_redis(port: int) -> None:
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 
 def preaggregate(batches: Iterable[Any]) -> Any:
@@ -51,7 +51,7 @@ def redis_update(port: int) -> Any:
             delta = np.stack([agg.column("n").to_numpy(), agg.column("total").to_numpy()], axis=1)
             for start in range(0, len(keys), _REDIS_CHUNK):
                 part = keys[start : start + _REDIS_CHUNK]
-                old = client.mget(part)
+                old = cast("list[bytes | None]", client.mget(part))  # bytes: no decode_responses
                 current = np.frombuffer(b"".join(v if v is not None else bytes(16) for v in old), dtype=">i8")
                 new = (current.reshape(-1, 2) + delta[start : start + len(part)]).astype(">i8").tobytes()
                 client.mset({k: new[i * 16 : i * 16 + 16] for i, k in enumerate(part)})
@@ -65,7 +65,7 @@ def redis_update(port: int) -> Any:
 def twsip_processor() -> Any:
     """A StatefulProcessor keeping (count, sum) in a ValueState per user."""
     import pandas as pd
-    from pyspark.sql.streaming import StatefulProcessor
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     class RunningAggregate(StatefulProcessor):
         def init(self, handle: Any) -> None:

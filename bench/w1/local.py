@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -20,7 +22,7 @@ logger = logging.getLogger(__name__)
 _VECTOR = struct.Struct(">qq")  # (count, sum), the same layout as the runtime's reducing state
 
 
-def _read(files: list[Path]):  # -> pyarrow.Table
+def _read(files: list[Path]) -> Any:  # a pyarrow.Table (pyarrow publishes no types)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -47,7 +49,9 @@ def run_rocksdict(data: W1Data, files_per_batch: int, db_dir: Path) -> tuple[flo
             keys = _int_keys(users)
             counts = agg.column("amount_count").to_pylist()
             sums = agg.column("amount_sum").to_pylist()
-            current = db.get(keys)
+            # rocksdict's stub takes an invariant List of every key type and returns Any | None;
+            # a list of keys gives a list of values (None where absent).
+            current = cast("list[bytes | None]", db.get(cast("list[Any]", keys)))
             wb = rocksdict.WriteBatch(raw_mode=True)
             put = wb.put
             for k, old, c, s in zip(keys, current, counts, sums):
@@ -58,7 +62,8 @@ def run_rocksdict(data: W1Data, files_per_batch: int, db_dir: Path) -> tuple[flo
                     put(k, pack(oc + c, os_ + s))
             db.write(wb)
         elapsed = time.perf_counter() - start
-        final = {int.from_bytes(k, "big", signed=True): unpack(v) for k, v in db.items()}
+        items = cast("Iterator[tuple[bytes, bytes]]", db.items())  # raw mode: bytes keys and values
+        final = {int.from_bytes(k, "big", signed=True): unpack(v) for k, v in items}
         return elapsed, final
     finally:
         db.close()

@@ -197,6 +197,7 @@ def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no
         with backend._op, backend._write_lock:
             for sid, (keys, values) in staged.items():
                 st = backend.validation.lookup(self.states[sid][0])
+                assert st.reducer is not None  # every state is a reducing one (checked above)
                 header, handle, decode, combine = st.codec.header(now), st.handle, st.codec.decode, st.reducer.combine
                 latest: dict[bytes, bytes | None] = {}
                 for key, value, current in zip(keys, values, st.store.get(keys)):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench.w1.data import SCHEMA_DDL, W1Data
 
@@ -177,7 +177,7 @@ def read_state(runtime: Any, users: int) -> dict[int, tuple[int, int]]:
     """Every user's committed (count, sum), read back through the client (untimed)."""
     from keyedstate.common.client import ReducingState
 
-    state = ReducingState(runtime.client, runtime.job_id, OPERATOR, STATE, key_serializer="int")
+    state: ReducingState[int] = ReducingState(runtime.client, runtime.job_id, OPERATOR, STATE, key_serializer="int")
     out: dict[int, tuple[int, int]] = {}
     step = 50_000
     for start in range(0, users, step):
@@ -276,7 +276,7 @@ def run_redis(
     client = redis.Redis(host="127.0.0.1", port=port)
     final: dict[int, tuple[int, int]] = {}
     for key in client.scan_iter(count=10_000):
-        c, s = np.frombuffer(client.get(key), dtype=">i8").tolist()
+        c, s = np.frombuffer(cast(bytes, client.get(key)), dtype=">i8").tolist()  # bytes: no decode_responses
         final[int.from_bytes(key, "big", signed=True)] = (c, s)
     client.close()
     return seconds, final

@@ -44,7 +44,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,8 @@ class _Progress:
     """Appends one JSON line per event to ``progress.jsonl`` (flushed and fsynced: the harness tails it)."""
 
     def __init__(self, path: Path, incarnation: int) -> None:
-        self._f = open(path, "a", encoding="utf-8")
+        # Held open for the driver process's life, which ends by exit or SIGKILL; each line is fsynced.
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
         self.incarnation = incarnation
 
@@ -82,7 +83,7 @@ def make_faulty_process(failures: list[list[Any]], marker: str) -> Any:
     def process(batches: Any, state: Any) -> None:
         from pyspark import TaskContext
 
-        ctx = TaskContext.get()
+        ctx = cast("TaskContext", TaskContext.get())  # set inside a task
         mode = plan.get((state.batch_id, ctx.partitionId())) if ctx.attemptNumber() == 0 else None
         if mode is not None:
             with open(marker, "a", encoding="utf-8") as f:
@@ -226,8 +227,8 @@ def main(config_path: str, out_dir: str) -> int:
         error: str | None = None
         try:
             query.awaitTermination()
-            exc = query.exception()
-            error = f"{type(exc).__name__}: {exc}" if exc is not None else None
+            failure = query.exception()
+            error = f"{type(failure).__name__}: {failure}" if failure is not None else None
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         progress.write("query", query=n, state="ended", error=essence(error) if error else None)

@@ -155,7 +155,8 @@ class Driver:
 
     def outcome(self) -> dict[str, Any] | None:
         try:
-            return json.loads((self.out / "outcome.json").read_text(encoding="utf-8"))
+            outcome: dict[str, Any] = json.loads((self.out / "outcome.json").read_text(encoding="utf-8"))
+            return outcome
         except FileNotFoundError:
             return None
 
@@ -438,11 +439,11 @@ class EpochChaosRun:
                     raise ChaosFailure(f"refused after the cancel although Spark had recorded no batch: {summary}")
                 raise ChaosFailure(f"the refusal after the cancel names no checkpoint to restore: {summary}")
             path = named[-1]
-            held = checkpoint_epoch(path)
+            held_epoch = checkpoint_epoch(path)
             last = max(recorded) if recorded else -1
-            if held is None or not last <= held <= last + 1:
+            if held_epoch is None or not last <= held_epoch <= last + 1:
                 raise ChaosFailure(
-                    f"the cancelled job's latest checkpoint {path} holds epoch {held}, but Spark recorded "
+                    f"the cancelled job's latest checkpoint {path} holds epoch {held_epoch}, but Spark recorded "
                     f"batches {recorded}: a recorded batch is not in it"
                 )
             if not self.cluster.restore(path, "remedy: the checkpoint the refusal names"):

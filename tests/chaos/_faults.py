@@ -44,7 +44,7 @@ class FaultActions:
         self.trigger = trigger
         self.where = where
         self.done = done
-        self.handlers: dict[str, Callable[[FaultRecord], None]] = {
+        self.handlers: dict[str, Callable[[FaultRecord], object]] = {
             "tm_kill": self.tm_kill,
             "jm_kill": self.jm_kill,
             "tm_pause": self.pause,
@@ -230,4 +230,5 @@ class FaultActions:
 def _text(done: Any) -> str:
     if done is None:
         return "statectl did not answer"
-    return (done.stderr.strip() or done.stdout.strip())[-400:]
+    text: str = (done.stderr.strip() or done.stdout.strip())[-400:]
+    return text

@@ -224,7 +224,8 @@ class ChaosCluster:
             hosts = {"jobmanager": self.jm_host, **{f"taskmanager-{i}": h for i, h in enumerate(self.tm_hosts)}}
 
             def placement(daemon: str) -> Placement:
-                return net.placement(hosts[daemon])
+                placed: Placement = net.placement(hosts[daemon])
+                return placed
 
         tm_env = {i: self._arm(f"taskmanager-{i}") for i in range(TASKMANAGERS)}
         jm_env = self._arm("jobmanager")
@@ -272,9 +273,12 @@ class ChaosCluster:
         return self.pipeline.cluster
 
     def process(self, daemon: str) -> DaemonProcess:
+        process: DaemonProcess
         if daemon == "jobmanager":
-            return self.cluster.jobmanager
-        return self.cluster.taskmanagers[_daemon_index(daemon)]
+            process = self.cluster.jobmanager
+        else:
+            process = self.cluster.taskmanagers[_daemon_index(daemon)]
+        return process
 
     def dump_threads(self) -> None:
         """Ask every live daemon for its threads' stacks (SIGUSR1: they land in its log), for a failed run's report."""
@@ -453,7 +457,7 @@ class ChaosCluster:
     def statectl(self, *args: str, timeout_s: float = 120.0, attempts: int = 3) -> Any:
         """``statectl ARGS`` against the cluster; tried again while the JobManager does not answer."""
         done = None
-        for attempt in range(attempts):
+        for _attempt in range(attempts):
             try:
                 done = self.pipeline.statectl(*args, timeout_s=timeout_s)
             except Exception as exc:  # subprocess timeout

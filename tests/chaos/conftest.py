@@ -74,6 +74,7 @@ def chaos_run(
     def run(schedule: FaultSchedule, soak: bool = False, deadline_s: float | None = None) -> RunResult:
         net = request.getfixturevalue("netns") if schedule.netns else None
         base = tmp_path / f"seed-{schedule.seed}"
+        chaos: EpochChaosRun | DirectChaosRun
         if schedule.mode == "epoch":
             chaos = EpochChaosRun(schedule, base, net, deadline_s=deadline_s or 300.0)
         else:

@@ -19,9 +19,11 @@ schedule, what happened when, and how to replay it: ``pytest tests/chaos -k seed
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
+from tests.chaos._run import RunResult
 from tests.chaos._schedule import CATALOGUE, MODIFIERS, NETWORK_KINDS, FaultSchedule
 from tests.chaos.conftest import seed_param
 
@@ -32,7 +34,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 
 
 @pytest.mark.parametrize("seed", [seed_param(s) for s in DEFAULT_SEEDS])
-def test_chaos(seed: int, chaos_run) -> None:
+def test_chaos(seed: int, chaos_run: Callable[..., RunResult]) -> None:
     schedule = FaultSchedule.from_seed(seed)
     result = chaos_run(schedule, deadline_s=240.0)
     assert result.passed, result.report()

@@ -11,8 +11,11 @@ doubled (both must be 0), and every failure with its seed; failed runs' logs go 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
+from tests.chaos._run import RunResult
 from tests.chaos._schedule import FaultSchedule
 from tests.chaos.conftest import seed_param, soak_seeds
 
@@ -20,6 +23,6 @@ pytestmark = [pytest.mark.chaos_soak, pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize("seed", [seed_param(s) for s in soak_seeds()])
-def test_soak(seed: int, chaos_run) -> None:
+def test_soak(seed: int, chaos_run: Callable[..., RunResult]) -> None:
     result = chaos_run(FaultSchedule.from_seed(seed), soak=True)
     assert result.passed, result.report()

@@ -48,8 +48,10 @@ def test_a_direct_write_reaches_the_new_owner_after_its_taskmanager_died(process
         routing = client.submit_job(JOB, operators(2))
         key = keys_by_subtask(routing, [f"k{i:03d}" for i in range(40)])[1][0]
         owner = taskmanager_of(admin, JOB, 1)[0]
-        events = ListState(client, JOB, OPERATOR, EVENTS, key_serializer="str", value_serializer="str")
-        totals = ReducingState(client, JOB, OPERATOR, TOTALS, key_serializer="str")
+        events: ListState[str, str] = ListState(
+            client, JOB, OPERATOR, EVENTS, key_serializer="str", value_serializer="str"
+        )
+        totals: ReducingState[str] = ReducingState(client, JOB, OPERATOR, TOTALS, key_serializer="str")
 
         def write_once(n: int) -> None:
             if write == "list_append":
@@ -94,7 +96,9 @@ def test_a_direct_write_reaches_a_job_restored_after_it_was_failed_or_cancelled(
     admin = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=5.0, max_attempts=5, backoff_s=0.05))
     try:
         client.submit_job(JOB, operators(2))
-        events = ListState(client, JOB, OPERATOR, EVENTS, key_serializer="str", value_serializer="str")
+        events: ListState[str, str] = ListState(
+            client, JOB, OPERATOR, EVENTS, key_serializer="str", value_serializer="str"
+        )
         events.append_many(["k"], ["e0"])
         checkpoint = admin.trigger_checkpoint(JOB, timeout_s=60)
         assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason

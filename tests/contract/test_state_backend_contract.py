@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -56,6 +56,13 @@ FULL = KeyGroupRange(0, MP - 1)
 TTL = 10_000
 VEC = struct.Struct(">qdq")  # count (sum), max (float), min (int)
 
+
+def unpack_vec(raw: bytes | None) -> tuple[Any, ...]:
+    """A stored reducing value; an absent one (None) fails here."""
+    assert raw is not None
+    return VEC.unpack(raw)
+
+
 STATES = (
     StateDescriptor("v", StateKind.VALUE),
     StateDescriptor("l", StateKind.LIST),
@@ -81,7 +88,7 @@ STATES = (
 
 def keys_in(groups: KeyGroupRange, n: int, prefix: bytes = b"key-") -> list[bytes]:
     """``n`` distinct keys whose key groups lie in ``groups``."""
-    out = []
+    out: list[bytes] = []
     i = 0
     while len(out) < n:
         k = prefix + str(i).encode()
@@ -128,7 +135,7 @@ def populate(backend: KeyedStateBackend, keys: list[bytes]) -> None:
 
 @pytest.fixture(params=["rocksdb", "hashmap"])
 def kind(request: pytest.FixtureRequest) -> str:
-    return request.param
+    return cast(str, request.param)
 
 
 @pytest.fixture
@@ -281,16 +288,17 @@ def test_empty_batches_are_no_ops_but_still_validated(backend: KeyedStateBackend
 def test_reduce_applies_sum_max_min_in_order_with_repeated_keys(backend: KeyedStateBackend) -> None:
     ops = [VEC.pack(1, 2.5, 10), VEC.pack(2, 1.0, 3), VEC.pack(4, -1.0, 5), VEC.pack(10, 9.0, 100)]
     out = backend.reduce("r", [b"a", b"a", b"b", b"a"], ops, b"", True)
+    assert out is not None
     assert [VEC.unpack(x) for x in out] == [(1, 2.5, 10), (3, 2.5, 3), (4, -1.0, 5), (13, 9.0, 3)]
-    assert VEC.unpack(backend.value_get("r", [b"a"], b"")[0]) == (13, 9.0, 3)
+    assert unpack_vec(backend.value_get("r", [b"a"], b"")[0]) == (13, 9.0, 3)
     assert backend.reduce("r", [b"b"], [VEC.pack(1, 0.0, 0)], b"", False) is None
-    assert VEC.unpack(backend.value_get("r", [b"b"], b"")[0]) == (5, 0.0, 0)
+    assert unpack_vec(backend.value_get("r", [b"b"], b"")[0]) == (5, 0.0, 0)
 
 
 def test_reduce_is_per_namespace(backend: KeyedStateBackend) -> None:
     backend.reduce("r", [b"a", b"a"], [VEC.pack(1, 1.0, 1), VEC.pack(5, 5.0, 5)], [b"w1", b"w2"], False)
     got = backend.value_get("r", [b"a", b"a"], [b"w1", b"w2"])
-    assert [VEC.unpack(x) for x in got] == [(1, 1.0, 1), (5, 5.0, 5)]
+    assert [unpack_vec(x) for x in got] == [(1, 1.0, 1), (5, 5.0, 5)]
 
 
 def test_reduce_operand_of_wrong_length_is_rejected_before_writing(backend: KeyedStateBackend) -> None:
@@ -302,6 +310,7 @@ def test_reduce_operand_of_wrong_length_is_rejected_before_writing(backend: Keye
 def test_reduce_int64_sum_wraps_like_a_java_long(backend: KeyedStateBackend) -> None:
     big = (1 << 63) - 1
     out = backend.reduce("r", [b"a", b"a"], [VEC.pack(big, 0.0, 0), VEC.pack(2, 0.0, 0)], b"", True)
+    assert out is not None
     assert VEC.unpack(out[1])[0] == -(1 << 63) + 1
 
 
@@ -597,7 +606,7 @@ def test_key_outside_the_slot_key_groups_is_stale_routing_and_nothing_is_written
     backend = make(key_groups=mine)
     good = keys_in(mine, 3)
     bad = keys_in(KeyGroupRange(64, 127), 1)[0]
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: backend.value_put("v", good + [bad], [b"x"] * 4, b""),
         lambda: backend.list_append("l", good + [bad], [b"x"] * 4, b""),
         lambda: backend.map_put("m", good + [bad], [b"u"] * 4, [b"x"] * 4, b""),
@@ -699,7 +708,7 @@ def test_apply_runs_mutations_in_order_atomically_with_meta(backend: KeyedStateB
     ]
     assert backend.apply(muts, meta={COMMITTED_EPOCH: b"7", b"other": b"x"}) == len(muts)
     assert backend.value_get("v", [b"a", b"b"], [b"", b"ns"]) == [None, b"2"]
-    assert VEC.unpack(backend.value_get("r", [b"a"], b"")[0]) == (3, 3.0, 0)
+    assert unpack_vec(backend.value_get("r", [b"a"], b"")[0]) == (3, 3.0, 0)
     assert backend.list_get("l", [b"a", b"b"], b"") == [[b"z", b"w"], []]
     assert list(backend.map_scan("m", b"a", b"")) == [(b"k2", b"v2")]
     assert list(backend.map_scan("m", b"c", b"")) == [(b"k3", b"v3")]
@@ -778,7 +787,7 @@ def test_concurrent_read_modify_writes_lose_no_update(backend: KeyedStateBackend
     for t in threads:
         t.join()
     assert not errors
-    assert VEC.unpack(backend.value_get("r", [b"hot"], b"")[0])[0] == 3200
+    assert unpack_vec(backend.value_get("r", [b"hot"], b"")[0])[0] == 3200
     elements = backend.list_get("l", [b"hot"], b"")[0]
     assert len(elements) == 1600 and len(set(elements)) == 1600
     for i in range(4):  # each thread's own appends stay in order
@@ -808,7 +817,7 @@ def test_snapshot_is_consistent_with_concurrent_batches(
         t.join()
     for i, d in enumerate(dirs):
         values = set(restore([d], index=10 + i).value_get("v", keys, b""))
-        assert len(values) == 1, f"snapshot {d} mixes two batches: {sorted(values)[:3]}"
+        assert len(values) == 1, f"snapshot {d} mixes two batches: {sorted(values, key=repr)[:3]}"
 
 
 # -- snapshot & restore -----------------------------------------------------------------------

@@ -100,7 +100,9 @@ class FuzzCluster:
         self.reference.assert_unchanged()
         client = self.world.client
         client.submit_job("after-fuzz", [OperatorSpec("aop", 2, (StateDescriptor("v", StateKind.VALUE),))])
-        state = ValueState(client, "after-fuzz", "aop", "v", key_serializer="str", value_serializer="str")
+        state: ValueState[str, str] = ValueState(
+            client, "after-fuzz", "aop", "v", key_serializer="str", value_serializer="str"
+        )
         keys = [f"after-{i}" for i in range(20)]
         state.put_many(keys, keys)
         assert state.get_many(keys) == keys

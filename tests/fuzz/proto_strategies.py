@@ -9,7 +9,7 @@ a validation misses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import descriptor as d
 from google.protobuf.message import Message
@@ -79,7 +79,7 @@ def int_strategy(bits: int, signed: bool) -> st.SearchStrategy[int]:
 def text_strategy(huge: bool = True) -> st.SearchStrategy[str]:
     # Surrogates cannot be set on a protobuf string (the client refuses them); invalid UTF-8 on the
     # wire comes from the raw-bytes mutations instead.
-    plain = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+    plain = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
     options = [plain, plain, NAMEISH, st.sampled_from(HOSTILE_TEXT)]
     if huge:
         options.append(st.sampled_from(HUGE_SIZES).map(lambda n: "y" * n))
@@ -115,14 +115,21 @@ def scalar_strategy(field: d.FieldDescriptor, huge: bool = True) -> st.SearchStr
     if t == FD.TYPE_BYTES:
         return bytes_strategy(huge)
     if t == FD.TYPE_ENUM:
+        assert field.enum_type is not None, field.full_name
         declared = [v.number for v in field.enum_type.values]
         # proto3 enums are open: an undeclared number travels and must be refused by the server.
         return st.one_of(st.sampled_from(declared), int_strategy(32, True))
     raise TypeError(f"no strategy for field type {t} of {field.full_name}")
 
 
+def message_type(field: d.FieldDescriptor) -> d.Descriptor:
+    """A message field's type (types-protobuf types it optional: a scalar field has none)."""
+    assert field.message_type is not None, field.full_name
+    return field.message_type
+
+
 def _is_map(field: d.FieldDescriptor) -> bool:
-    return field.type == FD.TYPE_MESSAGE and field.message_type.GetOptions().map_entry
+    return field.type == FD.TYPE_MESSAGE and message_type(field).GetOptions().map_entry
 
 
 def _repeated(field: d.FieldDescriptor) -> bool:
@@ -153,7 +160,7 @@ def message_strategy(
             if chosen is not None:
                 return chosen
         if field.type == FD.TYPE_MESSAGE:
-            return build(field.message_type, depth + 1)
+            return build(message_type(field), depth + 1)
         return scalar_strategy(field, huge)
 
     def build(desc: d.Descriptor, depth: int) -> st.SearchStrategy[Message]:
@@ -167,8 +174,8 @@ def message_strategy(
                     if depth >= max_depth:
                         continue
                     key_f, value_f = (
-                        field.message_type.fields_by_name["key"],
-                        field.message_type.fields_by_name["value"],
+                        message_type(field).fields_by_name["key"],
+                        message_type(field).fields_by_name["value"],
                     )
                     entries = draw(
                         st.dictionaries(field_value(key_f, depth), field_value(value_f, depth), max_size=max_items)
@@ -194,7 +201,7 @@ def message_strategy(
 
         return make()
 
-    return build(cls.DESCRIPTOR, 0)
+    return build(cast(d.Descriptor, cls.DESCRIPTOR), 0)
 
 
 # -- raw bytes ------------------------------------------------------------------------------------

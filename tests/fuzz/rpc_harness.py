@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf import descriptor as d
@@ -230,7 +230,8 @@ def call_raw(
         else:
             response.append(channel.unary_unary(method.path)(body, timeout=CALL_TIMEOUT_S))
             code = grpc.StatusCode.OK
-    except grpc.RpcError as exc:
+    except grpc.RpcError as rpc_exc:
+        exc = cast(grpc.Call, rpc_exc)  # a failed call's error is also the grpc.Call (code, details, trailers)
         code = exc.code()
         details = exc.details() or ""
         trailing = {k: v for k, v in (exc.trailing_metadata() or ()) if isinstance(v, str)}

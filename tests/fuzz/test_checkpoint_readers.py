@@ -100,11 +100,16 @@ def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCh
         from keyedstate.common.client import ListState, MapState, ValueState
 
         keys = [f"k{i}" for i in range(300)]
-        ValueState(client, JOB, OPERATOR, "v", key_serializer="str", value_serializer="str").put_many(keys, keys)
-        ListState(client, JOB, OPERATOR, "l", key_serializer="str", value_serializer="str").append_many(keys, keys)
-        MapState(
+        values: ValueState[str, str] = ValueState(
+            client, JOB, OPERATOR, "v", key_serializer="str", value_serializer="str"
+        )
+        values.put_many(keys, keys)
+        lists: ListState[str, str] = ListState(client, JOB, OPERATOR, "l", key_serializer="str", value_serializer="str")
+        lists.append_many(keys, keys)
+        maps: MapState[str, str, str] = MapState(
             client, JOB, OPERATOR, "m", key_serializer="str", user_key_serializer="str", value_serializer="str"
-        ).put_many(keys, keys, keys)
+        )
+        maps.put_many(keys, keys, keys)
         info = client.trigger_checkpoint(JOB, timeout_s=60)
         assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info.failure_reason
     finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -18,15 +18,15 @@ from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKi
 from keyedstate.common.rpc.status import MAX_DETAILS_WIRE_BYTES, REASON_KEY, bounded_details
 
 
-def _error(call: Any) -> grpc.RpcError:
+def _error(call: Any) -> grpc.Call:
     try:
         call()
     except grpc.RpcError as exc:
-        return exc
+        return cast(grpc.Call, exc)  # a failed call's error is also the grpc.Call (code, details, trailers)
     raise AssertionError("the call succeeded; expected a gRPC error")
 
 
-def _reason(err: grpc.RpcError) -> str | None:
+def _reason(err: grpc.Call) -> str | None:
     return dict(err.trailing_metadata() or ()).get(REASON_KEY)
 
 
@@ -149,7 +149,7 @@ def test_a_barrier_for_a_job_without_slots_here_leaves_nothing_behind(cluster: A
                 ).slots
                 == 0
             )
-    assert not any(job.startswith("nojob") for job, _ in tm.checkpoints._inflight)  # type: ignore[attr-defined]
+    assert not any(job.startswith("nojob") for job, _ in tm.checkpoints._inflight)
 
 
 # -- checkpoint readers ------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_metadata_with_a_path_no_file_system_holds_is_corrupt_not_a_storage_erro
         CheckpointMetadata.from_json(json_module.dumps(doc))
 
 
-def _deploy_restoring(cluster: Any, tmp_path: Any, job_id: str, operator_id: str, local_name: str) -> grpc.RpcError:
+def _deploy_restoring(cluster: Any, tmp_path: Any, job_id: str, operator_id: str, local_name: str) -> grpc.Call:
     """DeploySlot restoring one verified file (right size and sha256) under the given handle names; the refusal."""
     import hashlib
 

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf import descriptor as d
@@ -175,6 +175,11 @@ class World:
                 continue
         self.routing = None
 
+    def live_routing(self) -> Routing:
+        """The fuzz job's routing; there is one once the world is built."""
+        assert self.routing is not None, "no fuzz job is deployed"
+        return self.routing
+
     def _use(self, routing: Routing) -> None:
         self.routing = routing
         parallelism = routing.operator(FUZZ_OPERATOR).parallelism
@@ -229,7 +234,7 @@ class World:
         def check(m: Message) -> None:
             nonlocal ok
             for field_d, value in m.ListFields():
-                if field_d.type == FD.TYPE_MESSAGE and not field_d.message_type.GetOptions().map_entry:
+                if field_d.type == FD.TYPE_MESSAGE and not ps.message_type(field_d).GetOptions().map_entry:
                     for item in value if field_d.is_repeated else [value]:
                         check(item)
                 elif field_d.type == FD.TYPE_STRING and not field_d.is_repeated:
@@ -283,7 +288,7 @@ class World:
 def _rewrite_strings(msg: Message, fn: Callable[[str], str]) -> None:
     for field_d, value in msg.ListFields():
         if field_d.type == FD.TYPE_MESSAGE:
-            if field_d.message_type.GetOptions().map_entry:
+            if ps.message_type(field_d).GetOptions().map_entry:
                 container = getattr(msg, field_d.name)
                 for k in list(container.keys()):
                     if isinstance(k, str) and fn(k) != k:
@@ -291,7 +296,7 @@ def _rewrite_strings(msg: Message, fn: Callable[[str], str]) -> None:
                         del container[k]
                         if not isinstance(v, Message):
                             container[fn(k)] = v
-                if field_d.message_type.fields_by_name["value"].type == FD.TYPE_STRING:
+                if ps.message_type(field_d).fields_by_name["value"].type == FD.TYPE_STRING:
                     for k in list(container.keys()):
                         container[k] = fn(container[k])
             elif field_d.is_repeated:
@@ -312,7 +317,7 @@ def _rewrite_strings(msg: Message, fn: Callable[[str], str]) -> None:
 def _keyed(kind: str, **columns: Callable[[list[bytes]], list[bytes]]) -> Callable[[World, int], tuple[Message, str]]:
     def build(w: World, s: int) -> tuple[Message, str]:
         keys = w.keys[s]
-        fields = {name: make(keys) for name, make in columns.items()}
+        fields: dict[str, Any] = {name: make(keys) for name, make in columns.items()}
         return tm_pb.KeyedRequest(target=w.target(s, kind), keys=keys, **fields), w.address_of(s)
 
     return build
@@ -353,7 +358,7 @@ def _deploy(w: World, s: int) -> tuple[Message, str]:
         key_groups=pb.KeyGroupRange(start=groups[0], end=groups[-1]),
         max_parallelism=w.routing.max_parallelism,
         slot_index=0,
-        routing_version=w.routing.version,
+        routing_version=w.live_routing().version,
         checkpoint_base=w.sandbox_path(w.job),
         incremental=True,
     ), w.address_of(s)
@@ -377,7 +382,7 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
     ("TaskExecutor", "DeploySlot"): _deploy,
     ("TaskExecutor", "ReleaseSlot"): lambda w, s: (
         tm_pb.ReleaseSlotRequest(
-            job_id=w.job, operator_id=FUZZ_OPERATOR, subtask_index=s, routing_version=w.routing.version
+            job_id=w.job, operator_id=FUZZ_OPERATOR, subtask_index=s, routing_version=w.live_routing().version
         ),
         w.address_of(s),
     ),
@@ -400,7 +405,7 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
         tm_pb.EpochCommitRequest(
             job_id=w.job,
             epoch=0,
-            routing_version=w.routing.version,
+            routing_version=w.live_routing().version,
             prepare=True,
             winners=[pb.PartitionAttempt(partition=0, attempt=1)],
         ),
@@ -481,7 +486,7 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
         jm_pb.CommitEpochRequest(
             job_id=w.job,
             epoch=0,
-            expected_routing_version=w.routing.version,
+            expected_routing_version=w.live_routing().version,
             query_id="q",
             batch_id=0,
             winners=[pb.PartitionAttempt(partition=0, attempt=1)],
@@ -508,9 +513,9 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
 def _fields_of(msg: Message, path: tuple[str, ...] = ()) -> list[tuple[Message, d.FieldDescriptor]]:
     """Every (message, field) in ``msg``'s tree: set or not, nested in set sub-messages."""
     out: list[tuple[Message, d.FieldDescriptor]] = []
-    for field_d in msg.DESCRIPTOR.fields:
+    for field_d in cast(d.Descriptor, msg.DESCRIPTOR).fields:
         out.append((msg, field_d))
-        if field_d.type == FD.TYPE_MESSAGE and not field_d.message_type.GetOptions().map_entry:
+        if field_d.type == FD.TYPE_MESSAGE and not ps.message_type(field_d).GetOptions().map_entry:
             repeated = field_d.is_repeated
             if repeated:
                 for item in getattr(msg, field_d.name):
@@ -530,13 +535,16 @@ def broken(draw: st.DrawFn, valid: Message, override: ps.FieldOverride) -> Messa
         return msg
     parent, field_d = draw(st.sampled_from(candidates))
     if field_d.type == FD.TYPE_MESSAGE:
-        element = ps.message_strategy(field_d.message_type, max_depth=2, override=override)
+        element = ps.message_strategy(ps.message_type(field_d), max_depth=2, override=override)
     else:
         chosen = override(field_d)
         element = chosen if chosen is not None else ps.scalar_strategy(field_d)
-    if field_d.type == FD.TYPE_MESSAGE and field_d.message_type.GetOptions().map_entry:
+    if field_d.type == FD.TYPE_MESSAGE and ps.message_type(field_d).GetOptions().map_entry:
         container = getattr(parent, field_d.name)
-        key_f, value_f = field_d.message_type.fields_by_name["key"], field_d.message_type.fields_by_name["value"]
+        key_f, value_f = (
+            ps.message_type(field_d).fields_by_name["key"],
+            ps.message_type(field_d).fields_by_name["value"],
+        )
         container[draw(ps.scalar_strategy(key_f))] = draw(ps.scalar_strategy(value_f))
         return msg
     if field_d.is_repeated:
@@ -555,7 +563,7 @@ def broken(draw: st.DrawFn, valid: Message, override: ps.FieldOverride) -> Messa
             # Many (small) entries: a batch far above what the test normally sends.
             n = draw(st.sampled_from([100, 5000]))
             if field_d.type == FD.TYPE_MESSAGE:
-                one = draw(ps.message_strategy(field_d.message_type, max_depth=2, override=override, huge=False))
+                one = draw(ps.message_strategy(ps.message_type(field_d), max_depth=2, override=override, huge=False))
                 for _ in range(n):
                     container.add().CopyFrom(one)
             else:

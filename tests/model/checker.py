@@ -186,7 +186,7 @@ def _continuation(model: Explorable[S], s: S, limit: int = 40) -> list[str]:
     return out
 
 
-def _cannot_reach(n: int, src: array, dst: array, goals: list[int]) -> int | None:
+def _cannot_reach(n: int, src: array[int], dst: array[int], goals: list[int]) -> int | None:
     """The first state (in breadth-first order) from which no goal is reachable, or None."""
     # Predecessor lists in compressed form: for each state, the sources of its edges.
     start = array("I", [0]) * (n + 1)

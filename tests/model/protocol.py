@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tests.model.messages import (
     JM_TM,
@@ -368,7 +368,7 @@ def _text(m: Message) -> str:
     return t
 
 
-def _insert(data: tuple, *items: object) -> tuple:
+def _insert(data: tuple[Any, ...], *items: object) -> tuple[Any, ...]:
     return tuple(sorted(data + items))
 
 
@@ -427,7 +427,7 @@ class Model:
             if isinstance(m, TO_JOBMANAGER) and not s.jm.up:
                 continue
             if isinstance(m, JM_TM):
-                tm = s.tms[m.tm]  # type: ignore[attr-defined]
+                tm = s.tms[m.tm]
                 if tm.cut:
                     continue
                 if isinstance(m, TO_TASKMANAGER) and not tm.up:
@@ -560,7 +560,7 @@ class Model:
         key = (d.incarnation, d.query, d.done)
         kinds = (BeginBatch, BeginAnswer) if d.phase == BEGIN else (CommitRequest, DurableRequest, BatchAnswer)
         for m in s.net:
-            if isinstance(m, kinds) and (m.inc, m.query, m.batch) == key:  # type: ignore[union-attr]
+            if isinstance(m, kinds) and (m.inc, m.query, m.batch) == key:
                 return True
         jm = s.jm
         if jm.up and d.phase in (COMMIT, DURABLE):
@@ -622,7 +622,7 @@ class Model:
             ok = slot.committed == m.epoch - 1  # type: ignore[union-attr]
         if ok and self.p.ledger_check:
             for p, aid, count in m.counts:
-                staged = sum(1 for e in slot.staged if e[0] == m.epoch and e[1] == p and e[2] == aid)  # type: ignore[union-attr]
+                staged = len([e for e in slot.staged if e[0] == m.epoch and e[1] == p and e[2] == aid])  # type: ignore[union-attr]
                 ok = ok and staged == count
         return self._send(s, PrepareAnswer(m.session, m.tm, m.kg, m.epoch, m.version, m.counts, ok))
 
@@ -636,19 +636,18 @@ class Model:
             else:
                 # One atomic write batch: the winners' staged writes and COMMITTED_EPOCH = E;
                 # everything else staged up to E is dropped.
+                assert slot is not None  # ok implies a slot
                 chosen = set(m.winners)
                 new: list[Entry] = [
-                    (e[0], e[4], e[5], e[1])
-                    for e in slot.staged  # type: ignore[union-attr]
-                    if e[0] == m.epoch and (e[1], e[2]) in chosen
+                    (e[0], e[4], e[5], e[1]) for e in slot.staged if e[0] == m.epoch and (e[1], e[2]) in chosen
                 ]
                 slot = slot._replace(
                     committed=m.epoch,
                     data=_insert(slot.data, *new),
-                    applied=slot.applied + (m.epoch,),  # type: ignore[union-attr]
+                    applied=slot.applied + (m.epoch,),
                     staged=tuple(e for e in slot.staged if e[0] > m.epoch),
-                )  # type: ignore[union-attr]
-                tm = tm._replace(slots=tuple(slot if x.kg == m.kg else x for x in tm.slots))  # type: ignore[misc]
+                )
+                tm = tm._replace(slots=tuple(slot if x.kg == m.kg else x for x in tm.slots))
                 s = self._tm(s, m.tm, tm)
         return self._send(s, ApplyAnswer(m.session, m.tm, m.kg, m.epoch, m.version, m.winners, ok))
 
@@ -871,6 +870,7 @@ class Model:
 
     def _restore_and_deploy(self, s: State) -> State:
         jm = s.jm
+        lineage: tuple[tuple[str, int], ...]
         if jm.restore_empty or not s.store:
             committed, lineage, snaps = -1, (), {kg: Snapshot(kg, -1, (), ()) for kg in self.kgs}
         else:
@@ -938,7 +938,7 @@ class Model:
         if isinstance(m, CommitRequest) and s.jm.commit is not None:
             return False  # it waits for the job lock
         if isinstance(m, TO_TASKMANAGER):
-            tm = s.tms[m.tm]  # type: ignore[attr-defined]
+            tm = s.tms[m.tm]
             if tm.paused or (isinstance(m, Stage) and tm.in_call is not None):
                 return False  # it waits in the socket until the process runs (one call at a time)
         return True
@@ -984,7 +984,7 @@ class Model:
                 return self._send(s, StageAck(m.tm, m.kg, m.aid, m.seq, False))  # connection refused
             return self._on_stage(s, m)
         if isinstance(m, TO_TASKMANAGER):
-            if not s.tms[m.tm].up:  # type: ignore[attr-defined]
+            if not s.tms[m.tm].up:
                 return s
             if isinstance(m, Prepare):
                 return self._on_prepare(s, m)
@@ -1211,13 +1211,13 @@ class Model:
             for t in self.tm_ids:
                 tm = s.tms[t]
                 if "taskmanager" in x.crash and tm.up:
-                    net = frozenset(m for m in s.net if not (isinstance(m, TO_TASKMANAGER) and m.tm == t))  # type: ignore[attr-defined]
+                    net = frozenset(m for m in s.net if not (isinstance(m, TO_TASKMANAGER) and m.tm == t))
                     yield (
                         f"CRASH tm{t}",
                         self._tm(spent._replace(net=net), t, TaskManager(up=False, lease=False, session=-1)),
                     )
                 if x.cut and tm.up and not tm.cut:
-                    net = frozenset(m for m in s.net if not (isinstance(m, JM_TM) and m.tm == t))  # type: ignore[attr-defined]
+                    net = frozenset(m for m in s.net if not (isinstance(m, JM_TM) and m.tm == t))
                     yield (
                         f"CUT tm{t} off from the jobmanager",
                         self._tm(spent._replace(net=net), t, tm._replace(cut=True)),
@@ -1261,7 +1261,7 @@ class Model:
         if x.operator == "rescale" and jm.status == RUNNING and jm.pending is None and jm.commit is None:
             # A rescale takes a checkpoint, then redeploys at the new parallelism.
             ns = self._trigger(s)
-            ns = ns._replace(jm=ns.jm._replace(pending=ns.jm.pending._replace(rescale=True)))  # type: ignore[arg-type]
+            ns = ns._replace(jm=ns.jm._replace(pending=ns.jm.pending._replace(rescale=True)))  # type: ignore[union-attr]  # _trigger just started one
             yield "OPERATOR rescales to parallelism 1 (checkpoint, then redeploy)", ns
         if x.operator == "new_query" and d.query == Q1 and d.done > 0:
             nd = Driver(query=Q2, done=0, incarnation=d.incarnation + 1, returned_total=d.returned_total)
@@ -1313,7 +1313,7 @@ class Model:
             if isinstance(m, StageAck):
                 return d.phase != RUN or not any(a.aid == m.aid for a in d.attempts)
             key = (d.incarnation, d.query, d.done)
-            if (m.inc, m.query, m.batch) != key:  # type: ignore[attr-defined]
+            if (m.inc, m.query, m.batch) != key:
                 return True
             if isinstance(m, BeginAnswer):
                 return d.phase != BEGIN
@@ -1455,8 +1455,8 @@ class Model:
             for kg in self.kgs:
                 owners = self.servers(s, kg)
                 if len(owners) == 1:
-                    slot = s.tms[owners[0]].slot(kg)
-                    have = {(q, b) for _, q, b, _ in slot.data}  # type: ignore[union-attr]
+                    owned = s.tms[owners[0]].slot(kg)
+                    have = {(q, b) for _, q, b, _ in owned.data}  # type: ignore[union-attr]  # one owner serves the slot
                     missing = sorted(g.returned - have)
                     if missing:
                         yield Violation(LOST_OR_DOUBLED, f"kg{kg} on tm{owners[0]} lacks returned batches {missing}")

@@ -418,7 +418,7 @@ def test_a_direct_reduce_with_an_unknown_outcome_is_not_retried(leased: Any) -> 
 
 
 def test_a_numbered_write_with_an_unknown_outcome_is_retried_and_staged_once(leased: Any) -> None:
-    cluster, tm, clock = leased
+    cluster, _tm, clock = leased
     client = cluster.client(max_attempts=10)
     start, scope = begin(client, "q1", 0)
     sums = ReducingState(client, JOB, OP, "sums", epoch=scope)
@@ -433,7 +433,7 @@ def test_a_numbered_write_with_an_unknown_outcome_is_retried_and_staged_once(lea
 
 
 def test_an_unpinned_numbered_write_with_an_unknown_outcome_is_still_committed(leased: Any) -> None:
-    cluster, tm, clock = leased
+    cluster, _tm, clock = leased
     client = cluster.client(max_attempts=10)
     start = client.begin_batch(JOB, "q1", 0)
     scope = EpochScope(ctx(start.epoch))  # numbered, not pinned

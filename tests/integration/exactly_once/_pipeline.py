@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # Executors cannot import the test tree: the process function travels by value.
 from pyspark import cloudpickle
@@ -99,7 +99,7 @@ def make_process(report_dir: str | None = None) -> Callable[[Iterator[Any], Any]
 
             from keyedstate.common.keygroups import key_group
 
-            ctx = TaskContext.get()
+            ctx = cast("TaskContext", TaskContext.get())  # set inside a task
             routing = state.client.routing(state.job_id)
             report = {
                 "epoch": state.batch_id,  # the Spark batch id (state.epoch is the job epoch)
@@ -164,8 +164,8 @@ class QueryRun:
                 return Outcome(True, _text(exc), list(self.recorded))
         else:
             return Outcome(False, None, list(self.recorded))
-        exc = self.query.exception()
-        return Outcome(True, _text(exc) if exc is not None else None, list(self.recorded))
+        failure = self.query.exception()
+        return Outcome(True, _text(failure) if failure is not None else None, list(self.recorded))
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the query (a driver going away) and close its runtime."""
@@ -225,7 +225,7 @@ class _CrashableMiniCluster(MiniCluster):
         super().__init__(*args, **kwargs)
         self.tm_env = tm_env or {}
 
-    def start(self, jm_env: dict[str, str] | None = None) -> MiniCluster:  # type: ignore[override]
+    def start(self, jm_env: dict[str, str] | None = None) -> MiniCluster:
         self.start_jobmanager(jm_env)
         for i in range(self.num_taskmanagers):
             tm = self._taskmanager(i)
@@ -234,7 +234,7 @@ class _CrashableMiniCluster(MiniCluster):
         self.wait_for_taskmanagers(self.num_taskmanagers)
         return self
 
-    def restart_taskmanager(self, i: int, env: dict[str, str] | None = None) -> None:  # type: ignore[override]
+    def restart_taskmanager(self, i: int, env: dict[str, str] | None = None) -> None:
         tm: DaemonProcess = self._taskmanager(i)
         tm.start({**self._env(), **(env or {})})
         self.taskmanagers[i] = tm
@@ -452,7 +452,9 @@ class ExactlyOncePipeline:
     # -- state and the reference ---------------------------------------------------------------
     def write_ballast(self, megabytes: int, value_kib: int = 128, job_id: str | None = None) -> None:
         """Fill the ``ballast`` state directly (outside any epoch) with incompressible bytes."""
-        handle = ValueState(self.client, job_id or self.job_id, OPERATOR, "ballast", value_serializer="bytes")
+        handle: ValueState[str, bytes] = ValueState(
+            self.client, job_id or self.job_id, OPERATOR, "ballast", value_serializer="bytes"
+        )
         count = megabytes * 1024 // value_kib
         rnd = random.Random(12345)
         for start in range(0, count, 64):
@@ -485,13 +487,13 @@ class ExactlyOncePipeline:
 
     def _read_state_once(self, job_id: str) -> dict[str, tuple[tuple[int, int] | None, list[str]]]:
         client = self.client
-        totals = ReducingState(client, job_id, OPERATOR, "totals")
-        ids = ListState(client, job_id, OPERATOR, "ids", value_serializer="str")
+        totals: ReducingState[str] = ReducingState(client, job_id, OPERATOR, "totals")
+        ids: ListState[str, str] = ListState(client, job_id, OPERATOR, "ids", value_serializer="str")
         keys = sorted(set(totals.keys()) | set(ids.keys()) | {e["key"] for f in self.events for e in f})
         got_totals = totals.get_many(keys)
         got_ids = ids.get_many(keys)
         return {
-            k: (tuple(t) if t is not None else None, list(i or []))  # type: ignore[misc]
+            k: (tuple(t) if t is not None else None, list(i or []))
             for k, t, i in zip(keys, got_totals, got_ids)
             if t is not None or i
         }

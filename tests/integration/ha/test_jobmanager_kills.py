@@ -15,6 +15,7 @@ a new JobManager on the same port, and checks that:
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
@@ -182,7 +183,7 @@ def test_jobmanager_killed_right_after_metadata_is_written(ha_cluster: Any) -> N
         # epoch it holds is committed, so the driver's retry of that epoch applied nothing twice.
         assert figures["newest_epoch_at_crash"] == 3 and crashed not in figures["pointers_at_crash"]
         ids = _completed_ids(cluster)
-        assert ids[-1] > crashed and all(b > a for a, b in zip(ids, ids[1:]))
+        assert ids[-1] > crashed and all(b > a for a, b in itertools.pairwise(ids))
         info = driver.client.job_info(JOB)
         assert info.status == pb.JOB_STATUS_RUNNING and info.committed_epoch == 5
         driver.verify()

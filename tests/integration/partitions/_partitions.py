@@ -198,7 +198,9 @@ class AppendWriter:
         self.batch = batch
         self.pause_s = pause_s
         self.client = fast_client(address)
-        self.events = ListState(self.client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str")
+        self.events: ListState[str, str] = ListState(
+            self.client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str"
+        )
         self.acked: list[Append] = []
         self.failed: list[tuple[float, str]] = []
         self.attempted: dict[str, str] = {}  # event id -> key, for every event sent (acknowledged or not)
@@ -247,9 +249,10 @@ def read_lists(address: str, job_id: str, keys: list[str]) -> dict[str, list[str
     """Every key's event list, through a fresh client (fresh routing)."""
     with fast_client(address) as client:
         client.routing(job_id, refresh=True)
-        values = ListState(client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str").get_many(
-            keys
+        events: ListState[str, str] = ListState(
+            client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str"
         )
+        values = events.get_many(keys)
     return dict(zip(keys, values))
 
 
@@ -390,10 +393,12 @@ def read_state(address: str, job_id: str, users: list[str]) -> dict[str, KeyStat
     """What the runtime serves for ``users``, through a fresh client."""
     with fast_client(address) as client:
         client.routing(job_id, refresh=True)
-        totals = ReducingState(client, job_id, OPERATOR, TOTALS, key_serializer="str").get_many(users)
-        lists = ListState(client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str").get_many(
-            users
+        totals_state: ReducingState[str] = ReducingState(client, job_id, OPERATOR, TOTALS, key_serializer="str")
+        totals = totals_state.get_many(users)
+        events: ListState[str, str] = ListState(
+            client, job_id, OPERATOR, EVENTS, key_serializer="str", value_serializer="str"
         )
+        lists = events.get_many(users)
     out = {}
     for u, t, ids in zip(users, totals, lists):
         count, total = (int(t[0]), int(t[1])) if t is not None else (0, 0)

@@ -94,7 +94,7 @@ def test_the_right_tokens_work_within_their_role_and_jobs(secured: tuple[Any, To
 def test_no_token_and_a_wrong_token_are_unauthenticated(
     secured: tuple[Any, Tokens], caplog: pytest.LogCaptureFixture
 ) -> None:
-    cluster, tokens = secured
+    cluster, _tokens = secured
     before = _refused(cluster, "GetJob", "UNAUTHENTICATED")
     with StateClient(cluster.address, SETTINGS) as anonymous, caplog.at_level(logging.WARNING):
         with pytest.raises(AuthenticationError) as info:
@@ -102,9 +102,12 @@ def test_no_token_and_a_wrong_token_are_unauthenticated(
         assert info.value.reason is Reason.UNAUTHENTICATED
         assert "carried no token" in info.value.message and "security.auth.token-file" in info.value.message
         assert "KEYEDSTATE_TOKEN" in info.value.message
-    with StateClient(cluster.address, SETTINGS, token="not-a-real-token") as wrong, caplog.at_level(logging.WARNING):
-        with pytest.raises(AuthenticationError, match="the token is not accepted"):
-            wrong.job_info(JOB_A)
+    with (
+        StateClient(cluster.address, SETTINGS, token="not-a-real-token") as wrong,
+        caplog.at_level(logging.WARNING),
+        pytest.raises(AuthenticationError, match="the token is not accepted"),
+    ):
+        wrong.job_info(JOB_A)
     assert _refused(cluster, "GetJob", "UNAUTHENTICATED") == before + 2
     assert "UNAUTHENTICATED /keyedstate.v1.JobManager/GetJob" in caplog.text and "unknown token sha256:" in caplog.text
     assert "not-a-real-token" not in caplog.text

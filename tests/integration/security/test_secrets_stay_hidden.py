@@ -89,7 +89,7 @@ def test_secrets_appear_in_no_log_metric_metadata_or_statectl_output(
     assert "configuration: security.auth.token-file: " + tokens.file("daemons") in jm_log
 
     metrics = []
-    for name, text in logs.items():
+    for text in logs.values():
         for port in re.findall(r"serving Prometheus metrics on http://[\d.]+:(\d+)/metrics", text):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
                 metrics.append(response.read().decode())

@@ -52,9 +52,11 @@ def test_daemons_authenticate_by_certificate_and_clients_by_token(inprocess_clus
         assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
 
     # TLS without a token: the transport alone is no identity on the client plane.
-    with StateClient(cluster.address, SETTINGS, rest) as anonymous:  # no token in this environment
-        with pytest.raises(AuthenticationError):
-            ValueState(anonymous, JOB, OPERATOR, "last").get("k1")
+    with (
+        StateClient(cluster.address, SETTINGS, rest) as anonymous,  # no token in this environment
+        pytest.raises(AuthenticationError),
+    ):
+        ValueState(anonymous, JOB, OPERATOR, "last").get("k1")
 
     # A client holding a cluster (internal) certificate is still not a TaskManager on the client
     # port: the internal services are not served there at all.

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -59,16 +59,16 @@ def keys_of_subtask(routing: Routing, subtask: int, n: int, prefix: str = "key")
     return out
 
 
-def rpc_error(call: Callable[[], Any]) -> grpc.RpcError:
+def rpc_error(call: Callable[[], Any]) -> grpc.Call:
     """Run ``call`` and return the gRPC error it must raise."""
     try:
         result = call()
     except grpc.RpcError as exc:
-        return exc
+        return cast(grpc.Call, exc)  # a failed call's error is also the grpc.Call (code, details, trailers)
     raise AssertionError(f"the call succeeded with {result!r}; expected a gRPC error")
 
 
-def reason(err: grpc.RpcError) -> str | None:
+def reason(err: grpc.Call) -> str | None:
     return dict(err.trailing_metadata() or ()).get(REASON_KEY)
 
 

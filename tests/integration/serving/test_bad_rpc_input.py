@@ -7,6 +7,7 @@ serving other calls correctly.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -162,7 +163,7 @@ def test_a_batch_with_one_bad_entry_applies_nothing(serving: Serving) -> None:
         ("ListAppend", "events", [b"a", b"b", b"x" * (MAX_VALUE + 1)], {}),
         ("MapPut", "attrs", [b"a", b"b", b"c"], {"user_keys": [b"u1", b"u" * (MAX_KEY + 1), b"u3"]}),
     ]:
-        err = rpc_error(lambda: s.call(method, state, keys=keys, values=values, **extra))
+        err = rpc_error(functools.partial(s.call, method, state, keys=keys, values=values, **extra))
         assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert list(s.call("ValueGet", "last", keys=keys).found) == [False, False, False]
     assert [list(lst.elements) for lst in s.call("ListGet", "events", keys=keys).lists] == [[], [], []]

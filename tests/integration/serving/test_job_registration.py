@@ -5,6 +5,7 @@ A refused job must take no slots and leave no trace; resubmitting the same job i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -271,7 +272,7 @@ def test_a_client_that_saw_the_job_canceled_follows_its_restore(cluster: Any) ->
 
 def test_unknown_job_calls_are_not_found_naming_the_fix(stub: jm_grpc.JobManagerStub, cluster: Any) -> None:
     for call in (stub.GetJob, stub.CancelJob):
-        err = rpc_error(lambda: call(jm_pb.JobRequest(job_id="ghost"), timeout=10))
+        err = rpc_error(functools.partial(call, jm_pb.JobRequest(job_id="ghost"), timeout=10))
         assert err.code() is grpc.StatusCode.NOT_FOUND and reason(err) == "UNKNOWN_JOB"
         assert "unknown job 'ghost'" in err.details() and "submit it first" in err.details()
     err = rpc_error(lambda: stub.GetRouting(jm_pb.GetRoutingRequest(job_id="ghost"), timeout=10))

@@ -42,47 +42,50 @@ def _start_standalone(netns: VirtualNetwork, base: Path) -> str:
     port = free_port()
     master_url = f"spark://{netns.local.ip}:{port}"
     (base / "log").mkdir(parents=True)
-    netns.popen(
-        netns.local,
-        [
-            str(home / "bin" / "spark-class"),
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            netns.local.ip,
-            "--port",
-            str(port),
-            "--webui-port",
-            str(free_port()),
-        ],
-        env={**env, "SPARK_LOCAL_IP": netns.local.ip},
-        stdout=open(base / "log" / "master.log", "wb"),
-        stderr=subprocess.STDOUT,
-    )
+    # The child keeps its own descriptor; ours is closed once the process has started.
+    with open(base / "log" / "master.log", "wb") as master_log:
+        netns.popen(
+            netns.local,
+            [
+                str(home / "bin" / "spark-class"),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                netns.local.ip,
+                "--port",
+                str(port),
+                "--webui-port",
+                str(free_port()),
+            ],
+            env={**env, "SPARK_LOCAL_IP": netns.local.ip},
+            stdout=master_log,
+            stderr=subprocess.STDOUT,
+        )
     for name in ("w1", "w2"):
         host = netns.add_host(name)
         work = base / name
         work.mkdir()
-        netns.popen(
-            host,
-            [
-                str(home / "bin" / "spark-class"),
-                "org.apache.spark.deploy.worker.Worker",
-                "--host",
-                host.ip,
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--work-dir",
-                str(work),
-                "--webui-port",
-                "0",
-                master_url,
-            ],
-            env={**env, "SPARK_LOCAL_IP": host.ip},
-            stdout=open(base / "log" / f"{name}.log", "wb"),
-            stderr=subprocess.STDOUT,
-        )
+        with open(base / "log" / f"{name}.log", "wb") as worker_log:
+            netns.popen(
+                host,
+                [
+                    str(home / "bin" / "spark-class"),
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    host.ip,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    str(work),
+                    "--webui-port",
+                    "0",
+                    master_url,
+                ],
+                env={**env, "SPARK_LOCAL_IP": host.ip},
+                stdout=worker_log,
+                stderr=subprocess.STDOUT,
+            )
     wait_for(
         lambda: (
             sum(

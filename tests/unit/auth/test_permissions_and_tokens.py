@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grpc_health.v1 import health_pb2
@@ -111,7 +112,7 @@ def test_token_store_looks_up_by_hash_and_reloads_when_the_file_changes(
         ({"name": "a/b", "sha256": "a" * 64, "role": "admin", "jobs": ["*"]}, "invalid token name 'a/b'"),
     ],
 )
-def test_bad_tokens_files_name_the_entry_and_the_rule(tmp_path: Path, entry: dict, message: str) -> None:
+def test_bad_tokens_files_name_the_entry_and_the_rule(tmp_path: Path, entry: dict[str, Any], message: str) -> None:
     import yaml
 
     path = tmp_path / "tokens.yaml"

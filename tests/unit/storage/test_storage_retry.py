@@ -29,7 +29,7 @@ class RecordingWaiter:
         return False
 
 
-class FlakyLocalFileSystem(LocalFileSystem):
+class FlakyLocalFileSystem(LocalFileSystem):  # type: ignore[misc]  # fsspec publishes no types
     """A real local file system whose reads fail with ``error`` for the first ``failures`` calls."""
 
     cachable = False  # fsspec would otherwise hand out one shared instance per argument set
@@ -44,7 +44,8 @@ class FlakyLocalFileSystem(LocalFileSystem):
         self.calls += 1
         if self.calls <= self.failures:
             raise self.error
-        return super().cat_file(path, start=start, end=end, **kwargs)
+        data: bytes = super().cat_file(path, start=start, end=end, **kwargs)
+        return data
 
 
 def test_backoff_grows_exponentially_and_is_capped() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,8 +82,8 @@ def test_credentials_and_endpoint_from_aws_env_vars_work(
 
 
 def test_missing_credentials_say_how_to_set_them(
-    s3_bucket: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+    s3_bucket: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     endpoint, bucket = s3_bucket
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
@@ -114,7 +115,7 @@ def test_urls_s3_storage_does_not_serve_are_refused(url: str, s3_config: Configu
 def test_delete_dir_refuses_a_bucket_root_and_keeps_the_bucket(
     s3_bucket: tuple[str, str], s3_config: Configuration
 ) -> None:
-    endpoint, bucket = s3_bucket
+    _endpoint, bucket = s3_bucket
     storage = open_storage(f"s3://{bucket}", s3_config)
     storage.write_bytes(f"s3://{bucket}/keep", b"1")
     with pytest.raises(InvalidArgumentError):

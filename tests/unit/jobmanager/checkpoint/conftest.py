@@ -200,7 +200,7 @@ def storage(tmp_path: Any) -> Any:
 
 
 @pytest.fixture
-def job_dir(tmp_path: Any) -> str:
+def job_dir(tmp_path: Path) -> str:
     return (tmp_path / "checkpoints" / JOB).as_uri()
 
 

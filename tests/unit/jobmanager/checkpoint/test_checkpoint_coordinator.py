@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -30,7 +30,7 @@ JOB = "job-1"
 
 def metadata_of(h: Any, checkpoint_id: int) -> dict[str, Any]:
     path = Path(h.job_dir[len("file://") :]) / f"chk-{checkpoint_id}" / "_metadata"
-    return json.loads(path.read_text(encoding="utf-8"))
+    return cast("dict[str, Any]", json.loads(path.read_text(encoding="utf-8")))
 
 
 def referenced_files(h: Any) -> set[str]:
@@ -66,7 +66,7 @@ def test_full_lifecycle_writes_metadata_last_and_notifies(make_harness: Any) -> 
     assert completed.external_path == h.job_dir + "/chk-1"
     assert h.coordinator.latest_completed() == completed
     assert h.cluster.notifications == [(1, True)]
-    assert pending.status is PendingStatus.COMPLETED
+    assert cast(PendingStatus, pending.status) is PendingStatus.COMPLETED  # the last ack moved it on
 
     meta = metadata_of(h, 1)
     assert meta["format"] == "keyedstate-checkpoint" and meta["version"] == 1
@@ -386,7 +386,7 @@ def test_retention_deletes_subsumed_dirs_and_only_unreferenced_shared_files(make
 
 def test_retaining_one_checkpoint_keeps_the_files_it_shares_with_the_subsumed_one(make_harness: Any) -> None:
     h = make_harness(num_retained=1)
-    for cid in range(1, 5):
+    for _ in range(1, 5):
         h.coordinator.trigger()
         latest = h.coordinator.latest_completed()
         verify_files_exist(h.storage, latest.metadata, latest.external_path)

@@ -98,7 +98,7 @@ def test_round_trip_keeps_everything() -> None:
     again = CheckpointMetadata.from_json(text.encode("utf-8"))
     assert again == meta
     assert again.full_size == 350 and again.incremental_size == 150
-    assert [(op, idx, f.path) for op, idx, f in again.files()][0] == ("counts", 0, "../shared/8e1f-000010.sst")
+    assert next((op, idx, f.path) for op, idx, f in again.files()) == ("counts", 0, "../shared/8e1f-000010.sst")
     raw = json.loads(text)
     assert list(raw)[:3] == ["format", "version", "job_id"]
     assert raw["operators"][0]["states"][0] == {

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -155,7 +155,7 @@ def test_a_completed_checkpoint_records_the_cuts_lineage_up_to_its_epoch(make_ha
     h = make_harness()
     h.cluster.committed_epoch = 6
     full = EpochLineage.of([*LINEAGE.entries, LineageEntry("q3", 7, 7)])  # a binding past the cut is not held
-    h.cluster.cut = lambda: _cut(6, full)  # type: ignore[method-assign]
+    h.cluster.cut = lambda: _cut(6, full)
     h.coordinator.trigger()
     completed = h.coordinator.wait_for(1, timeout=0)
     assert completed.metadata.epoch == 6 and completed.metadata.lineage == LINEAGE
@@ -170,7 +170,7 @@ def test_a_completed_checkpoint_records_the_cuts_lineage_up_to_its_epoch(make_ha
 
 def _metadata_dict(h: Any) -> dict[str, Any]:
     h.coordinator.trigger()
-    return json.loads(h.coordinator.wait_for(1, timeout=0).metadata.to_json())
+    return cast("dict[str, Any]", json.loads(h.coordinator.wait_for(1, timeout=0).metadata.to_json()))
 
 
 def test_metadata_without_a_lineage_reads_as_empty_and_out_of_order_bindings_are_sorted(make_harness: Any) -> None:

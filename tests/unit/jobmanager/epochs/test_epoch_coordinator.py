@@ -87,7 +87,7 @@ class TaskManagers:
     job: Job
     calls: list[tuple[str, str, int]] = field(default_factory=list)  # (address, "prepare"|"apply", epoch)
     refuse: dict[tuple[str, str], KeyedStateError] = field(default_factory=dict)
-    during: dict[tuple[str, str], Callable[[], None]] = field(default_factory=dict)
+    during: dict[tuple[str, str], Callable[[], object]] = field(default_factory=dict)
 
     def __call__(self, address: str, request: tm_pb.EpochCommitRequest) -> tm_pb.EpochCommitResponse:
         phase = "prepare" if request.prepare else "apply"
@@ -208,7 +208,9 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
 class Call(threading.Thread):
     def __init__(self, fn: Callable[[], Any]) -> None:
         super().__init__(daemon=True)
-        self._fn, self._result, self._error = fn, None, None
+        self._fn = fn
+        self._result: Any = None
+        self._error: BaseException | None = None
         self.start()
 
     def run(self) -> None:

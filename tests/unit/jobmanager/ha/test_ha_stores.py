@@ -10,7 +10,7 @@ import pytest
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import ConfigError, CorruptCheckpointError, InvalidArgumentError
 from keyedstate.common.ids import KeyGroupRange
-from keyedstate.common.storage import open_storage
+from keyedstate.common.storage import CheckpointStorage, open_storage
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata, FileRef, OperatorSnapshot, SubtaskSnapshot
 from keyedstate.jobmanager.ha import create_ha_services
@@ -25,7 +25,7 @@ def _no_fence() -> None:
 
 
 @pytest.fixture
-def storage(tmp_path: Path):  # type: ignore[no-untyped-def]
+def storage(tmp_path: Path) -> CheckpointStorage:
     return open_storage(tmp_path.as_uri())
 
 
@@ -45,7 +45,7 @@ def _completed(tmp_path: Path, cid: int, savepoint: bool = False) -> CompletedCh
 
 
 # -- checkpoint id counter ------------------------------------------------------------------------
-def test_counter_survives_a_restart_and_never_hands_out_an_id_twice(storage, tmp_path: Path) -> None:
+def test_counter_survives_a_restart_and_never_hands_out_an_id_twice(storage: CheckpointStorage, tmp_path: Path) -> None:
     path = (tmp_path / "ha" / "counter").as_uri()
     first = DurableCheckpointIDCounter(storage, path, _no_fence)
     assert [first.get_and_increment() for _ in range(3)] == [1, 2, 3]
@@ -56,7 +56,9 @@ def test_counter_survives_a_restart_and_never_hands_out_an_id_twice(storage, tmp
     assert second.get_and_increment() == 4
 
 
-def test_counter_respects_the_floor_from_existing_checkpoint_directories(storage, tmp_path: Path) -> None:
+def test_counter_respects_the_floor_from_existing_checkpoint_directories(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
     path = (tmp_path / "ha" / "counter").as_uri()
     DurableCheckpointIDCounter(storage, path, _no_fence).get_and_increment()
     counter = DurableCheckpointIDCounter(storage, path, _no_fence, floor=17)
@@ -64,7 +66,7 @@ def test_counter_respects_the_floor_from_existing_checkpoint_directories(storage
     assert DurableCheckpointIDCounter(storage, path, _no_fence).get() == 17  # the floor was persisted
 
 
-def test_counter_refuses_to_go_backwards(storage, tmp_path: Path) -> None:
+def test_counter_refuses_to_go_backwards(storage: CheckpointStorage, tmp_path: Path) -> None:
     counter = DurableCheckpointIDCounter(storage, (tmp_path / "c").as_uri(), _no_fence, floor=10)
     with pytest.raises(InvalidArgumentError, match="cannot move the checkpoint id counter back from 10 to 5"):
         counter.set_count(5)
@@ -72,13 +74,13 @@ def test_counter_refuses_to_go_backwards(storage, tmp_path: Path) -> None:
     assert counter.get_and_increment() == 12
 
 
-def test_corrupt_counter_names_the_fix(storage, tmp_path: Path) -> None:
+def test_corrupt_counter_names_the_fix(storage: CheckpointStorage, tmp_path: Path) -> None:
     (tmp_path / "c").write_text("{not json")
     with pytest.raises(CorruptCheckpointError, match="delete it"):
         DurableCheckpointIDCounter(storage, (tmp_path / "c").as_uri(), _no_fence)
 
 
-def test_counter_is_fenced(storage, tmp_path: Path) -> None:
+def test_counter_is_fenced(storage: CheckpointStorage, tmp_path: Path) -> None:
     def fenced() -> None:
         raise LeadershipLostError("replaced")
 
@@ -90,7 +92,7 @@ def test_counter_is_fenced(storage, tmp_path: Path) -> None:
 
 
 # -- completed-checkpoint pointers ----------------------------------------------------------------
-def test_pointers_follow_retention(storage, tmp_path: Path) -> None:
+def test_pointers_follow_retention(storage: CheckpointStorage, tmp_path: Path) -> None:
     pointers = (tmp_path / "ha" / "checkpoints").as_uri()
     store = DurableCompletedCheckpointStore(storage, pointers, 2, _no_fence)
     for cid in (1, 2, 3):
@@ -104,7 +106,9 @@ def test_pointers_follow_retention(storage, tmp_path: Path) -> None:
     assert [p.checkpoint_id for p in store.pointers()] == [3, 5]
 
 
-def test_re_adding_a_recovered_checkpoint_is_idempotent_but_a_different_path_is_not(storage, tmp_path: Path) -> None:
+def test_re_adding_a_recovered_checkpoint_is_idempotent_but_a_different_path_is_not(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
     pointers = (tmp_path / "ha" / "checkpoints").as_uri()
     DurableCompletedCheckpointStore(storage, pointers, 1, _no_fence).add_checkpoint(_completed(tmp_path, 1))
     again = DurableCompletedCheckpointStore(storage, pointers, 1, _no_fence)
@@ -115,7 +119,7 @@ def test_re_adding_a_recovered_checkpoint_is_idempotent_but_a_different_path_is_
         DurableCompletedCheckpointStore(storage, pointers, 1, _no_fence).add_checkpoint(other)
 
 
-def test_unreadable_pointer_is_skipped(storage, tmp_path: Path) -> None:
+def test_unreadable_pointer_is_skipped(storage: CheckpointStorage, tmp_path: Path) -> None:
     pointers = tmp_path / "ha" / "checkpoints"
     store = DurableCompletedCheckpointStore(storage, pointers.as_uri(), 2, _no_fence)
     store.add_checkpoint(_completed(tmp_path, 1))
@@ -124,7 +128,9 @@ def test_unreadable_pointer_is_skipped(storage, tmp_path: Path) -> None:
 
 
 # -- job records --------------------------------------------------------------------------------
-def test_job_records_round_trip_and_a_corrupt_one_does_not_hide_the_others(storage, tmp_path: Path) -> None:
+def test_job_records_round_trip_and_a_corrupt_one_does_not_hide_the_others(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
     jobs = JobStore(storage, (tmp_path / "jobs").as_uri(), _no_fence)
     spec = {"job_id": "a", "max_parallelism": 8, "config": {}, "operators": []}
     jobs.put(JobRecord(spec=spec, status="RUNNING", routing_version=3, restore_path="file:///sp"))
@@ -139,7 +145,7 @@ def test_job_records_round_trip_and_a_corrupt_one_does_not_hide_the_others(stora
 
 
 # -- leadership ---------------------------------------------------------------------------------
-def test_a_newer_jobmanager_fences_the_older_one(storage, tmp_path: Path) -> None:
+def test_a_newer_jobmanager_fences_the_older_one(storage: CheckpointStorage, tmp_path: Path) -> None:
     directory = (tmp_path / "leader").as_uri()
     old = LeadershipLease(storage, directory, "127.0.0.1:1")
     assert old.acquire() == 1
@@ -150,12 +156,12 @@ def test_a_newer_jobmanager_fences_the_older_one(storage, tmp_path: Path) -> Non
     with pytest.raises(LeadershipLostError, match="replaced by session 2"):
         old.check()
     # Older sessions are cleaned up, a few kept for post-mortems.
-    for i in range(6):
+    for _ in range(6):
         LeadershipLease(storage, directory, "x").acquire()
     assert len(list(storage.list(directory))) <= 4
 
 
-def test_jobs_store_writes_are_fenced(storage, tmp_path: Path) -> None:
+def test_jobs_store_writes_are_fenced(storage: CheckpointStorage, tmp_path: Path) -> None:
     directory = (tmp_path / "leader").as_uri()
     old = LeadershipLease(storage, directory, "a")
     old.acquire()

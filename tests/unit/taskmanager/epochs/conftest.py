@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -128,7 +128,7 @@ class EpochHarness:
 
 @pytest.fixture(params=["rocksdb", "hashmap"])
 def backend_kind(request: pytest.FixtureRequest) -> str:
-    return request.param
+    return cast(str, request.param)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,7 +13,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, NotFoundError, Reason
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.keygroups import key_group
-from keyedstate.taskmanager.epochs import EpochCommitError, records
+from keyedstate.taskmanager.epochs import EpochCommitError, EpochTransaction, records
 from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.state import StateLimits
 from tests.unit.taskmanager.epochs.conftest import MP, VEC, EpochHarness, vec
@@ -115,7 +116,7 @@ def test_writes_for_a_committed_epoch_are_refused_and_stage_nothing(harness: Epo
     harness.commit(5, {0: 1})
     zombie = harness.view(5, 0, 2)
     stale = harness.view(4, 3, 7)
-    calls = [
+    calls: list[Callable[[EpochTransaction], object]] = [
         lambda v: v.value_put("v", [b"a"], [b"late"], b""),
         lambda v: v.clear("v", [b"a"], b""),
         lambda v: v.reduce("r", [b"a"], [vec(1, 1.0, 1)], b"", True),

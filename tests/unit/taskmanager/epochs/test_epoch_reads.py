@@ -46,11 +46,12 @@ def test_reduce_folds_staged_operands_onto_committed_values(harness: EpochHarnes
     v = harness.view(1, 0, 7)
     # Repeated keys in one batch return the running value after each operand.
     after = v.reduce("r", [b"a", b"a", b"z"], [vec(1, 1.0, 3), vec(1, 9.0, 9), vec(4, 4.0, 4)], b"", True)
+    assert after is not None
     assert [VEC.unpack(x) for x in after] == [(2, 2.0, 3), (3, 9.0, 3), (4, 4.0, 4)]
     assert v.reduce("r", [b"a"], [vec(1, 0.0, 7)], b"", False) is None
     # Reduce after clear starts from the operand (the committed value is gone).
     v.clear("r", [b"b"], b"")
-    assert [VEC.unpack(x) for x in v.reduce("r", [b"b"], [vec(2, 2.0, 2)], b"", True)] == [(2, 2.0, 2)]
+    assert [VEC.unpack(x) for x in v.reduce("r", [b"b"], [vec(2, 2.0, 2)], b"", True)] == [(2, 2.0, 2)]  # type: ignore[union-attr]
     expected = [(4, 9.0, 3), (2, 2.0, 2), (4, 4.0, 4)]
     assert [VEC.unpack(x) for x in v.value_get("r", [b"a", b"b", b"z"], b"")] == expected  # type: ignore[arg-type]
     assert [VEC.unpack(x) for x in b.value_get("r", [b"a", b"b"], b"")] == [(1, 2.0, 5), (10, 1.0, 1)]  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ def test_decode_value_list_and_map_keys() -> None:
     entry = layout.decode_key(layout.map_entry_key(prefix, b"\x00user"))
     assert entry.suffix == b"\x00user" and entry.namespace == b"ns"
     with pytest.raises(KeyedStateError):
-        entry.seq  # a map user key is not a sequence number
+        _ = entry.seq  # a map user key is not a sequence number
     assert layout.prefix_length(layout.map_entry_key(prefix, b"u")) == len(prefix)
     assert layout.key_group_of(prefix) == 5
 

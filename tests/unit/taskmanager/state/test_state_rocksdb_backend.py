@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import rocksdict
@@ -27,6 +28,7 @@ from keyedstate.taskmanager.state.metadata import META_CF
 from tests.fakes.clock import ManualClock
 
 MP = 128
+ALL_KEY_GROUPS = KeyGroupRange(0, MP - 1)
 SUBTASK = SubtaskId("job", "op", 0)
 STATES = (StateDescriptor("v", StateKind.VALUE), StateDescriptor("l", StateKind.LIST))
 
@@ -48,7 +50,7 @@ def open_rocks(
     local: Path,
     clock: ManualClock,
     opened: list[KeyedStateBackend],
-    key_groups: KeyGroupRange = KeyGroupRange(0, MP - 1),
+    key_groups: KeyGroupRange = ALL_KEY_GROUPS,
     states: tuple[StateDescriptor, ...] = STATES,
     mp: int = MP,
 ) -> KeyedStateBackend:
@@ -58,7 +60,8 @@ def open_rocks(
 
 
 def keys_in(groups: KeyGroupRange, n: int) -> list[bytes]:
-    out, i = [], 0
+    out: list[bytes] = []
+    i = 0
     while len(out) < n:
         k = b"k%d" % i
         if key_group(k, MP) in groups:
@@ -135,7 +138,7 @@ def test_list_sequence_numbers_continue_after_reopen(
     b.close()
     b = open_rocks(tmp_path, clock, opened)
     b.list_append("l", [b"a"], [b"3"], b"")
-    db_dir = b.db_dir
+    db_dir = cast(RocksDBKeyedStateBackend, b).db_dir
     b.close()
     raw = rocksdict.Rdict(
         str(db_dir),
@@ -144,7 +147,8 @@ def test_list_sequence_numbers_continue_after_reopen(
         access_type=rocksdict.AccessType.read_only(False),
     )
     cf = raw.get_column_family("l")
-    seqs = [layout.decode_key(k).seq for k in cf.keys()]
+    keys = cast("Iterator[bytes]", cf.keys())  # raw mode: bytes keys (a column family is not iterable)
+    seqs = [layout.decode_key(k).seq for k in keys]
     del cf
     raw.close()
     assert seqs == [0, 1, 2]

@@ -57,14 +57,14 @@ def test_missing_kvs_file_is_reported(tmp_path: Path) -> None:
 
 
 def manifest(**overrides: object) -> SnapshotManifest:
-    values: dict[str, object] = dict(
-        backend="hashmap",
-        subtask=SubtaskId("job", "op", 2),
-        key_groups=KeyGroupRange(10, 20),
-        max_parallelism=128,
-        states=(StateDescriptor("a", StateKind.VALUE, TtlConfig(5)), StateDescriptor("b", StateKind.LIST)),
-        created_ms=123,
-    )
+    values: dict[str, object] = {
+        "backend": "hashmap",
+        "subtask": SubtaskId("job", "op", 2),
+        "key_groups": KeyGroupRange(10, 20),
+        "max_parallelism": 128,
+        "states": (StateDescriptor("a", StateKind.VALUE, TtlConfig(5)), StateDescriptor("b", StateKind.LIST)),
+        "created_ms": 123,
+    }
     values.update(overrides)
     return SnapshotManifest(**values)  # type: ignore[arg-type]
 
