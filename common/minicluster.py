@@ -22,9 +22,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from keyedstate.common.errors import UnavailableError
 
@@ -60,14 +60,14 @@ class DaemonProcess:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     address: str = ""
-    _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self, env: dict[str, str], timeout_s: float = 60.0) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True
-        )
+        # The child keeps its own descriptor for stderr; the parent's copy closes at once.
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.args, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True
+            )
         ready = threading.Event()
         failure: list[str] = []
 
@@ -126,7 +126,6 @@ class DaemonProcess:
             if self.process.poll() is None:
                 self.process.kill()
             self.process.wait(timeout=30)
-        self._close_log()
 
     def terminate(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM and wait for the clean shutdown; SIGKILL if it does not come."""
@@ -140,13 +139,7 @@ class DaemonProcess:
                 logger.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, timeout_s)
                 self.process.kill()
                 self.process.wait(timeout=30)
-        self._close_log()
         return self.process.returncode
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 class MiniCluster:

@@ -7,7 +7,7 @@ Spark partition should use: they carry thousands of keys per call and pipeline t
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -300,7 +300,7 @@ class MapState(_Handle[K], Generic[K, UK, V]):
     def items(self, key: K) -> Iterator[tuple[UK, V]]:
         """Stream the entries of one key's map, ordered by serialized user key."""
         for uk, v in self._scan(key, keys_only=False):
-            yield uk, v  # type: ignore[misc]
+            yield uk, cast(V, v)  # with keys_only=False every entry carries its value
 
     def user_keys(self, key: K) -> Iterator[UK]:
         for uk, _ in self._scan(key, keys_only=True):
