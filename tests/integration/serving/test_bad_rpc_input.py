@@ -101,7 +101,7 @@ def serving(request: pytest.FixtureRequest, inprocess_cluster: Any) -> Iterator[
         channel.close()
 
 
-def _assert_refused(err: grpc.RpcError, code: grpc.StatusCode, why: str, *fragments: str) -> None:
+def _assert_refused(err: grpc.Call, code: grpc.StatusCode, why: str, *fragments: str) -> None:
     assert err.code() is code, err.details()
     assert reason(err) == why, (reason(err), err.details())
     for fragment in fragments:
