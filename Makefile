@@ -29,8 +29,7 @@ check: $(STAMP) typecheck-tree
 	$(VENV)/bin/ruff format --check .
 	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
 		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.cli -p keyedstate.examples \
-		-p bench -p tests.unit -p tests.contract -p tests.fixtures -p tests.fakes -p tests.model -p tests.fuzz \
-		-p tests.chaos -p tests.bench
+		-p bench -p tests
 	PYTHONPATH=build/typecheck $(VENV)/bin/lint-imports --config pyproject.toml
 
 ## mypy and import-linter see the top-level folders under their import root (keyedstate.common, ...),

@@ -88,7 +88,9 @@ class Workload:
         self.rnd = random.Random(seed)
         self.reference = Reference()
 
-    def _handles(self) -> tuple[ValueState, ListState, MapState, ReducingState]:
+    def _handles(
+        self,
+    ) -> tuple[ValueState[str, int], ListState[str, str], MapState[str, str, Any], ReducingState[str]]:
         c, j, op = self.client, self.job_id, self.operator_id
         return (
             ValueState(c, j, op, "last", value_serializer="int"),
@@ -135,7 +137,14 @@ class Workload:
         """The job's state as the cluster serves it, found by scanning every subtask (no key list given)."""
         last, events, attrs, totals = self._handles()
         out = Reference()
-        for handle, target in ((last, out.last), (events, out.events), (attrs, out.attrs), (totals, out.totals)):
+        # One state of each kind, each read into its own typed dict of the Reference.
+        pairs: list[tuple[Any, dict[str, Any]]] = [
+            (last, out.last),
+            (events, out.events),
+            (attrs, out.attrs),
+            (totals, out.totals),
+        ]
+        for handle, target in pairs:
             keys = list(handle.keys())
             assert len(keys) == len(set(keys)), f"state {handle.name!r}: a key is served by two subtasks"
             if handle is attrs:

@@ -105,5 +105,5 @@ def test_checkpoint_then_restore_at_parallelism_2_3_and_1(
     client.submit_job(JOB, operators(1), max_parallelism=MAX_P, restore_path=second.path, config=config)
     assert_state_equals(work.read(), at_second)
     # The restored job keeps working: writes land and a further checkpoint completes.
-    ValueState(client, JOB, "sessions", "last", value_serializer="int").put("after-restore", 7)
+    ValueState[str, int](client, JOB, "sessions", "last", value_serializer="int").put("after-restore", 7)
     assert _checkpoint(client).checkpoint_id > second.checkpoint_id

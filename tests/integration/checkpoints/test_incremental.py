@@ -39,7 +39,7 @@ def test_second_checkpoint_uploads_only_the_changed_one_percent(
     client = cc.client()
     ops = [OperatorSpec("clicks", 2, (StateDescriptor("v", StateKind.VALUE),))]
     client.submit_job(JOB, ops, max_parallelism=128)
-    state = ValueState(client, JOB, "clicks", "v", key_serializer="bytes", value_serializer="bytes")
+    state = ValueState[bytes, bytes](client, JOB, "clicks", "v", key_serializer="bytes", value_serializer="bytes")
     rnd = random.Random(42)
     keys = [rnd.randbytes(16) for _ in range(N_KEYS)]
     blob = rnd.randbytes(100 * N_KEYS)

@@ -72,7 +72,15 @@ def test_metadata_snippet_from_the_docstring_lists_every_file_of_a_real_checkpoi
 
 
 def _value(registry: Any, name: str, **labels: str) -> float | None:
-    return registry.get_sample_value(name, labels)
+    value: float | None = registry.get_sample_value(name, labels)
+    return value
+
+
+def _sample(registry: Any, name: str, **labels: str) -> float:
+    """The sample, which must exist: the tests compare it with a bound."""
+    value = _value(registry, name, **labels)
+    assert value is not None, f"{name} {labels} has no sample"
+    return value
 
 
 def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
@@ -112,7 +120,7 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     }
     for name, value in expect.items():
         assert _value(jm, f"flink_jobmanager_job_{name}", job_id=JOB) == value, name
-    assert 0 <= _value(jm, "flink_jobmanager_job_lastCheckpointDuration", job_id=JOB) < 60_000
+    assert 0 <= _sample(jm, "flink_jobmanager_job_lastCheckpointDuration", job_id=JOB) < 60_000
     assert last.incremental_size < last.full_size, "the third incremental checkpoint reused files"
 
     # Per slot on the TaskManagers: one sync and one async observation per checkpoint, and the
@@ -124,7 +132,7 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
             labels = {"job_id": JOB, "operator_id": "sessions", "subtask_index": str(slot.subtask.subtask_index)}
             assert _value(tm.registry, "keyedstate_taskmanager_checkpoint_sync_duration_ms_count", **labels) == 3
             assert _value(tm.registry, "keyedstate_taskmanager_checkpoint_async_duration_ms_count", **labels) == 3
-            assert _value(tm.registry, "keyedstate_taskmanager_checkpoint_sync_duration_ms_sum", **labels) >= 0
+            assert _sample(tm.registry, "keyedstate_taskmanager_checkpoint_sync_duration_ms_sum", **labels) >= 0
             uploaded += _value(tm.registry, "keyedstate_taskmanager_checkpoint_uploaded_bytes_total", **labels) or 0
             slots += 1
         text = generate_latest(tm.registry).decode()
@@ -145,7 +153,7 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     assert _value(jm, "flink_jobmanager_job_lastCompletedCheckpointId", job_id=JOB) == last.checkpoint_id
     client.cancel_job(JOB)
     client.submit_job(JOB, operators(3), max_parallelism=MAX_P, restore_path=last.path)
-    assert _value(jm, "flink_jobmanager_job_lastCheckpointRestoreTimestamp", job_id=JOB) > 0
+    assert _sample(jm, "flink_jobmanager_job_lastCheckpointRestoreTimestamp", job_id=JOB) > 0
     restore_ms = [
         _value(
             tm.registry,

@@ -10,6 +10,7 @@ is repaired the same checkpoint restores exactly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import grpc
 import pytest
@@ -76,7 +77,7 @@ def _refused(
 
 def _grpc_code(error: BaseException) -> grpc.StatusCode | None:
     cause = error.__cause__
-    return cause.code() if isinstance(cause, grpc.RpcError) else None
+    return cast(grpc.Call, cause).code() if isinstance(cause, grpc.RpcError) else None
 
 
 @pytest.mark.parametrize(

@@ -12,14 +12,14 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from keyedstate.cli.statectl import main as statectl
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
-from keyedstate.common.storage import open_storage
+from keyedstate.common.storage import FsspecStorage, open_storage
 from tests.fixtures.s3 import boto3_client
 from tests.integration.checkpoints.conftest import (
     JOB,
@@ -47,7 +47,9 @@ def _copy_tree(cc: CheckpointCluster, source: str, target: str) -> None:
     if source.startswith("file://"):
         shutil.copytree(source.removeprefix("file://"), target.removeprefix("file://"))
         return
-    fs = cc.storage.fs  # the s3fs file system: copy through fsspec, as `aws s3 cp --recursive` would
+    fs = cast(
+        FsspecStorage, cc.storage
+    ).fs  # the s3fs file system: copy through fsspec, as `aws s3 cp --recursive` would
     for path in fs.find(source.removeprefix("s3://")):
         fs.copy(path, target.removeprefix("s3://") + path[len(source.removeprefix("s3://")) :])
 
@@ -68,7 +70,7 @@ def test_savepoint_copied_elsewhere_restores_after_the_checkpoints_are_gone(
         s3 = boto3_client(endpoint)
         s3.create_bucket(Bucket=other)
         request.addfinalizer(
-            lambda: (cc.storage.delete_dir(f"s3://{other}/restored-from"), s3.delete_bucket(Bucket=other))
+            lambda: (cc.storage.delete_dir(f"s3://{other}/restored-from"), s3.delete_bucket(Bucket=other))  # type: ignore[func-returns-value]  # a tuple runs both cleanups in one lambda
         )
         savepoints_dir, copy_dir = f"s3://{bucket}/savepoints", f"s3://{other}/restored-from"
     else:

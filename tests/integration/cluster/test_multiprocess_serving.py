@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from keyedstate.common.client import ClientSettings, ListState, MapState, StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.minicluster import MiniCluster
 
 N_KEYS = 100_000
 
@@ -28,7 +31,7 @@ def _operators() -> list[OperatorSpec]:
 
 
 @pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
-def test_two_taskmanager_processes_serve_100k_keys(process_cluster, backend: str) -> None:
+def test_two_taskmanager_processes_serve_100k_keys(process_cluster: Callable[..., MiniCluster], backend: str) -> None:
     cluster = process_cluster(taskmanagers=2, slots=4, backend=backend)
     rnd = random.Random(7)
     keys = [f"user-{i}-{rnd.getrandbits(32):08x}" for i in range(N_KEYS)]
@@ -41,10 +44,12 @@ def test_two_taskmanager_processes_serve_100k_keys(process_cluster, backend: str
         overview = client.cluster()
         assert overview.total_slots == 8 and overview.free_slots == 0
 
-        last = ValueState(client, "multi", "sessions", "last", value_serializer="int")
-        events = ListState(client, "multi", "sessions", "events", value_serializer="str")
-        attrs = MapState(client, "multi", "sessions", "attrs", user_key_serializer="str", value_serializer="json")
-        totals = ValueState(client, "multi", "totals", "total", value_serializer="float")
+        last = ValueState[str, int](client, "multi", "sessions", "last", value_serializer="int")
+        events = ListState[str, str](client, "multi", "sessions", "events", value_serializer="str")
+        attrs = MapState[str, str, Any](
+            client, "multi", "sessions", "attrs", user_key_serializer="str", value_serializer="json"
+        )
+        totals = ValueState[str, float](client, "multi", "totals", "total", value_serializer="float")
 
         last.put_many(keys, list(range(N_KEYS)))
         totals.put_many(keys, [i * 0.5 for i in range(N_KEYS)])
@@ -63,7 +68,7 @@ def test_two_taskmanager_processes_serve_100k_keys(process_cluster, backend: str
         assert set(totals.keys()) == set(keys)
 
 
-def test_sigusr1_dumps_every_thread_and_the_daemon_goes_on(process_cluster) -> None:
+def test_sigusr1_dumps_every_thread_and_the_daemon_goes_on(process_cluster: Callable[..., MiniCluster]) -> None:
     # The tool for a daemon that stopped answering: its threads' stacks, without stopping it.
     import os
     import signal

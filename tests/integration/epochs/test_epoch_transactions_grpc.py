@@ -6,7 +6,7 @@ TaskManagers and every commit has to reach all of them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -65,7 +65,7 @@ class _Handles:
         self.total: ValueState[Any, Any] = ValueState(client, JOB, OP, "total", value_serializer="int", epoch=epoch)
         self.events: ListState[Any, Any] = ListState(client, JOB, OP, "events", value_serializer="str", epoch=epoch)
         self.attrs: MapState[Any, Any, Any] = MapState(client, JOB, OP, "attrs", value_serializer="str", epoch=epoch)
-        self.sums = ReducingState(client, JOB, OP, "sums", epoch=epoch)
+        self.sums = ReducingState[str](client, JOB, OP, "sums", epoch=epoch)
 
 
 @pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
@@ -130,8 +130,8 @@ def test_staged_writes_become_visible_only_for_the_winners_once_committed(inproc
     )
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
         tm_grpc.KeyedStateStub(channel).ValuePut(request, timeout=10)
-    assert info.value.code() is grpc.StatusCode.ABORTED
-    assert dict(info.value.trailing_metadata() or ())[REASON_KEY] == Reason.EPOCH_CONFLICT.value
+    assert cast(grpc.Call, info.value).code() is grpc.StatusCode.ABORTED
+    assert dict(cast(grpc.Call, info.value).trailing_metadata() or ())[REASON_KEY] == Reason.EPOCH_CONFLICT.value
 
     # A retried commit applies nothing twice.
     again = _commit(cluster, 0, {0: 100, 1: 102})
@@ -141,8 +141,8 @@ def test_staged_writes_become_visible_only_for_the_winners_once_committed(inproc
     # Epochs are contiguous: one that skips an epoch is refused, whatever it staged.
     with pytest.raises(grpc.RpcError) as gap:
         _commit(cluster, 5, {})
-    assert gap.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-    assert dict(gap.value.trailing_metadata() or ())[REASON_KEY] == Reason.EPOCH_GAP.value
+    assert cast(grpc.Call, gap.value).code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(cast(grpc.Call, gap.value).trailing_metadata() or ())[REASON_KEY] == Reason.EPOCH_GAP.value
 
     # An aborted epoch leaves no trace, and the micro-batch can run again.
     _Handles(client, _ctx(1, 0, 200)).total.put_many(keys[:3], [42] * 3)
@@ -161,7 +161,7 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
     start = client.begin_batch(JOB, "query-1", 0)
     assert (start.action, start.epoch, start.committed_epoch) == (jm_pb.RUN, 0, -1)
     scope = EpochScope(_ctx(start.epoch, 0, 1), routing_version=start.routing.version)
-    ValueState(client, JOB, OP, "total", value_serializer="int", epoch=scope).put_many(keys, list(range(100)))
+    ValueState[str, int](client, JOB, OP, "total", value_serializer="int", epoch=scope).put_many(keys, list(range(100)))
 
     response = client.commit_epoch(
         JOB,
@@ -177,7 +177,7 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
     # Every slot's checkpoint reports the epoch the commit wrote into its metadata.
     assert response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, response.checkpoint
     assert response.checkpoint.epoch == 0
-    assert ValueState(client, JOB, OP, "total", value_serializer="int").get_many(keys) == list(range(100))
+    assert ValueState[str, int](client, JOB, OP, "total", value_serializer="int").get_many(keys) == list(range(100))
     info = client.job_info(JOB)
     assert (info.committed_epoch, info.durable_epoch) == (0, 0)
     assert [(e.query_id, e.offset, e.first_epoch) for e in info.lineage] == [("query-1", 0, 0)]
@@ -197,10 +197,10 @@ def test_epoch_calls_to_a_slot_that_is_not_here_are_stale_routing(inprocess_clus
     )
     with grpc.insecure_channel(cluster.taskmanagers[0].address) as channel, pytest.raises(grpc.RpcError) as info:
         tm_grpc.KeyedStateStub(channel).ValuePut(request, timeout=10)
-    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-    assert dict(info.value.trailing_metadata() or ())[REASON_KEY] == Reason.STALE_ROUTING.value
+    assert cast(grpc.Call, info.value).code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(cast(grpc.Call, info.value).trailing_metadata() or ())[REASON_KEY] == Reason.STALE_ROUTING.value
     with grpc.insecure_channel(cluster.taskmanagers[0].address) as channel, pytest.raises(grpc.RpcError) as info:
         tm_grpc.TaskExecutorStub(channel).CommitEpoch(
             tm_pb.EpochCommitRequest(job_id="unknown-job", epoch=1), timeout=10
         )
-    assert info.value.code() is grpc.StatusCode.NOT_FOUND
+    assert cast(grpc.Call, info.value).code() is grpc.StatusCode.NOT_FOUND

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -51,7 +52,7 @@ def ctx(epoch: int, partition: int = 0, attempt: int = 1) -> common_pb2.EpochCon
 
 
 def trailers(err: grpc.RpcError) -> dict[str, str]:
-    return dict(err.trailing_metadata() or ())
+    return dict(cast(grpc.Call, err).trailing_metadata() or ())
 
 
 def total(client: StateClient, scope: Any = None) -> ValueState[Any, Any]:
@@ -93,7 +94,7 @@ def run_batch(client: StateClient, query: str, batch: int, value: int, **kw: Any
 
 
 @pytest.fixture
-def cluster(inprocess_cluster: Any) -> InProcessCluster:
+def cluster(inprocess_cluster: Callable[..., InProcessCluster]) -> InProcessCluster:
     c = inprocess_cluster(taskmanagers=2, slots=2)
     c.client().submit_job(JOB, OPERATORS)
     return c
@@ -113,15 +114,15 @@ def test_a_call_under_another_routing_version_is_refused_with_the_slots_version_
         )
         with pytest.raises(grpc.RpcError) as info:
             raw_put(address, target)
-        assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION, sent
+        assert cast(grpc.Call, info.value).code() is grpc.StatusCode.FAILED_PRECONDITION, sent
         assert trailers(info.value) == {REASON_KEY: Reason.STALE_ROUTING.value, ROUTING_VERSION_KEY: str(version)}
         if sent:
             assert (
                 f"is deployed under routing version {version}, the call was routed with version {sent}"
-                in info.value.details()
+                in cast(grpc.Call, info.value).details()
             )
         else:
-            assert "carries no routing version" in info.value.details()
+            assert "carries no routing version" in cast(grpc.Call, info.value).details()
     # Nothing was written by any of them.
     assert total(client).get_many(["k"]) == [None]
     # A commit under another version is refused by the TaskManager too.
@@ -129,11 +130,11 @@ def test_a_call_under_another_routing_version_is_refused_with_the_slots_version_
         tm_grpc.TaskExecutorStub(channel).CommitEpoch(
             tm_pb.EpochCommitRequest(job_id=JOB, epoch=0, routing_version=version + 1), timeout=10
         )
-    assert info.value.code() is grpc.StatusCode.ABORTED
+    assert cast(grpc.Call, info.value).code() is grpc.StatusCode.ABORTED
     assert trailers(info.value)[REASON_KEY] == Reason.EPOCH_CONFLICT.value
     assert (
         f"is deployed under routing version {version}, the commit of epoch 0 is for version {version + 1}"
-        in info.value.details()
+        in cast(grpc.Call, info.value).details()
     )
 
 
@@ -234,7 +235,9 @@ def test_a_new_query_binds_at_its_batch_0_on_the_existing_state(cluster: InProce
         run_batch(client, "q1", batch, batch, checkpoint=False, wait_for_checkpoint=False)
     start, scope = begin(client, "q2", 0)
     assert (start.action, start.epoch) == (jm_pb.RUN, 2)
-    ListState(client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(KEYS[:3], ["q2"] * 3)
+    ListState[str, str](client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(
+        KEYS[:3], ["q2"] * 3
+    )
     response = commit(client, start, scope, "q2", 0)
     assert response.committed_epoch == 2 and response.checkpoint.epoch == 2
     info = client.job_info(JOB)
@@ -362,21 +365,25 @@ def test_a_taskmanager_out_of_lease_refuses_state_calls_commits_and_barriers(lea
     target = tm_pb.StateTarget(job_id=JOB, operator_id=OP, subtask_index=0, state_name="total", routing_version=version)
     with pytest.raises(grpc.RpcError) as info:
         raw_put(tm.address, target)
-    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert cast(grpc.Call, info.value).code() is grpc.StatusCode.UNAVAILABLE
     assert trailers(info.value) == {REASON_KEY: Reason.LEASE_EXPIRED.value}
-    assert info.value.details().startswith(
-        "this TaskManager stopped serving (no heartbeat answered by the JobManager within the lease): ValuePut refused"
+    assert (
+        cast(grpc.Call, info.value)
+        .details()
+        .startswith(
+            "this TaskManager stopped serving (no heartbeat answered by the JobManager within the lease): ValuePut refused"
+        )
     )
     with grpc.insecure_channel(tm.address) as channel:
         stub = tm_grpc.TaskExecutorStub(channel)
         with pytest.raises(grpc.RpcError) as info:
             stub.CommitEpoch(tm_pb.EpochCommitRequest(job_id=JOB, epoch=0, routing_version=version), timeout=10)
         assert trailers(info.value)[REASON_KEY] == Reason.LEASE_EXPIRED.value
-        assert "the commit of epoch 0 refused" in info.value.details()
+        assert "the commit of epoch 0 refused" in cast(grpc.Call, info.value).details()
         with pytest.raises(grpc.RpcError) as info:
             stub.TriggerCheckpoint(tm_pb.CheckpointBarrier(job_id=JOB, checkpoint_id=99, epoch=-1), timeout=10)
         assert trailers(info.value)[REASON_KEY] == Reason.LEASE_EXPIRED.value
-        assert "the barrier of checkpoint 99 refused" in info.value.details()
+        assert "the barrier of checkpoint 99 refused" in cast(grpc.Call, info.value).details()
     with pytest.raises(UnavailableError, match="stopped serving"):
         total(client).get_many(KEYS[:2])
     clock.skew(0)
@@ -394,18 +401,20 @@ def test_a_write_whose_lease_ran_out_while_it_applied_answers_outcome_unknown(le
     clock.jump_after_next(3_600_000)
     with pytest.raises(grpc.RpcError) as info:
         raw_put(tm.address, target, b"k", (41).to_bytes(8, "big", signed=True))
-    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert cast(grpc.Call, info.value).code() is grpc.StatusCode.UNAVAILABLE
     assert trailers(info.value) == {REASON_KEY: Reason.OUTCOME_UNKNOWN.value}
-    assert "its outcome is unknown" in info.value.details()
+    assert "its outcome is unknown" in cast(grpc.Call, info.value).details()
     _renewed(tm)
     # It was applied: an answer of OUTCOME_UNKNOWN is never "not applied".
-    assert ValueState(client, JOB, OP, "total", key_serializer="bytes", value_serializer="int").get_many([b"k"]) == [41]
+    assert ValueState[bytes, int](client, JOB, OP, "total", key_serializer="bytes", value_serializer="int").get_many(
+        [b"k"]
+    ) == [41]
 
 
 def test_a_direct_reduce_with_an_unknown_outcome_is_not_retried(leased: Any) -> None:
     cluster, tm, clock = leased
     client = cluster.client(max_attempts=10)
-    sums = ReducingState(client, JOB, OP, "sums")
+    sums = ReducingState[str](client, JOB, OP, "sums")
     clock.jump_after_next(3_600_000)
     with pytest.raises(UnavailableError) as info:
         sums.add_many(["a"], [(1, 10)])
@@ -421,7 +430,7 @@ def test_a_numbered_write_with_an_unknown_outcome_is_retried_and_staged_once(lea
     cluster, _tm, clock = leased
     client = cluster.client(max_attempts=10)
     start, scope = begin(client, "q1", 0)
-    sums = ReducingState(client, JOB, OP, "sums", epoch=scope)
+    sums = ReducingState[str](client, JOB, OP, "sums", epoch=scope)
     sums.add_many(["a"], [(1, 10)])
     clock.jump_after_next(3_600_000)
     assert sums.add_many(["a"], [(1, 5)], return_values=True) == [(2, 15)]  # the retry answered with the value as it is
@@ -429,7 +438,7 @@ def test_a_numbered_write_with_an_unknown_outcome_is_retried_and_staged_once(lea
     assert sum(e.requests for e in scope.winner().writes) == 2
     response = commit(client, start, scope, "q1", 0)
     assert response.committed_epoch == 0 and response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED
-    assert ReducingState(client, JOB, OP, "sums").get_many(["a"]) == [(2, 15)]
+    assert ReducingState[str](client, JOB, OP, "sums").get_many(["a"]) == [(2, 15)]
 
 
 def test_an_unpinned_numbered_write_with_an_unknown_outcome_is_still_committed(leased: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ from tests.integration.exactly_once._pipeline import (
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 
 
-def test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch(exo_pipeline) -> None:
+def test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch(
+    exo_pipeline: Callable[..., ExactlyOncePipeline],
+) -> None:
     # Default configuration. TaskManager 1 dies when the barrier of the first checkpoint reaches it:
     # both TaskManagers have committed epoch 0, its checkpoint cannot complete, and the job has no
     # completed checkpoint to restart from.
@@ -49,7 +52,7 @@ def test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch(exo_pipel
     assert_finished_exactly(pipeline, outcome)
 
 
-def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(exo_pipeline) -> None:
+def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(exo_pipeline: Callable[..., ExactlyOncePipeline]) -> None:
     # No connection-loss detection: the JobManager learns of the loss by missed heartbeats only.
     # TaskManager 1 dies on the barrier of the third checkpoint, the one of epoch 2, so the job's
     # latest completed checkpoint holds epoch 1.
@@ -74,7 +77,9 @@ def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(exo_pipeline) -> None:
     assert_finished_exactly(pipeline, outcome)
 
 
-def test_3_failing_checkpoints_on_slow_storage_never_lose_a_batch_silently(exo_pipeline) -> None:
+def test_3_failing_checkpoints_on_slow_storage_never_lose_a_batch_silently(
+    exo_pipeline: Callable[..., ExactlyOncePipeline],
+) -> None:
     # Storage too slow for the checkpoint timeout. A checkpoint of this pipeline takes 50-100 ms on
     # this machine's local disk, so the 100 ms fails only some of them; 10 ms makes every
     # checkpoint expire, as a ten times slower storage does with 100 ms. No process fault at all.
@@ -100,7 +105,9 @@ def test_3_failing_checkpoints_on_slow_storage_never_lose_a_batch_silently(exo_p
 
 
 @pytest.mark.parametrize("crash_point", ["taskmanager.epoch.before-commit", "taskmanager.epoch.committed"])
-def test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch(exo_pipeline, crash_point: str) -> None:
+def test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch(
+    exo_pipeline: Callable[..., ExactlyOncePipeline], crash_point: str
+) -> None:
     # TaskManager 1 dies inside the commit of epoch 1 (its second commit): before applying it, or
     # right after. Epoch 0 and its checkpoint are complete, so the job restarts from epoch 0.
     pipeline = exo_pipeline(config=FAST_RESTARTS, tm_env={1: {CRASH_AT: f"{crash_point}@2"}})
@@ -112,7 +119,9 @@ def test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch(exo_pipelin
     assert_finished_exactly(pipeline, outcome)
 
 
-def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pipeline) -> None:
+def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(
+    exo_pipeline: Callable[..., ExactlyOncePipeline],
+) -> None:
     # Periodic checkpoints as often as a 30 ms min-pause allows, at most one at a time, so the
     # checkpoint an epoch commit asks for often finds one in flight and is refused with
     # TOO_MANY_CHECKPOINT_REQUESTS. After a batch whose foreachBatch returned that way, the test
@@ -154,7 +163,7 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pip
             return
         last = run.runtime.last_checkpoint if run.runtime is not None else None
         refused = last is not None and last.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
-        too_many = refused and "TOO_MANY_CHECKPOINT_REQUESTS" in last.failure_reason
+        too_many = refused and last is not None and "TOO_MANY_CHECKPOINT_REQUESTS" in last.failure_reason
         last_chance = batch_id == 5 and not kills
         if not (too_many or last_chance):
             return
@@ -178,7 +187,9 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(exo_pip
         raise AssertionError(f"{exc}\nTaskManager 1 killed: {shown}") from None
 
 
-def test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart(exo_pipeline) -> None:
+def test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart(
+    exo_pipeline: Callable[..., ExactlyOncePipeline],
+) -> None:
     # No spare slots and a budget of two restarts: a TaskManager that takes several seconds to come
     # back must cost one restart, as in Flink (the job waits for slots up to slot.request.timeout).
     pipeline = exo_pipeline(
@@ -221,7 +232,9 @@ def _savepoint(pipeline: ExactlyOncePipeline) -> tuple[str, int]:
     return info["path"], int(info.get("epoch", 0))
 
 
-def test_8_restoring_a_savepoint_older_than_the_last_recorded_batch_is_refused(exo_pipeline) -> None:
+def test_8_restoring_a_savepoint_older_than_the_last_recorded_batch_is_refused(
+    exo_pipeline: Callable[..., ExactlyOncePipeline],
+) -> None:
     # The operator takes a savepoint after batch 1, the query runs batch 2 and stops; then the
     # savepoint is restored (statectl job restore) and the query restarts on its checkpointLocation.
     # Spark carries on with batch 3: batch 2 is in neither the state nor Spark's plan.
@@ -250,7 +263,7 @@ def test_8_restoring_a_savepoint_older_than_the_last_recorded_batch_is_refused(e
     assert state == EXACT, f"the query refused, but the state is not the savepoint's: {state}"
 
 
-def test_9_restart_recipe_after_job_cancel_is_refused(exo_pipeline) -> None:
+def test_9_restart_recipe_after_job_cancel_is_refused(exo_pipeline: Callable[..., ExactlyOncePipeline]) -> None:
     # The README's restart recipe after `statectl job cancel`: the restarted driver resubmits the
     # job id, which starts empty, and Spark carries on from its next batch.
     pipeline = exo_pipeline(files=5, config=FAST_RESTARTS)
@@ -270,7 +283,7 @@ def test_9_restart_recipe_after_job_cancel_is_refused(exo_pipeline) -> None:
     assert state in (EXACT, NOT_SERVED), f"the query refused, but applied batches on the empty job: {state}"
 
 
-def test_10_restarted_driver_adopts_a_rescaled_job(exo_pipeline) -> None:
+def test_10_restarted_driver_adopts_a_rescaled_job(exo_pipeline: Callable[..., ExactlyOncePipeline]) -> None:
     # `statectl job rescale` between two runs of the driver, which still declares parallelism 4.
     pipeline = exo_pipeline(files=5, config=FAST_RESTARTS)
     pipeline.write_files(range(3))
@@ -286,7 +299,9 @@ def test_10_restarted_driver_adopts_a_rescaled_job(exo_pipeline) -> None:
     )
 
 
-def test_11_batches_after_a_rescale_are_partitioned_by_the_new_parallelism(exo_pipeline, tmp_path: Path) -> None:
+def test_11_batches_after_a_rescale_are_partitioned_by_the_new_parallelism(
+    exo_pipeline: Callable[..., ExactlyOncePipeline], tmp_path: Path
+) -> None:
     # A rescale from 4 to 2 between batch 1 and batch 2 while the query runs. Each task reports
     # its Spark partition and the key groups of its keys (_pipeline.make_process).
     reports = tmp_path / "reports"
@@ -300,7 +315,7 @@ def test_11_batches_after_a_rescale_are_partitioned_by_the_new_parallelism(exo_p
             assert rescaled.returncode == 0, rescaled.stderr
 
     assert_finished_exactly(pipeline, pipeline.run(QUERY_TIMEOUT_S, after_batch=after_batch, report_dir=reports))
-    by_epoch: dict[int, list[dict]] = {}
+    by_epoch: dict[int, list[dict[str, Any]]] = {}
     for r in read_reports(reports):
         by_epoch.setdefault(r["epoch"], []).append(r)
     assert sorted(by_epoch) == list(range(5)), sorted(by_epoch)
@@ -356,7 +371,9 @@ def _wait_for_epoch_checkpoint(
     raise AssertionError(f"no checkpoint after {after_id} within {timeout_s:.0f} s")
 
 
-def test_12_savepoints_taken_while_the_stream_runs_all_succeed(exo_pipeline) -> None:
+def test_12_savepoints_taken_while_the_stream_runs_all_succeed(
+    exo_pipeline: Callable[..., ExactlyOncePipeline],
+) -> None:
     # Each savepoint is triggered while a batch's epoch checkpoint is in flight, so that checkpoint
     # (incremental, small) completes while the savepoint (a full snapshot of 128 MB) still uploads.
     pipeline = exo_pipeline(files=6, config=BIG_STATE)
@@ -401,7 +418,9 @@ def assert_each_savepoint_restores(pipeline: ExactlyOncePipeline, paths: list[st
         pipeline.client.cancel_job(job)
 
 
-def test_12_rescale_requested_during_an_inflight_checkpoint_waits_for_it(exo_pipeline) -> None:
+def test_12_rescale_requested_during_an_inflight_checkpoint_waits_for_it(
+    exo_pipeline: Callable[..., ExactlyOncePipeline],
+) -> None:
     # Two rescales (4 -> 2 -> 4), each requested the moment a batch's epoch checkpoint is in flight.
     pipeline = exo_pipeline(files=6, config=BIG_STATE)
     pipeline.write_files()

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import rocksdict
@@ -64,7 +65,7 @@ def _read_key_groups(db_dir: Path) -> dict[str, set[int]]:
         out = {}
         for name in names:
             cf = db.get_column_family(name)
-            out[name] = {int.from_bytes(k[:2], "big") for k in cf.keys()}  # noqa: SIM118 - a column family is not iterable
+            out[name] = {int.from_bytes(cast(bytes, k)[:2], "big") for k in cf.keys()}  # noqa: SIM118 - a column family is not iterable
             del cf
         return out
     finally:

@@ -128,8 +128,8 @@ class EpochDriver:
             a[0] += 1
             a[1] += amount
         keys = sorted(agg)
-        ReducingState(self.client, JOB, OP, "sums", epoch=scope).add_many(keys, [agg[k] for k in keys])
-        ListState(self.client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(
+        ReducingState[str](self.client, JOB, OP, "sums", epoch=scope).add_many(keys, [agg[k] for k in keys])
+        ListState[str, str](self.client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(
             [k for k, _ in rows], [f"{epoch}:{i}:{amount}" for i, (_, amount) in enumerate(rows)]
         )
 
@@ -143,11 +143,11 @@ class EpochDriver:
     def verify(self) -> None:
         """Every key equals the plain-Python reference: nothing lost, nothing doubled."""
         keys = sorted(self.reference)
-        sums = ReducingState(self.client, JOB, OP, "sums").get_many(keys)
+        sums = ReducingState[str](self.client, JOB, OP, "sums").get_many(keys)
         got = {k: [int(v) for v in s] if s is not None else None for k, s in zip(keys, sums)}
         wrong = {k: (got[k], self.reference[k]) for k in keys if got[k] != self.reference[k]}
         assert not wrong, f"{len(wrong)} of {len(keys)} keys differ, e.g. {list(wrong.items())[:3]}"
-        lists = ListState(self.client, JOB, OP, "events", value_serializer="str").get_many(keys)
+        lists = ListState[str, str](self.client, JOB, OP, "events", value_serializer="str").get_many(keys)
         bad = [k for k, values in zip(keys, lists) if values != self.events[k]]
         assert not bad, f"{len(bad)} event lists differ, e.g. {bad[0]}"
 

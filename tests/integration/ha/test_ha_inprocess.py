@@ -102,13 +102,13 @@ def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitte
     )
     client = cluster.client()
     client.submit_job("a", _ops())
-    state = ValueState(client, "a", OP, "v", value_serializer="int")
+    state = ValueState[str, int](client, "a", OP, "v", value_serializer="int")
     keys = [f"k{i}" for i in range(300)]
     state.put_many(keys, list(range(300)))
     savepoint = client.trigger_checkpoint("a", savepoint=True, timeout_s=60)
     assert savepoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, savepoint.failure_reason
     client.submit_job("b", _ops(), restore_path=savepoint.path)
-    restored = ValueState(client, "b", OP, "v", value_serializer="int")
+    restored = ValueState[str, int](client, "b", OP, "v", value_serializer="int")
     assert restored.get_many(keys) == list(range(300))
     # Lose a TaskManager before job b completed any checkpoint of its own: the restart must
     # restore the savepoint again, not come back empty.
@@ -131,7 +131,7 @@ def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state
     cluster = inprocess_cluster(taskmanagers=1, slots=2, jm=_ha(tmp_path))
     client = cluster.client()
     client.submit_job("job", _ops())
-    state = ValueState(client, "job", OP, "v", value_serializer="int")
+    state = ValueState[str, int](client, "job", OP, "v", value_serializer="int")
     keys = [f"k{i}" for i in range(200)]
     state.put_many(keys, [1] * 200)
     source = client.trigger_checkpoint("job", timeout_s=60)
@@ -154,7 +154,7 @@ def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(
     cluster = inprocess_cluster(taskmanagers=1, slots=4, jm=_ha(tmp_path))
     client = cluster.client()
     client.submit_job("job", _ops())
-    ValueState(client, "job", OP, "v", value_serializer="int").put_many(["a", "b"], [1, 2])
+    ValueState[str, int](client, "job", OP, "v", value_serializer="int").put_many(["a", "b"], [1, 2])
     checkpoint = client.trigger_checkpoint("job", timeout_s=60)
     assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
     client.cancel_job("job")
@@ -167,4 +167,4 @@ def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(
     client.wait_for_taskmanagers(1, timeout_s=30)
     client.submit_job("again", _ops(), restore_path=after.latest_checkpoint_path)
     _wait_for(lambda: client.job_info("again").status == pb.JOB_STATUS_RUNNING, 30, "the job restored from it running")
-    assert ValueState(client, "again", OP, "v", value_serializer="int").get_many(["a", "b"]) == [1, 2]
+    assert ValueState[str, int](client, "again", OP, "v", value_serializer="int").get_many(["a", "b"]) == [1, 2]

@@ -29,7 +29,7 @@ def start_echo(net: VirtualNetwork, host: Host) -> subprocess.Popen[str]:
 
 def reaches(net: VirtualNetwork, client: Host, server: Host, timeout_s: float = 1.0) -> bool:
     """A fresh TCP connection from ``client`` to the echo server on ``server`` gets its echo."""
-    out = net.run(
+    out: str = net.run(
         client,
         [sys.executable, PROBE, "tcp-probe", server.ip, str(PORT), str(timeout_s)],
         capture_output=True,

@@ -77,9 +77,9 @@ def _refused(cluster: Any, method: str, code: str) -> float:
 
 def test_the_right_tokens_work_within_their_role_and_jobs(secured: tuple[Any, Tokens]) -> None:
     cluster, tokens = secured
-    writer = ValueState(_client(cluster, tokens, "pipeline-a"), JOB_A, OPERATOR, "last")
+    writer = ValueState[str, int](_client(cluster, tokens, "pipeline-a"), JOB_A, OPERATOR, "last")
     writer.put_many(["k1", "k2"], [1, 2])
-    reader = ValueState(_client(cluster, tokens, "dashboard-a"), JOB_A, OPERATOR, "last")
+    reader = ValueState[str, int](_client(cluster, tokens, "dashboard-a"), JOB_A, OPERATOR, "last")
     assert reader.get_many(["k1", "k2", "k3"]) == [1, 2, None]
     # The writer runs a pipeline's epochs on its job: BeginBatch and GetRouting are allowed.
     start = _client(cluster, tokens, "pipeline-a").begin_batch(JOB_A, "q", 0)
@@ -136,7 +136,7 @@ def test_a_token_scoped_to_another_job_is_denied_naming_the_job(secured: tuple[A
     cluster, tokens = secured
     before = _refused(cluster, "GetJob", "PERMISSION_DENIED")
     with pytest.raises(PermissionDeniedError) as info:
-        ValueState(_client(cluster, tokens, "pipeline-b"), JOB_A, OPERATOR, "last").put("k", 1)
+        ValueState[str, int](_client(cluster, tokens, "pipeline-b"), JOB_A, OPERATOR, "last").put("k", 1)
     message = info.value.message
     assert "token 'pipeline-b' (role writer, jobs: job-b) has no access to job 'job-a'" in message
     assert "use a token whose jobs include 'job-a'" in message
@@ -170,7 +170,7 @@ def test_a_reader_cannot_write_and_a_writer_cannot_cancel(
     secured: tuple[Any, Tokens], caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster, tokens = secured
-    reader = ValueState(_client(cluster, tokens, "dashboard-a"), JOB_A, OPERATOR, "last")  # may read the job
+    reader = ValueState[str, int](_client(cluster, tokens, "dashboard-a"), JOB_A, OPERATOR, "last")  # may read the job
     with pytest.raises(PermissionDeniedError) as info:
         reader.put("k", 1)
     assert (
@@ -216,7 +216,7 @@ def test_internal_calls_need_an_internal_identity(secured: tuple[Any, Tokens]) -
     overview = _client(cluster, tokens, "ops").cluster()
     assert [t.taskmanager_id for t in overview.taskmanagers] == ["tm-0"]
     # The real TaskManager, with its taskmanager token, still serves the job.
-    assert ValueState(_client(cluster, tokens, "ops"), JOB_A, OPERATOR, "last").get("nothing") is None
+    assert ValueState[str, int](_client(cluster, tokens, "ops"), JOB_A, OPERATOR, "last").get("nothing") is None
 
 
 def test_a_taskmanager_without_a_token_stops_at_once_naming_the_fix(

@@ -107,7 +107,7 @@ def test_the_shipped_deployment_runs_secured(inprocess_cluster: Any, tmp_path: P
         admin.wait_for_taskmanagers(1, slots=4, timeout_s=20)
         admin.submit_job(JOB, operators(2))
         with StateClient(cluster.address, SETTINGS, trust, token=tokens.tokens["pipeline"]) as writer:
-            state = ValueState(writer, JOB, OPERATOR, "last")
+            state = ValueState[str, int](writer, JOB, OPERATOR, "last")
             state.put_many(["a", "b"], [1, 2])
             assert state.get_many(["a", "b"]) == [1, 2]
             with pytest.raises(PermissionDeniedError):

@@ -62,7 +62,7 @@ def test_secrets_appear_in_no_log_metric_metadata_or_statectl_output(
     with StateClient(address, settings, token=tokens.tokens["ops"]) as admin:
         admin.submit_job(JOB, operators(1))
     with StateClient(address, settings, token=tokens.tokens["pipeline"]) as pipeline:
-        ValueState(pipeline, JOB, OPERATOR, "last").put_many([f"k{i}" for i in range(50)], list(range(50)))
+        ValueState[str, int](pipeline, JOB, OPERATOR, "last").put_many([f"k{i}" for i in range(50)], list(range(50)))
 
     outputs = []
     for args in (

@@ -41,7 +41,7 @@ def test_daemons_authenticate_by_certificate_and_clients_by_token(inprocess_clus
         admin.wait_for_taskmanagers(2, slots=4, timeout_s=20)
         admin.submit_job(JOB, operators(2))
         with StateClient(cluster.address, SETTINGS, rest, token=tokens.tokens["pipeline"]) as writer:
-            state = ValueState(writer, JOB, OPERATOR, "last")
+            state = ValueState[str, int](writer, JOB, OPERATOR, "last")
             keys = [f"k{i}" for i in range(200)]
             state.put_many(keys, list(range(200)))
             assert state.get_many(keys) == list(range(200))
@@ -56,7 +56,7 @@ def test_daemons_authenticate_by_certificate_and_clients_by_token(inprocess_clus
         StateClient(cluster.address, SETTINGS, rest) as anonymous,  # no token in this environment
         pytest.raises(AuthenticationError),
     ):
-        ValueState(anonymous, JOB, OPERATOR, "last").get("k1")
+        ValueState[str, int](anonymous, JOB, OPERATOR, "last").get("k1")
 
     # A client holding a cluster (internal) certificate is still not a TaskManager on the client
     # port: the internal services are not served there at all.

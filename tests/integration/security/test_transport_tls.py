@@ -14,7 +14,7 @@ import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import grpc
 import pytest
@@ -33,7 +33,13 @@ from keyedstate.taskmanager.daemon import TaskManager
 from tests.fixtures.tls import Leaf, Pki
 from tests.integration.serving._support import JOB, OPERATOR, operators
 
-QUICK = {"max_attempts": 1, "timeout_s": 5.0}
+
+class _Quick(TypedDict):
+    max_attempts: int
+    timeout_s: float
+
+
+QUICK: _Quick = {"max_attempts": 1, "timeout_s": 5.0}
 
 
 @pytest.fixture
@@ -84,7 +90,7 @@ def test_both_planes_on_tls_end_to_end(inprocess_cluster: Any, pki: Pki) -> None
     overview = client.wait_for_taskmanagers(2, slots=4, timeout_s=20)
     assert sorted(t.address for t in overview.taskmanagers) == sorted(tm.address for tm in tms)
     client.submit_job(JOB, operators(4), max_parallelism=32)
-    state = ValueState(client, JOB, OPERATOR, "last", value_serializer="str")
+    state = ValueState[str, str](client, JOB, OPERATOR, "last", value_serializer="str")
     keys = [f"k{i}" for i in range(500)]
     state.put_many(keys, [f"v{i}" for i in range(500)])
     assert state.get_many(keys) == [f"v{i}" for i in range(500)]
@@ -101,7 +107,7 @@ def test_clients_cannot_reach_internal_services(inprocess_cluster: Any, pki: Pki
         jm_grpc.ResourceManagerStub(channel).RegisterTaskManager(
             jm_pb.RegisterTaskManagerRequest(taskmanager_id="intruder", address="127.0.0.1:1", num_slots=8), timeout=5
         )
-    assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert cast(grpc.Call, info.value).code() is grpc.StatusCode.UNIMPLEMENTED
     # The internal port wants a certificate of the cluster's CA: a client-plane one is refused.
     client_leaf = pki.leaf(pki.rest_ca, "client-at-internal")
     creds = grpc.ssl_channel_credentials(
@@ -110,7 +116,7 @@ def test_clients_cannot_reach_internal_services(inprocess_cluster: Any, pki: Pki
     for target in (f"127.0.0.1:{jm.internal_port}", tm.internal_address):
         with grpc.secure_channel(target, creds) as channel, pytest.raises(grpc.RpcError) as info:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert cast(grpc.Call, info.value).code() is grpc.StatusCode.UNAVAILABLE
     assert len(jm.registry.all()) == 1
 
 

@@ -80,7 +80,9 @@ class Serving:
         assert self.call("ValuePut", "last", keys=[key], values=[value]).applied == 1
         got = self.call("ValueGet", "last", keys=[key])
         assert list(got.found) == [True] and list(got.values) == [value]
-        state = ValueState(self.client, JOB, OPERATOR, "last", key_serializer="bytes", value_serializer="bytes")
+        state = ValueState[bytes, bytes](
+            self.client, JOB, OPERATOR, "last", key_serializer="bytes", value_serializer="bytes"
+        )
         assert state.get(key) == value
 
 
@@ -101,7 +103,7 @@ def serving(request: pytest.FixtureRequest, inprocess_cluster: Any) -> Iterator[
         channel.close()
 
 
-def _assert_refused(err: grpc.RpcError, code: grpc.StatusCode, why: str, *fragments: str) -> None:
+def _assert_refused(err: grpc.Call, code: grpc.StatusCode, why: str, *fragments: str) -> None:
     assert err.code() is code, err.details()
     assert reason(err) == why, (reason(err), err.details())
     for fragment in fragments:
@@ -173,13 +175,15 @@ def test_a_batch_with_one_bad_entry_applies_nothing(serving: Serving) -> None:
 
 def test_oversized_key_and_value_through_the_client(serving: Serving) -> None:
     s = serving
-    last = ValueState(s.client, JOB, OPERATOR, "last", key_serializer="bytes", value_serializer="bytes")
+    last = ValueState[bytes, bytes](s.client, JOB, OPERATOR, "last", key_serializer="bytes", value_serializer="bytes")
     with pytest.raises(SizeLimitError) as info:
         last.put(b"k" * (MAX_KEY + 1), b"v")
     assert info.value.reason is Reason.SIZE_LIMIT and "state.limits.max-key-bytes" in info.value.message
     assert status_code(info.value) is grpc.StatusCode.INVALID_ARGUMENT
 
-    events = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
+    events = ListState[bytes, bytes](
+        s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes"
+    )
     other = key_of_subtask(s.routing, 0, prefix="other")
     with pytest.raises(SizeLimitError) as info:
         events.append_many([s.key0, other], [b"small", b"x" * (MAX_VALUE + 1)])
@@ -211,10 +215,10 @@ def test_a_call_over_several_subtasks_with_one_bad_entry_is_refused_before_anyth
         user_keys[bad] = b"u" * (MAX_KEY + 1)
     else:
         namespace = b"n" * (MAX_KEY + 1)
-    events = ListState(
+    events = ListState[bytes, bytes](
         s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes", namespace=namespace
     )
-    attrs = MapState(
+    attrs = MapState[bytes, bytes, bytes](
         s.client,
         JOB,
         OPERATOR,
@@ -237,8 +241,8 @@ def test_a_call_over_several_subtasks_with_one_bad_entry_is_refused_before_anyth
     assert status_code(info.value) is grpc.StatusCode.INVALID_ARGUMENT
 
     # Nothing was applied on either subtask, so resending the fixed call applies it exactly once.
-    plain = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
-    plain_map = MapState(
+    plain = ListState[bytes, bytes](s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
+    plain_map = MapState[bytes, bytes, bytes](
         s.client, JOB, OPERATOR, "attrs", key_serializer="bytes", user_key_serializer="bytes", value_serializer="bytes"
     )
     fixed = [k for i, k in enumerate(keys) if i != bad]
@@ -258,7 +262,9 @@ def test_a_call_over_several_subtasks_with_one_bad_entry_is_refused_before_anyth
 
 def test_list_too_large_for_get_names_the_client_method_that_streams_it(serving: Serving) -> None:
     s = serving
-    events = ListState(s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes")
+    events = ListState[bytes, bytes](
+        s.client, JOB, OPERATOR, "events", key_serializer="bytes", value_serializer="bytes"
+    )
     elements = [b"%03d" % i + b"x" * 97 for i in range(2 * MAX_LIST_RESPONSE // 100)]
     events.append_many([s.key0] * len(elements), elements)
     with pytest.raises(SizeLimitError) as info:
@@ -277,7 +283,7 @@ def test_list_too_large_for_get_names_the_client_method_that_streams_it(serving:
 @pytest.mark.parametrize("field,value", [("job", "no-such-job"), ("operator", "no-such-operator")])
 def test_unknown_job_or_operator_is_stale_routing(serving: Serving, field: str, value: str) -> None:
     s = serving
-    target = s.target("last", **{field: value})
+    target = s.target("last", **{field: value})  # type: ignore[arg-type]  # field is job or operator, both str
     err = rpc_error(lambda: s.call("ValueGet", "last", target=target, keys=[s.key0]))
     _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", value, "refresh the routing table")
     s.assert_still_serving()
@@ -370,7 +376,7 @@ def test_wrong_state_kind_through_the_client(serving: Serving) -> None:
     assert status_code(info.value) is grpc.StatusCode.FAILED_PRECONDITION
 
     # Past the handle check (a caller using keyed_call directly), the server's answer arrives typed.
-    def build(target: tm_pb.StateTarget, indices: list[int] | None) -> tm_pb.KeyedRequest:
+    def build(target: tm_pb.StateTarget, indices: list[int] | range | None) -> tm_pb.KeyedRequest:
         return tm_pb.KeyedRequest(target=target, keys=[s.key0])
 
     with pytest.raises(WrongStateKindError) as info:
@@ -428,9 +434,9 @@ def test_malformed_scans_are_invalid_argument(serving: Serving) -> None:
 
 def test_mismatched_lengths_through_the_client_are_refused_before_sending(serving: Serving) -> None:
     s = serving
-    last = ValueState(s.client, JOB, OPERATOR, "last", value_serializer="int")
-    attrs = MapState(s.client, JOB, OPERATOR, "attrs", value_serializer="int")
-    totals = ReducingState(s.client, JOB, OPERATOR, "totals")
+    last = ValueState[str, int](s.client, JOB, OPERATOR, "last", value_serializer="int")
+    attrs = MapState[str, str, int](s.client, JOB, OPERATOR, "attrs", value_serializer="int")
+    totals = ReducingState[str](s.client, JOB, OPERATOR, "totals")
     keys = keys_of_subtask(s.routing, 0, 2)
     with pytest.raises(InvalidArgumentError, match=r"equal lengths \(keys=2, values=1\)"):
         last.put_many(keys, [1])

@@ -58,7 +58,7 @@ def test_list_update_longer_than_a_batch_replaces_the_whole_list(handles: tuple[
 
 def test_reduce_returns_values_aligned_with_their_keys(handles: tuple[Any, int]) -> None:
     client, parallelism = handles
-    totals = ReducingState(client, JOB, OPERATOR, "totals")
+    totals = ReducingState[str](client, JOB, OPERATOR, "totals")
     routing = client.routing(JOB)
     keys = [k for s in range(parallelism) for k in keys_of_subtask(routing, s, 40)]
     first = totals.add_many(keys, [(i,) for i in range(len(keys))], return_values=True)

@@ -51,11 +51,13 @@ def stub(cluster: Any) -> Iterator[jm_grpc.JobManagerStub]:
 
 
 def _submit(stub: jm_grpc.JobManagerStub, **fields: Any) -> pb.RoutingTable:
-    return stub.SubmitJob(jm_pb.SubmitJobRequest(**fields), timeout=30)
+    routing: pb.RoutingTable = stub.SubmitJob(jm_pb.SubmitJobRequest(**fields), timeout=30)
+    return routing
 
 
 def _free_slots(stub: jm_grpc.JobManagerStub) -> int:
-    return stub.GetClusterOverview(jm_pb.ClusterOverviewRequest(), timeout=10).free_slots
+    free: int = stub.GetClusterOverview(jm_pb.ClusterOverviewRequest(), timeout=10).free_slots
+    return free
 
 
 def _assert_unknown(stub: jm_grpc.JobManagerStub, job_id: str) -> None:
@@ -170,7 +172,7 @@ def test_resubmitting_the_same_job_is_idempotent(cluster: Any, stub: jm_grpc.Job
     client = cluster.client()
     first = client.submit_job(JOB, operators(parallelism=2))
     free = _free_slots(stub)
-    last = ValueState(client, JOB, OPERATOR, "last", value_serializer="int")
+    last = ValueState[str, int](client, JOB, OPERATOR, "last", value_serializer="int")
     last.put_many(["a", "b"], [1, 2])
 
     # A restarted driver: a new client submits the same definition and attaches to the running job.
@@ -209,7 +211,7 @@ def test_a_canceled_job_id_can_be_reused_and_cached_routing_moves_on(
     """A client that cached the old job's routing follows the new definition, never a stale table."""
     client = cluster.client()
     client.submit_job(JOB, operators(parallelism=2))
-    events = ListState(client, JOB, OPERATOR, "events", value_serializer="str")
+    events = ListState[str, str](client, JOB, OPERATOR, "events", value_serializer="str")
     events.append("k", "old")
     # A rescale (same parallelism) moves the cached routing past version 1.
     stub.RescaleJob(jm_pb.RescaleJobRequest(job_id=JOB, parallelism={"": 2}), timeout=60)
@@ -246,7 +248,7 @@ def test_a_client_that_saw_the_job_canceled_follows_its_restore(cluster: Any) ->
     """A long-lived client refreshes a cached CANCELED (or FAILED) status before it believes it."""
     client = cluster.client()
     client.submit_job(JOB, operators(parallelism=2))
-    last = ValueState(client, JOB, OPERATOR, "last", value_serializer="int")
+    last = ValueState[str, int](client, JOB, OPERATOR, "last", value_serializer="int")
     keys = keys_of_subtask(client.routing(JOB), 0, 2) + keys_of_subtask(client.routing(JOB), 1, 2)
     last.put_many(keys, [1, 2, 3, 4])
     checkpoint = client.trigger_checkpoint(JOB, timeout_s=60)
@@ -258,7 +260,7 @@ def test_a_client_that_saw_the_job_canceled_follows_its_restore(cluster: Any) ->
         last.get_many(keys)
     assert refused.value.reason is Reason.JOB_NOT_RUNNING
     assert client.routing(JOB).job_status == "CANCELED"  # the long-lived client has cached it
-    events = ListState(client, JOB, OPERATOR, "events")
+    events = ListState[str, Any](client, JOB, OPERATOR, "events")
     with pytest.raises(KeyedStateError, match="is CANCELED; restore it"):
         list(events.scan(keys[0]))
 

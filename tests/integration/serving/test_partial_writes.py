@@ -20,7 +20,7 @@ from tests.integration.serving._support import JOB, OPERATOR, keys_of_subtask, o
 MAX_ELEMENTS = 3
 
 
-def _events(client: Any) -> ListState:
+def _events(client: Any) -> ListState[str, str]:
     return ListState(client, JOB, OPERATOR, "events", value_serializer="str")
 
 

@@ -76,6 +76,7 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
 
         rows = [r for b in batches for r in b.to_pylist()]
         ctx = TaskContext.get()
+        assert ctx is not None  # this runs in a Spark task
         if rows:
             users = [r["user"] for r in rows]
             state.reducing("totals").add_many(users, [(1, r["amount"]) for r in rows])

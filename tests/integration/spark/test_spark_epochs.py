@@ -6,15 +6,18 @@ import random
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ListState, ReducingState, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.spark import KeyedStateRuntime
+from tests.fixtures.cluster import InProcessCluster
 
 pytestmark = pytest.mark.spark
 
@@ -62,6 +65,7 @@ def process_failing_first_attempts(batches: Any, state: Any) -> None:
 
     process(batches, state)
     ctx = TaskContext.get()
+    assert ctx is not None  # this runs in a Spark task
     # The first attempt of every even partition dies after its writes reached the TaskManagers.
     if ctx.attemptNumber() == 0 and ctx.partitionId() % 2 == 0:
         raise RuntimeError("injected task failure after writing state")
@@ -73,17 +77,19 @@ def _verify(runtime: KeyedStateRuntime, events: list[dict[str, Any]]) -> None:
         expected[e["user"]].append(e["amount"])
     users = sorted(expected)
     c, job = runtime.client, runtime.job_id
-    assert ValueState(c, job, "agg", "count", value_serializer="int").get_many(users) == [
+    assert ValueState[str, int](c, job, "agg", "count", value_serializer="int").get_many(users) == [
         len(expected[u]) for u in users
     ]
-    lists = ListState(c, job, "agg", "amounts", value_serializer="int").get_many(users)
+    lists = ListState[str, int](c, job, "agg", "amounts", value_serializer="int").get_many(users)
     assert [sorted(x) for x in lists] == [sorted(expected[u]) for u in users]
-    totals = ReducingState(c, job, "agg", "total").get_many(users)
+    totals = ReducingState[str](c, job, "agg", "total").get_many(users)
     assert totals == [(len(expected[u]), sum(expected[u])) for u in users]
 
 
 @pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
-def test_failed_attempts_and_a_rerun_batch_apply_exactly_once(spark, inprocess_cluster, backend: str) -> None:
+def test_failed_attempts_and_a_rerun_batch_apply_exactly_once(
+    spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster], backend: str
+) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=1, backend=backend)
     runtime = KeyedStateRuntime(cluster.address, f"exo-{backend}", OPS)
     on_batch = runtime.foreach_batch(process_failing_first_attempts, key_col="user", operator="agg")
@@ -101,7 +107,9 @@ def test_failed_attempts_and_a_rerun_batch_apply_exactly_once(spark, inprocess_c
     assert runtime.last_checkpoint.epoch == 2
 
 
-def test_query_restarts_from_its_spark_checkpoint_location(spark, inprocess_cluster, tmp_path: Path) -> None:
+def test_query_restarts_from_its_spark_checkpoint_location(
+    spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster], tmp_path: Path
+) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 

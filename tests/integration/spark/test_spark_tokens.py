@@ -64,7 +64,9 @@ def test_executors_use_the_token_file_shipped_with_the_application(
         runtime.foreach_batch(count_users, key_col="user", operator="agg")(df, 0)
         with StateClient(cluster.address, token=tokens.tokens["ops"]) as ops:
             assert (
-                ValueState(ops, JOB, "agg", "count", value_serializer="int").get_many([f"u{i}" for i in range(7)])
+                ValueState[str, int](ops, JOB, "agg", "count", value_serializer="int").get_many(
+                    [f"u{i}" for i in range(7)]
+                )
                 == [10] * 7
             )
         # The cluster does require tokens: the executors' writes above went through on the shipped one.

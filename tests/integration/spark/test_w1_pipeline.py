@@ -55,6 +55,6 @@ def test_runtime_records_where_each_batch_spent_its_time(spark: Any, inprocess_c
         assert t.tasks_s > 0 and t.commit_s > 0
         assert t.total_s >= t.tasks_s + t.commit_s
         assert 0 <= t.checkpoint_s <= t.commit_s + 0.01  # the checkpoint is part of the commit call
-    state = ReducingState(runtime.client, "timed", sparkjobs.OPERATOR, sparkjobs.STATE, key_serializer="int")
+    state = ReducingState[int](runtime.client, "timed", sparkjobs.OPERATOR, sparkjobs.STATE, key_serializer="int")
     assert state.get_many([0, 49]) == [(3, 30), (3, 30 + 3 * 49)]
     runtime.close()

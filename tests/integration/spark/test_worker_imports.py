@@ -12,9 +12,12 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
 
 import keyedstate.common
 from keyedstate.common.errors import InvalidArgumentError
@@ -33,7 +36,7 @@ def _expected_groups() -> list[tuple[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def user_common_zip(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def user_common_zip(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's own top-level package ``common``, shipped the way users ship theirs."""
     path = tmp_path_factory.mktemp("user") / "user_common.zip"
     with zipfile.ZipFile(path, "w") as archive:
@@ -46,7 +49,7 @@ def user_common_zip(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shipped(spark) -> str:
+def shipped(spark: SparkSession) -> str:
     return ship_package(spark)
 
 
@@ -77,10 +80,12 @@ def python_without_keyedstate(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wrapper
 
 
-def test_user_common_package_and_keyedstate_coexist_on_workers(spark, user_common_zip, shipped):
-    def probe(keys):
-        import common
-        import common.client
+def test_user_common_package_and_keyedstate_coexist_on_workers(
+    spark: SparkSession, user_common_zip: Path, shipped: str
+) -> None:
+    def probe(keys: Iterable[str]) -> Iterator[dict[str, Any]]:
+        import common  # type: ignore[import-not-found]  # the user's package, shipped to the workers only
+        import common.client  # type: ignore[import-not-found]  # idem
         import keyedstate.common
         from keyedstate.common.keygroups import key_group
         from keyedstate.common.serializers import get_serializer
@@ -107,12 +112,12 @@ def test_user_common_package_and_keyedstate_coexist_on_workers(spark, user_commo
 
 
 def test_worker_without_keyedstate_installed_imports_the_shipped_zip(
-    spark, user_common_zip, shipped, python_without_keyedstate
-):
-    def probe(keys):
+    spark: SparkSession, user_common_zip: Path, shipped: str, python_without_keyedstate: Path
+) -> None:
+    def probe(keys: Iterable[str]) -> Iterator[dict[str, Any]]:
         import sys
 
-        import common
+        import common  # the user's package (mypy reported it missing once, above)
         import keyedstate.common
         import keyedstate.common.keygroups as keygroups
         from keyedstate.common.serializers import get_serializer
@@ -144,7 +149,7 @@ def test_worker_without_keyedstate_installed_imports_the_shipped_zip(
     assert sorted(g for r in results for g in r["groups"]) == _expected_groups()
 
 
-def test_ship_package_is_idempotent_and_leaves_the_driver_path_alone(spark, shipped):
+def test_ship_package_is_idempotent_and_leaves_the_driver_path_alone(spark: SparkSession, shipped: str) -> None:
     before = list(sys.path)
     assert ship_package(spark) == shipped
     assert ship_package(spark.sparkContext) == shipped
@@ -152,7 +157,7 @@ def test_ship_package_is_idempotent_and_leaves_the_driver_path_alone(spark, ship
     assert shipped not in sys.path and not any(os.path.basename(shipped) in p for p in sys.path)
 
 
-def test_shipped_zip_holds_every_package_as_namespace_keyedstate(shipped):
+def test_shipped_zip_holds_every_package_as_namespace_keyedstate(shipped: str) -> None:
     names = set(zipfile.ZipFile(shipped).namelist())
     assert "keyedstate/__init__.py" not in names
     assert {"keyedstate/", "keyedstate/common/", "keyedstate/common/__init__.py"} <= names
@@ -163,6 +168,6 @@ def test_shipped_zip_holds_every_package_as_namespace_keyedstate(shipped):
     assert package_zip() == shipped
 
 
-def test_ship_package_rejects_what_is_not_spark(spark):
+def test_ship_package_rejects_what_is_not_spark(spark: SparkSession) -> None:
     with pytest.raises(InvalidArgumentError, match="SparkSession or SparkContext"):
         ship_package("local[2]")
