@@ -159,7 +159,8 @@ class Checkpointing:
         return self._storages.for_url(url, job.config if job is not None else None)
 
     def _checkpoints_dir(self, job: Job) -> str | None:
-        return job.config.get(o.CHECKPOINTS_DIR)
+        directory: str | None = job.config.get(o.CHECKPOINTS_DIR)
+        return directory
 
     def job_dir(self, job: Job) -> str:
         base = self._checkpoints_dir(job)

@@ -30,6 +30,7 @@ run outside it. Finalizations are serialized by a second lock so checkpoints com
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -389,7 +390,7 @@ class CheckpointCoordinator:
             )
             self._pending[checkpoint_id] = pending
             pending.timeout_handle = self._scheduler.schedule(
-                self.settings.timeout_ms, lambda cid=checkpoint_id: self._on_timeout(cid)
+                self.settings.timeout_ms, functools.partial(self._on_timeout, checkpoint_id)
             )
             return pending
 
@@ -502,7 +503,7 @@ class CheckpointCoordinator:
                 subtask,
             )
             self._discard_orphan_ack(checkpoint_id, handle)
-        elif outcome is not AckOutcome.SUCCESS:
+        else:
             logger.debug("job=%s checkpoint=%d ack from %s: %s", self.job_id, checkpoint_id, subtask, outcome.value)
         if finalize is not None:
             self._finalize(finalize)

@@ -176,12 +176,12 @@ def execute(storage: CheckpointStorage, plan: GcPlan) -> list[str]:
         except Exception as exc:
             failed.append((entry.path, exc))
     if failed:
-        path, exc = failed[0]
+        first_path, first_exc = failed[0]
         raise StorageError(
-            f"gc deleted {len(deleted)} of {len(plan.remove)} paths; could not delete {path}: {exc}"
+            f"gc deleted {len(deleted)} of {len(plan.remove)} paths; could not delete {first_path}: {first_exc}"
             + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
             + "; run gc again"
-        ) from exc
+        ) from first_exc
     return deleted
 
 

@@ -267,7 +267,7 @@ class JobManagerConnection:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._channel.close()  # type: ignore[no-untyped-call]  # unannotated in types-grpcio
+        self._channel.close()
 
 
 def _refusal(exc: Exception) -> KeyedStateError | None:
