@@ -27,7 +27,7 @@ from keyedstate.common.errors import (
     KeyedStateError,
     UnavailableError,
 )
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import JobId, SubtaskId
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
@@ -37,6 +37,8 @@ from keyedstate.jobmanager.checkpoint import (
     CheckpointingSettings,
     CheckpointStatsTracker,
     CompletedCheckpoint,
+    CoordinatorConfig,
+    CoordinatorServices,
     EpochCut,
     _paths,
     find_latest_checkpoint,
@@ -159,7 +161,8 @@ class Checkpointing:
         return self._storages.for_url(url, job.config if job is not None else None)
 
     def _checkpoints_dir(self, job: Job) -> str | None:
-        return job.config.get(o.CHECKPOINTS_DIR)
+        directory: str | None = job.config.get(o.CHECKPOINTS_DIR)
+        return directory
 
     def job_dir(self, job: Job) -> str:
         base = self._checkpoints_dir(job)
@@ -186,24 +189,30 @@ class Checkpointing:
         id_counter = self.ha.checkpoint_id_counter(job.job_id, floor=_next_unused_checkpoint_id(storage, job_dir))
         if not recovering:
             job.checkpoints_from = id_counter.get()
-        job.coordinator = CheckpointCoordinator(
-            job.job_id,
-            settings,
-            storage,
+        config = CoordinatorConfig(
+            JobId(job.job_id),
             job_dir,
+            job.spec.max_parallelism,
+            settings,
+            savepoints_dir=job.config.get(o.SAVEPOINTS_DIR),
+        )
+        services = CoordinatorServices(
+            storage,
             _JobGateway(self._taskmanagers, self._executor, job),
+            self._clock,
+            self._scheduler,
             id_counter=id_counter,
             store=store,
-            clock=self._clock,
-            scheduler=self._scheduler,
-            operators=lambda: job.spec.operators,
-            max_parallelism=job.spec.max_parallelism,
-            tasks=lambda: set(job.assignments),
             stats=CheckpointStatsTracker(job.job_id, self._metrics_registry),
+        )
+        job.coordinator = CheckpointCoordinator(
+            config,
+            services,
+            operators=lambda: job.spec.operators,
+            tasks=lambda: set(job.assignments),
             on_failover=lambda reason, message: fail_over(
                 job.job_id, f"too many failed checkpoints ({reason.name}): {message}"
             ),
-            savepoints_dir=job.config.get(o.SAVEPOINTS_DIR),
         )
 
     def detach(self, job: Job) -> None:

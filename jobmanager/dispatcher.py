@@ -765,7 +765,7 @@ class Dispatcher:
     # -- failures ----------------------------------------------------------------------------
     def resume_recovered(self, job: Job) -> None:
         """Redeploy a job recovered after a JobManager restart, in the background."""
-        self._pool.submit(recovery.resume, self, self.checkpointing, job)
+        self._pool.submit(recovery.resume, self, self.checkpointing, job, self.clock)
 
     def _on_taskmanager_lost(self, record: TaskManagerRecord, cause: str) -> None:
         self.gateways.forget(record.address)

@@ -187,7 +187,7 @@ def restart(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> 
     slots and waiting for resources happen without it, so routing and status queries go on.
     """
     with job.lock:
-        if job.status is not JobStatus.RESTARTING:
+        if not _restarting(job):
             return False
         previous = dict(job.assignments)
         job.assignments = {}
@@ -197,7 +197,7 @@ def restart(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> 
     needed = len(plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism))
     dispatcher.wait_for_resources(job, needed, owners, job.config.get(o.SLOT_REQUEST_TIMEOUT))
     with job.lock:
-        if job.status is not JobStatus.RESTARTING:
+        if not _restarting(job):  # it may have been cancelled while the lock was not held
             return False
         plan = checkpointing.plan_latest(job)
         dispatcher.deploy(job, plan, prefer=prefer)
@@ -206,3 +206,8 @@ def restart(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> 
         checkpointing.persist(job)
         checkpointing.job_running(job)
         return True
+
+
+def _restarting(job: Job) -> bool:
+    # A function, not an inline test: the status changes under other threads between two looks.
+    return job.status is JobStatus.RESTARTING

@@ -16,6 +16,7 @@ from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.rpc.enums import value_of
+from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
 from keyedstate.jobmanager.scheduling import SlotAssignment
 
@@ -130,7 +131,8 @@ class Job:
     """For a job resubmitted under the id of a cancelled or failed one: where that one's state is."""
     last_taskmanagers: frozenset[str] = frozenset()
     """The TaskManagers of the latest deployment: a redeploy waits until each is fenced."""
-    coordinator: Any = None
+    coordinator: CheckpointCoordinator | None = None
+    """Its checkpoints (None: the job has no checkpoint storage)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Guards the job's fields; held only briefly (never across a call to a TaskManager)."""
     epoch_lock: threading.Lock = field(default_factory=threading.Lock)

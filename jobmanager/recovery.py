@@ -12,8 +12,8 @@ takes over, as for any other failure.
 from __future__ import annotations
 
 import logging
-import time
 
+from keyedstate.common.clock import Clock
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.failover import Deployments, restart
@@ -22,14 +22,14 @@ from keyedstate.jobmanager.jobs import Job, JobStatus
 logger = logging.getLogger(__name__)
 
 
-def resume(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> None:
+def resume(dispatcher: Deployments, checkpointing: Checkpointing, job: Job, clock: Clock) -> None:
     """Bring one recovered job back to RUNNING (runs on the dispatcher's pool).
 
     The restart waits, within ``slot.request.timeout``, for free slots and for every
     TaskManager that hosted the job's last deployment to be fenced: re-registered with this
     JobManager, or past the end of any lease an earlier leader could have granted it.
     """
-    started = time.monotonic()
+    started_ms = clock.monotonic_ms()
     try:
         checkpointing.sweep_orphans(job)
     except (KeyedStateError, OSError) as exc:
@@ -51,7 +51,7 @@ def resume(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> N
             logger.info(
                 "job %s resumed after the JobManager restart in %.2f s (routing v%d, epoch %d)",
                 job.job_id,
-                time.monotonic() - started,
+                (clock.monotonic_ms() - started_ms) / 1000.0,
                 job.routing_version,
                 job.committed_epoch,
             )

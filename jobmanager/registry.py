@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common.clock import Clock, Scheduler
+from keyedstate.common.clock import Cancellable, Clock, Scheduler
 from keyedstate.common.config.options import MAX_TASK_SLOTS
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
@@ -104,7 +104,7 @@ class TaskManagerRegistry:
         self._listeners: list[LostListener] = []
         self.session = uuid.uuid4().hex[:12]
         self._stopped = False
-        self._timer = None
+        self._timer: Cancellable | None = None
 
     def add_lost_listener(self, listener: LostListener) -> None:
         self._listeners.append(listener)

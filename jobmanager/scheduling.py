@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
@@ -37,8 +38,8 @@ def plan_subtasks(
 
 
 def check_free_slots(
-    registry: TaskManagerRegistry, needed: int, avoid: set[str] = frozenset()
-) -> list[TaskManagerRecord]:  # type: ignore[assignment]
+    registry: TaskManagerRegistry, needed: int, avoid: AbstractSet[str] = frozenset()
+) -> list[TaskManagerRecord]:
     """The TaskManagers to allocate from; CapacityError naming the shortfall if they lack ``needed`` free slots."""
     with registry.lock:
         records = [r for r in registry.all() if r.taskmanager_id not in avoid]

@@ -146,7 +146,8 @@ class TaskManagerGateways:
     def deploy(self, address: str, request: pb.DeploySlotRequest) -> pb.DeploySlotResponse:
         """Deploy one slot (restoring its state first when the request says so); may take long."""
         try:
-            return self._stub(address).DeploySlot(request, timeout=self.deploy_timeout_s)
+            response: pb.DeploySlotResponse = self._stub(address).DeploySlot(request, timeout=self.deploy_timeout_s)
+            return response
         except grpc.RpcError as exc:
             raise self._error(exc, "DeploySlot", address) from exc
 
@@ -160,7 +161,10 @@ class TaskManagerGateways:
     def trigger_checkpoint(self, address: str, barrier: pb.CheckpointBarrier) -> pb.TriggerResponse:
         """Send a checkpoint barrier to every slot of the job on ``address``; the answer counts the slots."""
         try:
-            return self._stub(address).TriggerCheckpoint(barrier, timeout=self.barrier_timeout_s)
+            response: pb.TriggerResponse = self._stub(address).TriggerCheckpoint(
+                barrier, timeout=self.barrier_timeout_s
+            )
+            return response
         except grpc.RpcError as exc:
             raise self._error(exc, "TriggerCheckpoint", address) from exc
 
@@ -176,7 +180,8 @@ class TaskManagerGateways:
         # A prepare only checks; an apply writes the whole epoch and may take long.
         timeout = self.control_timeout_s if request.prepare else self.deploy_timeout_s
         try:
-            return self._stub(address).CommitEpoch(request, timeout=timeout)
+            response: pb.EpochCommitResponse = self._stub(address).CommitEpoch(request, timeout=timeout)
+            return response
         except grpc.RpcError as exc:
             raise self._error(exc, "CommitEpoch", address) from exc
 

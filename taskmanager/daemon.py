@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]  # no stubs published
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
@@ -211,8 +211,8 @@ class TaskManager:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if internal is not server:
             health_pb2_grpc.add_HealthServicer_to_server(self._health, internal)
-            internal.start()  # type: ignore[no-untyped-call]  # grpc.Server.start is unannotated in types-grpcio
-        server.start()  # type: ignore[no-untyped-call]  # as above
+            internal.start()
+        server.start()
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._health.set("keyedstate.v1.KeyedState", health_pb2.HealthCheckResponse.SERVING)
 
@@ -223,7 +223,7 @@ class TaskManager:
         self._stop.set()
         self._health.enter_graceful_shutdown()
         servers = [srv for srv in (self._server, self._internal_server) if srv is not None]
-        for event in [srv.stop(grace_s) for srv in servers]:  # type: ignore[no-untyped-call]  # unannotated in types-grpcio
+        for event in [srv.stop(grace_s) for srv in servers]:
             event.wait(grace_s + 1)
         self._server = self._internal_server = None
         self.checkpoints.close()

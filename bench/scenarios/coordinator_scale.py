@@ -90,8 +90,14 @@ class ImmediateAckTaskManagers:
 def _coordinator(slots: int, job_dir: Path) -> tuple[Any, ImmediateAckTaskManagers]:
     from keyedstate.common.clock import SYSTEM_CLOCK, ThreadScheduler
     from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+    from keyedstate.common.ids import JobId
     from keyedstate.common.storage import open_storage
-    from keyedstate.jobmanager.checkpoint import CheckpointCoordinator, CheckpointingSettings
+    from keyedstate.jobmanager.checkpoint import (
+        CheckpointCoordinator,
+        CheckpointingSettings,
+        CoordinatorConfig,
+        CoordinatorServices,
+    )
 
     if slots % SLOTS_PER_OPERATOR:
         raise ValueError(f"slots must be a multiple of {SLOTS_PER_OPERATOR}, got {slots}")
@@ -102,15 +108,9 @@ def _coordinator(slots: int, job_dir: Path) -> tuple[Any, ImmediateAckTaskManage
     gateway = ImmediateAckTaskManagers(operators, MAX_PARALLELISM)
     url = job_dir.as_uri()
     coordinator = CheckpointCoordinator(
-        f"scale-{slots}",
-        CheckpointingSettings(incremental=True),
-        open_storage(url),
-        url,
-        gateway,
-        clock=SYSTEM_CLOCK,
-        scheduler=ThreadScheduler(),
+        CoordinatorConfig(JobId(f"scale-{slots}"), url, MAX_PARALLELISM, CheckpointingSettings(incremental=True)),
+        CoordinatorServices(open_storage(url), gateway, SYSTEM_CLOCK, ThreadScheduler()),
         operators=operators,
-        max_parallelism=MAX_PARALLELISM,
     )
     gateway.coordinator = coordinator
     return coordinator, gateway

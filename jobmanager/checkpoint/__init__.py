@@ -11,7 +11,7 @@ from keyedstate.jobmanager.checkpoint.completed import (
     CompletedCheckpointStore,
     StandaloneCompletedCheckpointStore,
 )
-from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
+from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator, CoordinatorConfig, CoordinatorServices
 from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointException,
     CheckpointFailureReason,
@@ -58,6 +58,8 @@ __all__ = [
     "CheckpointsCleaner",
     "CompletedCheckpoint",
     "CompletedCheckpointStore",
+    "CoordinatorConfig",
+    "CoordinatorServices",
     "EpochCut",
     "FileRef",
     "GcEntry",

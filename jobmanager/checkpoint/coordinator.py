@@ -30,10 +30,12 @@ run outside it. Finalizations are serialized by a second lock so checkpoints com
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
@@ -41,7 +43,7 @@ from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError, UnavailableError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.common.ids import JobId, SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
@@ -67,10 +69,46 @@ from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsTracker
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointBarrier", "CheckpointCoordinator", "CheckpointGateway", "CheckpointingSettings"]
+__all__ = [
+    "CheckpointBarrier",
+    "CheckpointCoordinator",
+    "CheckpointGateway",
+    "CheckpointingSettings",
+    "CoordinatorConfig",
+    "CoordinatorServices",
+]
 
 R = CheckpointFailureReason
 _RECENT = 128  # finished checkpoints remembered for late acks and wait_for
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """What one job's checkpoints are: whose, where they go, over how many key groups, and how they are taken."""
+
+    job_id: JobId
+    job_checkpoint_dir: str
+    """The job's own directory (``chk-<n>``, ``shared``, ``taskowned`` live under it)."""
+    max_parallelism: int
+    settings: CheckpointingSettings = field(default_factory=CheckpointingSettings)
+    savepoints_dir: str | None = None
+    """Where a savepoint without a target goes (None: a savepoint needs a target)."""
+
+
+@dataclass(frozen=True)
+class CoordinatorServices:
+    """The coordinator's collaborators; the optional ones default to standalone (one JobManager, no HA) parts."""
+
+    storage: CheckpointStorage
+    gateway: CheckpointGateway
+    clock: Clock
+    scheduler: Scheduler
+    id_counter: CheckpointIDCounter | None = None
+    store: CompletedCheckpointStore | None = None
+    stats: CheckpointStatsTracker | None = None
+    cleaner: CheckpointsCleaner | None = None
+    """Deletes discarded checkpoints' files (default: one of its own, shut down with the coordinator)."""
+    shared_registry: SharedStateRegistry | None = None
 
 
 class CheckpointCoordinator:
@@ -78,54 +116,45 @@ class CheckpointCoordinator:
 
     def __init__(
         self,
-        job_id: str,
-        settings: CheckpointingSettings,
-        storage: CheckpointStorage,
-        job_checkpoint_dir: str,
-        gateway: CheckpointGateway,
+        config: CoordinatorConfig,
+        services: CoordinatorServices,
         *,
-        clock: Clock,
-        scheduler: Scheduler,
         operators: Sequence[OperatorSpec] | Callable[[], Sequence[OperatorSpec]],
-        max_parallelism: int,
         tasks: Iterable[SubtaskId] | Callable[[], Iterable[SubtaskId]] | None = None,
-        id_counter: CheckpointIDCounter | None = None,
-        store: CompletedCheckpointStore | None = None,
-        stats: CheckpointStatsTracker | None = None,
         on_failover: Callable[[CheckpointFailureReason, str], None] | None = None,
-        cleaner: CheckpointsCleaner | None = None,
-        shared_registry: SharedStateRegistry | None = None,
-        savepoints_dir: str | None = None,
     ) -> None:
         """``operators`` (or a callable returning them) are the job's operators now; every subtask
         they imply must acknowledge. ``tasks`` returns the subtasks currently running; a trigger is
         refused with NOT_ALL_REQUIRED_TASKS_RUNNING while one is missing (default: all running).
+        ``on_failover`` is called once the tolerable checkpoint failures are exceeded.
         """
-        self.job_id = validate_id("job id", job_id)
-        check_parallelism(1, max_parallelism)
-        self.settings = settings
-        self.max_parallelism = max_parallelism
-        self.job_dir = _paths.normalize(job_checkpoint_dir)
+        self.job_id = JobId(validate_id("job id", config.job_id))
+        check_parallelism(1, config.max_parallelism)
+        self.settings = config.settings
+        self.max_parallelism = config.max_parallelism
+        self.job_dir = _paths.normalize(config.job_checkpoint_dir)
         self.shared_dir = _paths.join(self.job_dir, _paths.SHARED_DIR)
         self.taskowned_dir = _paths.join(self.job_dir, _paths.TASKOWNED_DIR)
-        self.savepoints_dir = savepoints_dir
-        self._storage = storage
-        self._gateway = gateway
-        self._clock = clock
-        self._scheduler = scheduler
+        self.savepoints_dir = config.savepoints_dir
+        self._storage = services.storage
+        self._gateway = services.gateway
+        self._clock = services.clock
+        self._scheduler = services.scheduler
         self._operators = operators if callable(operators) else (lambda ops=tuple(operators): ops)
         if tasks is None:
             self._tasks: Callable[[], Iterable[SubtaskId]] | None = None
         else:
             self._tasks = tasks if callable(tasks) else (lambda ts=frozenset(tasks): ts)
-        self._ids = id_counter or StandaloneCheckpointIDCounter()
-        self._store = store or StandaloneCompletedCheckpointStore(settings.num_retained)
-        self.stats = stats or CheckpointStatsTracker(job_id)
+        self._ids = services.id_counter or StandaloneCheckpointIDCounter()
+        self._store = services.store or StandaloneCompletedCheckpointStore(config.settings.num_retained)
+        self.stats = services.stats or CheckpointStatsTracker(config.job_id)
         self._on_failover = on_failover
-        self._owns_cleaner = cleaner is None
-        self._cleaner = cleaner or CheckpointsCleaner(storage)
-        self._registry = shared_registry or SharedStateRegistry()
+        self._owns_cleaner = services.cleaner is None
+        self._cleaner = services.cleaner or CheckpointsCleaner(services.storage)
+        self._registry = services.shared_registry or SharedStateRegistry()
+        self._init_state()
 
+    def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._finalize_lock = threading.Lock()
         self._pending: dict[int, PendingCheckpoint] = {}
@@ -389,7 +418,7 @@ class CheckpointCoordinator:
             )
             self._pending[checkpoint_id] = pending
             pending.timeout_handle = self._scheduler.schedule(
-                self.settings.timeout_ms, lambda cid=checkpoint_id: self._on_timeout(cid)
+                self.settings.timeout_ms, functools.partial(self._on_timeout, checkpoint_id)
             )
             return pending
 
@@ -502,7 +531,7 @@ class CheckpointCoordinator:
                 subtask,
             )
             self._discard_orphan_ack(checkpoint_id, handle)
-        elif outcome is not AckOutcome.SUCCESS:
+        else:
             logger.debug("job=%s checkpoint=%d ack from %s: %s", self.job_id, checkpoint_id, subtask, outcome.value)
         if finalize is not None:
             self._finalize(finalize)

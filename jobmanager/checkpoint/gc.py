@@ -65,7 +65,16 @@ def plan_gc(
     in_progress = set(in_progress_ids)
     retained_ids = {r.checkpoint_id for r in retained if not _is_savepoint(r)}
     plan = GcPlan(job_dir)
+    checkpoint_dirs, pools = _list_job_dir(storage, job_dir, plan)
+    valid, unreadable = _load_checkpoints(storage, checkpoint_dirs, in_progress, retained_ids, plan)
+    references = _keep_checkpoints(checkpoint_dirs, valid, retained_ids, num_retained, plan)
+    for pool in sorted(pools):
+        _sweep_pool(storage, pool, references, unreadable, in_progress, plan)
+    return plan
 
+
+def _list_job_dir(storage: CheckpointStorage, job_dir: str, plan: GcPlan) -> tuple[dict[int, str], list[str]]:
+    """The job directory's ``chk-<n>`` directories by id and its file pools; anything else is kept."""
     checkpoint_dirs: dict[int, str] = {}
     pools: list[str] = []
     for info in storage.list(job_dir):
@@ -77,7 +86,17 @@ def plan_gc(
             pools.append(_paths.normalize(info.path))
         else:
             plan.keep.append(GcEntry(_paths.normalize(info.path), "not a checkpoint directory", info.is_dir))
+    return checkpoint_dirs, pools
 
+
+def _load_checkpoints(
+    storage: CheckpointStorage,
+    checkpoint_dirs: dict[int, str],
+    in_progress: set[int],
+    retained_ids: set[int],
+    plan: GcPlan,
+) -> tuple[dict[int, CheckpointMetadata], list[int]]:
+    """The readable ``_metadata`` by checkpoint id, and the ids whose ``_metadata`` is unreadable."""
     valid: dict[int, CheckpointMetadata] = {}
     unreadable: list[int] = []
     for cid, path in sorted(checkpoint_dirs.items()):
@@ -94,7 +113,17 @@ def plan_gc(
         except CorruptCheckpointError as exc:
             unreadable.append(cid)
             plan.keep.append(GcEntry(path, f"unreadable _metadata, inspect it by hand: {exc.message}", True))
+    return valid, unreadable
 
+
+def _keep_checkpoints(
+    checkpoint_dirs: dict[int, str],
+    valid: dict[int, CheckpointMetadata],
+    retained_ids: set[int],
+    num_retained: int | None,
+    plan: GcPlan,
+) -> dict[str, list[int]]:
+    """Keep or remove each valid checkpoint; the pool files the kept ones reference, with who references them."""
     ids = sorted(valid)
     if retained_ids:
         oldest = min(retained_ids)
@@ -117,45 +146,54 @@ def plan_gc(
         plan.keep.append(GcEntry(path, why, True))
         for _, _, f in valid[cid].files():
             references.setdefault(_paths.join(path, f.path), []).append(cid)
+    return references
 
-    for pool in sorted(pools):
-        for info in storage.list(pool, recursive=True):
-            if info.is_dir:
-                continue
-            path = _paths.normalize(info.path)
-            users = references.get(path)
-            if users:
-                plan.keep.append(
-                    GcEntry(
-                        path,
-                        "referenced by " + ", ".join(f"chk-{c}" for c in users[:3]) + (" …" if len(users) > 3 else ""),
-                    )
+
+def _sweep_pool(
+    storage: CheckpointStorage,
+    pool: str,
+    references: dict[str, list[int]],
+    unreadable: list[int],
+    in_progress: set[int],
+    plan: GcPlan,
+) -> None:
+    """Keep the pool's referenced files (and any a checkpoint in progress or unreadable may own); remove the rest."""
+    for info in storage.list(pool, recursive=True):
+        if info.is_dir:
+            continue
+        path = _paths.normalize(info.path)
+        users = references.get(path)
+        if users:
+            plan.keep.append(
+                GcEntry(
+                    path,
+                    "referenced by " + ", ".join(f"chk-{c}" for c in users[:3]) + (" …" if len(users) > 3 else ""),
                 )
-            elif unreadable:
-                plan.keep.append(GcEntry(path, f"an unreadable _metadata (chk-{unreadable[0]}) may reference it"))
-            elif (group := _upload_group(pool, path)) is not None:
-                # shared/chk-<n>/ holds what checkpoint n uploaded: only n itself can still claim it.
-                if group in in_progress:
-                    plan.keep.append(GcEntry(path, f"uploaded for checkpoint {group}, which is in progress"))
-                else:
-                    plan.remove.append(
-                        GcEntry(
-                            path,
-                            f"not referenced by any valid _metadata (uploaded for checkpoint "
-                            f"{group}, which did not complete or was subsumed)",
-                        )
-                    )
-            elif in_progress:
-                plan.keep.append(
-                    GcEntry(
-                        path,
-                        f"checkpoint(s) {sorted(in_progress)} in progress may own it; "
-                        "run gc again when none is in progress",
-                    )
-                )
+            )
+        elif unreadable:
+            plan.keep.append(GcEntry(path, f"an unreadable _metadata (chk-{unreadable[0]}) may reference it"))
+        elif (group := _upload_group(pool, path)) is not None:
+            # shared/chk-<n>/ holds what checkpoint n uploaded: only n itself can still claim it.
+            if group in in_progress:
+                plan.keep.append(GcEntry(path, f"uploaded for checkpoint {group}, which is in progress"))
             else:
-                plan.remove.append(GcEntry(path, "not referenced by any valid _metadata"))
-    return plan
+                plan.remove.append(
+                    GcEntry(
+                        path,
+                        f"not referenced by any valid _metadata (uploaded for checkpoint "
+                        f"{group}, which did not complete or was subsumed)",
+                    )
+                )
+        elif in_progress:
+            plan.keep.append(
+                GcEntry(
+                    path,
+                    f"checkpoint(s) {sorted(in_progress)} in progress may own it; "
+                    "run gc again when none is in progress",
+                )
+            )
+        else:
+            plan.remove.append(GcEntry(path, "not referenced by any valid _metadata"))
 
 
 def execute(storage: CheckpointStorage, plan: GcPlan) -> list[str]:
@@ -176,12 +214,12 @@ def execute(storage: CheckpointStorage, plan: GcPlan) -> list[str]:
         except Exception as exc:
             failed.append((entry.path, exc))
     if failed:
-        path, exc = failed[0]
+        first_path, first_exc = failed[0]
         raise StorageError(
-            f"gc deleted {len(deleted)} of {len(plan.remove)} paths; could not delete {path}: {exc}"
+            f"gc deleted {len(deleted)} of {len(plan.remove)} paths; could not delete {first_path}: {first_exc}"
             + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
             + "; run gc again"
-        ) from exc
+        ) from first_exc
     return deleted
 
 

@@ -203,16 +203,16 @@ def plan_restore(
     base = checkpoint_dir_of(checkpoint_dir)
     plan: dict[SubtaskId, list[pb.SubtaskStateHandle]] = {}
     for op in operators:
-        old = metadata.operator(op.operator_id)
-        if old is None:
+        snapshot = metadata.operator(op.operator_id)
+        if snapshot is None:
             logger.info("restore: operator %r is not in %s; it starts empty", op.operator_id, where)
         for index in range(op.parallelism):
             subtask = SubtaskId(job_id, op.operator_id, index)
             plan[subtask] = []
-            if old is None:
+            if snapshot is None:
                 continue
             new_range = key_group_range_for_subtask(max_parallelism, op.parallelism, index)
-            for snap in old.subtasks:
+            for snap in snapshot.subtasks:
                 if len(snap.key_groups.intersection(new_range)):
                     plan[subtask].append(snap.to_handle(op.operator_id, base))
     return plan

@@ -38,6 +38,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.faults import crash_point
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
+from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointInProgressError
 from keyedstate.jobmanager.jobs import Job, JobStatus
 
@@ -192,7 +193,7 @@ class EpochCoordinator:
                 self._apply(job, addresses, epoch, request)
         if not request.wait_for_checkpoint or job.coordinator is None:
             if request.checkpoint and job.coordinator is not None:
-                self._trigger_quietly(job)
+                self._trigger_quietly(job, job.coordinator)
             return CommitOutcome(epoch, already, None)
         timeout = request.timeout_ms or self._default_timeout_ms
         completed = self.ensure_durable(job, epoch, request.query_id, request.batch_id, request.checkpoint, timeout)
@@ -343,9 +344,9 @@ class EpochCoordinator:
                 logger.warning("job=%s epoch=%d checkpoint failed (%s); trying again", job.job_id, epoch, last_failure)
                 self._closed.wait(_RETRY_PAUSE_S)
 
-    def _trigger_quietly(self, job: Job) -> None:
+    def _trigger_quietly(self, job: Job, coordinator: CheckpointCoordinator) -> None:
         try:
-            job.coordinator.trigger()
+            coordinator.trigger()
         except CheckpointException as exc:
             logger.info("job=%s checkpoint after commit not triggered: %s", job.job_id, exc.detail)
 

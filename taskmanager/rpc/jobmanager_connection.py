@@ -15,6 +15,7 @@ place that writes their fields (the decline reason, and any ack outcome the JobM
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 
@@ -150,32 +151,55 @@ class JobManagerConnection:
 
     def register(self, timeout_ms: int) -> None:
         """Register, retrying until ``timeout_ms`` passes; then raise with what to check."""
-        deadline = self._clock.monotonic_ms() + timeout_ms
-        delay = 0.1
-        last: Exception | None = None
-        while not self._stop.is_set():
+        failures: list[Exception] = []
+
+        def attempt() -> None:
             try:
                 self._register_once()
-                return
             except (grpc.RpcError, UnavailableError) as exc:
-                last = exc
-                refused = _refusal(exc)
-                if refused is not None:
-                    # Waiting does not fix a wrong cluster or a missing permission: stop at once.
-                    raise refused from exc
-                if self._clock.monotonic_ms() >= deadline:
-                    break
-                logger.info(
-                    "taskmanager %s: JobManager at %s not reachable yet; retrying", self._tm_id, self.jobmanager_address
-                )
-                self._stop.wait(delay)
-                delay = min(delay * 2, 2.0)
+                failures.append(exc)
+                raise
+
+        def reachable_later(exc: BaseException) -> bool:
+            # Waiting does not fix a wrong cluster or a missing permission: those stop at once.
+            return isinstance(exc, (grpc.RpcError, UnavailableError)) and _refusal(exc) is None
+
+        if self._stop.is_set():
+            raise self._unreachable(timeout_ms, None)
+        policy = RetryPolicy(
+            max_attempts=sys.maxsize,
+            initial_backoff_s=0.1,
+            max_backoff_s=2.0,
+            multiplier=2.0,
+            jitter=0.0,
+            deadline_s=timeout_ms / 1000.0,
+        )
+        try:
+            call_with_retries(
+                attempt,
+                what=f"taskmanager {self._tm_id}: registering with the JobManager at {self.jobmanager_address}",
+                policy=policy,
+                waiter=self._stop,
+                is_transient=reachable_later,
+                interrupted=lambda _what: self._unreachable(timeout_ms, failures[-1]),
+                clock=self._clock,
+                log_level=logging.INFO,
+            )
+        except (grpc.RpcError, UnavailableError) as exc:
+            if not any(exc is failure for failure in failures):
+                raise  # stopped while waiting: already the error naming what to check
+            refused = _refusal(exc)
+            if refused is not None:
+                raise refused from exc
+            raise self._unreachable(timeout_ms, exc) from exc
+
+    def _unreachable(self, timeout_ms: int, last: Exception | None) -> UnavailableError:
         detail = f" ({from_rpc_error(last, plane=self._plane).message})" if isinstance(last, grpc.RpcError) else ""
-        raise UnavailableError(
+        return UnavailableError(
             f"cannot reach the JobManager at {self.jobmanager_address} within {timeout_ms / 1000:.0f} s{detail}; "
             "check jobmanager.rpc.address and jobmanager.rpc.port (jobmanager.internal.port when TLS is on), or raise "
             "taskmanager.registration.timeout"
-        ) from last
+        )
 
     def _register_once(self) -> None:
         # Fenced before asking: from the moment the JobManager sees this registration, nothing is
@@ -267,7 +291,7 @@ class JobManagerConnection:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._channel.close()  # type: ignore[no-untyped-call]  # unannotated in types-grpcio
+        self._channel.close()
 
 
 def _refusal(exc: Exception) -> KeyedStateError | None:

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import UnavailableError
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import JobId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
@@ -31,6 +31,8 @@ from keyedstate.jobmanager.checkpoint import (
     CheckpointingSettings,
     CheckpointsCleaner,
     CheckpointStatsTracker,
+    CoordinatorConfig,
+    CoordinatorServices,
     EpochCut,
     InlineExecutor,
 )
@@ -225,22 +227,28 @@ def make_harness(
         cluster = SimulatedTaskManagers(st, jd, ops, mode=mode)
         registry = CollectorRegistry()
         failovers: list[tuple[Any, str]] = []
-        coordinator = CheckpointCoordinator(
-            JOB,
-            CheckpointingSettings(**settings),
-            st,
+        config = CoordinatorConfig(
+            JobId(JOB),
             jd,
-            cluster,
-            clock=clock,
-            scheduler=scheduler,
-            operators=ops,
-            max_parallelism=MAX_P,
-            tasks=tasks,
-            stats=CheckpointStatsTracker(JOB, registry),
-            on_failover=lambda reason, message: failovers.append((reason, message)),
-            cleaner=CheckpointsCleaner(st, cleaner_executor or InlineExecutor()),
+            MAX_P,
+            CheckpointingSettings(**settings),
             savepoints_dir=(tmp_path / "savepoints").as_uri(),
+        )
+        services = CoordinatorServices(
+            st,
+            cluster,
+            clock,
+            scheduler,
+            stats=CheckpointStatsTracker(JOB, registry),
+            cleaner=CheckpointsCleaner(st, cleaner_executor or InlineExecutor()),
             **(coordinator_kwargs or {}),
+        )
+        coordinator = CheckpointCoordinator(
+            config,
+            services,
+            operators=ops,
+            tasks=tasks,
+            on_failover=lambda reason, message: failovers.append((reason, message)),
         )
         cluster.coordinator = coordinator
         return Harness(coordinator, cluster, st, jd, clock, scheduler, registry, failovers)

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.ids import JobId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
@@ -20,6 +21,8 @@ from keyedstate.jobmanager.checkpoint import (
     CheckpointingSettings,
     CheckpointsCleaner,
     CheckpointStatsTracker,
+    CoordinatorConfig,
+    CoordinatorServices,
     EpochCut,
     InlineExecutor,
 )
@@ -72,17 +75,16 @@ def test_thousand_subtasks(storage: Any, tmp_path: Path, clock: Any, scheduler: 
     gateway = ImmediateAcks()
     job_dir = (tmp_path / "ckpt" / "big").as_uri()
     coordinator = CheckpointCoordinator(
-        "big",
-        CheckpointingSettings(),
-        storage,
-        job_dir,
-        gateway,
-        clock=clock,
-        scheduler=scheduler,
+        CoordinatorConfig(JobId("big"), job_dir, MAX_P, CheckpointingSettings()),
+        CoordinatorServices(
+            storage,
+            gateway,
+            clock,
+            scheduler,
+            stats=CheckpointStatsTracker("big", CollectorRegistry()),
+            cleaner=CheckpointsCleaner(storage, InlineExecutor()),
+        ),
         operators=OPERATORS,
-        max_parallelism=MAX_P,
-        stats=CheckpointStatsTracker("big", CollectorRegistry()),
-        cleaner=CheckpointsCleaner(storage, InlineExecutor()),
     )
     gateway.coordinator = coordinator
     timings = []

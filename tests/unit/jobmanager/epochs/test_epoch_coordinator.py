@@ -31,13 +31,15 @@ from keyedstate.common.errors import (
     KeyedStateError,
     UnavailableError,
 )
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import JobId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
     CheckpointCoordinator,
     CheckpointingSettings,
     CheckpointsCleaner,
+    CoordinatorConfig,
+    CoordinatorServices,
     EpochCut,
     InlineExecutor,
 )
@@ -164,16 +166,13 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         cluster = JobTaskManagers(storage, job_dir, OPERATORS, mode=settings.pop("mode", "ack"))
         cluster.job, cluster.clock = job, clock
         coordinator = CheckpointCoordinator(
-            JOB,
-            CheckpointingSettings(**{"tolerable_failures": 100, **settings}),
-            storage,
-            job_dir,
-            cluster,
-            clock=clock,
-            scheduler=scheduler,
+            CoordinatorConfig(
+                JobId(JOB), job_dir, MAX_P, CheckpointingSettings(**{"tolerable_failures": 100, **settings})
+            ),
+            CoordinatorServices(
+                storage, cluster, clock, scheduler, cleaner=CheckpointsCleaner(storage, InlineExecutor())
+            ),
             operators=OPERATORS,
-            max_parallelism=MAX_P,
-            cleaner=CheckpointsCleaner(storage, InlineExecutor()),
         )
         cluster.coordinator = coordinator
         job.coordinator = coordinator
@@ -185,6 +184,7 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
             j.status = JobStatus.RESTARTING
             j.routing_version += 1
             j.failure_cause = cause
+            assert j.coordinator is not None
             j.coordinator.abort_pending(R.JOB_FAILOVER_REGION, cause)
 
         pool = ThreadPoolExecutor(4)
