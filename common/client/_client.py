@@ -11,7 +11,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import xxhash
@@ -52,6 +52,17 @@ logger = logging.getLogger(__name__)
 _xxh64 = xxhash.xxh64_intdigest
 
 Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+_ReqIn = TypeVar("_ReqIn", contravariant=True)
+_RespOut = TypeVar("_RespOut", covariant=True)
+
+
+class _UnaryCall(Protocol[_ReqIn, _RespOut]):
+    """A unary stub method as the client calls it: the generated stubs type each one with its messages,
+    so a call's response type follows from the method passed in."""
+
+    def __call__(self, request: _ReqIn, timeout: float | None = ...) -> _RespOut: ...
+
 
 # Calls whose second application changes nothing: retried after any transport failure.
 IDEMPOTENT = frozenset(
@@ -483,17 +494,17 @@ class StateClient:
     def _jm_call(
         self,
         name: str,
-        rpc: grpc.UnaryUnaryMultiCallable,
+        rpc: _UnaryCall[Req, Resp],
         request: Req,
         *,
         timeout: float | None = None,
         retry: bool = True,
-    ) -> Any:
+    ) -> Resp:
         """Call JobManager method ``name`` (``rpc`` is its stub method); UNAVAILABLE is retried with ``retry``."""
         what = f"JobManager {self.jobmanager_address} {name}"
         call_timeout = timeout or self.settings.timeout_s
 
-        def attempt() -> Any:
+        def attempt() -> Resp:
             try:
                 return rpc(request, timeout=call_timeout)
             except grpc.RpcError as exc:

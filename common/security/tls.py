@@ -103,7 +103,8 @@ def _check_validity(plane: str, which: str, path: str, cert: x509.Certificate, n
 
 
 def _public_der(public_key: Any) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    der: bytes = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return der
 
 
 def load_material(
@@ -280,7 +281,10 @@ def server_credentials(reloading: ReloadingMaterial, require_client_auth: bool) 
             logger.exception("tls: certificate reload failed; keeping the current certificates")
             return None
 
-    return grpc.dynamic_ssl_server_credentials(configuration(reloading.material), fetch, require_client_auth)
+    credentials: grpc.ServerCredentials = grpc.dynamic_ssl_server_credentials(
+        configuration(reloading.material), fetch, require_client_auth
+    )
+    return credentials
 
 
 class ChannelSecurity:
@@ -330,7 +334,10 @@ class ChannelSecurity:
 
     def credentials(self) -> grpc.ChannelCredentials:
         m = self.material()
-        return grpc.ssl_channel_credentials(root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert_chain)
+        credentials: grpc.ChannelCredentials = grpc.ssl_channel_credentials(
+            root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert_chain
+        )
+        return credentials
 
     def options(self) -> list[tuple[str, Any]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
