@@ -43,6 +43,7 @@ from keyedstate.common.ids import JobId, OperatorId
 from keyedstate.common.keygroups import HASH_SEED
 from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.channels import open_channel
+from keyedstate.common.rpc.descriptors import operator_spec_to_proto, state_descriptor_from_proto
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
 from keyedstate.common.security.tls import REST, ChannelSecurity
 from keyedstate.common.security.transport import TransportSecurity
@@ -535,7 +536,7 @@ class StateClient:
             self.jobmanager.SubmitJob,
             jm_pb.SubmitJobRequest(
                 job_id=job_id,
-                operators=[op.to_proto() for op in operators],
+                operators=[operator_spec_to_proto(op) for op in operators],
                 max_parallelism=max_parallelism,
                 restore_path=restore_path,
                 config={k: str(v) for k, v in (config or {}).items()},
@@ -767,7 +768,7 @@ class StateClient:
             info = self.job_info(job_id)
             for op in info.operators:
                 for d in op.states:
-                    self._descriptors[(job_id, op.operator_id, d.name)] = StateDescriptor.from_proto(d)
+                    self._descriptors[(job_id, op.operator_id, d.name)] = state_descriptor_from_proto(d)
             found = self._descriptors.get(key)
             if found is None:
                 operators = sorted(op.operator_id for op in info.operators)
