@@ -107,22 +107,10 @@ def _public_der(public_key: Any) -> bytes:
     return der
 
 
-def load_material(
-    files: PemFiles,
-    *,
-    need_identity: bool,
-    need_ca: bool,
-    check_issuer: bool = False,
-    now: datetime.datetime | None = None,
-) -> PemMaterial:
-    """Read and check one plane's files; every problem is a ConfigError naming the key and the fix.
-
-    ``need_identity``: cert and key are required (a server, or a client that must authenticate).
-    ``need_ca``: the CA file is required. ``check_issuer``: the certificate must be issued by a CA
-    of the CA file (the internal plane, where every peer checks it against that same file).
-    """
+def _check_required(files: PemFiles, *, need_identity: bool, need_ca: bool) -> None:
+    # Which files a plane needs follows from its role; checked before any file is read, so the
+    # message names the missing key rather than a read failure.
     plane = files.plane
-    now = now or datetime.datetime.now(datetime.UTC)
     cert_key, key_key, ca_key = (key_name(plane, w) for w in ("cert", "key", "ca"))
     if need_identity and not (files.cert and files.key):
         missing = cert_key if not files.cert else key_key
@@ -140,6 +128,46 @@ def load_material(
             f"{ca_key} is not set; the {plane} plane needs the CA certificate that signs its peers' certificates "
             f"({_DOCS})"
         )
+
+
+def _check_private_key(files: PemFiles, key: bytes, leaf: x509.Certificate) -> None:
+    # The key must parse unencrypted and belong to the certificate: a mismatch would otherwise
+    # surface only as a handshake failure on the peer's side.
+    cert_key, key_key = key_name(files.plane, "cert"), key_name(files.plane, "key")
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{key_key}: the private key in {files.key} is encrypted; give an unencrypted PEM key, for example "
+            f"openssl pkey -in {files.key} -out key.pem (and protect the file with chmod 600)"
+        ) from exc
+    except (ValueError, Exception) as exc:  # cryptography raises ValueError or UnsupportedAlgorithm
+        raise ConfigError(f"{key_key}: {files.key} holds no PEM private key ('-----BEGIN PRIVATE KEY-----')") from exc
+    if _public_der(private.public_key()) != _public_der(leaf.public_key()):
+        raise ConfigError(
+            f"{key_key}: the private key in {files.key} does not belong to the certificate in {files.cert} "
+            f"({cert_key}); configure the key that was made with that certificate"
+        )
+
+
+def load_material(
+    files: PemFiles,
+    *,
+    need_identity: bool,
+    need_ca: bool,
+    check_issuer: bool = False,
+    now: datetime.datetime | None = None,
+) -> PemMaterial:
+    """Read and check one plane's files; every problem is a ConfigError naming the key and the fix.
+
+    ``need_identity``: cert and key are required (a server, or a client that must authenticate).
+    ``need_ca``: the CA file is required. ``check_issuer``: the certificate must be issued by a CA
+    of the CA file (the internal plane, where every peer checks it against that same file).
+    """
+    plane = files.plane
+    now = now or datetime.datetime.now(datetime.UTC)
+    cert_key, ca_key = key_name(plane, "cert"), key_name(plane, "ca")
+    _check_required(files, need_identity=need_identity, need_ca=need_ca)
     cert_chain = key = ca = None
     leaf_chain: list[x509.Certificate] = []
     not_after = None
@@ -150,22 +178,7 @@ def load_material(
         _check_validity(plane, "cert", files.cert, leaf, now)
         not_after = leaf.not_valid_after_utc
         key = _read(plane, "key", files.key)
-        try:
-            private = serialization.load_pem_private_key(key, password=None)
-        except TypeError as exc:
-            raise ConfigError(
-                f"{key_key}: the private key in {files.key} is encrypted; give an unencrypted PEM key, for example "
-                f"openssl pkey -in {files.key} -out key.pem (and protect the file with chmod 600)"
-            ) from exc
-        except (ValueError, Exception) as exc:  # cryptography raises ValueError or UnsupportedAlgorithm
-            raise ConfigError(
-                f"{key_key}: {files.key} holds no PEM private key ('-----BEGIN PRIVATE KEY-----')"
-            ) from exc
-        if _public_der(private.public_key()) != _public_der(leaf.public_key()):
-            raise ConfigError(
-                f"{key_key}: the private key in {files.key} does not belong to the certificate in {files.cert} "
-                f"({cert_key}); configure the key that was made with that certificate"
-            )
+        _check_private_key(files, key, leaf)
     if files.ca:
         ca = _read(plane, "ca", files.ca)
         cas = _certificates(plane, "ca", files.ca, ca)
