@@ -45,7 +45,8 @@ class Serializer(Protocol[T]):
     to one that lacks them.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def dumps(self, obj: T) -> bytes: ...
 
@@ -71,7 +72,7 @@ def _as_list(items: Iterable[Any]) -> list[Any]:
 
 def _dumps_each(dumps: Any, objs: Iterable[Any]) -> list[bytes]:
     """Item-by-item serialization whose errors name the failing item's index."""
-    out = []
+    out: list[bytes] = []
     append = out.append
     for i, obj in enumerate(objs):
         try:
@@ -82,7 +83,7 @@ def _dumps_each(dumps: Any, objs: Iterable[Any]) -> list[bytes]:
 
 
 def _loads_each(loads: Any, datas: Iterable[bytes]) -> list[Any]:
-    out = []
+    out: list[Any] = []
     append = out.append
     for i, data in enumerate(datas):
         try:
@@ -187,7 +188,8 @@ class IntSerializer:
 
     def loads(self, data: bytes) -> int:
         try:
-            return _INT64.unpack(data)[0]
+            value: int = _INT64.unpack(data)[0]
+            return value
         except (struct.error, TypeError):
             raise InvalidArgumentError(
                 f"stored value {bytes(data)[:32]!r} is {len(data)} bytes, not the 8 of the int "
@@ -236,7 +238,8 @@ class FloatSerializer:
 
     def loads(self, data: bytes) -> float:
         try:
-            return _FLOAT64.unpack(data)[0]
+            value: float = _FLOAT64.unpack(data)[0]
+            return value
         except (struct.error, TypeError):
             raise InvalidArgumentError(
                 f"stored value {bytes(data)[:32]!r} is {len(data)} bytes, not the 8 of the float "
@@ -370,7 +373,8 @@ class MsgpackSerializer:
     def dumps(self, obj: Any) -> bytes:
         msgpack = _msgpack()
         try:
-            return msgpack.packb(obj, use_bin_type=True)
+            packed: bytes = msgpack.packb(obj, use_bin_type=True)
+            return packed
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArgumentError(f"{_describe(obj)} cannot be serialized with msgpack ({exc})") from None
 
@@ -418,7 +422,8 @@ class _Batched:
         return str(getattr(self.inner, "name", type(self.inner).__name__))
 
     def dumps(self, obj: Any) -> bytes:
-        return self.inner.dumps(obj)
+        data: bytes = self.inner.dumps(obj)
+        return data
 
     def loads(self, data: bytes) -> Any:
         return self.inner.loads(data)
@@ -471,7 +476,8 @@ def dumps_many(serializer: Any, objs: Iterable[Any]) -> list[bytes]:
     """Serialize a batch with any serializer; uses its own ``dumps_many`` when it has one."""
     batch = getattr(serializer, "dumps_many", None)
     if batch is not None:
-        return batch(objs)
+        encoded: list[bytes] = batch(objs)
+        return encoded
     dumps = serializer.dumps
     return [dumps(o) for o in objs]
 
@@ -480,6 +486,7 @@ def loads_many(serializer: Any, datas: Iterable[bytes]) -> list[Any]:
     """Deserialize a batch with any serializer; uses its own ``loads_many`` when it has one."""
     batch = getattr(serializer, "loads_many", None)
     if batch is not None:
-        return batch(datas)
+        decoded: list[Any] = batch(datas)
+        return decoded
     loads = serializer.loads
     return [loads(d) for d in datas]

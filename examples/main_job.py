@@ -184,10 +184,10 @@ def _verify(runtime: Any, expected: dict[str, dict[str, Any]]) -> int:
 
     c, job = runtime.client, runtime.job_id
     users = sorted(expected)
-    session = ValueState(c, job, "sessions", "session", value_serializer="json").get_many(users)
-    closed = ListState(c, job, "sessions", "closed", value_serializer="json").get_many(users)
-    totals = ReducingState(c, job, "sessions", "totals").get_many(users)
-    kinds_state = MapState(c, job, "sessions", "kinds", value_serializer="int")
+    session = ValueState[str, Any](c, job, "sessions", "session", value_serializer="json").get_many(users)
+    closed = ListState[str, Any](c, job, "sessions", "closed", value_serializer="json").get_many(users)
+    totals = ReducingState[str](c, job, "sessions", "totals").get_many(users)
+    kinds_state = MapState[str, str, int](c, job, "sessions", "kinds", value_serializer="int")
     bad = 0
     for i, user in enumerate(users):
         exp = expected[user]

@@ -32,6 +32,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.keygroups import past_max_parallelism
+from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager import failover, recovery
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
@@ -407,7 +408,7 @@ class Dispatcher:
         def deploy_one(a: SlotAssignment) -> tm_pb.DeploySlotResponse:
             request = tm_pb.DeploySlotRequest(
                 job_id=job.job_id,
-                operator=ops[a.subtask.operator_id].to_proto(),
+                operator=operator_spec_to_proto(ops[a.subtask.operator_id]),
                 subtask_index=a.subtask.subtask_index,
                 key_groups=pb.KeyGroupRange(start=a.key_groups.start, end=a.key_groups.end),
                 max_parallelism=job.spec.max_parallelism,

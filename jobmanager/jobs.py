@@ -15,6 +15,7 @@ from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
+from keyedstate.common.rpc.descriptors import operator_spec_from_proto, operator_spec_to_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
@@ -95,14 +96,14 @@ class JobSpec:
             "job_id": self.job_id,
             "max_parallelism": self.max_parallelism,
             "config": dict(self.config),
-            "operators": [json_format.MessageToDict(o.to_proto()) for o in self.operators],
+            "operators": [json_format.MessageToDict(operator_spec_to_proto(o)) for o in self.operators],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         from google.protobuf import json_format
 
-        ops = tuple(OperatorSpec.from_proto(json_format.ParseDict(o, pb.OperatorSpec())) for o in data["operators"])
+        ops = tuple(operator_spec_from_proto(json_format.ParseDict(o, pb.OperatorSpec())) for o in data["operators"])
         return cls(data["job_id"], ops, int(data["max_parallelism"]), tuple(sorted(data.get("config", {}).items())))
 
 
@@ -184,7 +185,7 @@ class Job:
             job_id=self.job_id,
             status=value_of(pb.JobStatus, self.status.value),
             max_parallelism=self.spec.max_parallelism,
-            operators=[o.to_proto() for o in self.spec.operators],
+            operators=[operator_spec_to_proto(o) for o in self.spec.operators],
             latest_checkpoint_id=latest.checkpoint_id if latest is not None else 0,
             latest_checkpoint_path=latest.external_path if latest is not None else "",
             committed_epoch=self.committed_epoch,

@@ -12,7 +12,7 @@ the token and counted in ``keyedstate_<component>_auth_refused_total``.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter
@@ -61,7 +61,8 @@ def certificate_name(context: grpc.ServicerContext) -> str | None:
     for key in ("x509_common_name", "x509_subject_alternative_name"):
         values = auth.get(key) or []
         if values:
-            return values[0].decode("utf-8", "replace")
+            first: bytes = values[0]
+            return first.decode("utf-8", "replace")
     return None
 
 
@@ -204,7 +205,7 @@ class AuthInterceptor(HandlerWrappingInterceptor):
                     principal,
                     f"{principal.describe()} has no access to job {job!r}: {name} needs permission "
                     f"{permission.value} on job {job!r}; use a token whose jobs include {job!r}",
-                )  # type: ignore[union-attr]
+                )
         return principal
 
     @staticmethod
@@ -213,7 +214,9 @@ class AuthInterceptor(HandlerWrappingInterceptor):
             return ""
         return f" on job {rule.job(request)!r}"
 
-    def _refuse(self, method: str, context: grpc.ServicerContext, principal: Principal | None, message: str) -> None:
+    def _refuse(
+        self, method: str, context: grpc.ServicerContext, principal: Principal | None, message: str
+    ) -> NoReturn:
         logger.warning("auth: PERMISSION_DENIED %s from %s: %s", method, context.peer(), message)
         raise PermissionDeniedError(message)
 

@@ -29,11 +29,11 @@ class MethodRule:
 
 
 def _job(request: Any) -> str:
-    return request.job_id
+    return str(request.job_id)
 
 
 def _target_job(request: Any) -> str:
-    return request.target.job_id
+    return str(request.target.job_id)
 
 
 def _submit_permission(request: Any) -> P:

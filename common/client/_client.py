@@ -11,7 +11,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import xxhash
@@ -43,6 +43,7 @@ from keyedstate.common.ids import JobId, OperatorId
 from keyedstate.common.keygroups import HASH_SEED
 from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.channels import open_channel
+from keyedstate.common.rpc.descriptors import operator_spec_to_proto, state_descriptor_from_proto
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
 from keyedstate.common.security.tls import REST, ChannelSecurity
 from keyedstate.common.security.transport import TransportSecurity
@@ -52,6 +53,17 @@ logger = logging.getLogger(__name__)
 _xxh64 = xxhash.xxh64_intdigest
 
 Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+_ReqIn = TypeVar("_ReqIn", contravariant=True)
+_RespOut = TypeVar("_RespOut", covariant=True)
+
+
+class _UnaryCall(Protocol[_ReqIn, _RespOut]):
+    """A unary stub method as the client calls it: the generated stubs type each one with its messages,
+    so a call's response type follows from the method passed in."""
+
+    def __call__(self, request: _ReqIn, timeout: float | None = ...) -> _RespOut: ...
+
 
 # Calls whose second application changes nothing: retried after any transport failure.
 IDEMPOTENT = frozenset(
@@ -483,17 +495,17 @@ class StateClient:
     def _jm_call(
         self,
         name: str,
-        rpc: grpc.UnaryUnaryMultiCallable,
+        rpc: _UnaryCall[Req, Resp],
         request: Req,
         *,
         timeout: float | None = None,
         retry: bool = True,
-    ) -> Any:
+    ) -> Resp:
         """Call JobManager method ``name`` (``rpc`` is its stub method); UNAVAILABLE is retried with ``retry``."""
         what = f"JobManager {self.jobmanager_address} {name}"
         call_timeout = timeout or self.settings.timeout_s
 
-        def attempt() -> Any:
+        def attempt() -> Resp:
             try:
                 return rpc(request, timeout=call_timeout)
             except grpc.RpcError as exc:
@@ -524,7 +536,7 @@ class StateClient:
             self.jobmanager.SubmitJob,
             jm_pb.SubmitJobRequest(
                 job_id=job_id,
-                operators=[op.to_proto() for op in operators],
+                operators=[operator_spec_to_proto(op) for op in operators],
                 max_parallelism=max_parallelism,
                 restore_path=restore_path,
                 config={k: str(v) for k, v in (config or {}).items()},
@@ -756,7 +768,7 @@ class StateClient:
             info = self.job_info(job_id)
             for op in info.operators:
                 for d in op.states:
-                    self._descriptors[(job_id, op.operator_id, d.name)] = StateDescriptor.from_proto(d)
+                    self._descriptors[(job_id, op.operator_id, d.name)] = state_descriptor_from_proto(d)
             found = self._descriptors.get(key)
             if found is None:
                 operators = sorted(op.operator_id for op in info.operators)

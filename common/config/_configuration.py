@@ -152,16 +152,16 @@ class Configuration:
                 by_key[legacy] = opt
         warnings: list[str] = []
         for key in self._values:
-            opt = by_key.get(key)
-            if opt is None:
+            found = by_key.get(key)
+            if found is None:
                 close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 msg = f"unknown config key {key!r} is ignored{hint}"
                 logger.warning(msg)
                 warnings.append(msg)
                 continue
-            if key == opt.key:
-                opt.parser(key, self._values[key])
+            if key == found.key:
+                found.parser(key, self._values[key])
         for opt in known_options:
             if opt.key not in self._values and any(k in self._values for k in opt.fallback_keys):
                 self.get(opt)  # parses and logs the deprecation

@@ -6,7 +6,8 @@ Below ``auth`` (which decides who a token is and what it may do), so that openin
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import grpc
 
@@ -24,8 +25,17 @@ def check_token(token: str, where: str) -> str:
     return token
 
 
-class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
-    def __init__(self, details: grpc.ClientCallDetails, metadata: list[tuple[str, str]]) -> None:
+class _CallDetails(Protocol):
+    """What an interceptor reads of a call's details (the grpc base class declares no attributes)."""
+
+    method: str
+    timeout: float | None
+    metadata: Sequence[tuple[str, str | bytes]] | None
+    credentials: grpc.CallCredentials | None
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, details: _CallDetails, metadata: list[tuple[str, str | bytes]]) -> None:
         self.method = details.method
         self.timeout = details.timeout
         self.metadata = metadata
@@ -48,7 +58,7 @@ class BearerTokenInterceptor(
     def __repr__(self) -> str:  # never show the token
         return "BearerTokenInterceptor(<token>)"
 
-    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+    def _details(self, details: _CallDetails) -> grpc.ClientCallDetails:
         metadata = [m for m in (details.metadata or ()) if m[0] != AUTHORIZATION]
         metadata.append(self._header)
         return _Details(details, metadata)

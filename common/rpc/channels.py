@@ -81,7 +81,8 @@ def open_channel(
         )
     if token is None:
         return channel
-    return grpc.intercept_channel(channel, BearerTokenInterceptor(token))
+    intercepted: grpc.Channel = grpc.intercept_channel(channel, BearerTokenInterceptor(token))
+    return intercepted
 
 
 class ReloadingChannel(grpc.Channel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -21,6 +21,17 @@ from keyedstate.common.rpc.interceptors import HandlerWrappingInterceptor
 from keyedstate.common.rpc.status import abort_with
 
 logger = logging.getLogger(__name__)
+
+
+class _Handler(Protocol):
+    """The fields of a method handler read here (grpc declares them on its namedtuple, not on the base class)."""
+
+    request_streaming: bool
+    response_streaming: bool
+    request_deserializer: Callable[[bytes], Any] | None
+    response_serializer: Callable[[Any], bytes] | None
+    unary_unary: Callable[[Any, grpc.ServicerContext], Any]
+    unary_stream: Callable[[Any, grpc.ServicerContext], Any]
 
 
 class _Malformed:
@@ -57,9 +68,11 @@ class MalformedRequestInterceptor(HandlerWrappingInterceptor):
     """Wraps unary-request handlers so a body that does not decode is INVALID_ARGUMENT, not INTERNAL."""
 
     def wraps(self, handler: grpc.RpcMethodHandler) -> bool:
-        return not handler.request_streaming
+        return not cast(_Handler, handler).request_streaming
 
-    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def wrap(self, method: str, rpc_handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        handler = cast(_Handler, rpc_handler)
+        wrapped: grpc.RpcMethodHandler
         if handler.response_streaming:
             inner_stream = handler.unary_stream
 
@@ -68,11 +81,12 @@ class MalformedRequestInterceptor(HandlerWrappingInterceptor):
                     _refuse(method, request, context)
                 return inner_stream(request, context)
 
-            return grpc.unary_stream_rpc_method_handler(
+            wrapped = grpc.unary_stream_rpc_method_handler(
                 unary_stream,
                 request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
+            return wrapped
         inner = handler.unary_unary
 
         def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
@@ -80,8 +94,9 @@ class MalformedRequestInterceptor(HandlerWrappingInterceptor):
                 _refuse(method, request, context)
             return inner(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(
+        wrapped = grpc.unary_unary_rpc_method_handler(
             unary_unary,
             request_deserializer=_lenient(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
+        return wrapped

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 
-class HandlerWrappingInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+class HandlerWrappingInterceptor(grpc.ServerInterceptor):
     """A server interceptor that wraps each method's handler, building the wrapper once per method.
 
     A server's handlers do not change, so the wrapper built for a method is reused for as long

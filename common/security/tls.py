@@ -103,7 +103,51 @@ def _check_validity(plane: str, which: str, path: str, cert: x509.Certificate, n
 
 
 def _public_der(public_key: Any) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    der: bytes = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return der
+
+
+def _check_required(files: PemFiles, *, need_identity: bool, need_ca: bool) -> None:
+    # Which files a plane needs follows from its role; checked before any file is read, so the
+    # message names the missing key rather than a read failure.
+    plane = files.plane
+    cert_key, key_key, ca_key = (key_name(plane, w) for w in ("cert", "key", "ca"))
+    if need_identity and not (files.cert and files.key):
+        missing = cert_key if not files.cert else key_key
+        raise ConfigError(
+            f"{missing} is not set; TLS on the {plane} plane needs this daemon's certificate and private key: set "
+            f"{cert_key} and {key_key} to PEM files ({_DOCS} shows how to make them)"
+        )
+    if bool(files.cert) != bool(files.key):
+        missing = cert_key if not files.cert else key_key
+        raise ConfigError(
+            f"{missing} is not set; {cert_key} and {key_key} go together (a certificate and its private key)"
+        )
+    if need_ca and not files.ca:
+        raise ConfigError(
+            f"{ca_key} is not set; the {plane} plane needs the CA certificate that signs its peers' certificates "
+            f"({_DOCS})"
+        )
+
+
+def _check_private_key(files: PemFiles, key: bytes, leaf: x509.Certificate) -> None:
+    # The key must parse unencrypted and belong to the certificate: a mismatch would otherwise
+    # surface only as a handshake failure on the peer's side.
+    cert_key, key_key = key_name(files.plane, "cert"), key_name(files.plane, "key")
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{key_key}: the private key in {files.key} is encrypted; give an unencrypted PEM key, for example "
+            f"openssl pkey -in {files.key} -out key.pem (and protect the file with chmod 600)"
+        ) from exc
+    except (ValueError, Exception) as exc:  # cryptography raises ValueError or UnsupportedAlgorithm
+        raise ConfigError(f"{key_key}: {files.key} holds no PEM private key ('-----BEGIN PRIVATE KEY-----')") from exc
+    if _public_der(private.public_key()) != _public_der(leaf.public_key()):
+        raise ConfigError(
+            f"{key_key}: the private key in {files.key} does not belong to the certificate in {files.cert} "
+            f"({cert_key}); configure the key that was made with that certificate"
+        )
 
 
 def load_material(
@@ -122,23 +166,8 @@ def load_material(
     """
     plane = files.plane
     now = now or datetime.datetime.now(datetime.UTC)
-    cert_key, key_key, ca_key = (key_name(plane, w) for w in ("cert", "key", "ca"))
-    if need_identity and not (files.cert and files.key):
-        missing = cert_key if not files.cert else key_key
-        raise ConfigError(
-            f"{missing} is not set; TLS on the {plane} plane needs this daemon's certificate and private key: set "
-            f"{cert_key} and {key_key} to PEM files ({_DOCS} shows how to make them)"
-        )
-    if bool(files.cert) != bool(files.key):
-        missing = cert_key if not files.cert else key_key
-        raise ConfigError(
-            f"{missing} is not set; {cert_key} and {key_key} go together (a certificate and its private key)"
-        )
-    if need_ca and not files.ca:
-        raise ConfigError(
-            f"{ca_key} is not set; the {plane} plane needs the CA certificate that signs its peers' certificates "
-            f"({_DOCS})"
-        )
+    cert_key, ca_key = key_name(plane, "cert"), key_name(plane, "ca")
+    _check_required(files, need_identity=need_identity, need_ca=need_ca)
     cert_chain = key = ca = None
     leaf_chain: list[x509.Certificate] = []
     not_after = None
@@ -149,22 +178,7 @@ def load_material(
         _check_validity(plane, "cert", files.cert, leaf, now)
         not_after = leaf.not_valid_after_utc
         key = _read(plane, "key", files.key)
-        try:
-            private = serialization.load_pem_private_key(key, password=None)
-        except TypeError as exc:
-            raise ConfigError(
-                f"{key_key}: the private key in {files.key} is encrypted; give an unencrypted PEM key, for example "
-                f"openssl pkey -in {files.key} -out key.pem (and protect the file with chmod 600)"
-            ) from exc
-        except (ValueError, Exception) as exc:  # cryptography raises ValueError or UnsupportedAlgorithm
-            raise ConfigError(
-                f"{key_key}: {files.key} holds no PEM private key ('-----BEGIN PRIVATE KEY-----')"
-            ) from exc
-        if _public_der(private.public_key()) != _public_der(leaf.public_key()):
-            raise ConfigError(
-                f"{key_key}: the private key in {files.key} does not belong to the certificate in {files.cert} "
-                f"({cert_key}); configure the key that was made with that certificate"
-            )
+        _check_private_key(files, key, leaf)
     if files.ca:
         ca = _read(plane, "ca", files.ca)
         cas = _certificates(plane, "ca", files.ca, ca)
@@ -280,7 +294,10 @@ def server_credentials(reloading: ReloadingMaterial, require_client_auth: bool) 
             logger.exception("tls: certificate reload failed; keeping the current certificates")
             return None
 
-    return grpc.dynamic_ssl_server_credentials(configuration(reloading.material), fetch, require_client_auth)
+    credentials: grpc.ServerCredentials = grpc.dynamic_ssl_server_credentials(
+        configuration(reloading.material), fetch, require_client_auth
+    )
+    return credentials
 
 
 class ChannelSecurity:
@@ -330,7 +347,10 @@ class ChannelSecurity:
 
     def credentials(self) -> grpc.ChannelCredentials:
         m = self.material()
-        return grpc.ssl_channel_credentials(root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert_chain)
+        credentials: grpc.ChannelCredentials = grpc.ssl_channel_credentials(
+            root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert_chain
+        )
+        return credentials
 
     def options(self) -> list[tuple[str, Any]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []

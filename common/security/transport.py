@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from keyedstate.common.config import Configuration
+from keyedstate.common.config import ConfigOption, Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.security.tls import (
@@ -66,7 +66,7 @@ def plane_settings(conf: Configuration) -> tuple[PlaneSettings, PlaneSettings]:
     return internal, rest
 
 
-def internal_plane_separate(conf: Configuration, port_option: o.ConfigOption[int] | None = None) -> bool:
+def internal_plane_separate(conf: Configuration, port_option: ConfigOption[int] | None = None) -> bool:
     """Whether the internal services get their own server (and port) rather than sharing the client one.
 
     They do whenever TLS is on for either plane: a gRPC port either requires client certificates
@@ -81,7 +81,8 @@ def internal_plane_separate(conf: Configuration, port_option: o.ConfigOption[int
 def jobmanager_internal_port(conf: Configuration) -> int:
     """The port of the JobManager's internal services, as its TaskManagers must dial it."""
     if not internal_plane_separate(conf, o.JOBMANAGER_INTERNAL_PORT):
-        return conf.get(o.JOBMANAGER_PORT)
+        client_port: int = conf.get(o.JOBMANAGER_PORT)
+        return client_port
     port = conf.get(o.JOBMANAGER_INTERNAL_PORT)
     return DEFAULT_JOBMANAGER_INTERNAL_PORT if port is None else port
 
@@ -219,7 +220,7 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(name, None)
     except OSError:
         return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 class HttpTls:

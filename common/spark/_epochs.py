@@ -70,7 +70,7 @@ from keyedstate.common.spark._credentials import executor_token_name, spark_file
 
 logger = logging.getLogger(__name__)
 
-_CLIENTS: dict[tuple[str, Any], StateClient] = {}
+_CLIENTS: dict[tuple[str, Any, str], StateClient] = {}
 _CLIENTS_LOCK = threading.Lock()
 _WAIT_S = 0.2
 
@@ -133,12 +133,18 @@ class PartitionState:
     def value(
         self, name: str, *, operator: str | None = None, key_serializer: str = "str", value_serializer: str = "pickle"
     ) -> ValueState[Any, Any]:
-        return self._get(ValueState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer)
+        handle: ValueState[Any, Any] = self._get(
+            ValueState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer
+        )
+        return handle
 
     def list(
         self, name: str, *, operator: str | None = None, key_serializer: str = "str", value_serializer: str = "pickle"
     ) -> ListState[Any, Any]:
-        return self._get(ListState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer)
+        handle: ListState[Any, Any] = self._get(
+            ListState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer
+        )
+        return handle
 
     def map(
         self,
@@ -149,7 +155,7 @@ class PartitionState:
         user_key_serializer: str = "str",
         value_serializer: str = "pickle",
     ) -> MapState[Any, Any, Any]:
-        return self._get(
+        handle: MapState[Any, Any, Any] = self._get(
             MapState,
             name,
             operator,
@@ -157,9 +163,11 @@ class PartitionState:
             user_key_serializer=user_key_serializer,
             value_serializer=value_serializer,
         )
+        return handle
 
     def reducing(self, name: str, *, operator: str | None = None, key_serializer: str = "str") -> ReducingState[Any]:
-        return self._get(ReducingState, name, operator, key_serializer=key_serializer)
+        handle: ReducingState[Any] = self._get(ReducingState, name, operator, key_serializer=key_serializer)
+        return handle
 
 
 ProcessFn = Callable[[Iterator[Any], PartitionState], None]
@@ -539,6 +547,8 @@ class _BatchRunner:
             from pyspark import TaskContext
 
             ctx = TaskContext.get()
+            if ctx is None:
+                raise RuntimeError("keyedstate: the batch task runs outside a Spark task (no TaskContext)")
             partition, attempt = ctx.partitionId(), (nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
             scope = None
             if epoch >= 0:

@@ -48,7 +48,7 @@ def _column(col: Column | str) -> Column:
     return _functions().col(col) if isinstance(col, str) else col
 
 
-_NATIVE = (StrSerializer, IntSerializer, BytesSerializer)
+_NATIVE: tuple[type[Serializer[Any]], ...] = (StrSerializer, IntSerializer, BytesSerializer)
 
 
 def _native(key_serializer: str | Serializer[Any]) -> Serializer[Any]:
@@ -95,7 +95,8 @@ def key_bytes_column(col: Column | str, key_serializer: str | Serializer[Any]) -
         F.lit(f": cast the key column to {cast_to} or choose the key serializer that matches its type"),
     )
     # typeof() is constant per column, so the optimizer reduces this to key_bytes (or to the error).
-    return F.when(accepted, key_bytes).otherwise(F.raise_error(message)).alias("key_bytes")
+    checked: Column = F.when(accepted, key_bytes).otherwise(F.raise_error(message)).alias("key_bytes")
+    return checked
 
 
 def key_group_column(col: Column | str, max_parallelism: int, key_serializer: str | Serializer[Any] = "str") -> Column:
@@ -110,14 +111,16 @@ def key_group_column(col: Column | str, max_parallelism: int, key_serializer: st
     hash32 = F.xxhash64(key_bytes).bitwiseAND(F.lit(0xFFFFFFFF))
     group = F.pmod(hash32, F.lit(max_parallelism)).cast("int")
     # xxhash64 skips nulls (it would return the seed), so a null key is mapped to null explicitly.
-    return F.when(key_bytes.isNull(), F.lit(None).cast("int")).otherwise(group).alias("key_group")
+    named: Column = F.when(key_bytes.isNull(), F.lit(None).cast("int")).otherwise(group).alias("key_group")
+    return named
 
 
 def _subtask_of_group(group: Column, max_parallelism: int, parallelism: int) -> Column:
     F = _functions()
     # group * parallelism < 2**30 and the quotient is exact enough in a double that floor() equals
     # integer division for every group (the fractional part is at least 1/max_parallelism).
-    return F.floor(group * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
+    subtask: Column = F.floor(group * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
+    return subtask
 
 
 def subtask_column(

@@ -10,8 +10,8 @@ from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.config import is_secret_key
 from keyedstate.common.config import options as o
 from keyedstate.common.config._secrets import declared_secret_keys
-from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.rpc.descriptors import operator_spec_from_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.jobmanager.checkpointing import Checkpointing, checkpoint_info
@@ -52,7 +52,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
             )
         spec = JobSpec(
             job_id=request.job_id,
-            operators=tuple(OperatorSpec.from_proto(op) for op in request.operators),
+            operators=tuple(operator_spec_from_proto(op) for op in request.operators),
             max_parallelism=request.max_parallelism or self._d.conf.get(o.MAX_PARALLELISM),
             config=tuple(sorted(request.config.items())),
         )

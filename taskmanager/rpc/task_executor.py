@@ -6,10 +6,10 @@ import grpc
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
-from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.lease import Lease
+from keyedstate.common.rpc.descriptors import operator_spec_from_proto
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.taskmanager.deployment import DeployRequest, SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
@@ -52,7 +52,7 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
             raise InvalidArgumentError("DeploySlot needs the operator spec")
         deploy = DeployRequest(
             subtask=SubtaskId(request.job_id, request.operator.operator_id, request.subtask_index),
-            operator=OperatorSpec.from_proto(request.operator),
+            operator=operator_spec_from_proto(request.operator),
             key_groups=KeyGroupRange(request.key_groups.start, request.key_groups.end),
             max_parallelism=request.max_parallelism,
             slot_index=request.slot_index,

@@ -15,6 +15,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.config.options import MAX_TASK_SLOTS
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from keyedstate.common.rpc.status import MAX_DETAILS_WIRE_BYTES, REASON_KEY, bounded_details
 
 
@@ -297,7 +298,7 @@ def _deploy_restoring(cluster: Any, tmp_path: Any, job_id: str, operator_id: str
     )
     request = tm_pb.DeploySlotRequest(
         job_id=job_id,
-        operator=OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),)).to_proto(),
+        operator=operator_spec_to_proto(OperatorSpec("op2", 1, (StateDescriptor("v", StateKind.VALUE),))),
         subtask_index=0,
         key_groups=pb.KeyGroupRange(start=0, end=127),
         max_parallelism=128,

@@ -32,6 +32,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.client import Routing, StateClient
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.keygroups import key_group
+from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from tests.fuzz import proto_strategies as ps
 
 FD = d.FieldDescriptor
@@ -345,7 +346,7 @@ def _vectors(keys: list[bytes]) -> list[bytes]:
 
 
 def _spec(w: World) -> pb.OperatorSpec:
-    return fuzz_operators()[0].to_proto()
+    return operator_spec_to_proto(fuzz_operators()[0])
 
 
 def _deploy(w: World, s: int) -> tuple[Message, str]:
@@ -427,7 +428,9 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
     ),
     ("JobManager", "SubmitJob"): lambda w, s: (
         jm_pb.SubmitJobRequest(
-            job_id=f"fz-sub-{s}", operators=[fuzz_operators(parallelism=1)[0].to_proto()], max_parallelism=16
+            job_id=f"fz-sub-{s}",
+            operators=[operator_spec_to_proto(fuzz_operators(parallelism=1)[0])],
+            max_parallelism=16,
         ),
         w.jm_address,
     ),
