@@ -34,6 +34,8 @@ from bench.statefill import (
     single_slot_cluster,
     submit,
 )
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.rpc.enums import name_of
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +62,10 @@ def _checkpoint(client: Any, job: str, metrics: TaskManagerMetrics) -> dict[str,
     t0 = time.perf_counter()
     info = client.trigger_checkpoint(job, timeout_s=1800)
     wall = time.perf_counter() - t0
-    if info.status != "COMPLETED":
-        raise RuntimeError(f"checkpoint of {job} did not complete: {info.status} {info.failure_reason}")
+    if info.status != jm_pb.CHECKPOINT_STATUS_COMPLETED:
+        raise RuntimeError(
+            f"checkpoint of {job} did not complete: {name_of(jm_pb.CheckpointStatus, info.status)} {info.failure_reason}"
+        )
     after = _sync_ms_sum(metrics)
     if after[1] <= before[1]:
         raise RuntimeError("the TaskManager reported no synchronous phase for the checkpoint")

@@ -24,6 +24,7 @@ from bench.statefill import (
     single_slot_cluster,
     submit,
 )
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 load_s = filler.fill_to(state, size_mb * MB)
                 metrics.wait_quiet()
                 info = client.trigger_checkpoint("src", timeout_s=1800)
-                if info.status != "COMPLETED":
+                if info.status != jm_pb.CHECKPOINT_STATUS_COMPLETED:
                     raise RuntimeError(f"checkpoint failed: {info.failure_reason}")
                 client.cancel_job("src")
                 ours: list[float] = []

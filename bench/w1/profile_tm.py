@@ -28,7 +28,7 @@ from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.clock import SystemClock
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.ids import KeyGroupRange, SubtaskId, TaskManagerId
 from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import SlotTable
@@ -65,7 +65,7 @@ def measure(keys: int, epochs: int = 3, profiled: bool = True, top: int = 18) ->
     """Stage ``epochs`` micro-batches of about ``keys`` reduce operands on one RocksDB slot and commit each."""
     with tempfile.TemporaryDirectory(prefix="w1-tm-profile-") as tmp:
         work = Path(tmp)
-        table = SlotTable(1, "tm-profile")
+        table = SlotTable(1, TaskManagerId("tm-profile"))
         subtask = SubtaskId("w1", "w1", 0)
         manager = EpochManager(table, lambda s: work / s.instance_dir_name())
         slot = table.reserve(subtask, OperatorSpec("w1", 1, STATES), KeyGroupRange(0, MP - 1), MP, 0, 1, "", False)

@@ -220,7 +220,9 @@ def call_raw(
     details = ""
     try:
         if method.server_streaming:
-            stream = channel.unary_stream(method.path)(body, timeout=CALL_TIMEOUT_S)
+            # No (de)serializers: the raw request and response bytes go over the wire as they are.
+            streaming: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(method.path)
+            stream = streaming(body, timeout=CALL_TIMEOUT_S)
             for chunk in stream:
                 response.append(chunk)
                 if len(response) >= MAX_STREAM_CHUNKS:
@@ -228,7 +230,8 @@ def call_raw(
                     break
             code = grpc.StatusCode.OK
         else:
-            response.append(channel.unary_unary(method.path)(body, timeout=CALL_TIMEOUT_S))
+            unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method.path)
+            response.append(unary(body, timeout=CALL_TIMEOUT_S))
             code = grpc.StatusCode.OK
     except grpc.RpcError as rpc_exc:
         exc = cast(grpc.Call, rpc_exc)  # a failed call's error is also the grpc.Call (code, details, trailers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import grpc
@@ -27,8 +28,18 @@ def _error(call: Any) -> grpc.Call:
     raise AssertionError("the call succeeded; expected a gRPC error")
 
 
-def _reason(err: grpc.Call) -> str | None:
+def _reason(err: grpc.Call) -> str | bytes | None:
     return dict(err.trailing_metadata() or ()).get(REASON_KEY)
+
+
+def _raw_unary(channel: grpc.Channel, path: str) -> grpc.UnaryUnaryMultiCallable[bytes, bytes]:
+    """A unary call without (de)serializers: the request bytes go over the wire as they are."""
+    return channel.unary_unary(path)
+
+
+def _raw_stream(channel: grpc.Channel, path: str) -> grpc.UnaryStreamMultiCallable[bytes, bytes]:
+    """A server-streaming call without (de)serializers: the request bytes go over the wire as they are."""
+    return channel.unary_stream(path)
 
 
 @pytest.fixture
@@ -47,11 +58,11 @@ def test_a_request_that_is_not_protobuf_is_invalid_argument_not_internal(cluster
     """gRPC answered INTERNAL "Exception deserializing request!", which reads as a server bug."""
     tm_address = cluster.taskmanagers[0].address
     with grpc.insecure_channel(cluster.address) as jm, grpc.insecure_channel(tm_address) as tm:
-        calls = [
-            lambda: jm.unary_unary("/keyedstate.v1.JobManager/GetJob")(body, timeout=10),
-            lambda: tm.unary_unary("/keyedstate.v1.KeyedState/ValuePut")(body, timeout=10),
-            lambda: tm.unary_unary("/keyedstate.v1.TaskExecutor/DeploySlot")(body, timeout=10),
-            lambda: list(tm.unary_stream("/keyedstate.v1.KeyedState/ScanKeys")(body, timeout=10)),
+        calls: list[Callable[[], object]] = [
+            lambda: _raw_unary(jm, "/keyedstate.v1.JobManager/GetJob")(body, timeout=10),
+            lambda: _raw_unary(tm, "/keyedstate.v1.KeyedState/ValuePut")(body, timeout=10),
+            lambda: _raw_unary(tm, "/keyedstate.v1.TaskExecutor/DeploySlot")(body, timeout=10),
+            lambda: list(_raw_stream(tm, "/keyedstate.v1.KeyedState/ScanKeys")(body, timeout=10)),
         ]
         for call in calls:
             err = _error(call)

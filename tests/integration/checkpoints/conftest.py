@@ -213,7 +213,7 @@ def wait_for_files(
     root: str,
     expected: set[str],
     what: str,
-    flush: Callable[[], None] = lambda: None,
+    flush: Callable[[], object] = lambda: None,
     timeout_s: float = 10.0,
 ) -> None:
     """Wait until the files below ``root`` are exactly ``expected``; fail listing the difference."""

@@ -195,6 +195,7 @@ def test_expired_checkpoint_leaves_no_files_even_when_the_upload_finishes_late(
         # The stuck uploads now go through, after the JobManager gave up on them.
         proxy.gate.set()
         coordinator = jm.dispatcher.job(JOB).coordinator
+        assert coordinator is not None
 
         wait_for_files(
             storage,

@@ -51,7 +51,7 @@ def ctx(epoch: int, partition: int = 0, attempt: int = 1) -> common_pb2.EpochCon
     return common_pb2.EpochContext(epoch=epoch, partition=partition, attempt=attempt)
 
 
-def trailers(err: grpc.RpcError) -> dict[str, str]:
+def trailers(err: grpc.RpcError) -> dict[str, str | bytes]:
     return dict(cast(grpc.Call, err).trailing_metadata() or ())
 
 

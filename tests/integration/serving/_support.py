@@ -68,7 +68,7 @@ def rpc_error(call: Callable[[], Any]) -> grpc.Call:
     raise AssertionError(f"the call succeeded with {result!r}; expected a gRPC error")
 
 
-def reason(err: grpc.Call) -> str | None:
+def reason(err: grpc.Call) -> str | bytes | None:
     return dict(err.trailing_metadata() or ()).get(REASON_KEY)
 
 

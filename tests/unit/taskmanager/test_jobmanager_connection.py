@@ -16,7 +16,7 @@ import pytest
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
 from keyedstate.taskmanager.rpc.jobmanager_connection import JobManagerConnection
 from tests.fakes.clock import ManualClock
@@ -85,7 +85,7 @@ def harness() -> Iterator[Harness]:
     ]
     connection = JobManagerConnection(
         f"127.0.0.1:{port}",
-        "tm-a",
+        TaskManagerId("tm-a"),
         "127.0.0.1:7001",
         "127.0.0.1",
         2,

@@ -6,28 +6,30 @@ import pytest
 
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import Reason, StaleRoutingError
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId, TaskManagerId
 from keyedstate.taskmanager.slots import SlotTable
 
+JOB = JobId("job")
+OP = OperatorId("op")
 OPERATOR = OperatorSpec("op", 2, (StateDescriptor("v", StateKind.VALUE),))
 
 
 @pytest.fixture
 def table() -> SlotTable:
-    t = SlotTable(2, "tm-a")
+    t = SlotTable(2, TaskManagerId("tm-a"))
     t.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 7, "", False)
     return t
 
 
 def test_the_slots_own_version_and_no_version_at_all_find_it(table: SlotTable) -> None:
-    assert table.lookup("job", "op", 0, 7).routing_version == 7
-    assert table.lookup("job", "op", 0).routing_version == 7  # None: internal callers, any version
+    assert table.lookup(JOB, OP, 0, 7).routing_version == 7
+    assert table.lookup(JOB, OP, 0).routing_version == 7  # None: internal callers, any version
 
 
 @pytest.mark.parametrize("version", [6, 8, 1 << 32, (1 << 32) + 7])
 def test_another_version_is_refused_naming_the_slots_version(table: SlotTable, version: int) -> None:
     with pytest.raises(StaleRoutingError) as info:
-        table.lookup("job", "op", 0, version)
+        table.lookup(JOB, OP, 0, version)
     assert info.value.reason is Reason.STALE_ROUTING and info.value.current_version == 7
     assert info.value.message == (
         f"job/op/0 on TaskManager tm-a is deployed under routing version 7, the call was routed with version {version}; "
@@ -37,7 +39,7 @@ def test_another_version_is_refused_naming_the_slots_version(table: SlotTable, v
 
 def test_a_call_without_a_version_is_refused_naming_the_slots_version(table: SlotTable) -> None:
     with pytest.raises(StaleRoutingError) as info:
-        table.lookup("job", "op", 0, 0)
+        table.lookup(JOB, OP, 0, 0)
     assert info.value.current_version == 7
     assert (
         "carries no routing version; every state call must carry the version of the routing table" in info.value.message
@@ -46,16 +48,16 @@ def test_a_call_without_a_version_is_refused_naming_the_slots_version(table: Slo
 
 def test_a_subtask_not_hosted_here_is_stale_routing_without_a_version(table: SlotTable) -> None:
     with pytest.raises(StaleRoutingError, match="hosts no slot for job 'job' operator 'op' subtask 1") as info:
-        table.lookup("job", "op", 1, 7)
+        table.lookup(JOB, OP, 1, 7)
     assert info.value.current_version == 0
 
 
 def test_a_redeployed_subtask_serves_only_its_new_version(table: SlotTable) -> None:
     table.remove(SubtaskId("job", "op", 0))
     table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 1, 9, "", False)
-    assert table.lookup("job", "op", 0, 9).index == 1
+    assert table.lookup(JOB, OP, 0, 9).index == 1
     with pytest.raises(StaleRoutingError) as info:
-        table.lookup("job", "op", 0, 7)
+        table.lookup(JOB, OP, 0, 7)
     assert info.value.current_version == 9
 
 
@@ -74,20 +76,20 @@ def test_a_late_deploy_of_an_older_version_is_refused(table: SlotTable) -> None:
 def test_the_jobmanagers_versions_at_registration_replace_the_floors(table: SlotTable) -> None:
     # A JobManager restarted without high availability numbers the job's deployments from 1 again.
     table.remove(SubtaskId("job", "op", 0))
-    table.set_version_floors({"job": 1})
+    table.set_version_floors({JOB: 1})
     assert (
         table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 1, "", False).routing_version
         == 1
     )
     # And one that is ahead of what was deployed here raises the floor.
     table.remove(SubtaskId("job", "op", 0))
-    table.set_version_floors({"job": 9})
+    table.set_version_floors({JOB: 9})
     with pytest.raises(StaleRoutingError):
         table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 8, "", False)
 
 
 def test_a_release_makes_a_late_deploy_of_that_version_stale(table: SlotTable) -> None:
-    table.raise_version_floor("job", 7)  # the JobManager released deployment 7
+    table.raise_version_floor(JOB, 7)  # the JobManager released deployment 7
     table.remove(SubtaskId("job", "op", 0), up_to_version=7)
     with pytest.raises(StaleRoutingError, match="only from v8 on"):
         table.reserve(SubtaskId("job", "op", 0), OPERATOR, KeyGroupRange(0, 63), 128, 0, 7, "", False)
@@ -96,6 +98,6 @@ def test_a_release_makes_a_late_deploy_of_that_version_stale(table: SlotTable) -
 def test_a_late_release_of_an_older_version_leaves_the_newer_deployment(table: SlotTable) -> None:
     subtask = SubtaskId("job", "op", 0)
     assert table.remove(subtask, up_to_version=6) is None  # the slot is v7: a release for v6 is late
-    assert table.lookup("job", "op", 0, 7).routing_version == 7
+    assert table.lookup(JOB, OP, 0, 7).routing_version == 7
     assert table.remove(subtask, up_to_version=7) is not None
     assert table.get(subtask) is None

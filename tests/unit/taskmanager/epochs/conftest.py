@@ -19,7 +19,7 @@ from keyedstate.common.descriptors import (
     StateDescriptor,
     StateKind,
 )
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId, TaskManagerId
 from keyedstate.taskmanager.epochs import EpochManager, EpochTransaction, read_committed_epoch
 from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import Slot, SlotTable
@@ -28,8 +28,8 @@ from tests.fakes.clock import ManualClock
 
 MP = 128
 FULL = KeyGroupRange(0, MP - 1)
-JOB = "job-1"
-OP = "op"
+JOB = JobId("job-1")
+OP = OperatorId("op")
 ROUTING_VERSION = 1
 VEC = struct.Struct(">qdq")  # count (sum), max (float), min (int)
 
@@ -61,7 +61,7 @@ class EpochHarness:
         self.work = base / "work"
         self.clock = ManualClock()
         self.limits = limits or StateLimits()
-        self.table = SlotTable(4, "tm-test")
+        self.table = SlotTable(4, TaskManagerId("tm-test"))
         self.manager = EpochManager(self.table, self.instance_dir)
         self._next_slot = 0
 

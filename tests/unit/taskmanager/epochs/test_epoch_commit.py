@@ -11,7 +11,7 @@ import rocksdict
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, NotFoundError, Reason
-from keyedstate.common.ids import KeyGroupRange
+from keyedstate.common.ids import JobId, KeyGroupRange
 from keyedstate.common.keygroups import key_group
 from keyedstate.taskmanager.epochs import EpochCommitError, EpochTransaction, records
 from keyedstate.taskmanager.rpc.task_executor import commit_epoch
@@ -240,11 +240,11 @@ def test_bad_commit_requests_are_refused(harness: EpochHarness) -> None:
     with pytest.raises(InvalidArgumentError, match="must be >= 0"):
         commit_epoch(harness.manager, negative)
     with pytest.raises(InvalidArgumentError, match="epoch must be >= 0"):
-        harness.manager.commit_epoch("job-1", -1, {})
+        harness.manager.commit_epoch(JobId("job-1"), -1, {})
     with pytest.raises(InvalidArgumentError, match="invalid job id"):
-        harness.manager.commit_epoch("../etc", 1, {})
+        harness.manager.commit_epoch(JobId("../etc"), 1, {})
     with pytest.raises(NotFoundError, match="hosts no slot of job 'other'") as info:
-        harness.manager.commit_epoch("other", 1, {})
+        harness.manager.commit_epoch(JobId("other"), 1, {})
     assert info.value.reason is Reason.UNKNOWN_JOB
     # Nothing of that reached the state.
     assert harness.committed_epoch() == -1

@@ -351,7 +351,7 @@ def _nothing_applied_on_subtask_0(h: EpochHarness, keys: dict[int, list[bytes]],
     assert numbered(h, 0, subtask=0, epoch=epoch).value_get("v", keys[0], b"") == [b"new"] * 3
 
 
-LEDGER = {(OP, 0): 1, (OP, 1): 1}
+LEDGER: dict[tuple[str, int], int] = {(OP, 0): 1, (OP, 1): 1}
 
 
 def test_a_ledger_refused_by_the_last_slot_applies_nothing_on_the_first(
