@@ -102,6 +102,7 @@ class OperatorSpec:
             )
 
     def state(self, name: str) -> StateDescriptor:
+        """The descriptor of the operator's state ``name``; KeyError if it declares none of that name."""
         for s in self.states:
             if s.name == name:
                 return s

@@ -72,6 +72,7 @@ class KeyedStateError(Exception):
 
     @property
     def message(self) -> str:
+        """The message alone, without the reason (the first constructor argument; empty if none)."""
         return str(self.args[0]) if self.args else ""
 
     def with_message(self, message: str) -> KeyedStateError:

@@ -71,6 +71,7 @@ class KeyGroupRange:
 
     @classmethod
     def empty(cls) -> KeyGroupRange:
+        """The range holding no key group, ``[0, -1]``."""
         return cls(0, -1)
 
     def __len__(self) -> int:
@@ -83,6 +84,7 @@ class KeyGroupRange:
         return iter(range(self.start, self.end + 1))
 
     def intersection(self, other: KeyGroupRange) -> KeyGroupRange:
+        """The key groups in both ranges; :meth:`empty` when they do not overlap."""
         start, end = max(self.start, other.start), min(self.end, other.end)
         return KeyGroupRange(start, end) if start <= end else KeyGroupRange.empty()
 

@@ -79,9 +79,11 @@ class Lease:
             self._why = why
 
     def valid(self) -> bool:
+        """True if the lease has not expired at this instant (one clock read, no lock)."""
         return self._clock() < self._until
 
     def remaining_ms(self) -> int:
+        """Milliseconds until the lease expires; 0 once expired, revoked or never granted."""
         return max(0, self._until - self._clock())
 
     def check(self, what: str) -> None:

@@ -35,6 +35,7 @@ def _server_class(host: str, tls: HttpTls | None) -> type[ThreadingWSGIServer]:
         address_family = family
 
         def get_request(self) -> tuple[socket.socket, Any]:
+            """Accept a connection, wrapped in TLS when configured; the handshake runs later, in the request's thread."""
             sock, addr = super().get_request()
             if tls is None:
                 return sock, addr
@@ -43,6 +44,7 @@ def _server_class(host: str, tls: HttpTls | None) -> type[ThreadingWSGIServer]:
             return tls.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
         def handle_error(self, request: Any, client_address: Any) -> None:
+            """Log the failure at debug level instead of printing a traceback to stderr, as socketserver would."""
             # A scraper without a valid client certificate fails its handshake: not a server error.
             logger.debug("metrics: request from %s failed", client_address, exc_info=True)
 
@@ -89,6 +91,7 @@ class MetricsServer:
         ) from last
 
     def close(self) -> None:
+        """Stop serving and free the port; a no-op when already closed."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

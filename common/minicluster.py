@@ -62,6 +62,11 @@ class DaemonProcess:
     address: str = ""
 
     def start(self, env: dict[str, str], timeout_s: float = 60.0) -> None:
+        """Launch the process and block until it prints `` serving on <address>`` (kept in :attr:`address`).
+
+        If it exits first or takes longer than ``timeout_s`` seconds, it is killed and UnavailableError
+        is raised with the tail of its log.
+        """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # The child keeps its own descriptor for stderr; the parent's copy closes at once.
         with open(self.log_path, "ab") as log:
@@ -89,6 +94,7 @@ class DaemonProcess:
             raise UnavailableError(f"{self.name} did not start within {timeout_s:.0f} s; log {self.log_path}:\n{tail}")
 
     def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the daemon's stderr log; empty if the log cannot be read."""
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
@@ -96,9 +102,11 @@ class DaemonProcess:
 
     @property
     def alive(self) -> bool:
+        """True while the process exists and has not exited (a paused process is alive)."""
         return self.process is not None and self.process.poll() is None
 
     def signal(self, sig: int) -> None:
+        """Send signal ``sig`` to the daemon; a no-op when it is not running."""
         if self.alive:
             assert self.process is not None
             os.kill(self.process.pid, sig)
@@ -178,6 +186,7 @@ class MiniCluster:
 
     @property
     def jobmanager_address(self) -> str:
+        """``host:port`` of the JobManager's RPC endpoint, what a StateClient connects to."""
         return f"{self.placement_of('jobmanager').host}:{self.jobmanager_port}"
 
     def _env(self) -> dict[str, str]:
@@ -203,6 +212,10 @@ class MiniCluster:
         return out
 
     def start(self) -> MiniCluster:
+        """Start the JobManager, then every TaskManager, and wait until all registered; returns self.
+
+        Call :meth:`stop` (or use the cluster as a context manager) so that no daemon outlives the test.
+        """
         self.start_jobmanager()
         for i in range(self.num_taskmanagers):
             self.taskmanagers.append(self._taskmanager(i))
@@ -241,16 +254,22 @@ class MiniCluster:
         )
 
     def restart_taskmanager(self, i: int) -> None:
+        """Start a new process for TaskManager ``i`` (same resource id and local directory).
+
+        Does not stop the old one: kill or terminate it first.
+        """
         tm = self._taskmanager(i)
         tm.start(self._env())
         self.taskmanagers[i] = tm
 
     def restart_jobmanager(self, env: dict[str, str] | None = None) -> None:
+        """SIGKILL the JobManager if it runs (a crash, not a clean stop) and start a new one with ``env``."""
         if self.jobmanager is not None and self.jobmanager.alive:
             self.jobmanager.kill()
         self.start_jobmanager(env)
 
     def wait_for_taskmanagers(self, count: int, timeout_s: float = 60.0) -> None:
+        """Block until ``count`` TaskManagers have registered with the JobManager, at most ``timeout_s`` seconds."""
         from keyedstate.common.client import ClientSettings, StateClient, client_security
         from keyedstate.common.config import Configuration
 
@@ -262,12 +281,14 @@ class MiniCluster:
             client.wait_for_taskmanagers(count, timeout_s=timeout_s)
 
     def stop(self) -> None:
+        """SIGTERM every daemon (TaskManagers first) and wait for clean shutdowns; SIGKILL any that take over 30 s."""
         for tm in self.taskmanagers:
             tm.terminate()
         if self.jobmanager is not None:
             self.jobmanager.terminate()
 
     def kill_all(self) -> None:
+        """SIGKILL every daemon (TaskManagers first): a crash of the whole cluster, no clean-up."""
         for tm in self.taskmanagers:
             tm.kill()
         if self.jobmanager is not None:

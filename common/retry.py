@@ -25,7 +25,11 @@ T = TypeVar("T")
 class Waiter(Protocol):
     """Waits out a backoff; returns True when interrupted (``threading.Event`` fits)."""
 
-    def wait(self, timeout: float | None = None) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block up to ``timeout`` seconds (None: forever), as ``threading.Event.wait``.
+
+        True when woken (e.g. shutdown was set): the caller stops retrying; False on timeout.
+        """
 
 
 @dataclass(frozen=True)

@@ -46,15 +46,20 @@ class Serializer(Protocol[T]):
     """
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The name this serializer is registered under and known by in messages (``str``, ``json``, ...)."""
 
-    def dumps(self, obj: T) -> bytes: ...
+    def dumps(self, obj: T) -> bytes:
+        """The bytes of ``obj``; raises InvalidArgumentError naming the value when it cannot be encoded."""
 
-    def loads(self, data: bytes) -> T: ...
+    def loads(self, data: bytes) -> T:
+        """The object stored as ``data``; raises InvalidArgumentError when another serializer wrote the bytes."""
 
-    def dumps_many(self, objs: Iterable[T]) -> list[bytes]: ...
+    def dumps_many(self, objs: Iterable[T]) -> list[bytes]:
+        """``dumps`` over a batch, in order; an error names the failing item's index."""
 
-    def loads_many(self, datas: Iterable[bytes]) -> list[T]: ...
+    def loads_many(self, datas: Iterable[bytes]) -> list[T]:
+        """``loads`` over a batch, in order; an error names the failing item's index."""
 
 
 def _describe(obj: Any) -> str:
@@ -100,6 +105,10 @@ class BytesSerializer:
     name: ClassVar[str] = "bytes"
 
     def dumps(self, obj: Any) -> bytes:
+        """``obj`` itself when it is ``bytes`` (no copy), a copy of a ``bytearray`` or ``memoryview``.
+
+        Raises InvalidArgumentError for anything else: encode it first or pick another serializer.
+        """
         if type(obj) is bytes:
             return obj
         if isinstance(obj, (bytes, bytearray, memoryview)):
@@ -110,9 +119,11 @@ class BytesSerializer:
         )
 
     def loads(self, data: bytes) -> bytes:
+        """``data`` as ``bytes``, copied only when it is another buffer type."""
         return data if type(data) is bytes else bytes(data)
 
     def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        """A list of plain ``bytes`` is returned as the same list object (no copy): do not mutate it afterwards."""
         objs = _as_list(objs)
         # One C-level pass over the types; a batch of plain bytes is returned as it is.
         if set(map(type, objs)) <= {bytes}:
@@ -120,6 +131,7 @@ class BytesSerializer:
         return _dumps_each(self.dumps, objs)
 
     def loads_many(self, datas: Iterable[bytes]) -> list[bytes]:
+        """A list of plain ``bytes`` is returned as the same list object (no copy); other buffers are copied."""
         datas = _as_list(datas)
         if set(map(type, datas)) <= {bytes}:
             return datas
@@ -133,6 +145,7 @@ class StrSerializer:
     name: ClassVar[str] = "str"
 
     def dumps(self, obj: Any) -> bytes:
+        """UTF-8 bytes of a ``str``; InvalidArgumentError for a non-str or a string with lone surrogates."""
         try:
             return str.encode(obj)
         except TypeError:
@@ -146,6 +159,7 @@ class StrSerializer:
             ) from None
 
     def loads(self, data: bytes) -> str:
+        """Decode UTF-8; InvalidArgumentError if the bytes are not UTF-8 (another serializer wrote them)."""
         try:
             return str(data, "utf-8")
         except UnicodeDecodeError as exc:
@@ -155,6 +169,7 @@ class StrSerializer:
             ) from None
 
     def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        """Encode a batch in one C-level pass; on a bad item, retry item by item so the error names its index."""
         objs = _as_list(objs)
         try:
             return list(map(str.encode, objs))
@@ -162,6 +177,7 @@ class StrSerializer:
             return _dumps_each(self.dumps, objs)
 
     def loads_many(self, datas: Iterable[bytes]) -> list[str]:
+        """Decode a batch in one C-level pass; on a bad item, retry item by item so the error names its index."""
         datas = _as_list(datas)
         try:
             return list(map(bytes.decode, datas))
@@ -181,12 +197,14 @@ class IntSerializer:
     name: ClassVar[str] = "int"
 
     def dumps(self, obj: Any) -> bytes:
+        """8 bytes big-endian; InvalidArgumentError for a non-int or an int outside the signed 64-bit range."""
         try:
             return _INT64.pack(obj)
         except struct.error:
             raise self._error(obj) from None
 
     def loads(self, data: bytes) -> int:
+        """The int in 8 bytes big-endian; InvalidArgumentError for any other length."""
         try:
             value: int = _INT64.unpack(data)[0]
             return value
@@ -197,6 +215,7 @@ class IntSerializer:
             ) from None
 
     def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        """Pack a batch in one C-level pass; on a bad item, retry item by item so the error names its index."""
         objs = _as_list(objs)
         try:
             return list(map(_INT64.pack, objs))
@@ -204,6 +223,7 @@ class IntSerializer:
             return _dumps_each(self.dumps, objs)
 
     def loads_many(self, datas: Iterable[bytes]) -> list[int]:
+        """Unpack a batch of 8-byte items with a single ``struct.unpack``; an error names the bad item's index."""
         datas = _as_list(datas)
         if set(map(len, datas)) <= {8}:
             # One unpack of the joined batch beats one call per item; the length check above
@@ -231,12 +251,16 @@ class FloatSerializer:
     name: ClassVar[str] = "float"
 
     def dumps(self, obj: Any) -> bytes:
+        """8 bytes big-endian IEEE 754 (NaN and infinities included); InvalidArgumentError for a non-number
+        or an int too large for a double.
+        """
         try:
             return _FLOAT64.pack(obj)
         except (struct.error, OverflowError) as exc:
             raise self._error(obj, exc) from None
 
     def loads(self, data: bytes) -> float:
+        """The float in 8 bytes big-endian; InvalidArgumentError for any other length."""
         try:
             value: float = _FLOAT64.unpack(data)[0]
             return value
@@ -247,6 +271,7 @@ class FloatSerializer:
             ) from None
 
     def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        """Pack a batch in one C-level pass; on a bad item, retry item by item so the error names its index."""
         objs = _as_list(objs)
         try:
             return list(map(_FLOAT64.pack, objs))
@@ -254,6 +279,7 @@ class FloatSerializer:
             return _dumps_each(self.dumps, objs)
 
     def loads_many(self, datas: Iterable[bytes]) -> list[float]:
+        """Unpack a batch of 8-byte items with a single ``struct.unpack``; an error names the bad item's index."""
         datas = _as_list(datas)
         if set(map(len, datas)) <= {8}:
             return list(struct.unpack(f">{len(datas)}d", b"".join(datas)))
@@ -286,6 +312,9 @@ class JsonSerializer:
     name: ClassVar[str] = "json"
 
     def dumps(self, obj: Any) -> bytes:
+        """Canonical compact UTF-8 JSON; InvalidArgumentError for NaN, infinities, cycles and types JSON
+        cannot hold (use the pickle serializer for arbitrary objects).
+        """
         try:
             return _JSON_ENCODER.encode(obj).encode()
         except UnicodeEncodeError as exc:
@@ -298,6 +327,7 @@ class JsonSerializer:
             ) from None
 
     def loads(self, data: bytes) -> Any:
+        """Parse UTF-8 JSON (arrays come back as lists); InvalidArgumentError if the bytes are not JSON."""
         try:
             # Decoding here skips json.loads' per-call encoding sniffing: dumps always writes UTF-8.
             return _JSON_DECODER.decode(str(data, "utf-8"))
@@ -308,9 +338,11 @@ class JsonSerializer:
             ) from None
 
     def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        """Item by item; an error names the failing item's index."""
         return _dumps_each(self.dumps, objs)
 
     def loads_many(self, datas: Iterable[bytes]) -> list[Any]:
+        """Item by item; an error names the failing item's index."""
         return _loads_each(self.loads, datas)
 
 
@@ -326,12 +358,17 @@ class PickleSerializer:
     name: ClassVar[str] = "pickle"
 
     def dumps(self, obj: Any) -> bytes:
+        """Pickle with the pinned protocol 5; InvalidArgumentError for an object that cannot be pickled."""
         try:
             return pickle.dumps(obj, PICKLE_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
             raise InvalidArgumentError(f"{_describe(obj)} cannot be pickled ({exc})") from None
 
     def loads(self, data: bytes) -> Any:
+        """Unpickle: runs code the bytes name, so only for state this job wrote itself.
+
+        Any failure (including a class that cannot be imported here) is an InvalidArgumentError.
+        """
         try:
             return pickle.loads(data)
         except Exception as exc:  # unpickling can fail with any error type
@@ -341,9 +378,11 @@ class PickleSerializer:
             ) from None
 
     def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        """Item by item; an error names the failing item's index."""
         return _dumps_each(self.dumps, objs)
 
     def loads_many(self, datas: Iterable[bytes]) -> list[Any]:
+        """Item by item; an error names the failing item's index (trusted data only, as :meth:`loads`)."""
         return _loads_each(self.loads, datas)
 
 
@@ -371,6 +410,9 @@ class MsgpackSerializer:
         _msgpack()
 
     def dumps(self, obj: Any) -> bytes:
+        """Pack with ``use_bin_type`` (tuples come back as lists); InvalidArgumentError for types or ints
+        MessagePack cannot hold.
+        """
         msgpack = _msgpack()
         try:
             packed: bytes = msgpack.packb(obj, use_bin_type=True)
@@ -379,6 +421,9 @@ class MsgpackSerializer:
             raise InvalidArgumentError(f"{_describe(obj)} cannot be serialized with msgpack ({exc})") from None
 
     def loads(self, data: bytes) -> Any:
+        """Unpack (``raw=False``: str stays str; map keys of any type); InvalidArgumentError if the bytes
+        are not MessagePack.
+        """
         msgpack = _msgpack()
         try:
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
@@ -389,9 +434,11 @@ class MsgpackSerializer:
             ) from None
 
     def dumps_many(self, objs: Iterable[Any]) -> list[bytes]:
+        """Item by item; an error names the failing item's index."""
         return _dumps_each(self.dumps, objs)
 
     def loads_many(self, datas: Iterable[bytes]) -> list[Any]:
+        """Item by item; an error names the failing item's index."""
         return _loads_each(self.loads, datas)
 
 

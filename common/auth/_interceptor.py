@@ -45,6 +45,7 @@ class AuthMetrics:
         )
 
     def count(self, method: str, code: grpc.StatusCode) -> None:
+        """Count one refused call; methods missing from the rule table share the label ``unknown``."""
         # Unknown methods share one label: a caller must not grow the label set at will.
         label = method.rsplit("/", 1)[-1] if method in RULES else "unknown"
         self.refused.labels(label, code.name).inc()
@@ -59,10 +60,10 @@ def certificate_name(context: grpc.ServicerContext) -> str | None:
     if b"ssl" not in auth.get("transport_security_type", []):
         return None
     for key in ("x509_common_name", "x509_subject_alternative_name"):
-        values = auth.get(key) or []
+        found: bytes | list[bytes] = auth.get(key) or []
+        values = [found] if isinstance(found, bytes) else list(found)
         if values:
-            first: bytes = values[0]
-            return first.decode("utf-8", "replace")
+            return values[0].decode("utf-8", "replace")
     return None
 
 
@@ -86,6 +87,11 @@ class AuthInterceptor(HandlerWrappingInterceptor):
         self._rules = RULES if rules is None else rules
 
     def wrap(self, method: str, handler: Any) -> Any:
+        """The handler behind authentication and authorization by the method's rule.
+
+        A method without a rule is refused (PERMISSION_DENIED); where the rule says so, the response
+        is narrowed to the caller's job scope.
+        """
         rule = self._rules.get(method)
         check = self._check
 
@@ -226,9 +232,11 @@ class AuthInterceptor(HandlerWrappingInterceptor):
             name = certificate_name(context)
             if name is not None:
                 return Principal(name, self._certificate_role, None, "certificate"), None
-        token = None
-        for key, value in context.invocation_metadata() or ():
+        token: str | None = None
+        for key, raw in context.invocation_metadata() or ():
             if key == AUTHORIZATION:
+                # An ASCII header's value is str; a binary one would be bytes (never a valid token).
+                value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
                 token = value[len(BEARER) :].strip() if value.startswith(BEARER) else value.strip()
                 break
         if not token or self._tokens is None:

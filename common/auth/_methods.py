@@ -25,6 +25,7 @@ class MethodRule:
     """Narrows the response to the caller's job scope (the cluster overview of a scoped token)."""
 
     def permission_for(self, request: Any) -> P:
+        """The permission ``request`` needs: the rule's fixed one, or the one its function picks."""
         return self.permission(request) if callable(self.permission) else self.permission
 
 

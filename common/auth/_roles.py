@@ -87,11 +87,14 @@ class Principal:
     """``token`` or ``certificate``."""
 
     def may(self, permission: Permission) -> bool:
+        """True if the principal's role grants ``permission`` (PUBLIC is granted to everyone)."""
         return permission is Permission.PUBLIC or permission in ROLE_PERMISSIONS[self.role]
 
     def covers(self, job_id: str) -> bool:
+        """True if the principal's job scope includes ``job_id`` (no scope: every job)."""
         return self.jobs is None or job_id in self.jobs
 
     def describe(self) -> str:
+        """How it authenticated, its name, role and job scope: for logs and refusal messages."""
         scope = ALL_JOBS if self.jobs is None else ", ".join(sorted(self.jobs)) or "none"
         return f"{self.via} {self.name!r} (role {self.role.value}, jobs: {scope})"

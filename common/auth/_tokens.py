@@ -60,9 +60,11 @@ class TokenEntry:
     jobs: frozenset[str] | None
 
     def principal(self) -> Principal:
+        """The Principal that a call carrying this token acts as."""
         return Principal(self.name, self.role, self.jobs, "token")
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as the token file stores it: the token's sha256, never the token itself."""
         return {
             "name": self.name,
             "sha256": self.sha256,

@@ -125,7 +125,7 @@ class _Ledger:
 
 
 # The TaskManager's unary keyed methods, by name: the stub method each name calls (typed, no getattr).
-_KEYED_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable]] = {
+_KEYED_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable[Any, Any]]] = {
     "ValueGet": lambda stub: stub.ValueGet,
     "ValuePut": lambda stub: stub.ValuePut,
     "Clear": lambda stub: stub.Clear,
@@ -139,7 +139,7 @@ _KEYED_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCa
     "MapContains": lambda stub: stub.MapContains,
 }
 # ... and its streaming scans.
-_SCAN_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryStreamMultiCallable]] = {
+_SCAN_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryStreamMultiCallable[Any, Any]]] = {
     "ListScan": lambda stub: stub.ListScan,
     "MapScan": lambda stub: stub.MapScan,
     "ScanKeys": lambda stub: stub.ScanKeys,
@@ -148,7 +148,7 @@ _SCAN_RPCS: dict[str, Callable[[tm_grpc.KeyedStateStub], grpc.UnaryStreamMultiCa
 
 def _keyed_rpc(
     method: str,
-) -> Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable]:
+) -> Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable[Any, Any]]:
     rpc = _KEYED_RPCS.get(method)
     if rpc is None:
         raise InvalidArgumentError(f"{method!r} is not a keyed method of the TaskManager ({', '.join(_KEYED_RPCS)})")
@@ -168,7 +168,7 @@ class _Call:
     scope: EpochScope | None
     columns: Mapping[str, Sequence[bytes]]
     namespace: bytes
-    rpc: Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable]
+    rpc: Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable[Any, Any]]
     pinned: bool
     """Inside an epoch scope with a pinned routing version: every round goes out under that version."""
     numbered: bool
@@ -377,6 +377,7 @@ class ClientSettings:
 
     @classmethod
     def from_config(cls, conf: Configuration) -> ClientSettings:
+        """Settings from the ``client.*`` options and ``rpc`` message size (milliseconds become seconds)."""
         return cls(
             timeout_s=conf.get(o.CLIENT_TIMEOUT) / 1000.0,
             max_attempts=conf.get(o.CLIENT_RETRIES),
@@ -488,6 +489,7 @@ class StateClient:
 
     @classmethod
     def from_config(cls, conf: Configuration) -> StateClient:
+        """A client for the JobManager the configuration names, with its TLS and token; close it after use."""
         address = f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
         return cls(address, ClientSettings.from_config(conf), client_security(conf), token=token_from_config(conf))
 
@@ -762,6 +764,10 @@ class StateClient:
         return self._routing[routing.job_id]
 
     def descriptor(self, job_id: JobId | str, operator_id: OperatorId | str, state: str) -> StateDescriptor:
+        """The descriptor of state ``state``, cached after the first lookup (one GetJob per job).
+
+        NotFoundError naming the known operators or states if the job has no such operator or state.
+        """
         key = (job_id, operator_id, state)
         found = self._descriptors.get(key)
         if found is None:
@@ -1030,6 +1036,9 @@ class StateClient:
             raise from_rpc_error(exc, f"{method} on TaskManager {address}") from exc
 
     def subtask_of(self, job_id: JobId | str, operator_id: OperatorId | str, key: bytes) -> int:
+        """The subtask of ``operator_id`` that owns the serialized ``key`` (its key group), by the cached
+        routing; raises if the job is FAILED or CANCELED.
+        """
         routing = self.routing(job_id)
         _refuse_stopped(routing)
         routes = routing.operator(operator_id)

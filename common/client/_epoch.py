@@ -37,6 +37,7 @@ class EpochScope:
 
     @property
     def epoch(self) -> int:
+        """The job epoch this transaction writes into."""
         return self.context.epoch
 
     def next_sequence(self, operator_id: str, subtask_index: int) -> int:
@@ -48,10 +49,12 @@ class EpochScope:
             return n
 
     def acknowledged(self, operator_id: str, subtask_index: int, sequence: int) -> None:
+        """Record that slot ``(operator_id, subtask_index)`` acknowledged write ``sequence`` (see :meth:`ledger`)."""
         with self._lock:
             self._acknowledged.setdefault((operator_id, subtask_index), set()).add(sequence)
 
     def context_for(self, sequence: int) -> pb.EpochContext:
+        """The EpochContext that one write request carrying ``sequence`` sends."""
         return pb.EpochContext(
             epoch=self.context.epoch, partition=self.context.partition, attempt=self.context.attempt, sequence=sequence
         )

@@ -43,6 +43,7 @@ class Routing:
 
     @classmethod
     def from_proto(cls, table: pb.RoutingTable) -> Routing:
+        """The lookup tables of a JobManager routing table: per operator, the subtask owning each key group."""
         by_op: dict[str, list[pb.Route]] = {}
         for route in table.routes:
             by_op.setdefault(route.operator_id, []).append(route)
@@ -65,6 +66,7 @@ class Routing:
         )
 
     def operator(self, operator_id: str) -> OperatorRoutes:
+        """The routes of ``operator_id``; NotFoundError (UNKNOWN_OPERATOR) listing the job's operators."""
         routes = self.operators.get(operator_id)
         if routes is None:
             known = ", ".join(sorted(self.operators)) or "none"

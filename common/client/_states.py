@@ -166,6 +166,10 @@ class ValueState(_Handle[K], Generic[K, V]):
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
 
     def get_many(self, keys: Sequence[K]) -> list[V | None]:
+        """The value of each key, in order; None where a key has none.
+
+        One pipelined batch per subtask: what a Spark partition should use instead of :meth:`get` in a loop.
+        """
         kb = self._keys(keys)
         results = self._call("ValueGet", kb)
         values = _scatter(len(kb), results, "values")
@@ -173,15 +177,19 @@ class ValueState(_Handle[K], Generic[K, V]):
         return _loads_found(self.value_serializer, values, found)
 
     def get(self, key: K) -> V | None:
+        """The value of ``key``, or None when it has none (one round trip: prefer :meth:`get_many` in loops)."""
         return self.get_many([key])[0]
 
     def put_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        """Set ``values[i]`` as the value of ``keys[i]``; InvalidArgumentError if the lengths differ."""
         self._call("ValuePut", self._keys(keys), values=self.value_serializer.dumps_many(list(values)))
 
     def put(self, key: K, value: V) -> None:
+        """Set the value of ``key`` (one round trip: prefer :meth:`put_many` in loops)."""
         self.put_many([key], [value])
 
     def put_all(self, mapping: dict[K, V]) -> None:
+        """:meth:`put_many` over the items of ``mapping``."""
         self.put_many(list(mapping.keys()), list(mapping.values()))
 
 
@@ -207,15 +215,21 @@ class ListState(_Handle[K], Generic[K, V]):
         self._call("ListAppend", self._keys(keys), values=self.value_serializer.dumps_many(list(values)))
 
     def append(self, key: K, value: V) -> None:
+        """Append ``value`` to the list of ``key`` (one round trip: prefer :meth:`append_many` in loops)."""
         self.append_many([key], [value])
 
     def get_many(self, keys: Sequence[K]) -> list[list[V]]:
+        """The whole list of each key, in order; an empty list where a key has none.
+
+        Each list travels in one message: use :meth:`scan` for a list that may be very long.
+        """
         kb = self._keys(keys)
         lists = _scatter(len(kb), self._call("ListGet", kb), "lists")
         loads = self.value_serializer.loads
         return [[loads(e) for e in lst.elements] for lst in lists]
 
     def get(self, key: K) -> list[V]:
+        """The whole list of ``key`` (empty when it has none); :meth:`scan` streams a very long one."""
         return self.get_many([key])[0]
 
     def update(self, key: K, values: Sequence[V]) -> None:
@@ -263,6 +277,9 @@ class MapState(_Handle[K], Generic[K, UK, V]):
         self.value_serializer: Serializer[Any] = get_serializer(value_serializer)
 
     def put_many(self, keys: Sequence[K], user_keys: Sequence[UK], values: Sequence[V]) -> None:
+        """Set entry ``user_keys[i]`` of the map of ``keys[i]`` to ``values[i]``; the three sequences must
+        have equal lengths (InvalidArgumentError).
+        """
         self._call(
             "MapPut",
             self._keys(keys),
@@ -271,9 +288,11 @@ class MapState(_Handle[K], Generic[K, UK, V]):
         )
 
     def put(self, key: K, user_key: UK, value: V) -> None:
+        """Set entry ``user_key`` of the map of ``key`` (one round trip: prefer :meth:`put_many` in loops)."""
         self.put_many([key], [user_key], [value])
 
     def get_many(self, keys: Sequence[K], user_keys: Sequence[UK]) -> list[V | None]:
+        """The value of entry ``user_keys[i]`` in the map of ``keys[i]``, for every i; None where it is missing."""
         kb = self._keys(keys)
         results = self._call("MapGet", kb, user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
         values = _scatter(len(kb), results, "values")
@@ -281,20 +300,25 @@ class MapState(_Handle[K], Generic[K, UK, V]):
         return _loads_found(self.value_serializer, values, found)
 
     def get(self, key: K, user_key: UK) -> V | None:
+        """The value of entry ``user_key`` in the map of ``key``, or None (prefer :meth:`get_many` in loops)."""
         return self.get_many([key], [user_key])[0]
 
     def remove_many(self, keys: Sequence[K], user_keys: Sequence[UK]) -> None:
+        """Delete entry ``user_keys[i]`` from the map of ``keys[i]``, for every i."""
         self._call("MapRemove", self._keys(keys), user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
 
     def remove(self, key: K, user_key: UK) -> None:
+        """Delete entry ``user_key`` from the map of ``key`` (prefer :meth:`remove_many` in loops)."""
         self.remove_many([key], [user_key])
 
     def contains_many(self, keys: Sequence[K], user_keys: Sequence[UK]) -> list[bool]:
+        """Whether the map of ``keys[i]`` has entry ``user_keys[i]``, for every i (values are not transferred)."""
         kb = self._keys(keys)
         results = self._call("MapContains", kb, user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
         return [bool(f) for f in _scatter(len(kb), results, "found")]
 
     def contains(self, key: K, user_key: UK) -> bool:
+        """Whether the map of ``key`` has entry ``user_key`` (prefer :meth:`contains_many` in loops)."""
         return self.contains_many([key], [user_key])[0]
 
     def items(self, key: K) -> Iterator[tuple[UK, V]]:
@@ -303,6 +327,7 @@ class MapState(_Handle[K], Generic[K, UK, V]):
             yield uk, cast(V, v)  # with keys_only=False every entry carries its value
 
     def user_keys(self, key: K) -> Iterator[UK]:
+        """Stream the user keys of one key's map, ordered by serialized user key (values are not transferred)."""
         for uk, _ in self._scan(key, keys_only=True):
             yield uk
 
@@ -354,6 +379,12 @@ class ReducingState(_Handle[K]):
     def add_many(
         self, keys: Sequence[K], operands: Sequence[Sequence[float | int]], return_values: bool = False
     ) -> list[tuple[Any, ...]] | None:
+        """Fold ``operands[i]`` into the state of ``keys[i]`` on the TaskManager, in one blind call per batch.
+
+        An operand holds one number per reduce field, in :attr:`fields` order (InvalidArgumentError
+        otherwise). ``return_values``: also return each key's reduced tuple after its operand was
+        folded in; without it the result is None.
+        """
         pack = self._format.pack
         try:
             encoded = [pack(*op) for op in operands]
@@ -393,9 +424,11 @@ class ReducingState(_Handle[K]):
         return [unpack(v) for v in _scatter(len(kb), results, "values")]
 
     def add(self, key: K, operand: Sequence[float | int]) -> None:
+        """Fold one operand into the state of ``key`` (one round trip: prefer :meth:`add_many` in loops)."""
         self.add_many([key], [operand])
 
     def get_many(self, keys: Sequence[K]) -> list[tuple[Any, ...] | None]:
+        """The reduced tuple of each key (one number per field, in :attr:`fields` order); None where a key has none."""
         kb = self._keys(keys)
         results = self._call("ValueGet", kb)
         values = _scatter(len(kb), results, "values")
@@ -404,4 +437,5 @@ class ReducingState(_Handle[K]):
         return [unpack(v) if f else None for v, f in zip(values, found)]
 
     def get(self, key: K) -> tuple[Any, ...] | None:
+        """The reduced tuple of ``key``, or None when nothing was added (prefer :meth:`get_many` in loops)."""
         return self.get_many([key])[0]

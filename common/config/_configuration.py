@@ -87,6 +87,7 @@ class Configuration:
         return conf
 
     def set(self, key: str, value: Any) -> Configuration:
+        """Set the raw value of ``key`` in place and return self (chainable); parsed only when read."""
         self._values[key] = value
         return self
 
@@ -134,9 +135,11 @@ class Configuration:
         return option.default  # type: ignore[return-value]
 
     def get_raw(self, key: str, default: Any = None) -> Any:
+        """The unparsed value stored under exactly ``key``, or ``default``: no fallback keys, no option default."""
         return self._values.get(key, default)
 
     def is_set(self, option: ConfigOption[Any]) -> bool:
+        """True if the option's key or one of its legacy fallback keys was given (the default does not count)."""
         return option.key in self._values or any(k in self._values for k in option.fallback_keys)
 
     def validate(self, known: Iterable[ConfigOption[Any]] | None = None) -> list[str]:

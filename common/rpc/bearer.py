@@ -38,7 +38,7 @@ class _Details(grpc.ClientCallDetails):
     def __init__(self, details: _CallDetails, metadata: list[tuple[str, str | bytes]]) -> None:
         self.method = details.method
         self.timeout = details.timeout
-        self.metadata = metadata
+        self.metadata = tuple(metadata)
         self.credentials = details.credentials
         self.wait_for_ready = getattr(details, "wait_for_ready", None)
         self.compression = getattr(details, "compression", None)
@@ -64,13 +64,17 @@ class BearerTokenInterceptor(
         return _Details(details, metadata)
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        """Continue the call with ``authorization: Bearer <token>`` added to its metadata."""
         return continuation(self._details(details), request)
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        """Continue the call with ``authorization: Bearer <token>`` added to its metadata."""
         return continuation(self._details(details), request)
 
     def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        """Continue the call with ``authorization: Bearer <token>`` added to its metadata."""
         return continuation(self._details(details), request_iterator)
 
     def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        """Continue the call with ``authorization: Bearer <token>`` added to its metadata."""
         return continuation(self._details(details), request_iterator)

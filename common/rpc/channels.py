@@ -105,6 +105,10 @@ class ReloadingChannel(grpc.Channel):
         self._closed = False
 
     def current(self) -> grpc.Channel:
+        """The inner channel for the current credentials, rebuilt first if their generation changed.
+
+        Thread-safe; the replaced channel is closed after :attr:`RETIRE_AFTER_S` seconds.
+        """
         generation = self._generation_of()
         if generation == self._generation or self._closed:
             return self._channel
@@ -126,28 +130,35 @@ class ReloadingChannel(grpc.Channel):
             return self._channel
 
     def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None], try_to_connect: bool = False) -> None:
+        """As ``grpc.Channel.subscribe``; the subscription moves to every replacement channel."""
         with self._lock:
             self._subscriptions.append((callback, try_to_connect))
             self._channel.subscribe(callback, try_to_connect=try_to_connect)
 
     def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
+        """As ``grpc.Channel.unsubscribe``; the callback no longer follows replacement channels either."""
         with self._lock:
             self._subscriptions = [s for s in self._subscriptions if s[0] is not callback]
             self._channel.unsubscribe(callback)
 
     def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A multi-callable that resolves the current inner channel on every call (stubs survive a rotation)."""
         return _DynamicCallable(self, "unary_unary", method, args, kwargs)
 
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A multi-callable that resolves the current inner channel on every call (stubs survive a rotation)."""
         return _DynamicCallable(self, "unary_stream", method, args, kwargs)
 
     def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A multi-callable that resolves the current inner channel on every call (stubs survive a rotation)."""
         return _DynamicCallable(self, "stream_unary", method, args, kwargs)
 
     def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A multi-callable that resolves the current inner channel on every call (stubs survive a rotation)."""
         return _DynamicCallable(self, "stream_stream", method, args, kwargs)
 
     def close(self) -> None:
+        """Close the current inner channel and stop replacing it; retired channels close on their own timers."""
         with self._lock:
             self._closed = True
             self._channel.close()

@@ -67,12 +67,16 @@ def _refuse(method: str, malformed: _Malformed, context: grpc.ServicerContext) -
 class MalformedRequestInterceptor(HandlerWrappingInterceptor):
     """Wraps unary-request handlers so a body that does not decode is INVALID_ARGUMENT, not INTERNAL."""
 
-    def wraps(self, handler: grpc.RpcMethodHandler) -> bool:
+    def wraps(self, handler: grpc.RpcMethodHandler[Any, Any]) -> bool:
+        """Only methods with a single request message are wrapped; streamed requests pass through."""
         return not cast(_Handler, handler).request_streaming
 
-    def wrap(self, method: str, rpc_handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def wrap(self, method: str, rpc_handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+        """The handler with a lenient request deserializer: a body that does not parse is refused as
+        INVALID_ARGUMENT naming the method, before the servicer runs.
+        """
         handler = cast(_Handler, rpc_handler)
-        wrapped: grpc.RpcMethodHandler
+        wrapped: grpc.RpcMethodHandler[Any, Any]
         if handler.response_streaming:
             inner_stream = handler.unary_stream
 

@@ -17,9 +17,13 @@ class HandlerWrappingInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
+        """gRPC's hook: the wrapped handler for the call's method, built on first use and then reused.
+
+        Handlers that :meth:`wraps` declines, and unknown methods (None), pass through unchanged.
+        """
         handler = continuation(details)
         if handler is None or not self.wraps(handler):
             return handler  # None: UNIMPLEMENTED, as without the interceptor
@@ -31,10 +35,10 @@ class HandlerWrappingInterceptor(grpc.ServerInterceptor):
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def wraps(self, handler: grpc.RpcMethodHandler) -> bool:
+    def wraps(self, handler: grpc.RpcMethodHandler[Any, Any]) -> bool:
         """Whether ``handler`` is one this interceptor wraps (default: all)."""
         return True
 
-    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         """The handler to serve ``method`` with instead of ``handler``."""
         raise NotImplementedError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -165,9 +165,13 @@ def from_rpc_error(err: grpc.RpcError, what: str = "", plane: str = "rest") -> e
     A connection that failed in the TLS handshake gets what to fix appended, with the keys of
     ``plane`` (``rest`` for clients, ``internal`` between the daemons).
     """
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = (err.details() if hasattr(err, "details") else None) or str(err)
-    trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+    call = _as_call(err)
+    code = _code(call) if call is not None else grpc.StatusCode.UNKNOWN
+    details = (call.details() if call is not None else None) or str(err)
+    trailing: dict[str, str] = {}
+    if call is not None:
+        for key, value in call.trailing_metadata() or ():
+            trailing[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     reason_value = trailing.get(REASON_KEY)
     prefix = f"{what}: " if what else ""
     if reason_value is not None:
@@ -194,13 +198,21 @@ def from_rpc_error(err: grpc.RpcError, what: str = "", plane: str = "rest") -> e
 
 def status_name(err: grpc.RpcError) -> str:
     """The status code's name of a received error (for logs): ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ..."""
-    code = _code(err) if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+    call = _as_call(err)
+    code = _code(call) if call is not None else grpc.StatusCode.UNKNOWN
     return str(code.name)
 
 
 def is_unreachable(exc: BaseException) -> bool:
     """Whether a call failed because the server could not be reached (UNAVAILABLE): worth retrying as is."""
-    return isinstance(exc, grpc.RpcError) and isinstance(exc, grpc.Call) and _code(exc) is grpc.StatusCode.UNAVAILABLE
+    call = _as_call(exc) if isinstance(exc, grpc.RpcError) else None
+    return call is not None and _code(call) is grpc.StatusCode.UNAVAILABLE
+
+
+def _as_call(err: BaseException) -> grpc.Call | None:
+    """The error as the call it came from. grpc raises errors that are both RpcError and Call,
+    which its type stubs cannot express (the two declare incompatible methods), hence the cast."""
+    return cast(grpc.Call, err) if hasattr(err, "code") and hasattr(err, "details") else None
 
 
 def _code(call: grpc.Call) -> grpc.StatusCode:

@@ -50,6 +50,7 @@ class PemFiles:
     ca: str | None = None
 
     def paths(self) -> tuple[str | None, str | None, str | None]:
+        """``(cert, key, ca)`` file paths; None for the ones not configured."""
         return (self.cert, self.key, self.ca)
 
 
@@ -240,6 +241,7 @@ class ReloadingMaterial:
 
     @property
     def material(self) -> PemMaterial:
+        """The last loaded material, without checking the files (:meth:`refresh` checks them)."""
         return self._material
 
     def refresh(self, force: bool = False) -> PemMaterial:
@@ -279,6 +281,8 @@ def server_credentials(reloading: ReloadingMaterial, require_client_auth: bool) 
     """Credentials whose certificates follow the files: gRPC asks the fetcher before every handshake."""
 
     def configuration(m: PemMaterial) -> Any:
+        # A server plane's material always has both (load_material refuses it otherwise).
+        assert m.key is not None and m.cert_chain is not None
         return grpc.ssl_server_certificate_configuration([(m.key, m.cert_chain)], root_certificates=m.ca)
 
     seen = [reloading.generation]
@@ -332,6 +336,7 @@ class ChannelSecurity:
         return cls(None, server_name, PemMaterial(cert, key, ca), plane)
 
     def material(self, check: bool = True) -> PemMaterial:
+        """The PEM material; with files, checks them for a rotation first unless ``check`` is False."""
         if self._reloading is not None:
             return self._reloading.refresh() if check else self._reloading.material
         assert self._fixed is not None
@@ -346,6 +351,7 @@ class ChannelSecurity:
         return self._reloading.generation
 
     def credentials(self) -> grpc.ChannelCredentials:
+        """gRPC channel credentials from the current material; a channel keeps them for every reconnect."""
         m = self.material()
         credentials: grpc.ChannelCredentials = grpc.ssl_channel_credentials(
             root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert_chain
@@ -353,6 +359,7 @@ class ChannelSecurity:
         return credentials
 
     def options(self) -> list[tuple[str, Any]]:
+        """Extra channel options: the TLS target-name override when ``server_name`` is set."""
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
     def cache_key(self) -> tuple[Any, ...]:

@@ -153,6 +153,7 @@ class TransportSecurity:
 
     @classmethod
     def plaintext(cls) -> TransportSecurity:
+        """No TLS on either plane, no authentication, no protected mode: for tests and local runs."""
         off = PemFiles(REST)
         return cls(
             PlaneSettings(INTERNAL, False, PemFiles(INTERNAL), None, True),
@@ -164,9 +165,11 @@ class TransportSecurity:
         return self.internal if plane == INTERNAL else self.rest
 
     def enabled(self, plane: str) -> bool:
+        """True if TLS is on for ``plane`` (``internal`` or ``rest``)."""
         return self._plane(plane).enabled
 
     def material(self, plane: str) -> ReloadingMaterial | None:
+        """The reloading PEM material of ``plane``; None when that plane has no TLS."""
         return self._material.get(plane)
 
     def server_credentials(self, plane: str) -> grpc.ServerCredentials | None:
@@ -233,6 +236,11 @@ class HttpTls:
         self._context: ssl.SSLContext | None = None
 
     def context(self) -> ssl.SSLContext:
+        """The SSL context for the metrics endpoint, rebuilt when the certificate files changed.
+
+        A bad new file keeps the previous context (with a warning); ConfigError only if there never
+        was a good one.
+        """
         self._material.refresh(force=True)
         if self._context is None or self._material.generation != self._generation:
             generation = self._material.generation

@@ -133,6 +133,9 @@ class PartitionState:
     def value(
         self, name: str, *, operator: str | None = None, key_serializer: str = "str", value_serializer: str = "pickle"
     ) -> ValueState[Any, Any]:
+        """A ValueState handle on state ``name`` of this task's operator (or ``operator``), bound to the
+        task's epoch; cached per arguments, so asking again per record is cheap.
+        """
         handle: ValueState[Any, Any] = self._get(
             ValueState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer
         )
@@ -141,6 +144,9 @@ class PartitionState:
     def list(
         self, name: str, *, operator: str | None = None, key_serializer: str = "str", value_serializer: str = "pickle"
     ) -> ListState[Any, Any]:
+        """A ListState handle on state ``name`` of this task's operator (or ``operator``), bound to the
+        task's epoch; cached per arguments, so asking again per record is cheap.
+        """
         handle: ListState[Any, Any] = self._get(
             ListState, name, operator, key_serializer=key_serializer, value_serializer=value_serializer
         )
@@ -155,6 +161,9 @@ class PartitionState:
         user_key_serializer: str = "str",
         value_serializer: str = "pickle",
     ) -> MapState[Any, Any, Any]:
+        """A MapState handle on state ``name`` of this task's operator (or ``operator``), bound to the
+        task's epoch; cached per arguments, so asking again per record is cheap.
+        """
         handle: MapState[Any, Any, Any] = self._get(
             MapState,
             name,
@@ -166,6 +175,9 @@ class PartitionState:
         return handle
 
     def reducing(self, name: str, *, operator: str | None = None, key_serializer: str = "str") -> ReducingState[Any]:
+        """A ReducingState handle on state ``name`` of this task's operator (or ``operator``), bound to
+        the task's epoch; cached per arguments, so asking again per record is cheap.
+        """
         handle: ReducingState[Any] = self._get(ReducingState, name, operator, key_serializer=key_serializer)
         return handle
 
@@ -271,6 +283,7 @@ class KeyedStateRuntime:
 
     # -- queries -------------------------------------------------------------------------------
     def job_info(self) -> jm_pb.JobInfo:
+        """The JobManager's current view of the job (one RPC per call, not cached)."""
         return self.client.job_info(self.job_id)
 
     def committed_epoch(self) -> int:

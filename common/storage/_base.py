@@ -46,15 +46,27 @@ class CheckpointStorage(Protocol):
     def join(self, base: str, *parts: str) -> str:
         """``base`` + ``/`` + parts; parts must not contain ``..`` or ``.`` segments."""
 
-    def exists(self, path: str) -> bool: ...
-    def read_bytes(self, path: str) -> bytes: ...
-    def write_bytes(self, path: str, data: bytes) -> None: ...
-    def create_exclusive(self, path: str, data: bytes) -> None: ...
-    def put_file(self, local_path: str, path: str) -> None: ...
+    def exists(self, path: str) -> bool:
+        """True if a file or directory is at ``path``; a failure to ask raises, it never reads as False."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """The whole object in memory; FileNotFoundError if missing (:meth:`get_file` for large files)."""
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Create or replace the object atomically: readers see the old bytes or all the new ones."""
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Write the object only if ``path`` is free, else raise FileExistsError: for files two writers race for."""
+
+    def put_file(self, local_path: str, path: str) -> None:
+        """Upload the local file ``local_path`` to ``path`` atomically (parents created)."""
+
     def get_file(self, path: str, local_path: str) -> None:
         """Download to ``local_path`` (replaced atomically; parents created)."""
 
-    def size(self, path: str) -> int: ...
+    def size(self, path: str) -> int:
+        """Bytes of the file at ``path``; FileNotFoundError if missing."""
+
     def list(self, path: str, recursive: bool = False) -> Iterator[FileInfo]:
         """Entries under ``path``, sorted by path; a missing path lists as empty.
 

@@ -113,9 +113,15 @@ class FsspecStorage(abc.ABC):
 
     # -- the protocol ------------------------------------------------------------------------
     def join(self, base: str, *parts: str) -> str:
+        """``base`` + ``/`` + parts, without I/O; InvalidArgumentError for empty parts or ``.``/``..`` segments."""
         return join_url(base, *parts)
 
     def exists(self, path: str) -> bool:
+        """True if a file or directory is at ``path``.
+
+        Unlike fsspec's ``exists``, a network or permission failure raises StorageError instead of
+        answering False: a storage outage must not look like a missing checkpoint.
+        """
         _, p = self._split(path)
 
         def probe() -> bool:
@@ -130,10 +136,12 @@ class FsspecStorage(abc.ABC):
         return self._call("exists", path, probe)
 
     def read_bytes(self, path: str) -> bytes:
+        """The whole object in memory; FileNotFoundError if missing (:meth:`get_file` for large files)."""
         _, p = self._split(path)
         return bytes(self._call("read", path, lambda: self.fs.cat_file(p)))
 
     def size(self, path: str) -> int:
+        """Bytes of the file at ``path``; FileNotFoundError if missing, StorageError for a directory."""
         _, p = self._split(path)
         info = self._call("stat", path, lambda: self.fs.info(p))
         if info.get("type") != "file":
@@ -141,10 +149,16 @@ class FsspecStorage(abc.ABC):
         return int(info["size"])
 
     def write_bytes(self, path: str, data: bytes) -> None:
+        """Create or replace the object atomically (readers never see it half-written); parents are created."""
         _, p = self._split(path)
         self._call_write("write", path, lambda: self._write(p, bytes(data)))
 
     def create_exclusive(self, path: str, data: bytes) -> None:
+        """Write ``data`` only if nothing is at ``path``, else raise FileExistsError.
+
+        Safe to retry: when an attempt's answer was lost, finding our own identical bytes at ``path``
+        counts as success, not as FileExistsError.
+        """
         _, p = self._split(path)
         payload = bytes(data)
         tried = False
@@ -165,6 +179,7 @@ class FsspecStorage(abc.ABC):
         self._call_write("create", path, attempt)
 
     def put_file(self, local_path: str, path: str) -> None:
+        """Upload ``local_path`` to ``path`` atomically; FileNotFoundError naming the local path if it is missing."""
         local = os.fspath(local_path)
         if not os.path.isfile(local):
             # Raised here, outside the storage call, so a missing *local* file is never
@@ -174,6 +189,9 @@ class FsspecStorage(abc.ABC):
         self._call_write("upload", path, lambda: self._upload(local, p))
 
     def get_file(self, path: str, local_path: str) -> None:
+        """Download ``path`` to ``local_path`` through a temporary sibling, so the local file is replaced
+        atomically; parent directories are created and a directory at ``path`` is refused.
+        """
         _, p = self._split(path)
         local = os.path.abspath(os.fspath(local_path))
         os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -191,6 +209,11 @@ class FsspecStorage(abc.ABC):
         self._call("download", path, fetch)
 
     def list(self, path: str, recursive: bool = False) -> Iterator[FileInfo]:
+        """Entries under ``path``, sorted by URL; hides in-progress temporary files; a missing path is empty.
+
+        The listing is complete before the iterator is returned. ``recursive``: every file below
+        ``path``, without directory entries.
+        """
         prefix, p = self._split(path)
 
         def listing() -> list[dict[str, Any]]:
@@ -211,6 +234,7 @@ class FsspecStorage(abc.ABC):
         return iter(sorted(infos, key=lambda i: i.path))
 
     def delete(self, path: str) -> None:
+        """Delete the file at ``path``; a missing file is not an error."""
         _, p = self._split(path)
 
         def remove() -> None:
@@ -222,6 +246,7 @@ class FsspecStorage(abc.ABC):
         self._call("delete", path, remove)
 
     def delete_dir(self, path: str) -> None:
+        """Delete the tree at ``path``; missing is not an error; InvalidArgumentError for a file system root."""
         _, p = self._split(path)
         self._refuse_root(path, p)
 

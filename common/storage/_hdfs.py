@@ -77,11 +77,15 @@ class HdfsStorage(FsspecStorage):
         retry: RetryPolicy | None = None,
         waiter: Waiter | None = None,
     ) -> HdfsStorage:
+        """Storage for the scheme and NameNode (``netloc``) of ``url``; connects only on first use of :attr:`fs`."""
         parts = urlsplit(url)
         return cls(parts.scheme.lower(), parts.netloc, retry=retry, waiter=waiter)
 
     @property
     def fs(self) -> AbstractFileSystem:
+        """The HDFS file system, connected on first use (loads a JVM for hdfs://, reaches the NameNode);
+        thread-safe, and may block or raise there rather than at construction.
+        """
         # Connecting to HDFS loads a JVM (hdfs://) or needs the NameNode; do it on first use so
         # that building the storage from configuration never blocks.
         with self._fs_lock:

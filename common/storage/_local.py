@@ -47,6 +47,7 @@ class LocalStorage(FsspecStorage):
         retry: RetryPolicy | None = None,
         waiter: Waiter | None = None,
     ) -> LocalStorage:
+        """Storage for ``file://`` URLs; ``url`` and ``config`` are unused (the factory signature all storages share)."""
         return cls(retry=retry, waiter=waiter)
 
     @property

@@ -140,10 +140,12 @@ class S3Storage(FsspecStorage):
         retry: RetryPolicy | None = None,
         waiter: Waiter | None = None,
     ) -> S3Storage:
+        """Storage for ``s3://`` URLs from Flink's ``s3.*`` keys and the AWS environment; makes no network call."""
         return cls(s3fs_options(config), retry=retry, waiter=waiter)
 
     @property
     def fs(self) -> s3fs.S3FileSystem:
+        """The s3fs file system, built on first use (reads credentials, no network); thread-safe."""
         # Built on first use: creating the client reads credentials but needs no network.
         with self._fs_lock:
             if self._fs is None:
@@ -172,6 +174,11 @@ class S3Storage(FsspecStorage):
         self.fs.invalidate_cache(fs_path)
 
     def delete_dir(self, path: str) -> None:
+        """Delete every object under the prefix ``path`` in bulk requests of 1000 keys.
+
+        Unlike ``fs.rm(recursive=True)``: a bucket root is refused (InvalidArgumentError), glob
+        characters in keys are taken literally, and a key that fails to delete raises.
+        """
         # Not fs.rm(recursive=True): on a bucket root it deletes the bucket, it expands glob
         # characters in keys, and its bulk delete ignores per-key errors.
         _, p = self._split(path)
