@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(PY) -m keyedstate.examples.main_job
 
 ## The default test suite (what CI runs): the house checks first, then pytest.
-test: $(STAMP) test-deps bench-deps
+test: check test-deps bench-deps
 	$(PY) -m pytest -q
 
 ## The house checks: lint, format, types (mypy --strict) and the import-layer contracts.
@@ -30,7 +30,7 @@ check: $(STAMP) typecheck-tree
 	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
 		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.cli -p keyedstate.examples \
 		-p bench -p tests
-	PYTHONPATH=build/typecheck $(VENV)/bin/lint-imports --config pyproject.toml
+	PYTHONPATH=build/typecheck $(VENV)/bin/lint-imports pyproject.toml
 
 ## mypy and import-linter see the top-level folders under their import root (keyedstate.common, ...),
 ## as the installed package does; a tree of symlinks gives them that view without moving a file.
