@@ -158,6 +158,7 @@ class Checkpointing:
 
     # -- storage -----------------------------------------------------------------------------
     def storage(self, url: str, job: Job | None = None) -> CheckpointStorage:
+        """The (cached) checkpoint storage for ``url``, with the job's storage options when ``job`` is given."""
         return self._storages.for_url(url, job.config if job is not None else None)
 
     def _checkpoints_dir(self, job: Job) -> str | None:
@@ -165,6 +166,7 @@ class Checkpointing:
         return directory
 
     def job_dir(self, job: Job) -> str:
+        """Where the job's ``chk-<n>`` directories go (``state.checkpoints.dir``/job id); "" without checkpoint storage."""
         base = self._checkpoints_dir(job)
         return _paths.join(_paths.normalize(base), job.job_id) if base else ""
 

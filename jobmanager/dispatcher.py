@@ -83,6 +83,7 @@ class Dispatcher:
 
     # -- queries -----------------------------------------------------------------------------
     def job(self, job_id: str) -> Job:
+        """The job registered under ``job_id``; raises NotFoundError (UNKNOWN_JOB) naming the known jobs."""
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
@@ -119,11 +120,13 @@ class Dispatcher:
             return versions
 
     def routing(self, job_id: str) -> pb.RoutingTable:
+        """The job's current routing table (read under the job's lock); raises NotFoundError for an unknown job."""
         job = self.job(job_id)
         with job.lock:
             return job.routing_table()
 
     def overview(self) -> jm_pb.ClusterOverview:
+        """Every registered TaskManager with its slots' occupants and heartbeat age (for statectl)."""
         tms = []
         now = self.clock.monotonic_ms()
         for r in self.registry.all():
@@ -551,6 +554,10 @@ class Dispatcher:
         return self._pool
 
     def cancel(self, job_id: str) -> jm_pb.JobInfo:
+        """Cancel the job: stop its checkpoints, release its slots with their local state, and persist it CANCELED.
+
+        Holds the job's lock throughout and bumps the routing version; returns the job's final JobInfo.
+        """
         job = self.job(job_id)
         with job.lock:
             self.checkpointing.detach(job)
@@ -802,6 +809,10 @@ class Dispatcher:
         failover.fail_over_now(self, self.checkpointing, job, cause)
 
     def shutdown(self) -> None:
+        """Stop checkpointing and HA services, the background pool (queued work is dropped) and the channels.
+
+        Jobs are not cancelled: under high availability the next leader recovers them.
+        """
         self.closed.set()
         self.checkpointing.shutdown(self.jobs())
         self._pool.shutdown(wait=False, cancel_futures=True)

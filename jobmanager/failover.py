@@ -39,19 +39,26 @@ class Deployments(Protocol):
     """What a restart needs from the layer above (the Dispatcher, which owns jobs and slots)."""
 
     @property
-    def closed(self) -> threading.Event: ...
+    def closed(self) -> threading.Event:
+        """Set when the JobManager shuts down: restart loops stop waiting."""
 
-    def job(self, job_id: str) -> Job: ...
+    def job(self, job_id: str) -> Job:
+        """The job registered under ``job_id`` (NotFoundError if none)."""
 
-    def release_slots(self, job: Job, assignments: list[SlotAssignment], discard_local: bool) -> None: ...
+    def release_slots(self, job: Job, assignments: list[SlotAssignment], discard_local: bool) -> None:
+        """Release ``assignments`` on their TaskManagers; one that cannot be reached is declared lost."""
 
-    def wait_for_resources(self, job: Job, needed: int, owners: set[str], timeout_ms: int) -> None: ...
+    def wait_for_resources(self, job: Job, needed: int, owners: set[str], timeout_ms: int) -> None:
+        """Wait for ``needed`` free slots and every TaskManager in ``owners`` fenced (CapacityError at the timeout)."""
 
-    def deploy(self, job: Job, plan: RestorePlan, prefer: dict[SubtaskId, str] | None = None) -> None: ...
+    def deploy(self, job: Job, plan: RestorePlan, prefer: dict[SubtaskId, str] | None = None) -> None:
+        """Deploy every subtask of the job from ``plan`` under a new routing version (caller holds ``job.lock``)."""
 
-    def run_in_background(self, fn: Callable[..., Any], *args: Any) -> None: ...
+    def run_in_background(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the JobManager's pool, off the caller's locks."""
 
-    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None: ...
+    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None:
+        """Restart the job from its latest completed checkpoint, after the restart strategy's delay."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,7 @@ class RestartStrategy:
 
     @classmethod
     def from_config(cls, conf: Configuration) -> RestartStrategy:
+        """The ``restart-strategy`` of ``conf``: ``none``, ``fixed-delay`` or (otherwise) exponential delay."""
         kind = conf.get(o.RESTART_STRATEGY)
         if kind in ("none", "disable", "off"):
             return cls("none", 0, 0, 0, 1.0)

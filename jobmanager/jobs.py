@@ -31,6 +31,7 @@ class JobStatus(enum.Enum):
 
     @property
     def terminal(self) -> bool:
+        """FAILED or CANCELED: the job never runs again (a resubmission under its id is a new job)."""
         return self in (JobStatus.FAILED, JobStatus.CANCELED)
 
 
@@ -58,9 +59,14 @@ class JobSpec:
             check_parallelism(op.parallelism, self.max_parallelism)
 
     def operator(self, operator_id: str) -> OperatorSpec | None:
+        """The operator's spec, or None if the job has no such operator."""
         return next((o for o in self.operators if o.operator_id == operator_id), None)
 
     def with_parallelism(self, parallelism: dict[str, int]) -> JobSpec:
+        """A copy at new parallelism: ``parallelism`` maps operator id to parallelism, ``""`` to every other operator.
+
+        The copy is validated like a submission (InvalidArgumentError beyond the max parallelism).
+        """
         ops = tuple(
             OperatorSpec(o.operator_id, parallelism.get(o.operator_id, parallelism.get("", o.parallelism)), o.states)
             for o in self.operators
@@ -72,6 +78,7 @@ class JobSpec:
         return self.with_parallelism({op.operator_id: op.parallelism for op in other.operators}) == other
 
     def parallelism_summary(self) -> str:
+        """Each operator's parallelism as ``opx4, op2x2``, for logs and error messages."""
         return ", ".join(f"{op.operator_id}x{op.parallelism}" for op in self.operators)
 
     def difference(self, other: JobSpec) -> str:
@@ -90,6 +97,7 @@ class JobSpec:
         return f"parallelism {self.parallelism_summary()} vs {other.parallelism_summary()}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form stored in high-availability job records (operators as protobuf JSON)."""
         from google.protobuf import json_format
 
         return {
@@ -101,6 +109,7 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        """The inverse of :meth:`to_dict`; raises InvalidArgumentError if the stored spec is not valid."""
         from google.protobuf import json_format
 
         ops = tuple(operator_spec_from_proto(json_format.ParseDict(o, pb.OperatorSpec())) for o in data["operators"])
@@ -159,6 +168,11 @@ class Job:
         return self.spec.job_id
 
     def routing_table(self) -> pb.RoutingTable:
+        """The routing table clients route by, under the current routing version; call with ``lock`` held.
+
+        One route per subtask (its key groups, TaskManager and slot), the job's status, and the strictest state limits
+        of the TaskManagers serving it.
+        """
         routes = [
             pb.Route(
                 operator_id=a.subtask.operator_id,
@@ -180,6 +194,7 @@ class Job:
         )
 
     def info(self) -> jm_pb.JobInfo:
+        """The job as GetJob answers it (status, latest checkpoint, epochs, lineage); call with ``lock`` held."""
         latest = self.coordinator.latest_completed() if self.coordinator is not None else None
         return jm_pb.JobInfo(
             job_id=self.job_id,

@@ -62,6 +62,7 @@ class TaskManagerRecord:
     """The size limits it enforces (None: it did not say)."""
 
     def free_slots(self) -> list[int]:
+        """Indexes of the slots holding no subtask; read under the registry's ``lock`` (occupancy changes under it)."""
         return [i for i, s in enumerate(self.occupancy) if s is None]
 
 
@@ -107,12 +108,19 @@ class TaskManagerRegistry:
         self._timer: Cancellable | None = None
 
     def add_lost_listener(self, listener: LostListener) -> None:
+        """Call ``listener(record, cause)`` whenever a TaskManager is lost or deregisters.
+
+        Listeners run outside the registry's lock on the thread that noticed the loss (the heartbeat checker's, or a
+        caller of :meth:`mark_lost`); an exception is logged and does not stop the others.
+        """
         self._listeners.append(listener)
 
     def start(self) -> None:
+        """Start checking heartbeats every ``check_interval_ms`` on the scheduler."""
         self._schedule_check()
 
     def stop(self) -> None:
+        """Stop the heartbeat checks; registered TaskManagers are not marked lost."""
         self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
@@ -159,6 +167,7 @@ class TaskManagerRegistry:
         return record, previous
 
     def heartbeat(self, taskmanager_id: str) -> bool:
+        """Renew the TaskManager's lease; False if it is unknown or lost, and must register again."""
         with self._lock:
             record = self._records.get(taskmanager_id)
             if record is None or record.status is TaskManagerStatus.LOST:
@@ -169,6 +178,7 @@ class TaskManagerRegistry:
             return True
 
     def deregister(self, taskmanager_id: str) -> None:
+        """Mark the TaskManager lost as fenced at once (it deregisters only after closing its server and slots)."""
         # A TaskManager deregisters after it closed its server and slots: fenced.
         self.mark_lost(taskmanager_id, "deregistered (shut down)", fenced=True)
 
@@ -196,6 +206,10 @@ class TaskManagerRegistry:
                 logger.exception("lost-taskmanager listener failed")
 
     def check_heartbeats(self) -> list[str]:
+        """Mark lost every TaskManager silent for longer than the heartbeat timeout; returns their ids.
+
+        Runs every ``check_interval_ms`` after :meth:`start`, on the scheduler's thread.
+        """
         now = self._clock.monotonic_ms()
         with self._lock:
             expired = [r.taskmanager_id for r in self._records.values() if now - r.last_heartbeat_ms > self._timeout]
@@ -249,14 +263,17 @@ class TaskManagerRegistry:
 
     # -- slots -------------------------------------------------------------------------------
     def get(self, taskmanager_id: str) -> TaskManagerRecord | None:
+        """The TaskManager's current registration (None once lost); a live, mutable record: read it under ``lock``."""
         with self._lock:
             return self._records.get(taskmanager_id)
 
     def all(self) -> list[TaskManagerRecord]:
+        """The registered TaskManagers, ordered by id (lost ones are gone)."""
         with self._lock:
             return sorted(self._records.values(), key=lambda r: r.taskmanager_id)
 
     def occupy(self, taskmanager_id: str, slot_index: int, subtask: SubtaskId | None) -> None:
+        """Record ``subtask`` in the slot (None frees it); ignored for an unknown TaskManager or slot index."""
         with self._lock:
             record = self._records.get(taskmanager_id)
             if record is not None and 0 <= slot_index < record.num_slots:
@@ -275,13 +292,16 @@ class TaskManagerRegistry:
             return any(s is not None and s.job_id == job_id for r in self._records.values() for s in r.occupancy)
 
     def free_slot_count(self) -> int:
+        """Free slots over all registered TaskManagers."""
         with self._lock:
             return sum(len(r.free_slots()) for r in self._records.values())
 
     def total_slot_count(self) -> int:
+        """Slots over all registered TaskManagers, free or not."""
         with self._lock:
             return sum(r.num_slots for r in self._records.values())
 
     @property
     def lock(self) -> threading.RLock:
+        """The registry's reentrant lock: hold it to read records and pick free slots as one consistent step."""
         return self._lock

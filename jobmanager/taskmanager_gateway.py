@@ -131,6 +131,10 @@ class TaskManagerGateways:
         timer.start()
 
     def forget(self, address: str, keep_route: bool = False) -> None:
+        """Drop and close the channel to ``address`` (a TaskManager lost or re-registered elsewhere).
+
+        ``keep_route``: keep its internal route (see :meth:`route`), so the next call opens a fresh channel there.
+        """
         with self._lock:
             entry = self._stubs.pop(address, None)
             if not keep_route:
@@ -186,6 +190,7 @@ class TaskManagerGateways:
             raise self._error(exc, "CommitEpoch", address) from exc
 
     def close(self) -> None:
+        """Close every channel (JobManager shutdown); watched channels close a little later, once gRPC's poller lets go."""
         with self._lock:
             entries = list(self._stubs.items())
             self._stubs.clear()

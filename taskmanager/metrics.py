@@ -101,6 +101,7 @@ class TaskManagerMetrics:
         self.restore_local_bytes.labels(*labels).inc(local_bytes)
 
     def record_request(self, method: str, keys: int) -> None:
+        """Count one state call of ``method`` and the ``keys`` it carries (per-method Prometheus counters)."""
         pair = self._counters.get(method)
         if pair is None:
             pair = (self._requests.labels(method), self._keys.labels(method))

@@ -69,6 +69,7 @@ class SlotTable:
 
     @property
     def num_slots(self) -> int:
+        """How many slots this TaskManager offers (``taskmanager.numberOfTaskSlots``), free or not."""
         return len(self._slots)
 
     def reserve(

@@ -46,6 +46,7 @@ class CompletedCheckpoint:
 
     @property
     def metadata_path(self) -> str:
+        """The absolute path of the checkpoint's ``_metadata`` file (what a restore reads first)."""
         return _paths.join(self.external_path, _paths.METADATA_FILE)
 
     def file_paths(self) -> list[str]:
@@ -61,7 +62,8 @@ class CompletedCheckpointStore(Protocol):
     """Retains completed checkpoints; a durable implementation backs JobManager high availability."""
 
     @property
-    def max_retained(self) -> int: ...
+    def max_retained(self) -> int:
+        """How many regular checkpoints the store keeps (``execution.checkpointing.num-retained``); savepoints aside."""
 
     def add_checkpoint(self, checkpoint: CompletedCheckpoint) -> list[CompletedCheckpoint]:
         """Add ``checkpoint`` and return the checkpoints it subsumed (to be discarded).
@@ -96,6 +98,11 @@ class StandaloneCompletedCheckpointStore:
         return self._num_retained
 
     def add_checkpoint(self, checkpoint: CompletedCheckpoint) -> list[CompletedCheckpoint]:
+        """Add ``checkpoint``; returns the checkpoints it subsumed, for the caller to discard.
+
+        Raises CheckpointError for an id already stored, or a regular checkpoint older than the latest one. A savepoint
+        older than the latest checkpoint is not kept (its files stay where they are).
+        """
         with self._lock:
             ids = [c.checkpoint_id for c in self._entries]
             if checkpoint.checkpoint_id in ids:
@@ -132,13 +139,16 @@ class StandaloneCompletedCheckpointStore:
             return subsumed
 
     def latest(self) -> CompletedCheckpoint | None:
+        """The newest checkpoint or savepoint (what a failover restores), or None."""
         with self._lock:
             return self._entries[-1] if self._entries else None
 
     def all(self) -> list[CompletedCheckpoint]:
+        """Everything retained, oldest first (a copy)."""
         with self._lock:
             return list(self._entries)
 
     def get(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        """The retained checkpoint with that id, or None (subsumed ones are gone)."""
         with self._lock:
             return next((c for c in self._entries if c.checkpoint_id == checkpoint_id), None)

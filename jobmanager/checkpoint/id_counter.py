@@ -37,6 +37,7 @@ class StandaloneCheckpointIDCounter:
         """Make ``next_id`` durable before it takes effect (a no-op here; see ha.id_counter)."""
 
     def get_and_increment(self) -> int:
+        """Return the next id and advance the counter (persisted first: a crash never hands an id out twice)."""
         with self._lock:
             value = self._next
             self._persist(value + 1)  # before the id is used: a crash never hands it out twice
@@ -48,6 +49,7 @@ class StandaloneCheckpointIDCounter:
             return self._next
 
     def set_count(self, next_id: int) -> None:
+        """Make ``next_id`` the next id; raises InvalidArgumentError if that would move the counter back."""
         with self._lock:
             if next_id < self._next:
                 raise InvalidArgumentError(

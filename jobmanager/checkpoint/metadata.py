@@ -151,6 +151,7 @@ class OperatorSnapshot:
 
     @property
     def spec(self) -> OperatorSpec:
+        """The operator as it was checkpointed (its parallelism then, and its states), to restore or rescale from."""
         return OperatorSpec(self.operator_id, self.parallelism, self.states)
 
 
@@ -170,6 +171,7 @@ class CheckpointMetadata:
 
     # -- queries -------------------------------------------------------------------------------
     def operator(self, operator_id: str) -> OperatorSnapshot | None:
+        """The snapshot of that operator, or None if the checkpoint has none."""
         for op in self.operators:
             if op.operator_id == operator_id:
                 return op
@@ -184,10 +186,12 @@ class CheckpointMetadata:
 
     @property
     def full_size(self) -> int:
+        """Bytes of every file the checkpoint references, shared ones included."""
         return sum(s.full_size for op in self.operators for s in op.subtasks)
 
     @property
     def incremental_size(self) -> int:
+        """Bytes this checkpoint uploaded itself (files reused from earlier checkpoints excluded)."""
         return sum(s.incremental_size for op in self.operators for s in op.subtasks)
 
     def problems(self) -> list[str]:
@@ -295,6 +299,7 @@ class CheckpointMetadata:
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
 
     def to_bytes(self) -> bytes:
+        """The ``_metadata`` file's content: compact UTF-8 JSON (pretty-print it with ``jq .``)."""
         return self.to_json().encode("utf-8")
 
     @classmethod

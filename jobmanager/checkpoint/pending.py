@@ -108,10 +108,12 @@ class PendingCheckpoint:
     # -- state ---------------------------------------------------------------------------------
     @property
     def is_discarded(self) -> bool:
+        """True once aborted: later acks answer DISCARDED."""
         return self.status is PendingStatus.ABORTED
 
     @property
     def is_fully_acknowledged(self) -> bool:
+        """True once every expected subtask acknowledged: the checkpoint can be finalized."""
         return len(self._acks) == len(self.expected)
 
     @property
@@ -119,6 +121,7 @@ class PendingCheckpoint:
         return len(self._acks)
 
     def not_yet_acknowledged(self) -> frozenset[SubtaskId]:
+        """The expected subtasks whose ack is missing (named in a timeout's message)."""
         return self.expected - self._acks.keys()
 
     def acknowledged(self) -> dict[SubtaskId, pb.SubtaskStateHandle]:
@@ -149,14 +152,17 @@ class PendingCheckpoint:
         return AckOutcome.SUCCESS
 
     def start_finalizing(self) -> None:
+        """Stop taking acks (later ones answer DUPLICATE) and cancel the timeout: every subtask acknowledged."""
         self.status = PendingStatus.FINALIZING
         self._cancel_timeout()
 
     def mark_completed(self) -> None:
+        """Mark it completed and cancel its timeout; not locked itself (the coordinator calls it under its lock)."""
         self.status = PendingStatus.COMPLETED
         self._cancel_timeout()
 
     def mark_aborted(self, reason: CheckpointFailureReason, message: str) -> None:
+        """Record why it failed and cancel its timeout; the coordinator calls it under its lock, then cleans up."""
         self.status = PendingStatus.ABORTED
         self.failure_reason = reason
         self.failure_message = message

@@ -57,14 +57,17 @@ class SharedStateRegistry:
             return sorted({p for p in map(_paths.normalize, paths) if p not in self._counts})
 
     def is_referenced(self, path: str) -> bool:
+        """True while a registered checkpoint still uses the shared file (it must not be deleted)."""
         with self._lock:
             return _paths.normalize(path) in self._counts
 
     def reference_count(self, path: str) -> int:
+        """How many registered checkpoints use the shared file (the path is normalized first)."""
         with self._lock:
             return self._counts.get(_paths.normalize(path), 0)
 
     def referenced(self) -> frozenset[str]:
+        """Every shared file some registered checkpoint uses (a copy, taken under the lock)."""
         with self._lock:
             return frozenset(self._counts)
 

@@ -41,10 +41,12 @@ class JobRecord:
         return str(self.spec["job_id"])
 
     def to_bytes(self) -> bytes:
+        """The record as versioned JSON (``job.json``)."""
         return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, indent=1, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> JobRecord:
+        """Parse a ``job.json``; raises CorruptCheckpointError (naming ``where``) if unreadable or of another version."""
         try:
             raw = json.loads(data)
             version = raw.pop("format_version")
@@ -68,6 +70,10 @@ class JobStore:
         return f"{self._dir}/{job_id}"
 
     def put(self, record: JobRecord) -> None:
+        """Write the record's ``job.json``, replacing any earlier one.
+
+        Fenced: raises LeadershipLostError once a newer leader exists.
+        """
         self._fence()
         self._storage.write_bytes(f"{self.job_dir(record.job_id)}/job.json", record.to_bytes())
 

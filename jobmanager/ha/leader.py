@@ -105,4 +105,5 @@ class LeadershipLease:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop the watcher thread; the session stays until a newer JobManager starts one."""
         self._stop.set()

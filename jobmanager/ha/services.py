@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 class HighAvailabilityServices(Protocol):
     @property
-    def enabled(self) -> bool: ...
+    def enabled(self) -> bool:
+        """True when job records, checkpoint pointers and ids outlive the JobManager process (``filesystem``)."""
 
     @property
     def leader_session(self) -> int:
@@ -32,19 +33,35 @@ class HighAvailabilityServices(Protocol):
     def start(self, address: str, on_lost: Callable[[str], None]) -> None:
         """Take leadership (``filesystem``: a new session, fencing every older JobManager)."""
 
-    def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter: ...
+    def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter:
+        """The job's checkpoint id counter, starting no lower than ``floor``.
 
-    def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore: ...
+        Durable under ``filesystem``, so no id is handed out twice across leaders.
+        """
 
-    def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]: ...
+    def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore:
+        """The job's store of completed checkpoints, keeping the latest ``num_retained`` (savepoints aside).
 
-    def remove_checkpoint_pointer(self, job_id: str, checkpoint_id: int) -> None: ...
+        Under ``filesystem`` it also writes a pointer per retained checkpoint, for the next leader.
+        """
 
-    def put_job(self, record: JobRecord) -> None: ...
+    def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]:
+        """Pointers to the job's retained checkpoints a previous leader left, oldest first (none without HA).
 
-    def job_records(self) -> list[JobRecord]: ...
+        Recovery restores from the newest one that still loads.
+        """
 
-    def close(self) -> None: ...
+    def remove_checkpoint_pointer(self, job_id: str, checkpoint_id: int) -> None:
+        """Forget the pointer to a checkpoint that cannot be loaded any more (recovery fell back past it)."""
+
+    def put_job(self, record: JobRecord) -> None:
+        """Persist the job's record so that a new leader recovers the job (a no-op without high availability)."""
+
+    def job_records(self) -> list[JobRecord]:
+        """Every readable job record, for recovery after a leader change (empty without high availability)."""
+
+    def close(self) -> None:
+        """Release the services; stored records and pointers stay for the next leader."""
 
 
 class StandaloneHaServices:
@@ -54,15 +71,18 @@ class StandaloneHaServices:
     leader_session = 0
 
     def start(self, address: str, on_lost: Callable[[str], None]) -> None:
-        pass
+        """Nothing to take: a standalone JobManager is always the leader, and ``on_lost`` is never called."""
 
     def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter:
+        """An in-memory counter from ``max(1, floor)``; ids start over when the process does."""
         return StandaloneCheckpointIDCounter(max(1, floor))
 
     def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore:
+        """An in-memory store of the latest ``num_retained`` checkpoints, lost with the process."""
         return StandaloneCompletedCheckpointStore(num_retained)
 
     def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]:
+        """Always empty: nothing of a standalone JobManager survives it."""
         return []
 
     def remove_checkpoint_pointer(self, job_id: str, checkpoint_id: int) -> None:
@@ -72,6 +92,7 @@ class StandaloneHaServices:
         pass
 
     def job_records(self) -> list[JobRecord]:
+        """Always empty: a standalone JobManager recovers no jobs."""
         return []
 
     def close(self) -> None:
@@ -91,22 +112,33 @@ class FileSystemHaServices:
         self._jobs = JobStore(storage, f"{self.root}/jobs", self._lease.check)
 
     def start(self, address: str, on_lost: Callable[[str], None]) -> None:
+        """Take the leadership lease for ``address`` (a new session, fencing older JobManagers) and watch it.
+
+        The lease is checked every ``lease_check_interval_ms`` on a background thread, which calls ``on_lost(message)``
+        once when a newer session has taken over.
+        """
         self._lease.acquire(address)
         self._lease.watch(self._interval, on_lost)
 
     @property
     def leader_session(self) -> int:
+        """This JobManager's leadership session (meaningful after :meth:`start`)."""
         return self._lease.session
 
     def _job_dir(self, job_id: str) -> str:
         return self._jobs.job_dir(validate_id("job id", job_id))
 
     def checkpoint_id_counter(self, job_id: str, floor: int = 1) -> CheckpointIDCounter:
+        """A durable counter in ``<job dir>/checkpoint-counter``.
+
+        Fenced: raises LeadershipLostError once a newer leader exists.
+        """
         return DurableCheckpointIDCounter(
             self._storage, f"{self._job_dir(job_id)}/checkpoint-counter", self._lease.check, floor
         )
 
     def completed_checkpoint_store(self, job_id: str, num_retained: int) -> CompletedCheckpointStore:
+        """A store that writes one pointer per retained checkpoint under ``<job dir>/checkpoints``; fenced by the lease."""
         return self._pointers(job_id, num_retained)
 
     def _pointers(self, job_id: str, num_retained: int = 1) -> DurableCompletedCheckpointStore:
@@ -115,18 +147,23 @@ class FileSystemHaServices:
         )
 
     def checkpoint_pointers(self, job_id: str) -> list[CheckpointPointer]:
+        """The pointers under ``<job dir>/checkpoints``, oldest first; unreadable ones are logged and skipped."""
         return self._pointers(job_id).pointers()
 
     def remove_checkpoint_pointer(self, job_id: str, checkpoint_id: int) -> None:
+        """Delete the pointer of ``checkpoint_id``; fenced: raises LeadershipLostError once a newer leader exists."""
         self._pointers(job_id).remove_pointer(checkpoint_id)
 
     def put_job(self, record: JobRecord) -> None:
+        """Write the job's ``job.json``; fenced: raises LeadershipLostError once a newer leader exists."""
         self._jobs.put(record)
 
     def job_records(self) -> list[JobRecord]:
+        """Every readable ``job.json`` under the jobs directory; an unreadable one is logged and skipped."""
         return self._jobs.records()
 
     def close(self) -> None:
+        """Stop the lease watcher; the session is not given up (a successor fences it by starting a newer one)."""
         self._lease.close()
 
 

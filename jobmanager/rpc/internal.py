@@ -26,6 +26,7 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
     def RegisterTaskManager(
         self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext
     ) -> jm_pb.RegisterTaskManagerResponse:
+        """Register (or re-register) a TaskManager; answers heartbeat settings, its lease and the slots it keeps."""
         kept = self._d.register_taskmanager(request)
         slots = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
         s = self._d.settings
@@ -45,12 +46,14 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
 
     @rpc_method
     def Heartbeat(self, request: jm_pb.HeartbeatRequest, context: grpc.ServicerContext) -> jm_pb.HeartbeatResponse:
+        """Renew a TaskManager's lease; ``known=false`` tells it to register again."""
         return jm_pb.HeartbeatResponse(known=self._d.heartbeat(request))
 
     @rpc_method
     def DeregisterTaskManager(
         self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext
     ) -> jm_pb.DeregisterTaskManagerResponse:
+        """Forget a TaskManager that shut its slots down (it counts as fenced at once)."""
         self._d.registry.deregister(request.taskmanager_id)
         return jm_pb.DeregisterTaskManagerResponse()
 
@@ -66,6 +69,7 @@ class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayS
     def AcknowledgeCheckpoint(
         self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
+        """Take a subtask's snapshot handle for a pending checkpoint."""
         outcome = self._checkpointing.acknowledge(self._d.job(request.job_id), request)
         return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))
 
@@ -73,5 +77,6 @@ class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayS
     def DeclineCheckpoint(
         self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
+        """Take a subtask's refusal of a pending checkpoint (the checkpoint is aborted)."""
         outcome = self._checkpointing.decline(self._d.job(request.job_id), request)
         return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))

@@ -41,6 +41,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     # -- jobs --------------------------------------------------------------------------------
     @rpc_method
     def SubmitJob(self, request: jm_pb.SubmitJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        """Submit a job (optionally restoring from a checkpoint or savepoint); rejects a config carrying secrets."""
         secrets = sorted(k for k in request.config if is_secret_key(k, declared_secret_keys()))
         if secrets:
             # A job's config is stored with the job (high-availability job records) and shown by
@@ -60,30 +61,36 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
 
     @rpc_method
     def CancelJob(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.JobInfo:
+        """Cancel a job: release its slots and discard their local state."""
         return self._d.cancel(request.job_id)
 
     @rpc_method
     def GetJob(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.JobInfo:
+        """Describe a job: status, operators, latest checkpoint, epochs and lineage."""
         return self._d.job(request.job_id).info()
 
     @rpc_method
     def GetRouting(self, request: jm_pb.GetRoutingRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        """Answer the job's current routing table (which TaskManager serves which key groups)."""
         return self._d.routing(request.job_id)
 
     @rpc_method
     def GetClusterOverview(
         self, request: jm_pb.ClusterOverviewRequest, context: grpc.ServicerContext
     ) -> jm_pb.ClusterOverview:
+        """Describe the registered TaskManagers and what runs in their slots."""
         return self._d.overview()
 
     @rpc_method
     def RescaleJob(self, request: jm_pb.RescaleJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        """Change operators' parallelism, redistributing key groups from a checkpoint."""
         if not request.parallelism:
             raise InvalidArgumentError("RescaleJob needs the new parallelism (operator -> parallelism, or '' for all)")
         return self._d.rescale(request.job_id, dict(request.parallelism))
 
     @rpc_method
     def RestoreJob(self, request: jm_pb.RestoreJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
+        """Redeploy a job in place from a checkpoint or savepoint path."""
         return self._d.restore(request.job_id, request.restore_path)
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -91,6 +98,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     def TriggerCheckpoint(
         self, request: jm_pb.TriggerCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.CheckpointInfo:
+        """Trigger a checkpoint or savepoint of the job, optionally waiting for it to complete."""
         _check_timeout_ms("TriggerCheckpoint", request.timeout_ms)
         return self._checkpointing.trigger_request(self._d.job(request.job_id), request)
 
@@ -98,11 +106,13 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     def ListCheckpoints(
         self, request: jm_pb.JobRequest, context: grpc.ServicerContext
     ) -> jm_pb.ListCheckpointsResponse:
+        """List the job's recent checkpoints and their statistics."""
         return self._checkpointing.list_checkpoints(self._d.job(request.job_id))
 
     # -- epochs ------------------------------------------------------------------------------
     @rpc_method
     def BeginBatch(self, request: jm_pb.BeginBatchRequest, context: grpc.ServicerContext) -> jm_pb.BeginBatchResponse:
+        """Tell whether a Spark batch must run, be skipped (already committed) or wait, and under which epoch."""
         start = self._epochs.begin_batch(request.job_id, request.query_id, request.batch_id)
         return jm_pb.BeginBatchResponse(
             action=jm_pb.BatchAction.Value(start.action.value),
@@ -118,6 +128,7 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     def CommitEpoch(
         self, request: jm_pb.CommitEpochRequest, context: grpc.ServicerContext
     ) -> jm_pb.CommitEpochResponse:
+        """Commit an epoch's winning attempts on every slot, optionally with a checkpoint after it."""
         _check_timeout_ms("CommitEpoch", request.timeout_ms)
         outcome = self._epochs.commit(
             EpochCommit(

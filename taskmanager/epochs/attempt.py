@@ -55,6 +55,7 @@ class Winner:
     ledger: Mapping[tuple[str, int], int] | None = None
 
     def expected_requests(self, operator_id: str, subtask_index: int) -> int | None:
+        """How many write requests the slot acknowledged to the winning attempt (0 if none); None without a ledger."""
         if self.ledger is None:
             return None
         return self.ledger.get((operator_id, subtask_index), 0)

@@ -25,6 +25,7 @@ class SharedExclusiveLock:
 
     @contextmanager
     def shared(self) -> Iterator[None]:
+        """Hold the lock shared (staging calls); waits while an exclusive holder holds or waits for it."""
         with self._cond:
             while self._exclusive or self._waiting:
                 self._cond.wait()
@@ -39,6 +40,7 @@ class SharedExclusiveLock:
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
+        """Hold the lock alone (an epoch commit); new shared holders wait from the moment this call waits."""
         with self._cond:
             self._waiting += 1
             try:

@@ -113,6 +113,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def ValueGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        """Read value state for a batch of keys (``found`` tells an absent value from an empty one)."""
         backend = self._backend(request.target, "ValueGet", len(request.keys))
         values = backend.value_get(request.target.state_name, list(request.keys), _namespaces(request))
         return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
@@ -120,6 +121,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def ValuePut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        """Overwrite value state for a batch of keys."""
         backend = self._backend(request.target, "ValuePut", len(request.keys))
         backend.value_put(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
@@ -127,6 +129,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def Clear(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        """Remove the (key, namespace) entries of a state of any kind."""
         backend = self._backend(request.target, "Clear", len(request.keys))
         backend.clear(request.target.state_name, list(request.keys), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
@@ -134,6 +137,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def Reduce(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        """Fold ``values[i]`` into the reducing state of ``keys[i]``; answers the new values only if ``return_values``."""
         backend = self._backend(request.target, "Reduce", len(request.keys))
         result = backend.reduce(
             request.target.state_name,
@@ -150,6 +154,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def ListAppend(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        """Append ``values[i]`` to the list state of ``keys[i]``."""
         backend = self._backend(request.target, "ListAppend", len(request.keys))
         backend.list_append(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
@@ -157,6 +162,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def ListGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ListsResponse:
+        """Read whole lists, bounded by ``state.limits.list.max-response-bytes`` (past it use ListScan)."""
         backend = self._backend(request.target, "ListGet", len(request.keys))
         lists = backend.list_get(request.target.state_name, list(request.keys), _namespaces(request))
         return pb.ListsResponse(lists=[pb.ListValue(elements=elements) for elements in lists])
@@ -164,12 +170,14 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def ListUpdate(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        """Replace each listed key's list with the values given for it (keys may repeat)."""
         backend = self._backend(request.target, "ListUpdate", len(request.keys))
         backend.list_update(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
 
     @rpc_method
     def ListScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
+        """Stream one key's list in chunks of ``chunk_size`` elements, checking the lease before each chunk."""
         backend = self._backend(request.target, "ListScan", 1)
         chunk = _chunk_size(request)
         if not request.has_key:
@@ -181,6 +189,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def MapPut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        """Put ``user_keys[i] -> values[i]`` into the map state of ``keys[i]``."""
         backend = self._backend(request.target, "MapPut", len(request.keys))
         backend.map_put(
             request.target.state_name,
@@ -194,6 +203,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def MapGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        """Read ``user_keys[i]`` from the map state of ``keys[i]`` (``found`` marks present entries)."""
         backend = self._backend(request.target, "MapGet", len(request.keys))
         values = backend.map_get(
             request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request)
@@ -203,6 +213,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def MapRemove(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        """Remove ``user_keys[i]`` from the map state of ``keys[i]``."""
         backend = self._backend(request.target, "MapRemove", len(request.keys))
         backend.map_remove(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
         return pb.WriteResponse(applied=len(request.keys))
@@ -210,6 +221,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     @_served
     def MapContains(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
+        """Whether the map state of ``keys[i]`` holds ``user_keys[i]`` (answered in ``found``)."""
         backend = self._backend(request.target, "MapContains", len(request.keys))
         found = backend.map_contains(
             request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request)
@@ -218,6 +230,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
 
     @rpc_method
     def MapScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
+        """Stream one key's map entries (only user keys with ``keys_only``) in chunks, checking the lease per chunk."""
         backend = self._backend(request.target, "MapScan", 1)
         chunk = _chunk_size(request)
         if not request.has_key:
@@ -230,6 +243,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
 
     @rpc_method
     def ScanKeys(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
+        """Stream every (key, namespace) of one state in the subtask, in chunks."""
         backend = self._backend(request.target, "ScanKeys", 1)
         chunk = _chunk_size(request)
         yield from self._stream(

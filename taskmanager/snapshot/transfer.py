@@ -76,11 +76,13 @@ class TransferStats:
         self.bytes_downloaded = 0
 
     def record_upload(self, size: int) -> None:
+        """Count one uploaded file of ``size`` bytes (thread-safe)."""
         with self._lock:
             self.files_uploaded += 1
             self.bytes_uploaded += size
 
     def record_download(self, size: int) -> None:
+        """Count one file of ``size`` bytes read from storage (thread-safe)."""
         with self._lock:
             self.files_downloaded += 1
             self.bytes_downloaded += size

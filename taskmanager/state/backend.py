@@ -474,7 +474,8 @@ class KeyedStateBackend(ABC):
         """Examine up to ``max_entries`` entries from where the last sweep stopped; delete the expired."""
 
     @abstractmethod
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int]:
+        """Backend counters for the metrics endpoint (names follow RocksDB properties, such as ``estimate-num-keys``)."""
 
     def close(self) -> None:
         """Wait for calls in flight, then release everything. Idempotent."""

@@ -276,6 +276,11 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
 
     # -- TTL --------------------------------------------------------------------------------
     def ttl_sweep(self, max_entries: int) -> int:
+        """Examine up to ``max_entries`` stored values from where the last sweep stopped; returns how many expired.
+
+        Raises InvalidArgumentError for ``max_entries`` below 1. Holds the backend's lock throughout: serving waits
+        for the whole step, so keep ``max_entries`` small.
+        """
         if max_entries < 1:
             raise InvalidArgumentError(f"ttl_sweep needs max_entries >= 1, got {max_entries}")
         handles = [h for h in self._all_handles() if h.codec.has_ttl]
@@ -329,6 +334,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
 
     # -- metrics ----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
+        """``estimate-num-keys``: entries (each list element and map entry counted); ``num-keys-namespaces``: pairs."""
         entries = 0
         keys = 0
         with self._op, self._lock:

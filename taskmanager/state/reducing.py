@@ -37,6 +37,7 @@ class Reducer:
         self._describe = ", ".join(f"{f.name}:{f.type.value}" for f in descriptor.reduce_fields)
 
     def check_operands(self, operands: Sequence[bytes]) -> None:
+        """Raise InvalidArgumentError unless every operand is exactly the state's vector size in bytes."""
         size = self.size
         for i, op in enumerate(operands):
             if len(op) != size:

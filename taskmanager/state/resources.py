@@ -87,10 +87,12 @@ class RocksDBResources:
 
     @property
     def write_buffer_bytes(self) -> int:
+        """The share of managed memory for write buffers (memtables), in bytes."""
         return int(self.managed_bytes * self.write_buffer_ratio)
 
     @property
     def effective_block_cache_bytes(self) -> int:
+        """The block cache size in bytes: the configured one, or managed memory minus the write buffers."""
         if self.block_cache_bytes is not None:
             return self.block_cache_bytes
         return self.managed_bytes - self.write_buffer_bytes

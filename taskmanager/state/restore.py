@@ -32,6 +32,7 @@ class RestorePart:
     """The key groups this snapshot contributes (possibly empty)."""
 
     def open(self) -> SnapshotReader:
+        """A reader over this snapshot directory, whichever backend wrote it; close it after use."""
         return open_snapshot(self.directory)
 
 
@@ -43,6 +44,7 @@ class RestorePlan:
 
     @property
     def contributing(self) -> list[RestorePart]:
+        """The parts that hold some of the slot's key groups (the others need not be read)."""
         return [p for p in self.parts if len(p.overlap)]
 
 

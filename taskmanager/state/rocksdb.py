@@ -560,6 +560,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # -- TTL --------------------------------------------------------------------------------
     def ttl_sweep(self, max_entries: int) -> int:
+        """Examine up to ``max_entries`` entries of the slot's key groups from where the last sweep stopped.
+
+        Returns how many expired entries it deleted; raises InvalidArgumentError for ``max_entries`` below 1.
+        """
         if max_entries < 1:
             raise InvalidArgumentError(f"ttl_sweep needs max_entries >= 1, got {max_entries}")
         handles = [h for h in self._all_handles() if h.codec.has_ttl]
@@ -608,6 +612,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # -- metrics ----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
+        """Summed RocksDB properties of every column family, plus the shared block cache and write buffer manager."""
         per_cf = ("estimate-num-keys", "cur-size-all-mem-tables", "total-sst-files-size", "estimate-live-data-size")
         out = dict.fromkeys(per_cf, 0)
         with self._op:

@@ -72,6 +72,7 @@ class SnapshotManifest:
     format_version: int = SNAPSHOT_FORMAT_VERSION
 
     def to_json(self) -> bytes:
+        """The manifest as JSON bytes (the ``_snapshot.json`` a restore validates the snapshot against)."""
         return json.dumps(
             {
                 "format_version": self.format_version,
@@ -93,6 +94,12 @@ class SnapshotManifest:
 
     @classmethod
     def read(cls, directory: Path) -> SnapshotManifest:
+        """Read the manifest of a local snapshot directory.
+
+        Raises CorruptCheckpointError when the directory or manifest is missing (an unfinished snapshot or download) or
+        malformed, IncompatibleCheckpointError when a newer TaskManager wrote it, and StorageError when it cannot be
+        read.
+        """
         path = Path(directory) / SNAPSHOT_MANIFEST
         if not Path(directory).is_dir():
             raise CorruptCheckpointError(f"local snapshot directory {directory} does not exist")
@@ -130,6 +137,7 @@ class SnapshotManifest:
             raise CorruptCheckpointError(f"{path} is not a valid snapshot manifest: {exc!r}") from exc
 
     def write(self, directory: Path) -> Path:
+        """Write the manifest into ``directory`` atomically (temporary file, then rename); returns its path."""
         path = Path(directory) / SNAPSHOT_MANIFEST
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(self.to_json())
@@ -162,9 +170,15 @@ class LocalSnapshot:
 
     @property
     def materialized(self) -> bool:
+        """True once :meth:`materialize` has written every file and the manifest."""
         return self._done
 
     def materialize(self) -> list[Path]:
+        """Finish writing the snapshot (the asynchronous part) and return its files, the manifest last.
+
+        Thread-safe and idempotent: later calls only list the files. Raises StorageError when the local disk fails
+        (space, permissions).
+        """
         with self._lock:
             if not self._done:
                 try:
@@ -189,6 +203,7 @@ class LocalSnapshot:
         return files
 
     def size_bytes(self) -> int:
+        """Bytes of the snapshot's files on local disk (complete only after :meth:`materialize`)."""
         return sum(p.stat().st_size for p in self.files())
 
     def discard(self) -> None:
@@ -346,6 +361,7 @@ class RocksDBSnapshotReader(SnapshotReader):
         return dict(self._scan(META_CF, b"", None))
 
     def close(self) -> None:
+        """Close the RocksDB instance opened on the snapshot; safe to call twice."""
         if self._db is not None:
             self._db.close()
             self._db = None

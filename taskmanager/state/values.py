@@ -66,6 +66,7 @@ class ValueCodec:
 
     @classmethod
     def for_descriptor(cls, descriptor: StateDescriptor) -> ValueCodec:
+        """The codec of a state: with its TTL if it declares one, refreshing timestamps on reads for ON_READ_AND_WRITE."""
         ttl = descriptor.ttl
         if ttl is None:
             return cls(None, False)
@@ -73,6 +74,7 @@ class ValueCodec:
 
     @property
     def has_ttl(self) -> bool:
+        """True when the state's values carry a timestamp and may expire (what a TTL sweep looks at)."""
         return self.ttl_ms is not None
 
     def header(self, now_ms: int) -> bytes:
@@ -80,10 +82,12 @@ class ValueCodec:
         return PLAIN_HEADER if self.ttl_ms is None else ttl_header(now_ms)
 
     def encode_many(self, payloads: Iterable[bytes], now_ms: int) -> list[bytes]:
+        """Prefix every payload with the header for ``now_ms`` (a timestamp when the state has a TTL)."""
         header = self.header(now_ms)
         return [header + p for p in payloads]
 
     def is_expired(self, stored: bytes, now_ms: int) -> bool:
+        """True when the stored value has a timestamp older than the TTL at ``now_ms``; raises on a corrupt header."""
         if self.ttl_ms is None or stored[0] != WITH_TTL:
             if stored[0] > WITH_TTL:
                 raise _corrupt(stored)
@@ -104,6 +108,7 @@ class ValueCodec:
         return stored[TTL_HEADER_LEN:]
 
     def decode_many(self, stored: list[bytes | None], now_ms: int) -> list[bytes | None]:
+        """The payloads of ``stored`` in order, None for absent or expired ones (see :meth:`decode`)."""
         if self.ttl_ms is None:
             # Hot path: plain values only need the header byte dropped.
             return [None if s is None else (s[1:] if s[0] == PLAIN else payload_of(s)) for s in stored]
