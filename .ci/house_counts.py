@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("common", "jobmanager", "taskmanager")
+FOLDERS = ("common", "jobmanager", "taskmanager", "cli")
 TREE = ROOT / "build" / "typecheck"
 
 
