@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+UNBOUNDED = 2**31
+"""``max_attempts`` of a policy that only its deadline (or an interruption) ends."""
+
+
 class Waiter(Protocol):
     """Waits out a backoff; returns True when interrupted (``threading.Event`` fits)."""
 
@@ -58,6 +62,21 @@ class RetryPolicy:
             raise ConfigError(f"RetryPolicy.jitter must be within [0, 1], got {self.jitter}")
         if self.deadline_s is not None and self.deadline_s < 0:
             raise ConfigError(f"RetryPolicy.deadline_s must be >= 0, got {self.deadline_s}")
+
+    @classmethod
+    def polling(
+        cls, interval_s: float, *, deadline_s: float | None = None, max_attempts: int = UNBOUNDED
+    ) -> RetryPolicy:
+        """Try again every ``interval_s``, exactly (no growth, no jitter), until ``deadline_s``
+        or ``max_attempts``: waiting for a condition (a cluster to fill, a job to run) rather
+        than backing off from an overloaded server."""
+        return cls(
+            max_attempts=max_attempts,
+            initial_backoff_s=interval_s,
+            multiplier=1.0,
+            jitter=0.0,
+            deadline_s=deadline_s,
+        )
 
     def backoff_s(self, failed_attempts: int, rng: random.Random | None = None) -> float:
         """The wait after the ``failed_attempts``-th consecutive failure (1-based)."""

@@ -634,7 +634,7 @@ class StateClient:
                 progress["last"] = exc.message  # the JobManager's own answer
             return isinstance(exc, UnavailableError)
 
-        poll = RetryPolicy(max_attempts=2**31, initial_backoff_s=0.1, multiplier=1.0, jitter=0.0, deadline_s=timeout_s)
+        poll = RetryPolicy.polling(0.1, deadline_s=timeout_s)
         try:
             return call_with_retries(
                 ready,
@@ -1012,12 +1012,7 @@ class StateClient:
             except grpc.RpcError as exc:
                 raise from_rpc_error(exc, f"{method} on TaskManager {address}") from exc
 
-        constant = RetryPolicy(
-            max_attempts=self.settings.max_attempts,
-            initial_backoff_s=self.settings.backoff_s,
-            multiplier=1.0,
-            jitter=0.0,
-        )
+        constant = RetryPolicy.polling(self.settings.backoff_s, max_attempts=self.settings.max_attempts)
         stream, first = call_with_retries(
             open_stream,
             what=f"{method} of {job_id}/{operator_id} subtask {subtask}",

@@ -402,13 +402,7 @@ class _BatchRunner:
         """Run the batch until a completed checkpoint holds it, within ``batch_timeout_s`` and ``max_batch_attempts`` runs."""
         clock, options = self._rt.clock, self._o
         attempt = _BatchAttempt(batch_id, query_id, clock.monotonic_ms() + int(options.batch_timeout_s * 1000))
-        policy = RetryPolicy(
-            max_attempts=2**31,
-            initial_backoff_s=_WAIT_S,
-            multiplier=1.0,
-            jitter=0.0,
-            deadline_s=options.batch_timeout_s,
-        )
+        policy = RetryPolicy.polling(_WAIT_S, deadline_s=options.batch_timeout_s)
         try:
             response, start = call_with_retries(
                 lambda: self._try_batch(df, attempt),

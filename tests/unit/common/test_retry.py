@@ -95,3 +95,29 @@ def test_immediate_errors_are_retried_without_a_wait_and_do_not_grow_the_backoff
 def test_a_negative_deadline_is_refused() -> None:
     with pytest.raises(ConfigError, match="deadline_s"):
         RetryPolicy(deadline_s=-1)
+
+
+def test_a_polling_policy_tries_at_a_fixed_interval_until_its_deadline_or_its_attempts() -> None:
+    clock = FakeTime()
+    times: list[int] = []
+    with pytest.raises(Flaky):
+        call_with_retries(
+            failing(times, clock),
+            what="poll",
+            policy=RetryPolicy.polling(0.25, deadline_s=1.0),
+            waiter=clock,
+            is_transient=lambda e: isinstance(e, Flaky),
+            clock=clock,
+        )
+    assert times == [0, 250, 500, 750, 1000]  # no growth, no jitter; only the deadline ends it
+    clock, times = FakeTime(), []
+    with pytest.raises(Flaky):
+        call_with_retries(
+            failing(times, clock),
+            what="poll",
+            policy=RetryPolicy.polling(0.25, max_attempts=3),
+            waiter=clock,
+            is_transient=lambda e: isinstance(e, Flaky),
+            clock=clock,
+        )
+    assert times == [0, 250, 500]
