@@ -12,10 +12,10 @@ from typing import Protocol
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.handles import SlotRestore
 from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId, validate_id
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from keyedstate.taskmanager.backends import BackendFactory
-from keyedstate.taskmanager.handles import SlotRestore
 from keyedstate.taskmanager.slots import Slot, SlotTable
 from keyedstate.taskmanager.state import KeyedStateBackend
 

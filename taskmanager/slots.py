@@ -18,8 +18,8 @@ from keyedstate.common.errors import (
     StaleRoutingError,
     UnavailableError,
 )
+from keyedstate.common.handles import StateFileHandle
 from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId, TaskManagerId, validate_id
-from keyedstate.taskmanager.handles import StateFileHandle
 from keyedstate.taskmanager.state import KeyedStateBackend
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ writes; ``CommitEpoch`` applies the winning attempts atomically per slot and rec
 committed epoch in the slot's metadata (``state.metadata.COMMITTED_EPOCH``), which checkpoints report.
 """
 
-from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.manager import AttemptContext, CommitResult, EpochManager
 from keyedstate.taskmanager.epochs.slot import NO_EPOCH, EpochCommitError, SlotEpochs, read_committed_epoch
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions, StagingStore
@@ -24,6 +24,5 @@ __all__ = [
     "StagingOptions",
     "StagingStore",
     "TaskAttempt",
-    "Winner",
     "read_committed_epoch",
 ]

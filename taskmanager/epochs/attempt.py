@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from keyedstate.common.errors import InvalidArgumentError
@@ -40,22 +39,3 @@ class TaskAttempt:
 
     def __str__(self) -> str:
         return f"epoch {self.epoch} partition {self.partition} attempt {self.attempt}"
-
-
-@dataclass(frozen=True)
-class Winner:
-    """The attempt Spark kept for one partition, and its ledger.
-
-    ``ledger`` maps ``(operator_id, subtask_index)`` to the number of write requests that slot
-    acknowledged to the attempt; None when the caller keeps no ledger (nothing is counted).
-    """
-
-    partition: int
-    attempt: int
-    ledger: Mapping[tuple[str, int], int] | None = None
-
-    def expected_requests(self, operator_id: str, subtask_index: int) -> int | None:
-        """How many write requests the slot acknowledged to the winning attempt (0 if none); None without a ledger."""
-        if self.ledger is None:
-            return None
-        return self.ledger.get((operator_id, subtask_index), 0)

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from keyedstate.common.batches import Winner
 from keyedstate.common.errors import InvalidArgumentError, NotFoundError, Reason, UnavailableError
 from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import JobId, SubtaskId, validate_id
-from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.slot import SlotEpochs
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions
 from keyedstate.taskmanager.epochs.transaction import EpochTransaction

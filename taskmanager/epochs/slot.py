@@ -10,6 +10,7 @@ from pathlib import Path
 
 import rocksdict
 
+from keyedstate.common.batches import Winner
 from keyedstate.common.errors import (
     EpochConflictError,
     EpochGapError,
@@ -19,7 +20,7 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.taskmanager.epochs import records
-from keyedstate.taskmanager.epochs.attempt import TaskAttempt, Winner
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.fold import fold_attempt
 from keyedstate.taskmanager.epochs.locks import SharedExclusiveLock
 from keyedstate.taskmanager.epochs.staging import StagingOptions, StagingStore

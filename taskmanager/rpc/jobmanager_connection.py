@@ -33,14 +33,15 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
+from keyedstate.common.handles import SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
 from keyedstate.common.retry import RetryPolicy, call_with_retries
 from keyedstate.common.rpc.channels import open_channel
+from keyedstate.common.rpc.convert import handle_to_proto
 from keyedstate.common.rpc.status import from_rpc_error, is_unreachable, status_name
 from keyedstate.common.security.tls import ChannelSecurity
-from keyedstate.taskmanager.handles import SubtaskStateHandle
-from keyedstate.taskmanager.rpc.wire import handle_to_proto, limits_to_proto
+from keyedstate.taskmanager.rpc.wire import limits_to_proto
 from keyedstate.taskmanager.state import StateLimits
 
 logger = logging.getLogger(__name__)

@@ -9,11 +9,11 @@ from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.lease import Lease
+from keyedstate.common.rpc.convert import barrier_from_proto, restore_from_proto, winners_from_proto
 from keyedstate.common.rpc.descriptors import operator_spec_from_proto
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.taskmanager.deployment import DeployRequest, SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
-from keyedstate.taskmanager.rpc.wire import barrier_from_proto, restore_from_proto, winners_from_proto
 from keyedstate.taskmanager.snapshot.manager import SnapshotManager
 
 

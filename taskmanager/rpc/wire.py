@@ -1,87 +1,17 @@
 """Protobuf <-> domain conversions of the TaskManager's RPC edge.
 
 Everything below the servicers and the JobManager connection works with domain types
-(``taskmanager.handles``, ``state.StateLimits``, ``epochs.Winner``); these functions are the one
-place that knows the messages' field names.
+(``common.handles``, ``state.StateLimits``, ``common.batches.Winner``). The checkpoint handles and
+winners both daemons exchange are converted in ``common.rpc.convert``; these functions convert
+what only the TaskManager reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.errors import InvalidArgumentError
-from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId
-from keyedstate.taskmanager.epochs import Winner
-from keyedstate.taskmanager.handles import CheckpointBarrier, SlotRestore, StateFileHandle, SubtaskStateHandle
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import StateLimits
-
-
-def barrier_from_proto(message: tm_pb.CheckpointBarrier) -> CheckpointBarrier:
-    """The JobManager's barrier as the snapshot layer takes it."""
-    return CheckpointBarrier(
-        job_id=JobId(message.job_id),
-        checkpoint_id=CheckpointId(message.checkpoint_id),
-        target_path=message.target_path,
-        epoch=message.epoch,
-        savepoint=message.savepoint,
-        incremental=message.incremental,
-    )
-
-
-def file_from_proto(message: pb.StateFileHandle) -> StateFileHandle:
-    return StateFileHandle(
-        path=message.path,
-        size=message.size,
-        sha256=message.sha256,
-        local_name=message.local_name,
-        shared=message.shared,
-    )
-
-
-def handle_from_proto(message: pb.SubtaskStateHandle) -> SubtaskStateHandle:
-    """A snapshot named in a restore (the JobManager reads it back from ``_metadata``)."""
-    return SubtaskStateHandle(
-        operator_id=OperatorId(message.operator_id),
-        subtask_index=message.subtask_index,
-        key_groups=KeyGroupRange(message.key_groups.start, message.key_groups.end),
-        backend=message.backend,
-        files=[file_from_proto(f) for f in message.files],
-        incremental_size=message.incremental_size,
-        full_size=message.full_size,
-        sync_duration_ms=message.sync_duration_ms,
-        async_duration_ms=message.async_duration_ms,
-        committed_epoch=message.committed_epoch,
-    )
-
-
-def handle_to_proto(handle: SubtaskStateHandle) -> pb.SubtaskStateHandle:
-    """What a slot acknowledges for one checkpoint."""
-    return pb.SubtaskStateHandle(
-        operator_id=handle.operator_id,
-        subtask_index=handle.subtask_index,
-        key_groups=pb.KeyGroupRange(start=handle.key_groups.start, end=handle.key_groups.end),
-        backend=handle.backend,
-        files=[
-            pb.StateFileHandle(path=f.path, size=f.size, sha256=f.sha256, local_name=f.local_name, shared=f.shared)
-            for f in handle.files
-        ],
-        incremental_size=handle.incremental_size,
-        full_size=handle.full_size,
-        sync_duration_ms=handle.sync_duration_ms,
-        async_duration_ms=handle.async_duration_ms,
-        committed_epoch=handle.committed_epoch,
-    )
-
-
-def restore_from_proto(message: tm_pb.SlotRestore) -> SlotRestore:
-    return SlotRestore(
-        checkpoint_id=CheckpointId(message.checkpoint_id),
-        handles=tuple(handle_from_proto(h) for h in message.handles),
-    )
 
 
 def limits_to_proto(limits: StateLimits) -> pb.StateLimits:
@@ -91,31 +21,6 @@ def limits_to_proto(limits: StateLimits) -> pb.StateLimits:
         max_value_bytes=limits.max_value_bytes,
         max_list_elements=limits.max_list_elements,
     )
-
-
-def winners_from_proto(items: Iterable[pb.PartitionAttempt]) -> dict[int, Winner]:
-    """partition -> its winning attempt and ledger; one winner per partition."""
-    winners: dict[int, Winner] = {}
-    for w in items:
-        if w.partition < 0 or w.attempt < 0:
-            raise InvalidArgumentError(f"winner partition {w.partition} attempt {w.attempt}: both must be >= 0")
-        ledger: dict[tuple[str, int], int] | None = None
-        if w.has_ledger:
-            ledger = {}
-            for entry in w.writes:
-                if entry.requests < 0 or entry.subtask_index < 0:
-                    raise InvalidArgumentError(
-                        f"winner partition {w.partition}: ledger entry {entry.operator_id}/{entry.subtask_index} has "
-                        f"{entry.requests} requests; counts and subtask indexes must be >= 0"
-                    )
-                ledger[(entry.operator_id, entry.subtask_index)] = entry.requests
-        previous = winners.get(w.partition)
-        if previous is not None and previous.attempt != w.attempt:
-            raise InvalidArgumentError(
-                f"partition {w.partition} has two winning attempts ({previous.attempt} and {w.attempt}); name one winner per partition"
-            )
-        winners[w.partition] = Winner(w.partition, w.attempt, ledger)
-    return winners
 
 
 def slot_reports(slots: SlotTable) -> list[jm_pb.SlotReport]:

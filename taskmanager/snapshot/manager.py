@@ -32,11 +32,11 @@ from typing import Protocol
 from keyedstate.common.clock import Clock
 from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.faults import crash_point
+from keyedstate.common.handles import CheckpointBarrier, SlotRestore, StateFileHandle, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId, SubtaskId, validate_id
 from keyedstate.common.storage import StorageCache, is_plain_file_name
 from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.deployment import DeployResult
-from keyedstate.taskmanager.handles import CheckpointBarrier, SlotRestore, StateFileHandle, SubtaskStateHandle
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
 from keyedstate.taskmanager.slots import Slot, SlotTable
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, sha256_file, upload_files

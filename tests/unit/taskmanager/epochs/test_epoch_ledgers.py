@@ -13,6 +13,7 @@ import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.batches import Winner
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import (
     EpochConflictError,
@@ -23,7 +24,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group
-from keyedstate.taskmanager.epochs import EpochTransaction, Winner
+from keyedstate.taskmanager.epochs import EpochTransaction
 from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.state import create_backend

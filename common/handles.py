@@ -1,8 +1,10 @@
-"""What a checkpoint is made of on the TaskManager side, as domain types (no protobuf).
+"""What a checkpoint is made of, as domain types (no protobuf), shared by both daemons.
 
-The RPC edge (``taskmanager.rpc.wire``) converts the JobManager's barrier and restore messages
-into these and the acknowledged handle back; the snapshot layer and the slots work with these
-only. Field meanings match ``common.proto`` (``StateFileHandle``, ``SubtaskStateHandle``).
+The JobManager sends a barrier, a TaskManager acknowledges each slot's ``SubtaskStateHandle``,
+the JobManager keeps the handles in ``_metadata`` and hands them back in a ``SlotRestore``.
+Both sides work with these types only; ``common.rpc.convert`` is the one place that turns them
+into messages and back. Field meanings match ``common.proto`` (``StateFileHandle``,
+``SubtaskStateHandle``), in the spirit of Flink's ``OperatorSubtaskState`` and ``StreamStateHandle``.
 """
 
 from __future__ import annotations
