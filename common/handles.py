@@ -63,3 +63,5 @@ class SlotRestore:
 
     checkpoint_id: CheckpointId
     handles: tuple[SubtaskStateHandle, ...] = ()
+    checkpoint_path: str = ""
+    """The checkpoint or savepoint directory (informational: the handles' paths are already resolved)."""

@@ -27,7 +27,9 @@ from keyedstate.common.errors import (
     KeyedStateError,
     UnavailableError,
 )
-from keyedstate.common.ids import JobId, SubtaskId
+from keyedstate.common.handles import SlotRestore
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId
+from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
@@ -295,8 +297,10 @@ class Checkpointing:
             job_id=job.job_id,
         )
         slots = {
-            subtask: tm_pb.SlotRestore(
-                checkpoint_path=checkpoint.external_path, handles=handles, checkpoint_id=checkpoint.checkpoint_id
+            subtask: SlotRestore(
+                checkpoint_id=CheckpointId(checkpoint.checkpoint_id),
+                handles=tuple(handle_from_proto(h) for h in handles),
+                checkpoint_path=checkpoint.external_path,
             )
             for subtask, handles in plan.items()
         }

@@ -32,6 +32,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import SubtaskId
 from keyedstate.common.keygroups import past_max_parallelism
+from keyedstate.common.rpc.convert import restore_to_proto
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager import failover, recovery
@@ -422,7 +423,7 @@ class Dispatcher:
             )
             restore = plan.slots.get(a.subtask)
             if restore is not None:
-                request.restore.CopyFrom(restore)
+                request.restore.CopyFrom(restore_to_proto(restore))
             response = self.gateways.deploy(a.address, request)
             if response.committed_epoch != plan.epoch:
                 raise CorruptCheckpointError(

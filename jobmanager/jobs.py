@@ -13,6 +13,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.handles import SlotRestore
 from keyedstate.common.ids import SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.rpc.descriptors import operator_spec_from_proto, operator_spec_to_proto
@@ -232,8 +233,8 @@ def strictest_limits(reported: Iterable[pb.StateLimits | None]) -> pb.StateLimit
 class RestorePlan:
     """What a deployment starts from: per-subtask restore inputs, and the epochs that state holds."""
 
-    slots: dict[SubtaskId, Any] = field(default_factory=dict)
-    """Subtask -> ``SlotRestore`` message (absent: the subtask starts empty)."""
+    slots: dict[SubtaskId, SlotRestore] = field(default_factory=dict)
+    """Subtask -> what it restores (absent: the subtask starts empty)."""
     epoch: int = -1
     lineage: EpochLineage = EMPTY_LINEAGE
     source: str = ""

@@ -79,6 +79,41 @@ def restore_from_proto(message: tm_pb.SlotRestore) -> SlotRestore:
     return SlotRestore(
         checkpoint_id=CheckpointId(message.checkpoint_id),
         handles=tuple(handle_from_proto(h) for h in message.handles),
+        checkpoint_path=message.checkpoint_path,
+    )
+
+
+def restore_to_proto(restore: SlotRestore) -> tm_pb.SlotRestore:
+    """A slot's restore inputs as the JobManager sends them in ``DeploySlot``."""
+    return tm_pb.SlotRestore(
+        checkpoint_id=restore.checkpoint_id,
+        checkpoint_path=restore.checkpoint_path,
+        handles=[handle_to_proto(h) for h in restore.handles],
+    )
+
+
+def barrier_to_proto(barrier: CheckpointBarrier) -> tm_pb.CheckpointBarrier:
+    """The JobManager's barrier as it goes to each TaskManager."""
+    return tm_pb.CheckpointBarrier(
+        job_id=barrier.job_id,
+        checkpoint_id=barrier.checkpoint_id,
+        target_path=barrier.target_path,
+        epoch=barrier.epoch,
+        savepoint=barrier.savepoint,
+        incremental=barrier.incremental,
+    )
+
+
+def winner_to_proto(winner: Winner) -> pb.PartitionAttempt:
+    """A partition's winning attempt, with its ledger when it has one (sorted, so equal winners encode equally)."""
+    return pb.PartitionAttempt(
+        partition=winner.partition,
+        attempt=winner.attempt,
+        has_ledger=winner.ledger is not None,
+        writes=[
+            pb.SlotWrites(operator_id=op, subtask_index=i, requests=n)
+            for (op, i), n in sorted((winner.ledger or {}).items())
+        ],
     )
 
 
