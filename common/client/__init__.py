@@ -6,6 +6,16 @@ counts = ValueState(client, "my-job", "counter", "count", key_serializer="str", 
 counts.put_many(["a", "b"], [1, 2])
 """
 
+from keyedstate.common.client._batch import (
+    BatchAction,
+    BatchStart,
+    CheckpointStatus,
+    CheckpointSummary,
+    EpochCommitted,
+    JobProgress,
+    JobStatus,
+    status_name,
+)
 from keyedstate.common.client._client import ClientSettings, StateClient, client_security
 from keyedstate.common.client._epoch import EpochScope
 from keyedstate.common.client._routing import Routing
@@ -13,9 +23,16 @@ from keyedstate.common.client._states import ListState, MapState, ReducingState,
 from keyedstate.common.security.tls import ChannelSecurity
 
 __all__ = [
+    "BatchAction",
+    "BatchStart",
     "ChannelSecurity",
+    "CheckpointStatus",
+    "CheckpointSummary",
     "ClientSettings",
+    "EpochCommitted",
     "EpochScope",
+    "JobProgress",
+    "JobStatus",
     "ListState",
     "MapState",
     "ReducingState",
@@ -23,4 +40,5 @@ __all__ = [
     "StateClient",
     "ValueState",
     "client_security",
+    "status_name",
 ]

@@ -22,8 +22,11 @@ from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.auth import resolve_token, token_from_config
+from keyedstate.common.batches import Winner
+from keyedstate.common.client._batch import BatchStart, EpochCommitted, JobProgress
 from keyedstate.common.client._epoch import EpochScope, as_scope
 from keyedstate.common.client._routing import Limits, Routing
+from keyedstate.common.client._wire import batch_start_from_proto, epoch_committed_from_proto, job_progress_from_proto
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
@@ -43,6 +46,7 @@ from keyedstate.common.ids import JobId, OperatorId
 from keyedstate.common.keygroups import HASH_SEED
 from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.channels import open_channel
+from keyedstate.common.rpc.convert import winner_to_proto
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto, state_descriptor_from_proto
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
 from keyedstate.common.security.tls import REST, ChannelSecurity
@@ -589,6 +593,10 @@ class StateClient:
         result: jm_pb.JobInfo = self._jm_call("GetJob", self.jobmanager.GetJob, jm_pb.JobRequest(job_id=job_id))
         return result
 
+    def job_progress(self, job_id: JobId | str) -> JobProgress:
+        """The job's status and epochs from the JobManager (one GetJob call): what a driver steers by."""
+        return job_progress_from_proto(self.job_info(job_id))
+
     def list_checkpoints(self, job_id: JobId | str, *, retry: bool = True) -> jm_pb.ListCheckpointsResponse:
         """The checkpoints and savepoints the JobManager remembers for ``job_id`` (completed, failed, in progress)."""
         result: jm_pb.ListCheckpointsResponse = self._jm_call(
@@ -679,7 +687,7 @@ class StateClient:
         )
         return result
 
-    def begin_batch(self, job_id: JobId | str, query_id: str, batch_id: int) -> jm_pb.BeginBatchResponse:
+    def begin_batch(self, job_id: JobId | str, query_id: str, batch_id: int) -> BatchStart:
         """Where batch ``batch_id`` of ``query_id`` stands: its job epoch and what to do (docs/exactly-once.md).
 
         Raises EpochGapError when the job's state cannot take the batch (it would skip epochs).
@@ -690,13 +698,13 @@ class StateClient:
             jm_pb.BeginBatchRequest(job_id=job_id, query_id=query_id, batch_id=batch_id),
         )
         self._store_routing(response.routing, fetched=True)
-        return response
+        return batch_start_from_proto(response, Routing.from_proto(response.routing))
 
     def commit_epoch(
         self,
         job_id: JobId | str,
         epoch: int,
-        winners: dict[int, int] | Sequence[pb.PartitionAttempt],
+        winners: Mapping[int, int] | Iterable[Winner],
         *,
         expected_routing_version: int,
         query_id: str = "",
@@ -704,18 +712,18 @@ class StateClient:
         checkpoint: bool = True,
         wait_for_checkpoint: bool = True,
         timeout_s: float = 600.0,
-    ) -> jm_pb.CommitEpochResponse:
+    ) -> EpochCommitted:
         """Commit job epoch ``epoch`` (batch ``batch_id`` of ``query_id``) with the winning attempt of each partition.
 
-        ``winners`` is ``{partition: attempt}`` (no ledgers checked) or the winners' own
-        ``PartitionAttempt`` messages with their ledgers (``EpochScope.winner()``). With
-        ``wait_for_checkpoint`` the call answers once a completed checkpoint holds the epoch, or
-        raises. Safe to call again: an epoch already committed only waits for durability.
+        ``winners`` is ``{partition: attempt}`` (no ledgers checked) or the winners with their
+        ledgers (``EpochScope.winner()``). With ``wait_for_checkpoint`` the call answers once a
+        completed checkpoint holds the epoch, or raises. Safe to call again: an epoch already
+        committed only waits for durability.
         """
-        if isinstance(winners, dict):
-            attempts = [pb.PartitionAttempt(partition=p, attempt=a) for p, a in sorted(winners.items())]
+        if isinstance(winners, Mapping):
+            attempts = [winner_to_proto(Winner(p, a)) for p, a in sorted(winners.items())]
         else:
-            attempts = list(winners)
+            attempts = [winner_to_proto(w) for w in winners]
         request = jm_pb.CommitEpochRequest(
             job_id=job_id,
             epoch=epoch,
@@ -730,7 +738,7 @@ class StateClient:
         result: jm_pb.CommitEpochResponse = self._jm_call(
             "CommitEpoch", self.jobmanager.CommitEpoch, request, timeout=timeout_s + 30, retry=False
         )
-        return result
+        return epoch_committed_from_proto(result)
 
     def routing(self, job_id: JobId | str, refresh: bool = False) -> Routing:
         """The job's routing table: cached, or fetched from the JobManager with ``refresh``.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common.batches import Winner
 
 
 class EpochScope:
@@ -34,6 +35,11 @@ class EpochScope:
         self._issued: dict[tuple[str, int], int] = {}
         self._acknowledged: dict[tuple[str, int], set[int]] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_task(cls, epoch: int, partition: int, attempt: int, *, routing_version: int = 0) -> EpochScope:
+        """The transaction of one task attempt (``attempt``) on ``partition``, writing into job epoch ``epoch``."""
+        return cls(pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version)
 
     @property
     def epoch(self) -> int:
@@ -73,17 +79,9 @@ class EpochScope:
                 if n != len(self._acknowledged.get(k, ()))
             }
 
-    def winner(self) -> pb.PartitionAttempt:
+    def winner(self) -> Winner:
         """This attempt as a commit's winner, with its ledger."""
-        return pb.PartitionAttempt(
-            partition=self.context.partition,
-            attempt=self.context.attempt,
-            has_ledger=True,
-            writes=[
-                pb.SlotWrites(operator_id=op, subtask_index=i, requests=n)
-                for (op, i), n in sorted(self.ledger().items())
-            ],
-        )
+        return Winner(self.context.partition, self.context.attempt, self.ledger())
 
     def __repr__(self) -> str:
         c = self.context

@@ -140,3 +140,14 @@ def winners_from_proto(items: Iterable[pb.PartitionAttempt]) -> dict[int, Winner
             )
         winners[w.partition] = Winner(w.partition, w.attempt, ledger)
     return winners
+
+
+def winner_to_bytes(winner: Winner) -> bytes:
+    """A winner as one Spark task ships it to the driver: its ``PartitionAttempt`` message, serialized."""
+    return winner_to_proto(winner).SerializeToString()
+
+
+def winner_from_bytes(data: bytes) -> Winner:
+    """The inverse of :func:`winner_to_bytes` (validated as :func:`winners_from_proto` validates)."""
+    message = pb.PartitionAttempt.FromString(data)
+    return winners_from_proto([message])[message.partition]

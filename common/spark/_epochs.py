@@ -47,10 +47,23 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.auth import resolve_token
-from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, Routing, StateClient, ValueState
+from keyedstate.common.batches import Winner
+from keyedstate.common.client import (
+    BatchAction,
+    BatchStart,
+    CheckpointSummary,
+    EpochCommitted,
+    EpochScope,
+    JobProgress,
+    ListState,
+    MapState,
+    ReducingState,
+    Routing,
+    StateClient,
+    ValueState,
+    status_name,
+)
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import (
@@ -64,7 +77,7 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
-from keyedstate.common.rpc.enums import name_of
+from keyedstate.common.rpc.convert import winner_from_bytes, winner_to_bytes
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 
@@ -106,13 +119,13 @@ class PartitionState:
         client: StateClient,
         job_id: str,
         operator_id: str,
-        epoch: EpochScope | pb.EpochContext | None,
+        epoch: EpochScope | None,
         batch_id: int = -1,
     ) -> None:
         self.client = client
         self.job_id = job_id
         self.operator_id = operator_id
-        self.scope = epoch if isinstance(epoch, EpochScope) or epoch is None else EpochScope(epoch)
+        self.scope = epoch
         self.batch_id = batch_id
         """The Spark batch id this task runs for."""
         self._handles: dict[tuple[Any, ...], Any] = {}
@@ -278,13 +291,17 @@ class KeyedStateRuntime:
         """Runs of batches' Spark jobs, re-runs included."""
         self.last_batch_id = -1
         """The last batch ``foreachBatch`` returned for (durable)."""
-        self.last_checkpoint: Any = None
+        self.last_checkpoint: CheckpointSummary | None = None
+        """The checkpoint that made the last batch durable (None before the first, and in direct mode)."""
         self.timings: list[BatchTiming] = []
 
     # -- queries -------------------------------------------------------------------------------
-    def job_info(self) -> jm_pb.JobInfo:
-        """The JobManager's current view of the job (one RPC per call, not cached)."""
-        return self.client.job_info(self.job_id)
+    def job_info(self) -> JobProgress:
+        """The job's status and epochs as the JobManager sees them now (one RPC per call, not cached).
+
+        The whole JobInfo (operators, lineage, checkpoints) is ``self.client.job_info(self.job_id)``.
+        """
+        return self.client.job_progress(self.job_id)
 
     def committed_epoch(self) -> int:
         """The epoch the job's state holds."""
@@ -419,7 +436,7 @@ class _BatchRunner:
                 f"job {self._rt.job_id!r}: batch {batch_id} did not become durable within {options.batch_timeout_s:.0f} s "
                 f"(batch_timeout_s) after {attempt.runs} run(s); the last reason: {attempt.last}"
             ) from None
-        skipped = start.action == jm_pb.ALREADY_COMMITTED and attempt.runs == 0
+        skipped = start.action is BatchAction.ALREADY_COMMITTED and attempt.runs == 0
         if skipped:
             logger.info(
                 "job %s: batch %d (epoch %d) was already committed; it is durable",
@@ -429,27 +446,25 @@ class _BatchRunner:
             )
         self._done(batch_id, started, attempt.tasks_s, attempt.commit_s, response.checkpoint, skipped=skipped)
 
-    def _try_batch(self, df: Any, attempt: _BatchAttempt) -> tuple[jm_pb.CommitEpochResponse, jm_pb.BeginBatchResponse]:
+    def _try_batch(self, df: Any, attempt: _BatchAttempt) -> tuple[EpochCommitted, BatchStart]:
         """One pass: where the batch stands, its Spark job when it must run, the commit; _TryAgain otherwise."""
         rt, job_id, batch_id = self._rt, self._rt.job_id, attempt.batch_id
         try:
             start = rt.client.begin_batch(job_id, attempt.query_id, batch_id)
         except (UnavailableError, JobStateError) as exc:
             raise attempt.again(f"the JobManager did not answer BeginBatch: {exc.message}", wait=True) from exc
-        if start.action == jm_pb.STOP:
+        if start.action is BatchAction.STOP:
             raise JobStateError(
-                f"job {job_id!r} is {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause or 'no cause recorded'}; the query stops "
+                f"job {job_id!r} is {status_name(start.job_status)}: {start.failure_cause or 'no cause recorded'}; the query stops "
                 f"at batch {batch_id} (restore the job from its latest checkpoint to go on)"
             )
-        if start.action == jm_pb.WAIT:
-            raise attempt.again(f"job {name_of(pb.JobStatus, start.job_status)}: {start.failure_cause}", wait=True)
-        winners = self._run_batch_job(df, start, attempt) if start.action == jm_pb.RUN else []
+        if start.action is BatchAction.WAIT:
+            raise attempt.again(f"job {status_name(start.job_status)}: {start.failure_cause}", wait=True)
+        winners = self._run_batch_job(df, start, attempt) if start.action is BatchAction.RUN else []
         # (not RUN: the state holds the batch already; only make it durable)
         return self._commit(start, winners, attempt), start
 
-    def _run_batch_job(
-        self, df: Any, start: jm_pb.BeginBatchResponse, attempt: _BatchAttempt
-    ) -> list[pb.PartitionAttempt]:
+    def _run_batch_job(self, df: Any, start: BatchStart, attempt: _BatchAttempt) -> list[Winner]:
         if attempt.runs >= self._o.max_batch_attempts:
             raise BatchTimeoutError(
                 f"job {self._rt.job_id!r}: batch {attempt.batch_id} ran {attempt.runs} times (max_batch_attempts) "
@@ -459,7 +474,7 @@ class _BatchRunner:
         self._rt.batch_attempts += 1
         t0 = time.perf_counter()
         try:
-            return self._run_tasks(df, attempt.batch_id, start, Routing.from_proto(start.routing))
+            return self._run_tasks(df, attempt.batch_id, start, start.routing)
         except Exception as exc:
             cause = _state_path_cause(exc)
             if cause is None:
@@ -472,9 +487,7 @@ class _BatchRunner:
         finally:
             attempt.tasks_s += time.perf_counter() - t0
 
-    def _commit(
-        self, start: jm_pb.BeginBatchResponse, winners: list[pb.PartitionAttempt], attempt: _BatchAttempt
-    ) -> jm_pb.CommitEpochResponse:
+    def _commit(self, start: BatchStart, winners: list[Winner], attempt: _BatchAttempt) -> EpochCommitted:
         rt, job_id = self._rt, self._rt.job_id
         t1 = time.perf_counter()
         try:
@@ -499,19 +512,21 @@ class _BatchRunner:
         finally:
             attempt.commit_s += time.perf_counter() - t1
         cp = response.checkpoint
-        if (
-            not response.HasField("checkpoint")
-            or cp.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
-            or cp.epoch < start.epoch
-        ):
+        if cp is None or not cp.completed or cp.epoch < start.epoch:
             # Defence in depth: the JobManager answers only with a completed checkpoint.
-            last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({name_of(jm_pb.CheckpointStatus, cp.status)})"
+            last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({status_name(cp.status if cp is not None else None)})"
             logger.error("job %s: batch %d: %s", job_id, attempt.batch_id, last)
             raise attempt.again(last)
         return response
 
     def _done(
-        self, batch_id: int, started: float, tasks_s: float, commit_s: float, checkpoint: Any, skipped: bool = False
+        self,
+        batch_id: int,
+        started: float,
+        tasks_s: float,
+        commit_s: float,
+        checkpoint: CheckpointSummary | None,
+        skipped: bool = False,
     ) -> None:
         rt = self._rt
         if skipped:
@@ -525,9 +540,7 @@ class _BatchRunner:
         checkpoint_s = checkpoint.duration_ms / 1000.0 if checkpoint is not None else 0.0
         rt.timings.append(BatchTiming(batch_id, tasks_s, commit_s, time.perf_counter() - started, checkpoint_s))
 
-    def _run_tasks(
-        self, df: Any, batch_id: int, start: jm_pb.BeginBatchResponse | None, routing: Routing
-    ) -> list[pb.PartitionAttempt]:
+    def _run_tasks(self, df: Any, batch_id: int, start: BatchStart | None, routing: Routing) -> list[Winner]:
         """Run ``process`` on every partition; the winners (with ledgers) in exactly-once mode."""
         from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
@@ -559,14 +572,12 @@ class _BatchRunner:
             partition, attempt = ctx.partitionId(), (nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
             scope = None
             if epoch >= 0:
-                scope = EpochScope(
-                    pb.EpochContext(epoch=epoch, partition=partition, attempt=attempt), routing_version=version
-                )
+                scope = EpochScope.for_task(epoch, partition, attempt, routing_version=version)
             state = PartitionState(
                 worker_client(address, security, token_name), job_id, operator_id, scope, batch_id=batch_id
             )
             process(iter(batches), state)
-            winner = scope.winner().SerializeToString() if scope is not None else b""
+            winner = winner_to_bytes(scope.winner()) if scope is not None else b""
             yield pa.RecordBatch.from_pydict(
                 {"partition": [partition], "attempt": [attempt], "winner": [winner]},
                 schema=pa.schema([("partition", pa.int32()), ("attempt", pa.int64()), ("winner", pa.binary())]),
@@ -582,7 +593,7 @@ class _BatchRunner:
         rows = parted.mapInArrow(task, schema).collect()
         if start is None:
             return []
-        return [pb.PartitionAttempt.FromString(bytes(r.winner)) for r in sorted(rows, key=lambda r: r.partition)]
+        return [winner_from_bytes(bytes(r.winner)) for r in sorted(rows, key=lambda r: r.partition)]
 
 
 def _query_id(df: Any) -> str:

@@ -12,10 +12,18 @@ import grpc
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
-from keyedstate.common.client import EpochScope, ListState, MapState, ReducingState, StateClient, ValueState
+from keyedstate.common.client import (
+    BatchAction,
+    CheckpointStatus,
+    EpochScope,
+    ListState,
+    MapState,
+    ReducingState,
+    StateClient,
+    ValueState,
+)
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import EpochConflictError, Reason
 from keyedstate.common.rpc.status import REASON_KEY
@@ -159,7 +167,7 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
     client.submit_job(JOB, OPERATORS)
     keys = [f"k{i}" for i in range(100)]
     start = client.begin_batch(JOB, "query-1", 0)
-    assert (start.action, start.epoch, start.committed_epoch) == (jm_pb.RUN, 0, -1)
+    assert (start.action, start.epoch, start.committed_epoch) == (BatchAction.RUN, 0, -1)
     scope = EpochScope(_ctx(start.epoch, 0, 1), routing_version=start.routing.version)
     ValueState[str, int](client, JOB, OP, "total", value_serializer="int", epoch=scope).put_many(keys, list(range(100)))
 
@@ -175,7 +183,8 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
 
     assert response.committed_epoch == 0
     # Every slot's checkpoint reports the epoch the commit wrote into its metadata.
-    assert response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, response.checkpoint
+    assert response.checkpoint is not None
+    assert response.checkpoint.status is CheckpointStatus.COMPLETED, response.checkpoint
     assert response.checkpoint.epoch == 0
     assert ValueState[str, int](client, JOB, OP, "total", value_serializer="int").get_many(keys) == list(range(100))
     info = client.job_info(JOB)
@@ -183,7 +192,7 @@ def test_commit_through_the_jobmanager_checkpoints_the_committed_epoch(inprocess
     assert [(e.query_id, e.offset, e.first_epoch) for e in info.lineage] == [("query-1", 0, 0)]
     # The batch again (a restarted driver): the state holds it, so it is only made durable.
     again = client.begin_batch(JOB, "query-1", 0)
-    assert (again.action, again.epoch) == (jm_pb.ALREADY_COMMITTED, 0)
+    assert (again.action, again.epoch) == (BatchAction.ALREADY_COMMITTED, 0)
 
 
 def test_epoch_calls_to_a_slot_that_is_not_here_are_stale_routing(inprocess_cluster: Any) -> None:

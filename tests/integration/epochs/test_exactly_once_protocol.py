@@ -18,10 +18,19 @@ import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
-from keyedstate.common.client import EpochScope, ListState, ReducingState, StateClient, ValueState
+from keyedstate.common.batches import Winner
+from keyedstate.common.client import (
+    BatchAction,
+    BatchStart,
+    CheckpointStatus,
+    EpochScope,
+    ListState,
+    ReducingState,
+    StateClient,
+    ValueState,
+)
 from keyedstate.common.clock import SYSTEM_CLOCK
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
@@ -66,14 +75,12 @@ def raw_put(address: str, target: tm_pb.StateTarget, key: bytes = b"k", value: b
         )
 
 
-def begin(client: StateClient, query: str, batch: int) -> tuple[jm_pb.BeginBatchResponse, EpochScope]:
+def begin(client: StateClient, query: str, batch: int) -> tuple[BatchStart, EpochScope]:
     start = client.begin_batch(JOB, query, batch)
     return start, EpochScope(ctx(start.epoch), routing_version=start.routing.version)
 
 
-def commit(
-    client: StateClient, start: jm_pb.BeginBatchResponse, scope: EpochScope, query: str, batch: int, **kw: Any
-) -> Any:
+def commit(client: StateClient, start: BatchStart, scope: EpochScope, query: str, batch: int, **kw: Any) -> Any:
     return client.commit_epoch(
         JOB,
         start.epoch,
@@ -88,7 +95,7 @@ def commit(
 
 def run_batch(client: StateClient, query: str, batch: int, value: int, **kw: Any) -> Any:
     start, scope = begin(client, query, batch)
-    assert start.action == jm_pb.RUN, start
+    assert start.action is BatchAction.RUN, start
     total(client, scope).put_many(KEYS, [value] * len(KEYS))
     return commit(client, start, scope, query, batch, **kw)
 
@@ -143,12 +150,12 @@ def test_a_pinned_scope_refuses_to_write_after_a_redeploy_and_its_commit_is_refu
     start, scope = begin(client, "q1", 0)
     old = start.routing.version
     total(client, scope).put_many(KEYS, [1] * len(KEYS))
+    stale_client = cluster.client()
+    assert stale_client.routing(JOB).version == old  # cached: the client keeps it through the rescale
     new = client.rescale_job(JOB, 3, timeout_s=60).version
     assert new > old
 
     # The client still holds the old table: the slots refuse the old version, and the task fails.
-    stale_client = cluster.client()
-    stale_client._store_routing(start.routing)
     with pytest.raises(EpochConflictError) as info:
         total(stale_client, scope).put_many(KEYS, [2] * len(KEYS))
     assert f"The batch's routing version v{old} is no longer the slot's" in info.value.message
@@ -207,24 +214,21 @@ def test_a_batch_past_a_gap_is_refused_and_a_stale_commit_is_refused(cluster: In
 def test_an_already_committed_batch_is_only_made_durable(cluster: InProcessCluster) -> None:
     client = cluster.client()
     first = run_batch(client, "q1", 0, 7, checkpoint=False, wait_for_checkpoint=False)
-    assert (first.committed_epoch, first.already_committed, first.checkpoint.status) == (
-        0,
-        False,
-        jm_pb.CHECKPOINT_STATUS_UNSPECIFIED,
-    )
+    assert (first.committed_epoch, first.already_committed, first.checkpoint) == (0, False, None)
     assert (client.job_info(JOB).committed_epoch, client.job_info(JOB).durable_epoch) == (0, -1)
 
     # The driver died after the commit; the batch runs again from BeginBatch.
     start, scope = begin(client, "q1", 0)
     assert (start.action, start.epoch, start.committed_epoch, start.durable_epoch) == (
-        jm_pb.ALREADY_COMMITTED,
+        BatchAction.ALREADY_COMMITTED,
         0,
         0,
         -1,
     )
     again = commit(client, start, scope, "q1", 0)
     assert (again.committed_epoch, again.already_committed) == (0, True)
-    assert (again.checkpoint.status, again.checkpoint.epoch) == (jm_pb.CHECKPOINT_STATUS_COMPLETED, 0)
+    assert again.checkpoint is not None
+    assert (again.checkpoint.status, again.checkpoint.epoch) == (CheckpointStatus.COMPLETED, 0)
     assert client.job_info(JOB).durable_epoch == 0
     assert total(client).get_many(KEYS) == [7] * len(KEYS)
 
@@ -234,12 +238,12 @@ def test_a_new_query_binds_at_its_batch_0_on_the_existing_state(cluster: InProce
     for batch in (0, 1):
         run_batch(client, "q1", batch, batch, checkpoint=False, wait_for_checkpoint=False)
     start, scope = begin(client, "q2", 0)
-    assert (start.action, start.epoch) == (jm_pb.RUN, 2)
+    assert (start.action, start.epoch) == (BatchAction.RUN, 2)
     ListState[str, str](client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(
         KEYS[:3], ["q2"] * 3
     )
     response = commit(client, start, scope, "q2", 0)
-    assert response.committed_epoch == 2 and response.checkpoint.epoch == 2
+    assert response.committed_epoch == 2 and response.checkpoint is not None and response.checkpoint.epoch == 2
     info = client.job_info(JOB)
     assert [(e.query_id, e.offset, e.first_epoch) for e in info.lineage] == [("q1", 0, 0), ("q2", 2, 2)]
     metadata = json.loads((Path(response.checkpoint.path[len("file://") :]) / "_metadata").read_text())
@@ -265,10 +269,10 @@ def test_a_winner_whose_ledger_the_slots_disagree_with_is_applied_nowhere(cluste
     total(client, scope).put_many(KEYS, [5] * len(KEYS))
     total(client, scope).put_many(KEYS[:1], [6])
     honest = scope.winner()
-    assert sum(e.requests for e in honest.writes) == 3 and len(honest.writes) == 2  # both slots, one of them twice
-    forged = common_pb2.PartitionAttempt()
-    forged.CopyFrom(honest)
-    forged.writes[-1].requests += 1
+    assert honest.ledger is not None
+    assert sum(honest.ledger.values()) == 3 and len(honest.ledger) == 2  # both slots, one of them twice
+    last = max(honest.ledger)  # the slot the wire lists last
+    forged = Winner(honest.partition, honest.attempt, {**honest.ledger, last: honest.ledger[last] + 1})
     with pytest.raises(EpochConflictError) as info:
         client.commit_epoch(
             JOB, 0, [forged], query_id="q1", batch_id=0, expected_routing_version=start.routing.version, timeout_s=30
@@ -435,9 +439,10 @@ def test_a_numbered_write_with_an_unknown_outcome_is_retried_and_staged_once(lea
     clock.jump_after_next(3_600_000)
     assert sums.add_many(["a"], [(1, 5)], return_values=True) == [(2, 15)]  # the retry answered with the value as it is
     assert scope.unacknowledged() == {}
-    assert sum(e.requests for e in scope.winner().writes) == 2
+    assert sum((scope.winner().ledger or {}).values()) == 2
     response = commit(client, start, scope, "q1", 0)
-    assert response.committed_epoch == 0 and response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED
+    assert response.committed_epoch == 0 and response.checkpoint is not None
+    assert response.checkpoint.status is CheckpointStatus.COMPLETED
     assert ReducingState[str](client, JOB, OP, "sums").get_many(["a"]) == [(2, 15)]
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.client import CheckpointStatus
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.keygroups import subtask_for_key_group
@@ -162,7 +163,7 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(
         if batch_id == 0 or len(kills) >= 3 or any(committed < batch for batch, _, committed in kills):
             return
         last = run.runtime.last_checkpoint if run.runtime is not None else None
-        refused = last is not None and last.status != jm_pb.CHECKPOINT_STATUS_COMPLETED
+        refused = last is not None and last.status is not CheckpointStatus.COMPLETED
         too_many = refused and last is not None and "TOO_MANY_CHECKPOINT_REQUESTS" in last.failure_reason
         last_chance = batch_id == 5 and not kills
         if not (too_many or last_chance):

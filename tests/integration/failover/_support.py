@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common.client import ListState, ReducingState, StateClient, ValueState
+from keyedstate.common.client import CheckpointStatus, ListState, ReducingState, StateClient, ValueState, status_name
 from keyedstate.common.descriptors import (
     NumberType,
     OperatorSpec,
@@ -176,10 +175,11 @@ class EpochWriter:
                 expected_routing_version=version,
                 timeout_s=120,
             )
-            if response.checkpoint.status != jm_pb.CHECKPOINT_STATUS_COMPLETED:
+            cp = response.checkpoint
+            if cp is None or cp.status is not CheckpointStatus.COMPLETED:
                 raise UnavailableError(
                     f"the checkpoint of epoch {epoch} did not complete: "
-                    f"{response.checkpoint.failure_reason or response.checkpoint.status}"
+                    f"{(cp.failure_reason or status_name(cp.status)) if cp is not None else 'no checkpoint'}"
                 )
         except KeyedStateError as exc:
             attempt.error = f"{type(exc).__name__}: {exc.message}"

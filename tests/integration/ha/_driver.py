@@ -15,8 +15,15 @@ from typing import Any
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common.client import ClientSettings, EpochScope, ListState, ReducingState, StateClient
+from keyedstate.common.client import (
+    BatchAction,
+    CheckpointStatus,
+    ClientSettings,
+    EpochScope,
+    ListState,
+    ReducingState,
+    StateClient,
+)
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import EpochGapError, KeyedStateError
 
@@ -84,13 +91,13 @@ class EpochDriver:
             except KeyedStateError:
                 time.sleep(0.1)  # the JobManager is restarting
                 continue
-            if start.action == jm_pb.STOP:
+            if start.action is BatchAction.STOP:
                 raise AssertionError(f"job {start.job_status}: {start.failure_cause}")
-            if start.action == jm_pb.WAIT:
+            if start.action is BatchAction.WAIT:
                 time.sleep(0.1)
                 continue
             winners = []
-            if start.action == jm_pb.RUN:
+            if start.action is BatchAction.RUN:
                 self.attempts += 1
                 scope = EpochScope(
                     common_pb2.EpochContext(epoch=start.epoch, partition=0, attempt=self.attempts),
@@ -115,7 +122,8 @@ class EpochDriver:
                 time.sleep(0.1)
                 continue
             assert (
-                response.checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED
+                response.checkpoint is not None
+                and response.checkpoint.status is CheckpointStatus.COMPLETED
                 and response.checkpoint.epoch >= start.epoch
             ), response
             self._apply_reference(epoch, rows)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keyedstate.common.client import ClientSettings, ListState, ReducingState, Routing, StateClient
+from keyedstate.common.client import ClientSettings, ListState, ReducingState, Routing, StateClient, status_name
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.keygroups import key_group
@@ -525,7 +525,7 @@ class StreamingRun:
                     batch_id,
                     started,
                     time.monotonic(),
-                    cp.status if cp is not None else "",
+                    status_name(cp.status) if cp is not None else "",
                     cp.checkpoint_id if cp is not None else 0,
                     version,
                 )

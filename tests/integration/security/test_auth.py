@@ -19,7 +19,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
-from keyedstate.common.client import ClientSettings, StateClient, ValueState
+from keyedstate.common.client import BatchAction, ClientSettings, StateClient, ValueState
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import (
     AuthenticationError,
@@ -83,7 +83,7 @@ def test_the_right_tokens_work_within_their_role_and_jobs(secured: tuple[Any, To
     assert reader.get_many(["k1", "k2", "k3"]) == [1, 2, None]
     # The writer runs a pipeline's epochs on its job: BeginBatch and GetRouting are allowed.
     start = _client(cluster, tokens, "pipeline-a").begin_batch(JOB_A, "q", 0)
-    assert start.action == jm_pb.RUN
+    assert start.action is BatchAction.RUN
     # A scoped token sees only its jobs in the cluster overview.
     overview = _client(cluster, tokens, "dashboard-a").cluster()
     assert [j.job_id for j in overview.jobs] == [JOB_A]

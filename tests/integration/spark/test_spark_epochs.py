@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common.client import ListState, ReducingState, ValueState
+from keyedstate.common.client import CheckpointStatus, ListState, ReducingState, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.spark import KeyedStateRuntime
 from tests.fixtures.cluster import InProcessCluster
@@ -103,7 +102,7 @@ def test_failed_attempts_and_a_rerun_batch_apply_exactly_once(
     assert runtime.batches_skipped == 1
     _verify(runtime, [e for b in batches for e in b])
     # Every epoch got its checkpoint, the last one containing exactly epochs 0..2.
-    assert runtime.last_checkpoint is not None and runtime.last_checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED
+    assert runtime.last_checkpoint is not None and runtime.last_checkpoint.status is CheckpointStatus.COMPLETED
     assert runtime.last_checkpoint.epoch == 2
 
 

@@ -12,6 +12,7 @@ from keyedstate.common.client import EpochScope
 from keyedstate.common.client._client import _not_applied
 from keyedstate.common.client._epoch import as_scope
 from keyedstate.common.errors import Reason
+from keyedstate.common.rpc.convert import winner_to_proto
 from keyedstate.common.rpc.status import REASON_KEY, ROUTING_VERSION_KEY
 
 
@@ -43,13 +44,13 @@ def test_the_ledger_counts_each_acknowledged_request_once_and_the_winner_carries
     s.acknowledged("op", 0, 1)
     assert s.ledger() == {("op", 1): 2, ("op", 0): 1}
     assert s.unacknowledged() == {("op", 1): 1}
-    w = s.winner()
+    w = winner_to_proto(s.winner())
     assert (w.partition, w.attempt, w.has_ledger) == (2, 77, True)
     assert [(e.operator_id, e.subtask_index, e.requests) for e in w.writes] == [("op", 0, 1), ("op", 1, 2)]
 
 
 def test_a_winner_that_wrote_nothing_still_has_a_ledger() -> None:
-    w = scope().winner()
+    w = winner_to_proto(scope().winner())
     assert w.has_ledger and list(w.writes) == []
 
 

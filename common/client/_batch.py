@@ -1,0 +1,113 @@
+"""The batch protocol as the client answers it: domain types for BeginBatch and CommitEpoch.
+
+The Spark helper (and any driver written against the client) decides what to do with a
+micro-batch from these values; the messages behind them stay in the client (``_wire``), the
+one place in the executor package that reads the JobManager's responses.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from keyedstate.common.client._routing import Routing
+
+
+class BatchAction(enum.Enum):
+    """What the JobManager tells a driver to do with one batch (docs/exactly-once.md)."""
+
+    RUN = "RUN"
+    """Run the batch as the returned epoch."""
+    ALREADY_COMMITTED = "ALREADY_COMMITTED"
+    """The state holds the batch already (a re-run after a driver restart); only make it durable."""
+    WAIT = "WAIT"
+    """The job is restarting or waiting for slots; ask again."""
+    STOP = "STOP"
+    """The job is FAILED or CANCELED; the query must stop."""
+
+
+class JobStatus(enum.Enum):
+    """A job's lifecycle status as the JobManager reports it."""
+
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+class CheckpointStatus(enum.Enum):
+    """Where a checkpoint stands."""
+
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+def status_name(status: JobStatus | CheckpointStatus | None) -> str:
+    """The bare name people read ("RUNNING"); "" when the JobManager named none."""
+    return status.value if status is not None else ""
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """One checkpoint as the JobManager reported it (with a commit, or on request)."""
+
+    checkpoint_id: int
+    path: str
+    status: CheckpointStatus | None
+    """None: the JobManager named no status."""
+    failure_reason: str
+    epoch: int
+    """The job epoch the checkpoint holds."""
+    trigger_timestamp_ms: int
+    duration_ms: int
+    full_size: int
+    incremental_size: int
+    savepoint: bool
+
+    @property
+    def completed(self) -> bool:
+        """The checkpoint completed: what it holds survives any failover."""
+        return self.status is CheckpointStatus.COMPLETED
+
+
+@dataclass(frozen=True)
+class BatchStart:
+    """Where one Spark batch stands: the answer to BeginBatch."""
+
+    action: BatchAction
+    epoch: int
+    """The job epoch the batch is (or was) applied as."""
+    committed_epoch: int
+    durable_epoch: int
+    job_status: JobStatus | None
+    failure_cause: str
+    routing: Routing
+    """The routing the batch runs under; its version pins every write of the batch's tasks."""
+
+
+@dataclass(frozen=True)
+class EpochCommitted:
+    """The answer to CommitEpoch: the epoch the job's state now holds, and the checkpoint when one came back."""
+
+    committed_epoch: int
+    already_committed: bool
+    """The state held the epoch before this call (a re-run): nothing was applied again."""
+    checkpoint: CheckpointSummary | None
+    """The checkpoint holding the epoch (None: the commit asked for none and waited for none)."""
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's status and epochs, the part of the JobManager's view a driver steers by."""
+
+    job_id: str
+    status: JobStatus | None
+    committed_epoch: int
+    """The epoch the job's state holds (-1: none)."""
+    durable_epoch: int
+    """The epoch of the latest completed checkpoint (-1: none)."""
+    failure_cause: str
+    restarts: int
+    routing_version: int

@@ -1,0 +1,85 @@
+"""The JobManager's batch-protocol messages read into the client's domain types (``_batch``).
+
+Only the client calls these: BeginBatch, CommitEpoch and GetJob answers become values a driver
+can act on without knowing a message's field names or an enum's wire prefix.
+"""
+
+from __future__ import annotations
+
+from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.client._batch import (
+    BatchAction,
+    BatchStart,
+    CheckpointStatus,
+    CheckpointSummary,
+    EpochCommitted,
+    JobProgress,
+    JobStatus,
+)
+from keyedstate.common.client._routing import Routing
+from keyedstate.common.errors import UnavailableError
+from keyedstate.common.rpc.enums import name_of
+
+
+def job_status_from_proto(value: pb.JobStatus.ValueType) -> JobStatus | None:
+    """None for an unspecified status."""
+    name = name_of(pb.JobStatus, value)
+    return JobStatus(name) if name else None
+
+
+def checkpoint_status_from_proto(value: jm_pb.CheckpointStatus.ValueType) -> CheckpointStatus | None:
+    """None for an unspecified status."""
+    name = name_of(jm_pb.CheckpointStatus, value)
+    return CheckpointStatus(name) if name else None
+
+
+def checkpoint_from_proto(message: jm_pb.CheckpointInfo) -> CheckpointSummary:
+    return CheckpointSummary(
+        checkpoint_id=message.checkpoint_id,
+        path=message.path,
+        status=checkpoint_status_from_proto(message.status),
+        failure_reason=message.failure_reason,
+        epoch=message.epoch,
+        trigger_timestamp_ms=message.trigger_timestamp_ms,
+        duration_ms=message.duration_ms,
+        full_size=message.full_size,
+        incremental_size=message.incremental_size,
+        savepoint=message.savepoint,
+    )
+
+
+def batch_start_from_proto(message: jm_pb.BeginBatchResponse, routing: Routing) -> BatchStart:
+    """``routing``: the response's own table, read by the caller."""
+    if message.action == jm_pb.BATCH_ACTION_UNSPECIFIED:
+        # Every JobManager names one; an answer without is not one the batch can act on.
+        raise UnavailableError(f"job {message.routing.job_id!r}: the JobManager answered BeginBatch without an action")
+    return BatchStart(
+        action=BatchAction(jm_pb.BatchAction.Name(message.action)),
+        epoch=message.epoch,
+        committed_epoch=message.committed_epoch,
+        durable_epoch=message.durable_epoch,
+        job_status=job_status_from_proto(message.job_status),
+        failure_cause=message.failure_cause,
+        routing=routing,
+    )
+
+
+def epoch_committed_from_proto(message: jm_pb.CommitEpochResponse) -> EpochCommitted:
+    return EpochCommitted(
+        committed_epoch=message.committed_epoch,
+        already_committed=message.already_committed,
+        checkpoint=checkpoint_from_proto(message.checkpoint) if message.HasField("checkpoint") else None,
+    )
+
+
+def job_progress_from_proto(message: jm_pb.JobInfo) -> JobProgress:
+    return JobProgress(
+        job_id=message.job_id,
+        status=job_status_from_proto(message.status),
+        committed_epoch=message.committed_epoch,
+        durable_epoch=message.durable_epoch,
+        failure_cause=message.failure_cause,
+        restarts=message.restarts,
+        routing_version=message.routing_version,
+    )
