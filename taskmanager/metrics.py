@@ -53,37 +53,13 @@ class TaskManagerMetrics:
             _SLOT_LABELS,
             registry=registry,
         )
-        self.restore_ms = Gauge(
-            "keyedstate_taskmanager_restore_duration_ms",
-            "Duration of the last restore of a slot.",
-            _SLOT_LABELS,
-            registry=registry,
-        )
-        # What restores read: from checkpoint storage, or from the local copy (local recovery).
-        self.restore_downloaded_files = Counter(
-            "keyedstate_taskmanager_restore_downloaded_files",
-            "Checkpoint files restores downloaded from checkpoint storage.",
-            _SLOT_LABELS,
-            registry=registry,
-        )
-        self.restore_downloaded_bytes = Counter(
-            "keyedstate_taskmanager_restore_downloaded_bytes",
-            "Bytes restores downloaded from checkpoint storage.",
-            _SLOT_LABELS,
-            registry=registry,
-        )
-        self.restore_local_files = Counter(
-            "keyedstate_taskmanager_restore_local_files",
-            "Checkpoint files restores took from the verified local copy instead of downloading them.",
-            _SLOT_LABELS,
-            registry=registry,
-        )
-        self.restore_local_bytes = Counter(
-            "keyedstate_taskmanager_restore_local_bytes",
-            "Bytes restores took from the verified local copy.",
-            _SLOT_LABELS,
-            registry=registry,
-        )
+        (
+            self.restore_ms,
+            self.restore_downloaded_files,
+            self.restore_downloaded_bytes,
+            self.restore_local_files,
+            self.restore_local_bytes,
+        ) = _restore_metrics(registry)
         self._counters: dict[str, tuple[Counter, Counter]] = {}
 
     def record_restore(
@@ -135,3 +111,39 @@ class _SlotStatsCollector(Collector):
         except Exception:  # a scrape must never fail because one slot is closing
             logger.debug("slot statistics unavailable during scrape", exc_info=True)
         return list(families.values())
+
+
+def _restore_metrics(registry: CollectorRegistry) -> tuple[Gauge, Counter, Counter, Counter, Counter]:
+    """A slot restore's duration, and what it read (files and bytes downloaded, files and bytes taken locally)."""
+    duration = Gauge(
+        "keyedstate_taskmanager_restore_duration_ms",
+        "Duration of the last restore of a slot.",
+        _SLOT_LABELS,
+        registry=registry,
+    )
+    # What restores read: from checkpoint storage, or from the local copy (local recovery).
+    downloaded_files = Counter(
+        "keyedstate_taskmanager_restore_downloaded_files",
+        "Checkpoint files restores downloaded from checkpoint storage.",
+        _SLOT_LABELS,
+        registry=registry,
+    )
+    downloaded_bytes = Counter(
+        "keyedstate_taskmanager_restore_downloaded_bytes",
+        "Bytes restores downloaded from checkpoint storage.",
+        _SLOT_LABELS,
+        registry=registry,
+    )
+    local_files = Counter(
+        "keyedstate_taskmanager_restore_local_files",
+        "Checkpoint files restores took from the verified local copy instead of downloading them.",
+        _SLOT_LABELS,
+        registry=registry,
+    )
+    local_bytes = Counter(
+        "keyedstate_taskmanager_restore_local_bytes",
+        "Bytes restores took from the verified local copy.",
+        _SLOT_LABELS,
+        registry=registry,
+    )
+    return duration, downloaded_files, downloaded_bytes, local_files, local_bytes

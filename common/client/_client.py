@@ -860,24 +860,28 @@ class StateClient:
             refresh=job_id in self._suspect,
         )
         try:
-            try:
-                return call_with_retries(
-                    lambda: self._round(call),
-                    what=f"{method} of {job_id}/{operator_id}",
-                    policy=self._retry_policy,
-                    waiter=self._waiter,
-                    is_transient=_is_round_failure,
-                    immediate=_is_stale_round,
-                    clock=self._clock,
-                    log_level=logging.DEBUG,
-                )
-            except _RoundFailed as failed:
-                raise failed.error from None
+            return self._rounds(call)
         except KeyedStateError as exc:
             ledger = call.ledger
             if ledger is None or not ledger.sent or call.sent_with is None:
                 raise
             raise _with_outcome(exc, ledger, method, keys, call.sent_with, operator_id) from exc
+
+    def _rounds(self, call: _Call) -> list[tuple[Part, Any]]:
+        """Rounds of ``call`` until one completes it; the error of the round that gave up, unwrapped."""
+        try:
+            return call_with_retries(
+                lambda: self._round(call),
+                what=f"{call.method} of {call.job_id}/{call.operator_id}",
+                policy=self._retry_policy,
+                waiter=self._waiter,
+                is_transient=_is_round_failure,
+                immediate=_is_stale_round,
+                clock=self._clock,
+                log_level=logging.DEBUG,
+            )
+        except _RoundFailed as failed:
+            raise failed.error from None
 
     def _round(self, call: _Call) -> list[tuple[Part, Any]]:
         """One round of a keyed call: everything on the first, the failed requests after; _RoundFailed to go again."""
@@ -1094,27 +1098,9 @@ def _with_outcome(
 ) -> KeyedStateError:
     """``error`` again, its message saying which keys of the failed call were applied on which subtasks."""
     n = len(keys)
-    applied: dict[int, set[int]] = {}
-    for unit in ledger.applied:
-        applied.setdefault(unit.subtask, set()).update(_positions(unit.part, n))
+    applied, unknown, not_applied = _positions_by_outcome(ledger, keys, routing, operator_id)
     done = set().union(*applied.values()) if applied else set()
-    unknown: dict[int, set[int]] = {}
-    for unit in ledger.unknown:
-        left = set(_positions(unit.part, n)) - done
-        if left:
-            unknown.setdefault(unit.subtask, set()).update(left)
     maybe = set().union(*unknown.values()) if unknown else set()
-    not_applied: dict[int, set[int]] = {}
-    table, m = routing.operator(operator_id).subtask_of, routing.max_parallelism
-    for i in range(n):
-        if i not in done and i not in maybe:
-            not_applied.setdefault(table[(_xxh64(keys[i], HASH_SEED) & 0xFFFFFFFF) % m], set()).add(i)
-
-    def groups(by_subtask: dict[int, set[int]]) -> str:
-        return ", ".join(
-            f"subtask {s} ({len(p)} key{'s' if len(p) != 1 else ''})" for s, p in sorted(by_subtask.items())
-        )
-
     if not done and not maybe:
         if ledger.requests <= 1 and len(not_applied) <= 1:
             return error  # one request, refused whole: the TaskManager's error says it all
@@ -1122,21 +1108,7 @@ def _with_outcome(
             f"nothing of this {method} of {n} keys was applied on any subtask; send it again once the cause is fixed"
         )
     else:
-        said = []
-        if done:
-            said.append(f"applied on {groups(applied)}")
-        if maybe:
-            said.append(
-                f"outcome unknown on {groups(unknown)} (no answer came back: the TaskManager may have "
-                "applied them; read them back before sending them again)"
-            )
-        if not_applied:
-            said.append(f"not applied on {groups(not_applied)}")
-        detail = (
-            f"this {method} of {n} keys was applied in part: {'; '.join(said)}. Send again only the keys not "
-            "applied (error.outcome holds the positions of each group in the call), or a list append or reduce "
-            "counts twice"
-        )
+        detail = _applied_in_part(method, n, applied, unknown, not_applied)
     message = f"{error.message}. {detail[0].upper()}{detail[1:]}"
     restated = error.with_message(message)
     restated.outcome = BatchOutcome(
@@ -1146,6 +1118,60 @@ def _with_outcome(
         tuple(sorted(maybe)),
     )
     return restated
+
+
+_BySubtask = dict[int, set[int]]
+
+
+def _positions_by_outcome(
+    ledger: _Ledger, keys: list[bytes], routing: Routing, operator_id: str
+) -> tuple[_BySubtask, _BySubtask, _BySubtask]:
+    """The positions of ``keys`` per subtask: applied, outcome unknown (and not applied by another request), not applied.
+
+    A key neither applied nor unknown was never sent (or refused): its subtask is the routing's owner of its key group.
+    """
+    n = len(keys)
+    applied: _BySubtask = {}
+    for unit in ledger.applied:
+        applied.setdefault(unit.subtask, set()).update(_positions(unit.part, n))
+    done = set().union(*applied.values()) if applied else set()
+    unknown: _BySubtask = {}
+    for unit in ledger.unknown:
+        left = set(_positions(unit.part, n)) - done
+        if left:
+            unknown.setdefault(unit.subtask, set()).update(left)
+    maybe = set().union(*unknown.values()) if unknown else set()
+    not_applied: _BySubtask = {}
+    table, m = routing.operator(operator_id).subtask_of, routing.max_parallelism
+    for i in range(n):
+        if i not in done and i not in maybe:
+            not_applied.setdefault(table[(_xxh64(keys[i], HASH_SEED) & 0xFFFFFFFF) % m], set()).add(i)
+    return applied, unknown, not_applied
+
+
+def _applied_in_part(method: str, n: int, applied: _BySubtask, unknown: _BySubtask, not_applied: _BySubtask) -> str:
+    """What the message says of a call some of whose keys were (or may have been) applied."""
+
+    def groups(by_subtask: _BySubtask) -> str:
+        return ", ".join(
+            f"subtask {s} ({len(p)} key{'s' if len(p) != 1 else ''})" for s, p in sorted(by_subtask.items())
+        )
+
+    said = []
+    if any(applied.values()):
+        said.append(f"applied on {groups(applied)}")
+    if unknown:  # (holds only non-empty groups)
+        said.append(
+            f"outcome unknown on {groups(unknown)} (no answer came back: the TaskManager may have "
+            "applied them; read them back before sending them again)"
+        )
+    if not_applied:
+        said.append(f"not applied on {groups(not_applied)}")
+    return (
+        f"this {method} of {n} keys was applied in part: {'; '.join(said)}. Send again only the keys not "
+        "applied (error.outcome holds the positions of each group in the call), or a list append or reduce "
+        "counts twice"
+    )
 
 
 def _first_over(items: Sequence[bytes], limit: int) -> int:

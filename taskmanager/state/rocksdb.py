@@ -66,7 +66,7 @@ from keyedstate.taskmanager.state.metadata import (
     encode_states,
 )
 from keyedstate.taskmanager.state.resources import DEFAULT_RESOURCES, RocksDBResources
-from keyedstate.taskmanager.state.restore import merge_meta, plan_restore
+from keyedstate.taskmanager.state.restore import RestorePart, RestorePlan, merge_meta, plan_restore
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot
 from keyedstate.taskmanager.state.validation import StateHandle
 
@@ -727,20 +727,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             carried=plan.carried,
         )
         try:
-            metas = []
-            staging = db_dir.parent / "restore-staging"
-            shutil.rmtree(staging, ignore_errors=True)
-            for part in plan.parts:
-                with part.open() as reader:
-                    metas.append(reader.meta())
-                    if part is base or not len(part.overlap):
-                        continue
-                    names = {d.name for d in part.manifest.states}
-                    for st in backend._all_handles():
-                        if st.name in names:
-                            backend._ingest(st, reader.entries(st.name, part.overlap), staging)
-            shutil.rmtree(staging, ignore_errors=True)
-            backend._replace_user_meta(merge_meta(metas))
+            backend._ingest_parts(plan, base, db_dir.parent / "restore-staging")
         except BaseException:
             backend.close()
             raise
@@ -752,6 +739,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             base.directory if base else "no RocksDB snapshot",
         )
         return backend
+
+    def _ingest_parts(self, plan: RestorePlan, base: RestorePart | None, staging: Path) -> None:
+        """Restore step two: ingest each snapshot's overlap but the base's (the DB already is the base), then
+        merge every snapshot's user metadata (the base's included)."""
+        metas = []
+        shutil.rmtree(staging, ignore_errors=True)
+        for part in plan.parts:
+            with part.open() as reader:
+                metas.append(reader.meta())
+                if part is base or not len(part.overlap):
+                    continue
+                names = {d.name for d in part.manifest.states}
+                for st in self._all_handles():
+                    if st.name in names:
+                        self._ingest(st, reader.entries(st.name, part.overlap), staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        self._replace_user_meta(merge_meta(metas))
 
     def _ingest(self, st: StateHandle, entries: Iterator[tuple[bytes, bytes]], staging: Path) -> None:
         """Write sorted entries to an SST file and ingest it into the state's column family."""
