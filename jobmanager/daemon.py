@@ -120,6 +120,35 @@ class JobManager:
 
     def _start(self) -> None:
         s = self.settings
+        server, internal = self._create_servers()
+        # Jobs come back from the HA store before the first call is served, so that a Spark
+        # driver resubmitting its job after the restart finds it instead of creating it anew.
+        recovered = self.dispatcher.recover(f"{s.address}:{self.port}", self._leadership_lost)
+        self._serve(server, internal)
+        self._register_metrics()
+        self._metrics_server = MetricsServer(
+            self.metrics_registry, s.metrics_ports, host=s.bind_host, tls=self.security.http_context()
+        )
+        self.registry.start()
+        for job in recovered:
+            if not job.status.terminal:
+                self.dispatcher.resume_recovered(job)
+        if internal is not server:
+            logger.info(
+                "jobmanager: internal services (TaskManagers) on %s:%d%s",
+                s.address,
+                self.internal_port,
+                " with mutual TLS" if self.security.enabled(INTERNAL) else "",
+            )
+        logger.info("jobmanager: serving on %s", self.address)
+
+    def _create_servers(self) -> tuple[grpc.Server, grpc.Server]:
+        """The client-facing server and the internal one (the same server unless the internal plane is separate).
+
+        Binds both ports (``self.port``, ``self.internal_port``) but starts neither: jobs are
+        recovered from the HA store first.
+        """
+        s = self.settings
         security = self.security
         separate = internal_plane_separate(self.conf, o.JOBMANAGER_INTERNAL_PORT)
         security.check_protected_mode("JobManager", s.bind_host, REST, "jobmanager.bind-host")
@@ -136,29 +165,30 @@ class JobManager:
             interceptors=server_interceptors(self.conf, self.auth_metrics, "JobManager"),
         )
         self._server = server
-        internal = server
         self.internal_port = self.port
-        if separate:
-            internal_port = self.conf.get(o.JOBMANAGER_INTERNAL_PORT)
-            internal, self.internal_port = create_server(
-                s.bind_host,
-                DEFAULT_JOBMANAGER_INTERNAL_PORT if internal_port is None else internal_port,
-                threads=s.rpc_threads,
-                max_message_bytes=s.max_message_bytes,
-                what="JobManager-internal",
-                port_key="jobmanager.internal.port",
-                credentials=security.server_credentials(INTERNAL),
-                interceptors=server_interceptors(
-                    self.conf,
-                    self.auth_metrics,
-                    "JobManager",
-                    certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
-                ),
-            )
-            self._internal_server = internal
-        # Jobs come back from the HA store before the first call is served, so that a Spark
-        # driver resubmitting its job after the restart finds it instead of creating it anew.
-        recovered = self.dispatcher.recover(f"{s.address}:{self.port}", self._leadership_lost)
+        if not separate:
+            return server, server
+        internal_port = self.conf.get(o.JOBMANAGER_INTERNAL_PORT)
+        internal, self.internal_port = create_server(
+            s.bind_host,
+            DEFAULT_JOBMANAGER_INTERNAL_PORT if internal_port is None else internal_port,
+            threads=s.rpc_threads,
+            max_message_bytes=s.max_message_bytes,
+            what="JobManager-internal",
+            port_key="jobmanager.internal.port",
+            credentials=security.server_credentials(INTERNAL),
+            interceptors=server_interceptors(
+                self.conf,
+                self.auth_metrics,
+                "JobManager",
+                certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
+            ),
+        )
+        self._internal_server = internal
+        return server, internal
+
+    def _serve(self, server: grpc.Server, internal: grpc.Server) -> None:
+        """Register the servicers and health on their planes, start both servers, report SERVING."""
         jm_grpc.add_JobManagerServicer_to_server(self._jobmanager_servicer, server)
         jm_grpc.add_ResourceManagerServicer_to_server(self._resource_manager_servicer, internal)
         jm_grpc.add_CheckpointCoordinatorGatewayServicer_to_server(self._checkpoint_gateway_servicer, internal)
@@ -167,24 +197,7 @@ class JobManager:
             health_pb2_grpc.add_HealthServicer_to_server(self._health, internal)
             internal.start()
         server.start()
-        self._server = server
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._register_metrics()
-        self._metrics_server = MetricsServer(
-            self.metrics_registry, s.metrics_ports, host=s.bind_host, tls=security.http_context()
-        )
-        self.registry.start()
-        for job in recovered:
-            if not job.status.terminal:
-                self.dispatcher.resume_recovered(job)
-        if internal is not server:
-            logger.info(
-                "jobmanager: internal services (TaskManagers) on %s:%d%s",
-                s.address,
-                self.internal_port,
-                " with mutual TLS" if security.enabled(INTERNAL) else "",
-            )
-        logger.info("jobmanager: serving on %s", self.address)
 
     def _leadership_lost(self, message: str) -> None:
         # Fencing: another JobManager owns the HA directory now. Stop serving at once; the
