@@ -278,21 +278,21 @@ class Dispatcher:
         for subtask in dropped:
             self.registry.occupy(record.taskmanager_id, reported[subtask], subtask)
 
-    def heartbeat(self, request: HeartbeatReport) -> bool:
+    def heartbeat(self, report: HeartbeatReport) -> bool:
         """Record a heartbeat; False when the TaskManager must register again (unknown, or another session)."""
-        known = self.registry.get(request.taskmanager_id)
+        known = self.registry.get(report.taskmanager_id)
         if known is not None:
             # Checked before anything is recorded: a negative index would address a slot from the end.
-            bad = sorted({s.slot_index for s in request.slots if not 0 <= s.slot_index < known.num_slots})
+            bad = sorted({s.slot_index for s in report.slots if not 0 <= s.slot_index < known.num_slots})
             if bad:
                 raise InvalidArgumentError(
-                    f"TaskManager {request.taskmanager_id} reports slot index(es) {bad[:5]} but offers "
+                    f"TaskManager {report.taskmanager_id} reports slot index(es) {bad[:5]} but offers "
                     f"{known.num_slots} slots (0..{known.num_slots - 1}); report only the slots it offers"
                 )
-        if request.jobmanager_session != self.registry.session or not self.registry.heartbeat(request.taskmanager_id):
+        if report.jobmanager_session != self.registry.session or not self.registry.heartbeat(report.taskmanager_id):
             return False
-        reported = {s.slot_index: s.subtask for s in request.slots if s.subtask is not None}
-        record = self.registry.get(request.taskmanager_id)
+        reported = {s.slot_index: s.subtask for s in report.slots if s.subtask is not None}
+        record = self.registry.get(report.taskmanager_id)
         if record is None:
             return True
         for index, subtask in enumerate(list(record.occupancy)):
@@ -300,16 +300,16 @@ class Dispatcher:
                 continue
             # The slot is marked with a subtask this TaskManager no longer reports: a stale slot it
             # has released, unless the mark is a current assignment on its way (being deployed).
-            if not self._assigned(subtask, request.taskmanager_id, index):
-                self.registry.free_if(request.taskmanager_id, index, subtask)
+            if not self._assigned(subtask, report.taskmanager_id, index):
+                self.registry.free_if(report.taskmanager_id, index, subtask)
         for index, subtask in reported.items():
             # A slot no job assigns here (a deploy whose answer was lost): it must not serve.
             if (
                 0 <= index < len(record.occupancy)
                 and record.occupancy[index] is None
-                and not self._assigned(subtask, request.taskmanager_id, index)
+                and not self._assigned(subtask, report.taskmanager_id, index)
             ):
-                self.registry.occupy(request.taskmanager_id, index, subtask)
+                self.registry.occupy(report.taskmanager_id, index, subtask)
                 self._pool.submit(self._release_orphan, record, index, subtask)
         return True
 
