@@ -28,7 +28,7 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.common.handles import SlotRestore
-from keyedstate.common.ids import CheckpointId, JobId, SubtaskId
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
 from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.storage import CheckpointStorage, StorageCache
@@ -460,7 +460,7 @@ class Checkpointing:
         job.restore_path = record.restore_path
         job.checkpoints_from = record.checkpoints_from
         job.restarts = record.restarts
-        job.last_taskmanagers = frozenset(record.taskmanagers)
+        job.last_taskmanagers = frozenset(TaskManagerId(t) for t in record.taskmanagers)
         # Clients keep the newest routing version they saw, and slots refuse calls of another
         # version: the recovered job's versions continue above every version an earlier leader
         # could have handed out, even one it deployed but never recorded.

@@ -9,13 +9,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
@@ -30,23 +28,52 @@ from keyedstate.common.errors import (
     NotFoundError,
     Reason,
 )
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.keygroups import past_max_parallelism
-from keyedstate.common.rpc.convert import restore_to_proto
-from keyedstate.common.rpc.descriptors import operator_spec_to_proto
-from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager import failover, recovery
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.checkpointing import Checkpointing
-from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
-from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry, check_address
+from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobInfo, JobSpec, JobStatus, RestorePlan, RoutingTable
+from keyedstate.jobmanager.registry import (
+    HeartbeatReport,
+    TaskManagerRecord,
+    TaskManagerRegistration,
+    TaskManagerRegistry,
+    TaskManagerStatus,
+    check_address,
+)
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
 from keyedstate.jobmanager.settings import JobManagerSettings
-from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
+from keyedstate.jobmanager.taskmanager_gateway import DeployedSlot, SlotDeployment, TaskManagerGateways
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskManagerSummary:
+    """One registered TaskManager as statectl shows it: its slots' occupants and how long it has been silent."""
+
+    taskmanager_id: TaskManagerId
+    address: str
+    num_slots: int
+    free_slots: int
+    status: TaskManagerStatus
+    last_heartbeat_age_ms: int
+    occupancy: tuple[SubtaskId | None, ...]
+    """Slot index -> the subtask placed there (None: free)."""
+    metrics_port: int
+
+
+@dataclass(frozen=True)
+class ClusterOverview:
+    """Every registered TaskManager and every job the JobManager knows (GetClusterOverview)."""
+
+    taskmanagers: tuple[TaskManagerSummary, ...]
+    jobs: tuple[JobInfo, ...]
+    total_slots: int
+    free_slots: int
 
 
 class Dispatcher:
@@ -69,11 +96,11 @@ class Dispatcher:
         self.gateways = gateways
         self.clock = clock
         self.scheduler = scheduler
-        self._jobs: dict[str, Job] = {}
+        self._jobs: dict[JobId, Job] = {}
         # The highest routing version a failed submission used, per job id: its deploys and
         # releases raised the TaskManagers' version floors, so the next submission must start above.
-        self._abandoned_versions: dict[str, int] = {}
-        self._deploying: set[tuple[str, int]] = set()  # (TaskManager, slot) of deployments under way
+        self._abandoned_versions: dict[JobId, int] = {}
+        self._deploying: set[tuple[TaskManagerId, int]] = set()  # (TaskManager, slot) of deployments under way
         self._lock = threading.RLock()
         self._pool = executor
         # Set by shutdown(); restart loops wait on it so that they end with the JobManager
@@ -83,7 +110,7 @@ class Dispatcher:
         registry.add_lost_listener(self._on_taskmanager_lost)
 
     # -- queries -----------------------------------------------------------------------------
-    def job(self, job_id: str) -> Job:
+    def job(self, job_id: JobId) -> Job:
         """The job registered under ``job_id``; raises NotFoundError (UNKNOWN_JOB) naming the known jobs."""
         with self._lock:
             job = self._jobs.get(job_id)
@@ -111,7 +138,7 @@ class Dispatcher:
         with self._lock:
             return list(self._jobs.values())
 
-    def routing_versions(self) -> dict[str, int]:
+    def routing_versions(self) -> dict[JobId, int]:
         """The newest routing version handed out per job id (a registering TaskManager's floors)."""
         with self._lock:
             versions = dict(self._abandoned_versions)
@@ -120,44 +147,36 @@ class Dispatcher:
             )
             return versions
 
-    def routing(self, job_id: str) -> pb.RoutingTable:
+    def routing(self, job_id: JobId) -> RoutingTable:
         """The job's current routing table (read under the job's lock); raises NotFoundError for an unknown job."""
         job = self.job(job_id)
         with job.lock:
             return job.routing_table()
 
-    def overview(self) -> jm_pb.ClusterOverview:
+    def overview(self) -> ClusterOverview:
         """Every registered TaskManager with its slots' occupants and heartbeat age (for statectl)."""
-        tms = []
         now = self.clock.monotonic_ms()
-        for r in self.registry.all():
-            tms.append(
-                jm_pb.TaskManagerInfo(
-                    taskmanager_id=r.taskmanager_id,
-                    address=r.address,
-                    num_slots=r.num_slots,
-                    free_slots=len(r.free_slots()),
-                    status=value_of(jm_pb.TaskManagerStatus, r.status.value),
-                    last_heartbeat_age_ms=max(0, now - r.last_heartbeat_ms),
-                    slots=[
-                        jm_pb.SlotReport(
-                            slot_index=i, job_id=s.job_id, operator_id=s.operator_id, subtask_index=s.subtask_index
-                        )
-                        if s is not None
-                        else jm_pb.SlotReport(slot_index=i)
-                        for i, s in enumerate(r.occupancy)
-                    ],
-                    metrics_port=r.metrics_port,
-                )
+        taskmanagers = tuple(
+            TaskManagerSummary(
+                taskmanager_id=r.taskmanager_id,
+                address=r.address,
+                num_slots=r.num_slots,
+                free_slots=len(r.free_slots()),
+                status=r.status,
+                last_heartbeat_age_ms=max(0, now - r.last_heartbeat_ms),
+                occupancy=tuple(r.occupancy),
+                metrics_port=r.metrics_port,
             )
-        return jm_pb.ClusterOverview(
-            taskmanagers=tms,
-            jobs=[j.info() for j in self.jobs()],
+            for r in self.registry.all()
+        )
+        return ClusterOverview(
+            taskmanagers=taskmanagers,
+            jobs=tuple(j.info() for j in self.jobs()),
             total_slots=self.registry.total_slot_count(),
             free_slots=self.registry.free_slot_count(),
         )
 
-    def register_taskmanager(self, request: jm_pb.RegisterTaskManagerRequest) -> list[SubtaskId]:
+    def register_taskmanager(self, registration: TaskManagerRegistration) -> list[SubtaskId]:
         """Register (or re-register) a TaskManager; returns the slots it may keep serving.
 
         A TaskManager that comes back (a restart, a JobManager restart, a partition that healed)
@@ -168,41 +187,57 @@ class Dispatcher:
         A TaskManager of another cluster (``high-availability.cluster-id``) is refused before
         anything else: two clusters sharing a host on default ports must not mix.
         """
-        theirs = request.cluster_id or "default"
-        if theirs != self.settings.cluster_id:
-            logger.warning(
-                "refused TaskManager %s at %s: it belongs to cluster %r, this JobManager to %r",
-                request.taskmanager_id,
-                request.address,
-                theirs,
-                self.settings.cluster_id,
+        self._check_cluster(registration)
+        if registration.internal_address:
+            check_address(
+                f"TaskManager {registration.taskmanager_id}", "internal_address", registration.internal_address
             )
-            raise ClusterMismatchError(
-                f"TaskManager {request.taskmanager_id!r} belongs to cluster {theirs!r} but this JobManager runs cluster "
-                f"{self.settings.cluster_id!r} (high-availability.cluster-id); point the TaskManager at its own "
-                "cluster's JobManager (jobmanager.rpc.address / jobmanager.rpc.port) or give both the same cluster id"
-            )
-        if request.internal_address:
-            check_address(f"TaskManager {request.taskmanager_id}", "internal_address", request.internal_address)
+        record = self._admit(registration)
+        reported = {s.subtask: s.slot_index for s in registration.slots if s.subtask is not None}
+        kept = self._keep_assigned_slots(record, reported)
+        self._hold_dropped_slots(record, reported, kept)
+        return kept
+
+    def _check_cluster(self, registration: TaskManagerRegistration) -> None:
+        """Refuse a TaskManager of another cluster (ClusterMismatchError)."""
+        theirs = registration.cluster_id or "default"
+        if theirs == self.settings.cluster_id:
+            return
+        logger.warning(
+            "refused TaskManager %s at %s: it belongs to cluster %r, this JobManager to %r",
+            registration.taskmanager_id,
+            registration.address,
+            theirs,
+            self.settings.cluster_id,
+        )
+        raise ClusterMismatchError(
+            f"TaskManager {registration.taskmanager_id!r} belongs to cluster {theirs!r} but this JobManager runs "
+            f"cluster {self.settings.cluster_id!r} (high-availability.cluster-id); point the TaskManager at its own "
+            "cluster's JobManager (jobmanager.rpc.address / jobmanager.rpc.port) or give both the same cluster id"
+        )
+
+    def _admit(self, registration: TaskManagerRegistration) -> TaskManagerRecord:
+        """Record the registration and route (and watch) the calls to its TaskManager; the new record."""
         record, previous = self.registry.register(
-            request.taskmanager_id,
-            request.address,
-            request.host,
-            request.num_slots,
-            request.backend,
-            request.metrics_port,
-            limits=request.limits if request.HasField("limits") else None,
+            registration.taskmanager_id,
+            registration.address,
+            registration.host,
+            registration.num_slots,
+            registration.backend,
+            registration.metrics_port,
+            limits=registration.limits,
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)
-        self.gateways.route(record.address, request.internal_address)
+        self.gateways.route(record.address, registration.internal_address)
         if self.settings.connection_loss_detection:
             self.gateways.watch(
                 record.address, lambda cause: self.registry.mark_lost(record.taskmanager_id, cause, only=record)
             )
-        reported = {
-            SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id
-        }
+        return record
+
+    def _keep_assigned_slots(self, record: TaskManagerRecord, reported: Mapping[SubtaskId, int]) -> list[SubtaskId]:
+        """The reported slots that match a current assignment (marked occupied); jobs that lost one fail over."""
         kept: list[SubtaskId] = []
         for job in self.jobs():
             with job.lock:
@@ -223,37 +258,41 @@ class Dispatcher:
                         f"TaskManager {record.taskmanager_id} restarted and lost its slots",
                         job.routing_version,
                     )
-        dropped = sorted(set(reported) - set(kept), key=str)
-        if dropped:
-            logger.info(
-                "taskmanager %s re-registered; it releases %d slot(s) no job assigns to it any more: %s",
-                record.taskmanager_id,
-                len(dropped),
-                ", ".join(str(d) for d in dropped),
-            )
-            # Taken until its heartbeats show them gone: nothing is deployed over a slot the
-            # TaskManager has not released yet.
-            for subtask in dropped:
-                self.registry.occupy(record.taskmanager_id, reported[subtask], subtask)
         return kept
 
-    def heartbeat(self, request: jm_pb.HeartbeatRequest) -> bool:
+    def _hold_dropped_slots(
+        self, record: TaskManagerRecord, reported: Mapping[SubtaskId, int], kept: list[SubtaskId]
+    ) -> None:
+        """Mark the reported slots no job keeps as taken until the TaskManager's heartbeats show them released."""
+        dropped = sorted(set(reported) - set(kept), key=str)
+        if not dropped:
+            return
+        logger.info(
+            "taskmanager %s re-registered; it releases %d slot(s) no job assigns to it any more: %s",
+            record.taskmanager_id,
+            len(dropped),
+            ", ".join(str(d) for d in dropped),
+        )
+        # Taken until its heartbeats show them gone: nothing is deployed over a slot the
+        # TaskManager has not released yet.
+        for subtask in dropped:
+            self.registry.occupy(record.taskmanager_id, reported[subtask], subtask)
+
+    def heartbeat(self, report: HeartbeatReport) -> bool:
         """Record a heartbeat; False when the TaskManager must register again (unknown, or another session)."""
-        known = self.registry.get(request.taskmanager_id)
+        known = self.registry.get(report.taskmanager_id)
         if known is not None:
             # Checked before anything is recorded: a negative index would address a slot from the end.
-            bad = sorted({s.slot_index for s in request.slots if not 0 <= s.slot_index < known.num_slots})
+            bad = sorted({s.slot_index for s in report.slots if not 0 <= s.slot_index < known.num_slots})
             if bad:
                 raise InvalidArgumentError(
-                    f"TaskManager {request.taskmanager_id} reports slot index(es) {bad[:5]} but offers "
+                    f"TaskManager {report.taskmanager_id} reports slot index(es) {bad[:5]} but offers "
                     f"{known.num_slots} slots (0..{known.num_slots - 1}); report only the slots it offers"
                 )
-        if request.jobmanager_session != self.registry.session or not self.registry.heartbeat(request.taskmanager_id):
+        if report.jobmanager_session != self.registry.session or not self.registry.heartbeat(report.taskmanager_id):
             return False
-        reported = {
-            s.slot_index: SubtaskId(s.job_id, s.operator_id, s.subtask_index) for s in request.slots if s.job_id
-        }
-        record = self.registry.get(request.taskmanager_id)
+        reported = {s.slot_index: s.subtask for s in report.slots if s.subtask is not None}
+        record = self.registry.get(report.taskmanager_id)
         if record is None:
             return True
         for index, subtask in enumerate(list(record.occupancy)):
@@ -261,16 +300,16 @@ class Dispatcher:
                 continue
             # The slot is marked with a subtask this TaskManager no longer reports: a stale slot it
             # has released, unless the mark is a current assignment on its way (being deployed).
-            if not self._assigned(subtask, request.taskmanager_id, index):
-                self.registry.free_if(request.taskmanager_id, index, subtask)
+            if not self._assigned(subtask, report.taskmanager_id, index):
+                self.registry.free_if(report.taskmanager_id, index, subtask)
         for index, subtask in reported.items():
             # A slot no job assigns here (a deploy whose answer was lost): it must not serve.
             if (
                 0 <= index < len(record.occupancy)
                 and record.occupancy[index] is None
-                and not self._assigned(subtask, request.taskmanager_id, index)
+                and not self._assigned(subtask, report.taskmanager_id, index)
             ):
-                self.registry.occupy(request.taskmanager_id, index, subtask)
+                self.registry.occupy(report.taskmanager_id, index, subtask)
                 self._pool.submit(self._release_orphan, record, index, subtask)
         return True
 
@@ -282,30 +321,25 @@ class Dispatcher:
             slot_index,
         )
         try:
-            self.gateways.release(
-                record.address,
-                tm_pb.ReleaseSlotRequest(
-                    job_id=subtask.job_id, operator_id=subtask.operator_id, subtask_index=subtask.subtask_index
-                ),
-            )
+            self.gateways.release(record.address, subtask)
         except KeyedStateError as exc:
             # Marked until its heartbeats show it gone; a TaskManager that cannot be reached loses its lease.
             logger.info("releasing %s on %s: %s", subtask, record.taskmanager_id, exc.message)
             return
         self.registry.free_if(record.taskmanager_id, slot_index, subtask)
 
-    def _assigned(self, subtask: SubtaskId, taskmanager_id: str, slot_index: int) -> bool:
+    def _assigned(self, subtask: SubtaskId, taskmanager_id: TaskManagerId, slot_index: int) -> bool:
         with self._lock:
             if (taskmanager_id, slot_index) in self._deploying:
                 return True
-            job = self._jobs.get(subtask.job_id)
+            job = self._jobs.get(JobId(subtask.job_id))
         if job is None:
             return False
         a = job.assignments.get(subtask)
         return a is not None and a.taskmanager_id == taskmanager_id and a.slot_index == slot_index
 
     # -- job lifecycle -----------------------------------------------------------------------
-    def submit(self, spec: JobSpec, restore_path: str = "") -> pb.RoutingTable:
+    def submit(self, spec: JobSpec, restore_path: str = "") -> RoutingTable:
         """Deploy every subtask of ``spec`` to free slots (restoring from ``restore_path`` if given).
 
         Submitting a job that is already running is idempotent: a restarted Spark driver gets
@@ -319,71 +353,101 @@ class Dispatcher:
         with self._lock:
             existing = self._jobs.get(spec.job_id)
             if existing is not None and not existing.status.terminal:
-                if not restore_path and existing.spec.same_except_parallelism(spec):
-                    if existing.spec != spec:
-                        logger.info(
-                            "job %s resubmitted with parallelism %s; it keeps its current definition %s",
-                            spec.job_id,
-                            spec.parallelism_summary(),
-                            existing.spec.parallelism_summary(),
-                        )
-                    return self.routing(spec.job_id)
-                raise AlreadyExistsError(
-                    f"job {spec.job_id!r} is already {existing.status.value} with a different definition "
-                    f"({existing.spec.difference(spec)}); cancel it first (statectl job cancel {spec.job_id}) or use "
-                    "another job id"
-                )
-            job = Job(spec, job_conf, restore_path=restore_path)
-            # Clients keep the newest routing version they saw and ignore older ones, and
-            # TaskManagers refuse deploys below their floor, so a job resubmitted under the same
-            # id continues the numbering instead of restarting at 1.
-            job.routing_version = max(
-                existing.routing_version if existing is not None else 0, self._abandoned_versions.get(spec.job_id, 0)
-            )
-            if existing is not None:
-                job.predecessor = _predecessor(existing)
-            self._jobs[spec.job_id] = job
+                return self._resubmitted(existing, spec, restore_path)
+            job = self._register_job(spec, job_conf, restore_path, existing)
         try:
             with job.lock:
-                self.checkpointing.attach(job, self._fail_over_later)
-                plan = self.checkpointing.plan_restore(job, restore_path) if restore_path else EMPTY_PLAN
-                self.deploy(job, plan)
-                job.status = JobStatus.RUNNING
-                self.checkpointing.persist(job, strict=True)
-                self.checkpointing.job_running(job)
-                logger.info(
-                    "job %s running: %d subtasks on %d TaskManagers (routing v%d, epoch %d)%s",
-                    job.job_id,
-                    len(job.assignments),
-                    len({a.taskmanager_id for a in job.assignments.values()}),
-                    job.routing_version,
-                    job.committed_epoch,
-                    f", restored from {restore_path}" if restore_path else "",
-                )
-                return job.routing_table()
+                return self._start_job(job, restore_path)
         except BaseException:
-            if job.assignments:  # deployed, then a later step (the HA record) failed
-                self.release_slots(job, list(job.assignments.values()), discard_local=True)
-                job.assignments = {}
-            with self._lock:
-                if self._jobs.get(spec.job_id) is job:
-                    self._abandoned_versions[spec.job_id] = job.routing_version
-                    # A failed resubmission leaves the earlier (terminal) job visible, so that
-                    # `statectl job info` and `job restore` still find it.
-                    if existing is not None:
-                        self._jobs[spec.job_id] = existing
-                    else:
-                        del self._jobs[spec.job_id]
-            self.checkpointing.detach(job)
+            self._abandon_submission(job, existing)
             raise
 
-    def deploy(self, job: Job, plan: RestorePlan, prefer: dict[SubtaskId, str] | None = None) -> None:
+    def _resubmitted(self, existing: Job, spec: JobSpec, restore_path: str) -> RoutingTable:
+        """A submission of a job that is not stopped: its routing if the definition matches (caller holds ``_lock``)."""
+        if not restore_path and existing.spec.same_except_parallelism(spec):
+            if existing.spec != spec:
+                logger.info(
+                    "job %s resubmitted with parallelism %s; it keeps its current definition %s",
+                    spec.job_id,
+                    spec.parallelism_summary(),
+                    existing.spec.parallelism_summary(),
+                )
+            return self.routing(spec.job_id)
+        raise AlreadyExistsError(
+            f"job {spec.job_id!r} is already {existing.status.value} with a different definition "
+            f"({existing.spec.difference(spec)}); cancel it first (statectl job cancel {spec.job_id}) or use "
+            "another job id"
+        )
+
+    def _register_job(self, spec: JobSpec, job_conf: Configuration, restore_path: str, existing: Job | None) -> Job:
+        """The new job, registered in place of a stopped one under its id if any (caller holds ``_lock``)."""
+        job = Job(spec, job_conf, restore_path=restore_path)
+        # Clients keep the newest routing version they saw and ignore older ones, and
+        # TaskManagers refuse deploys below their floor, so a job resubmitted under the same
+        # id continues the numbering instead of restarting at 1.
+        job.routing_version = max(
+            existing.routing_version if existing is not None else 0, self._abandoned_versions.get(spec.job_id, 0)
+        )
+        if existing is not None:
+            job.predecessor = _predecessor(existing)
+        self._jobs[spec.job_id] = job
+        return job
+
+    def _start_job(self, job: Job, restore_path: str) -> RoutingTable:
+        """Attach checkpointing, deploy and persist a newly submitted job as RUNNING (caller holds ``job.lock``)."""
+        self.checkpointing.attach(job, self._fail_over_later)
+        plan = self.checkpointing.plan_restore(job, restore_path) if restore_path else EMPTY_PLAN
+        self.deploy(job, plan)
+        job.status = JobStatus.RUNNING
+        self.checkpointing.persist(job, strict=True)
+        self.checkpointing.job_running(job)
+        logger.info(
+            "job %s running: %d subtasks on %d TaskManagers (routing v%d, epoch %d)%s",
+            job.job_id,
+            len(job.assignments),
+            len({a.taskmanager_id for a in job.assignments.values()}),
+            job.routing_version,
+            job.committed_epoch,
+            f", restored from {restore_path}" if restore_path else "",
+        )
+        return job.routing_table()
+
+    def _abandon_submission(self, job: Job, existing: Job | None) -> None:
+        """Undo a failed submission: release what was deployed and show the earlier job (if any) again."""
+        if job.assignments:  # deployed, then a later step (the HA record) failed
+            self.release_slots(job, list(job.assignments.values()), discard_local=True)
+            job.assignments = {}
+        with self._lock:
+            if self._jobs.get(job.job_id) is job:
+                self._abandoned_versions[job.job_id] = job.routing_version
+                # A failed resubmission leaves the earlier (terminal) job visible, so that
+                # `statectl job info` and `job restore` still find it.
+                if existing is not None:
+                    self._jobs[job.job_id] = existing
+                else:
+                    del self._jobs[job.job_id]
+        self.checkpointing.detach(job)
+
+    def deploy(self, job: Job, plan: RestorePlan, prefer: Mapping[SubtaskId, TaskManagerId] | None = None) -> None:
         """Deploy every subtask of ``job`` from ``plan`` under a new routing version (caller holds ``job.lock``).
 
         On success the job's assignments are the new slots and its committed epoch and lineage
         are what the plan restores; every slot must report that epoch back. On failure nothing
         stays deployed.
         """
+        assignments = self._allocate(job, prefer)
+        deploy_one = self._slot_deployer(job, plan)
+        slots = {(a.taskmanager_id, a.slot_index) for a in assignments}
+        with self._lock:
+            self._deploying |= slots
+        try:
+            self._deploy_assignments(job, plan, assignments, deploy_one)
+        finally:
+            with self._lock:
+                self._deploying -= slots
+
+    def _allocate(self, job: Job, prefer: Mapping[SubtaskId, TaskManagerId] | None) -> list[SlotAssignment]:
+        """Free slots for every subtask under the next routing version, persisted before anything is deployed."""
         subtasks = plan_subtasks(job.job_id, list(job.spec.operators), job.spec.max_parallelism)
         if job.coordinator is not None:
             # No checkpoint of an earlier deployment can complete any more (its slots are gone);
@@ -405,26 +469,28 @@ class Dispatcher:
         except BaseException:
             release_assignments(self.registry, assignments)
             raise
+        return assignments
+
+    def _slot_deployer(self, job: Job, plan: RestorePlan) -> Callable[[SlotAssignment], DeployedSlot]:
+        """Deploys one assignment of ``job`` from ``plan`` and checks that the slot holds the plan's epoch."""
         checkpoint_base = self.checkpointing.job_dir(job)
         incremental = job.config.get(o.CHECKPOINT_INCREMENTAL)
         ops = {op.operator_id: op for op in job.spec.operators}
 
-        def deploy_one(a: SlotAssignment) -> tm_pb.DeploySlotResponse:
-            request = tm_pb.DeploySlotRequest(
+        def deploy_one(a: SlotAssignment) -> DeployedSlot:
+            deployment = SlotDeployment(
                 job_id=job.job_id,
-                operator=operator_spec_to_proto(ops[a.subtask.operator_id]),
+                operator=ops[a.subtask.operator_id],
                 subtask_index=a.subtask.subtask_index,
-                key_groups=pb.KeyGroupRange(start=a.key_groups.start, end=a.key_groups.end),
+                key_groups=a.key_groups,
                 max_parallelism=job.spec.max_parallelism,
                 slot_index=a.slot_index,
                 routing_version=job.routing_version,
                 checkpoint_base=checkpoint_base,
                 incremental=incremental,
+                restore=plan.slots.get(a.subtask),
             )
-            restore = plan.slots.get(a.subtask)
-            if restore is not None:
-                request.restore.CopyFrom(restore_to_proto(restore))
-            response = self.gateways.deploy(a.address, request)
+            response = self.gateways.deploy(a.address, deployment)
             if response.committed_epoch != plan.epoch:
                 raise CorruptCheckpointError(
                     f"{a.subtask} on {a.taskmanager_id} holds epoch {response.committed_epoch} after its restore, but "
@@ -432,21 +498,14 @@ class Dispatcher:
                 )
             return response
 
-        slots = {(a.taskmanager_id, a.slot_index) for a in assignments}
-        with self._lock:
-            self._deploying |= slots
-        try:
-            self._deploy_assignments(job, plan, assignments, deploy_one)
-        finally:
-            with self._lock:
-                self._deploying -= slots
+        return deploy_one
 
     def _deploy_assignments(
         self,
         job: Job,
         plan: RestorePlan,
         assignments: list[SlotAssignment],
-        deploy_one: Callable[[SlotAssignment], tm_pb.DeploySlotResponse],
+        deploy_one: Callable[[SlotAssignment], DeployedSlot],
     ) -> None:
         futures = {a: self._pool.submit(deploy_one, a) for a in assignments}
         errors: list[tuple[SlotAssignment, BaseException]] = []
@@ -492,14 +551,7 @@ class Dispatcher:
         def release(a: SlotAssignment) -> None:
             try:
                 self.gateways.release(
-                    a.address,
-                    tm_pb.ReleaseSlotRequest(
-                        job_id=job.job_id,
-                        operator_id=a.subtask.operator_id,
-                        subtask_index=a.subtask.subtask_index,
-                        discard_local_state=discard_local,
-                        routing_version=a.routing_version,
-                    ),
+                    a.address, a.subtask, discard_local_state=discard_local, routing_version=a.routing_version
                 )
             except KeyedStateError as exc:
                 logger.info("releasing %s on %s: %s", a.subtask, a.taskmanager_id, exc.message)
@@ -508,7 +560,7 @@ class Dispatcher:
         list(self._pool.map(release, assignments))
         release_assignments(self.registry, assignments)
 
-    def wait_for_resources(self, job: Job, needed: int, owners: set[str], timeout_ms: int) -> None:
+    def wait_for_resources(self, job: Job, needed: int, owners: set[TaskManagerId], timeout_ms: int) -> None:
         """Wait until ``needed`` slots are free and every TaskManager in ``owners`` is fenced.
 
         Part of one restart: bounded by ``timeout_ms`` (``slot.request.timeout``), after which a
@@ -547,14 +599,14 @@ class Dispatcher:
 
     def _fail_over_later(self, job_id: str, cause: str) -> None:
         # A checkpoint coordinator asks from its own locks and threads: the failover runs on the pool.
-        self._pool.submit(self.fail_over, job_id, cause)
+        self._pool.submit(self.fail_over, JobId(job_id), cause)
 
     @property
     def executor(self) -> ThreadPoolExecutor:
         """The pool that runs calls to TaskManagers in parallel."""
         return self._pool
 
-    def cancel(self, job_id: str) -> jm_pb.JobInfo:
+    def cancel(self, job_id: JobId) -> JobInfo:
         """Cancel the job: stop its checkpoints, release its slots with their local state, and persist it CANCELED.
 
         Holds the job's lock throughout and bumps the routing version; returns the job's final JobInfo.
@@ -570,7 +622,7 @@ class Dispatcher:
             logger.info("job %s canceled", job_id)
             return job.info()
 
-    def restore(self, job_id: str, path: str) -> pb.RoutingTable:
+    def restore(self, job_id: JobId, path: str) -> RoutingTable:
         """Replace the state of job ``job_id`` with the checkpoint or savepoint at ``path``.
 
         The source is verified in full first (``_metadata``, every file's size and SHA-256, and
@@ -619,7 +671,7 @@ class Dispatcher:
 
     def _restore_running(
         self, job: Job, path: str, checkpoint: CompletedCheckpoint, coordinator: CheckpointCoordinator, version: int
-    ) -> pb.RoutingTable:
+    ) -> RoutingTable:
         """:meth:`restore` of a RUNNING job from a verified ``checkpoint``."""
         job_id = job.job_id
         try:
@@ -701,7 +753,7 @@ class Dispatcher:
             f"was before the restore (redeployed from {before}, the checkpoint taken just before it)"
         )
 
-    def rescale(self, job_id: str, parallelism: dict[str, int]) -> pb.RoutingTable:
+    def rescale(self, job_id: JobId, parallelism: dict[str, int]) -> RoutingTable:
         """Redeploy the job at new parallelism from a checkpoint taken for the purpose.
 
         A checkpoint in flight is waited for (bounded by the checkpoint timeout) rather than
@@ -787,7 +839,7 @@ class Dispatcher:
                     job.routing_version,
                 )
 
-    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None:
+    def fail_over(self, job_id: JobId, cause: str, seen_version: int | None = None) -> None:
         """Restart the job from its latest completed checkpoint (after the restart strategy's delay).
 
         ``seen_version``: the routing version the failure was observed under (see failover.fail_over).

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import KeyedStateError
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.jobs import Job, JobStatus, RestorePlan
@@ -42,22 +42,22 @@ class Deployments(Protocol):
     def closed(self) -> threading.Event:
         """Set when the JobManager shuts down: restart loops stop waiting."""
 
-    def job(self, job_id: str) -> Job:
+    def job(self, job_id: JobId) -> Job:
         """The job registered under ``job_id`` (NotFoundError if none)."""
 
     def release_slots(self, job: Job, assignments: list[SlotAssignment], discard_local: bool) -> None:
         """Release ``assignments`` on their TaskManagers; one that cannot be reached is declared lost."""
 
-    def wait_for_resources(self, job: Job, needed: int, owners: set[str], timeout_ms: int) -> None:
+    def wait_for_resources(self, job: Job, needed: int, owners: set[TaskManagerId], timeout_ms: int) -> None:
         """Wait for ``needed`` free slots and every TaskManager in ``owners`` fenced (CapacityError at the timeout)."""
 
-    def deploy(self, job: Job, plan: RestorePlan, prefer: dict[SubtaskId, str] | None = None) -> None:
+    def deploy(self, job: Job, plan: RestorePlan, prefer: Mapping[SubtaskId, TaskManagerId] | None = None) -> None:
         """Deploy every subtask of the job from ``plan`` under a new routing version (caller holds ``job.lock``)."""
 
     def run_in_background(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the JobManager's pool, off the caller's locks."""
 
-    def fail_over(self, job_id: str, cause: str, seen_version: int | None = None) -> None:
+    def fail_over(self, job_id: JobId, cause: str, seen_version: int | None = None) -> None:
         """Restart the job from its latest completed checkpoint, after the restart strategy's delay."""
 
 
@@ -92,7 +92,7 @@ class RestartStrategy:
 
 
 def fail_over(
-    dispatcher: Deployments, checkpointing: Checkpointing, job_id: str, cause: str, seen_version: int | None = None
+    dispatcher: Deployments, checkpointing: Checkpointing, job_id: JobId, cause: str, seen_version: int | None = None
 ) -> None:
     """Restart ``job_id`` from its latest completed checkpoint, as the restart strategy allows.
 

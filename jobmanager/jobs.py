@@ -8,18 +8,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.handles import SlotRestore
-from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId, validate_id
 from keyedstate.common.keygroups import check_parallelism
-from keyedstate.common.rpc.descriptors import operator_spec_from_proto, operator_spec_to_proto
-from keyedstate.common.rpc.enums import value_of
+from keyedstate.common.rpc.descriptors import operator_spec_from_json, operator_spec_to_json
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
-from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
+from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
+from keyedstate.jobmanager.registry import ReportedLimits
 from keyedstate.jobmanager.scheduling import SlotAssignment
 
 
@@ -40,7 +38,7 @@ class JobStatus(enum.Enum):
 class JobSpec:
     """What a client submits: the job's operators, their states, and its max parallelism."""
 
-    job_id: str
+    job_id: JobId
     operators: tuple[OperatorSpec, ...]
     max_parallelism: int
     config: tuple[tuple[str, str], ...] = ()
@@ -99,22 +97,20 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form stored in high-availability job records (operators as protobuf JSON)."""
-        from google.protobuf import json_format
-
         return {
             "job_id": self.job_id,
             "max_parallelism": self.max_parallelism,
             "config": dict(self.config),
-            "operators": [json_format.MessageToDict(operator_spec_to_proto(o)) for o in self.operators],
+            "operators": [operator_spec_to_json(o) for o in self.operators],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         """The inverse of :meth:`to_dict`; raises InvalidArgumentError if the stored spec is not valid."""
-        from google.protobuf import json_format
-
-        ops = tuple(operator_spec_from_proto(json_format.ParseDict(o, pb.OperatorSpec())) for o in data["operators"])
-        return cls(data["job_id"], ops, int(data["max_parallelism"]), tuple(sorted(data.get("config", {}).items())))
+        ops = tuple(operator_spec_from_json(o) for o in data["operators"])
+        return cls(
+            JobId(data["job_id"]), ops, int(data["max_parallelism"]), tuple(sorted(data.get("config", {}).items()))
+        )
 
 
 @dataclass
@@ -140,7 +136,7 @@ class Job:
     failing_over: bool = False  # a failover loop owns the job's restarts
     predecessor: str = ""
     """For a job resubmitted under the id of a cancelled or failed one: where that one's state is."""
-    last_taskmanagers: frozenset[str] = frozenset()
+    last_taskmanagers: frozenset[TaskManagerId] = frozenset()
     """The TaskManagers of the latest deployment: a redeploy waits until each is fenced."""
     coordinator: CheckpointCoordinator | None = None
     """Its checkpoints (None: the job has no checkpoint storage)."""
@@ -165,43 +161,35 @@ class Job:
         return latest.metadata.epoch if latest is not None else -1
 
     @property
-    def job_id(self) -> str:
+    def job_id(self) -> JobId:
+        """The job's id (its spec's)."""
         return self.spec.job_id
 
-    def routing_table(self) -> pb.RoutingTable:
+    def routing_table(self) -> RoutingTable:
         """The routing table clients route by, under the current routing version; call with ``lock`` held.
 
         One route per subtask (its key groups, TaskManager and slot), the job's status, and the strictest state limits
         of the TaskManagers serving it.
         """
-        routes = [
-            pb.Route(
-                operator_id=a.subtask.operator_id,
-                subtask_index=a.subtask.subtask_index,
-                key_groups=pb.KeyGroupRange(start=a.key_groups.start, end=a.key_groups.end),
-                taskmanager_id=a.taskmanager_id,
-                address=a.address,
-                slot_index=a.slot_index,
-            )
-            for a in sorted(self.assignments.values(), key=lambda a: (a.subtask.operator_id, a.subtask.subtask_index))
-        ]
-        return pb.RoutingTable(
+        return RoutingTable(
             job_id=self.job_id,
             version=self.routing_version,
             max_parallelism=self.spec.max_parallelism,
-            routes=routes,
-            job_status=value_of(pb.JobStatus, self.status.value),
+            routes=tuple(
+                sorted(self.assignments.values(), key=lambda a: (a.subtask.operator_id, a.subtask.subtask_index))
+            ),
+            job_status=self.status,
             limits=strictest_limits(a.limits for a in self.assignments.values()),
         )
 
-    def info(self) -> jm_pb.JobInfo:
+    def info(self) -> JobInfo:
         """The job as GetJob answers it (status, latest checkpoint, epochs, lineage); call with ``lock`` held."""
         latest = self.coordinator.latest_completed() if self.coordinator is not None else None
-        return jm_pb.JobInfo(
+        return JobInfo(
             job_id=self.job_id,
-            status=value_of(pb.JobStatus, self.status.value),
+            status=self.status,
             max_parallelism=self.spec.max_parallelism,
-            operators=[operator_spec_to_proto(o) for o in self.spec.operators],
+            operators=self.spec.operators,
             latest_checkpoint_id=latest.checkpoint_id if latest is not None else 0,
             latest_checkpoint_path=latest.external_path if latest is not None else "",
             committed_epoch=self.committed_epoch,
@@ -209,24 +197,58 @@ class Job:
             restarts=self.restarts,
             routing_version=self.routing_version,
             durable_epoch=latest.metadata.epoch if latest is not None else -1,
-            lineage=[
-                pb.LineageEntry(query_id=e.query_id, offset=e.offset, first_epoch=e.first_epoch)
-                for e in self.lineage.entries
-            ],
+            lineage=self.lineage.entries,
         )
 
 
-def strictest_limits(reported: Iterable[pb.StateLimits | None]) -> pb.StateLimits:
+@dataclass(frozen=True)
+class RoutingTable:
+    """Which TaskManager slot serves which key groups of a job, under one routing version (GetRouting)."""
+
+    job_id: JobId
+    version: int
+    max_parallelism: int
+    routes: tuple[SlotAssignment, ...]
+    """One per subtask, ordered by operator and subtask index."""
+    job_status: JobStatus
+    limits: ReportedLimits
+    """The strictest limits of the TaskManagers serving the job (0: none reported)."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as GetJob and statectl show it."""
+
+    job_id: JobId
+    status: JobStatus
+    max_parallelism: int
+    operators: tuple[OperatorSpec, ...]
+    latest_checkpoint_id: int
+    """0: no completed checkpoint."""
+    latest_checkpoint_path: str
+    committed_epoch: int
+    failure_cause: str
+    restarts: int
+    routing_version: int
+    durable_epoch: int
+    """The epoch of the latest completed checkpoint (-1: none)."""
+    lineage: tuple[LineageEntry, ...]
+
+
+_LIMIT_FIELDS = ("max_key_bytes", "max_value_bytes", "max_list_elements")
+
+
+def strictest_limits(reported: Iterable[ReportedLimits | None]) -> ReportedLimits:
     """The smallest of each limit over the TaskManagers that reported it (0: none did)."""
-    out = pb.StateLimits()
+    out = dict.fromkeys(_LIMIT_FIELDS, 0)
     for limits in reported:
         if limits is None:
             continue
-        for name in ("max_key_bytes", "max_value_bytes", "max_list_elements"):
+        for name in _LIMIT_FIELDS:
             value = getattr(limits, name)
-            if value > 0 and (getattr(out, name) == 0 or value < getattr(out, name)):
-                setattr(out, name, value)
-    return out
+            if value > 0 and (out[name] == 0 or value < out[name]):
+                out[name] = value
+    return ReportedLimits(**out)
 
 
 @dataclass(frozen=True)

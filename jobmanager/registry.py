@@ -9,11 +9,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
 from keyedstate.common.config.options import MAX_TASK_SLOTS
 from keyedstate.common.errors import InvalidArgumentError
-from keyedstate.common.ids import SubtaskId, validate_id
+from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId, validate_id
 from keyedstate.common.lease import lease_bound_ms as lease_bound
 from keyedstate.common.lease import lease_duration_ms as lease_duration
 
@@ -39,6 +38,53 @@ def check_address(who: str, what: str, address: str) -> None:
         raise InvalidArgumentError(f"{who} sent {what} {address[:100]!r}; expected host:port with a port in 1..65535")
 
 
+@dataclass(frozen=True)
+class ReportedLimits:
+    """The size limits (``state.limits.*``) a TaskManager enforces, as it reported them; 0: not reported."""
+
+    max_key_bytes: int = 0
+    max_value_bytes: int = 0
+    max_list_elements: int = 0
+
+
+@dataclass(frozen=True)
+class SlotReport:
+    """What a TaskManager says one of its slots hosts (``subtask`` None: the slot is free)."""
+
+    slot_index: int
+    subtask: SubtaskId | None = None
+
+
+@dataclass(frozen=True)
+class TaskManagerRegistration:
+    """What a TaskManager says when it registers (or registers again)."""
+
+    taskmanager_id: TaskManagerId
+    address: str
+    """host:port of its client plane (the address in routing tables)."""
+    host: str
+    num_slots: int
+    backend: str
+    metrics_port: int
+    limits: ReportedLimits | None
+    """None: it did not say."""
+    internal_address: str
+    """host:port of its internal plane ("": the same as ``address``)."""
+    cluster_id: str
+    """Its ``high-availability.cluster-id`` ("": the default cluster)."""
+    slots: tuple[SlotReport, ...] = ()
+    """What it still hosts (after a restart of either side, or a partition)."""
+
+
+@dataclass(frozen=True)
+class HeartbeatReport:
+    """One heartbeat: who, under which JobManager session, and what each of its slots hosts."""
+
+    taskmanager_id: TaskManagerId
+    jobmanager_session: str
+    slots: tuple[SlotReport, ...] = ()
+
+
 class TaskManagerStatus(enum.Enum):
     ACTIVE = "ACTIVE"
     LOST = "LOST"
@@ -46,7 +92,7 @@ class TaskManagerStatus(enum.Enum):
 
 @dataclass
 class TaskManagerRecord:
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     address: str
     host: str
     num_slots: int
@@ -58,7 +104,7 @@ class TaskManagerRecord:
     status: TaskManagerStatus = TaskManagerStatus.ACTIVE
     # slot index -> the subtask the JobManager placed there (None: free)
     occupancy: list[SubtaskId | None] = field(default_factory=list)
-    limits: pb.StateLimits | None = None
+    limits: ReportedLimits | None = None
     """The size limits it enforces (None: it did not say)."""
 
     def free_slots(self) -> list[int]:
@@ -97,8 +143,8 @@ class TaskManagerRegistry:
             if lease_bound_ms is not None
             else lease_bound(lease_duration(heartbeat_timeout_ms, heartbeat_timeout_ms))
         )
-        self._records: dict[str, TaskManagerRecord] = {}
-        self._fenced_by: dict[str, int] = {}  # lost TaskManagers: when their last lease is certainly over
+        self._records: dict[TaskManagerId, TaskManagerRecord] = {}
+        self._fenced_by: dict[TaskManagerId, int] = {}  # lost TaskManagers: when their last lease is certainly over
         self._started_ms = clock.monotonic_ms()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -127,13 +173,13 @@ class TaskManagerRegistry:
 
     def register(
         self,
-        taskmanager_id: str,
+        taskmanager_id: TaskManagerId,
         address: str,
         host: str,
         num_slots: int,
         backend: str,
         metrics_port: int,
-        limits: pb.StateLimits | None = None,
+        limits: ReportedLimits | None = None,
     ) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
         """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
         validate_id("taskmanager id", taskmanager_id)
@@ -166,7 +212,7 @@ class TaskManagerRegistry:
         logger.info("registered taskmanager %s at %s with %d slots", taskmanager_id, address, num_slots)
         return record, previous
 
-    def heartbeat(self, taskmanager_id: str) -> bool:
+    def heartbeat(self, taskmanager_id: TaskManagerId) -> bool:
         """Renew the TaskManager's lease; False if it is unknown or lost, and must register again."""
         with self._lock:
             record = self._records.get(taskmanager_id)
@@ -177,13 +223,13 @@ class TaskManagerRegistry:
             record.lease_until_ms = now + self._lease_bound
             return True
 
-    def deregister(self, taskmanager_id: str) -> None:
+    def deregister(self, taskmanager_id: TaskManagerId) -> None:
         """Mark the TaskManager lost as fenced at once (it deregisters only after closing its server and slots)."""
         # A TaskManager deregisters after it closed its server and slots: fenced.
         self.mark_lost(taskmanager_id, "deregistered (shut down)", fenced=True)
 
     def mark_lost(
-        self, taskmanager_id: str, cause: str, only: TaskManagerRecord | None = None, fenced: bool = False
+        self, taskmanager_id: TaskManagerId, cause: str, only: TaskManagerRecord | None = None, fenced: bool = False
     ) -> None:
         """Remove the TaskManager and tell the listeners; with ``only``, just if that registration is current.
 
@@ -205,7 +251,7 @@ class TaskManagerRegistry:
             except Exception:
                 logger.exception("lost-taskmanager listener failed")
 
-    def check_heartbeats(self) -> list[str]:
+    def check_heartbeats(self) -> list[TaskManagerId]:
         """Mark lost every TaskManager silent for longer than the heartbeat timeout; returns their ids.
 
         Runs every ``check_interval_ms`` after :meth:`start`, on the scheduler's thread.
@@ -230,7 +276,7 @@ class TaskManagerRegistry:
         self._timer = self._scheduler.schedule(self._check_interval, run)
 
     # -- fencing -----------------------------------------------------------------------------
-    def fenced_at_ms(self, taskmanager_id: str) -> int:
+    def fenced_at_ms(self, taskmanager_id: TaskManagerId) -> int:
         """When ``taskmanager_id`` certainly serves nothing it was given before (monotonic ms; 0: already).
 
         A registered TaskManager counts as fenced: its previous slots were released by a call it
@@ -246,8 +292,8 @@ class TaskManagerRegistry:
             return self._started_ms + self._lease_bound  # maybe leased by an earlier JobManager
 
     def wait_fenced(
-        self, taskmanager_ids: Iterable[str], timeout_ms: int, closed: threading.Event | None = None
-    ) -> list[str]:
+        self, taskmanager_ids: Iterable[TaskManagerId], timeout_ms: int, closed: threading.Event | None = None
+    ) -> list[TaskManagerId]:
         """Wait until every TaskManager named is fenced; returns those still not fenced at the timeout."""
         ids = sorted(set(taskmanager_ids))
         deadline = self._clock.monotonic_ms() + timeout_ms
@@ -262,7 +308,7 @@ class TaskManagerRegistry:
                 self._changed.wait(min(0.1, max(0.001, (wake - now) / 1000.0)))
 
     # -- slots -------------------------------------------------------------------------------
-    def get(self, taskmanager_id: str) -> TaskManagerRecord | None:
+    def get(self, taskmanager_id: TaskManagerId) -> TaskManagerRecord | None:
         """The TaskManager's current registration (None once lost); a live, mutable record: read it under ``lock``."""
         with self._lock:
             return self._records.get(taskmanager_id)
@@ -272,21 +318,21 @@ class TaskManagerRegistry:
         with self._lock:
             return sorted(self._records.values(), key=lambda r: r.taskmanager_id)
 
-    def occupy(self, taskmanager_id: str, slot_index: int, subtask: SubtaskId | None) -> None:
+    def occupy(self, taskmanager_id: TaskManagerId, slot_index: int, subtask: SubtaskId | None) -> None:
         """Record ``subtask`` in the slot (None frees it); ignored for an unknown TaskManager or slot index."""
         with self._lock:
             record = self._records.get(taskmanager_id)
             if record is not None and 0 <= slot_index < record.num_slots:
                 record.occupancy[slot_index] = subtask
 
-    def free_if(self, taskmanager_id: str, slot_index: int, subtask: SubtaskId) -> None:
+    def free_if(self, taskmanager_id: TaskManagerId, slot_index: int, subtask: SubtaskId) -> None:
         """Free a slot if it still holds ``subtask`` (a late release must not free a reused slot)."""
         with self._lock:
             record = self._records.get(taskmanager_id)
             if record is not None and 0 <= slot_index < record.num_slots and record.occupancy[slot_index] == subtask:
                 record.occupancy[slot_index] = None
 
-    def hosts_job(self, job_id: str) -> bool:
+    def hosts_job(self, job_id: JobId) -> bool:
         """True while some registered TaskManager's slot is still marked with a subtask of ``job_id``."""
         with self._lock:
             return any(s is not None and s.job_id == job_id for r in self._records.values() for s in r.occupancy)

@@ -2,32 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import CapacityError
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId, TaskManagerId
 from keyedstate.common.keygroups import key_group_range_for_subtask
-from keyedstate.jobmanager.registry import TaskManagerRecord, TaskManagerRegistry
+from keyedstate.jobmanager.registry import ReportedLimits, TaskManagerRecord, TaskManagerRegistry
 
 
 @dataclass(frozen=True)
 class SlotAssignment:
     subtask: SubtaskId
     key_groups: KeyGroupRange
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     address: str
     slot_index: int
     routing_version: int = 0
     """The routing version the slot is deployed under (set when the deployment is made)."""
-    limits: pb.StateLimits | None = field(default=None, compare=False)
+    limits: ReportedLimits | None = field(default=None, compare=False)
     """The size limits of its TaskManager (None: not reported); not part of the assignment's identity."""
 
 
 def plan_subtasks(
-    job_id: str, operators: list[OperatorSpec], max_parallelism: int
+    job_id: JobId, operators: list[OperatorSpec], max_parallelism: int
 ) -> list[tuple[SubtaskId, KeyGroupRange]]:
     """Every subtask of the job with the key-group range it owns (Flink's KeyGroupRangeAssignment)."""
     return [
@@ -38,7 +38,7 @@ def plan_subtasks(
 
 
 def check_free_slots(
-    registry: TaskManagerRegistry, needed: int, avoid: AbstractSet[str] = frozenset()
+    registry: TaskManagerRegistry, needed: int, avoid: AbstractSet[TaskManagerId] = frozenset()
 ) -> list[TaskManagerRecord]:
     """The TaskManagers to allocate from; CapacityError naming the shortfall if they lack ``needed`` free slots."""
     with registry.lock:
@@ -57,8 +57,8 @@ def check_free_slots(
 def allocate_slots(
     registry: TaskManagerRegistry,
     subtasks: list[tuple[SubtaskId, KeyGroupRange]],
-    avoid: set[str] = frozenset(),  # type: ignore[assignment]
-    prefer: dict[SubtaskId, str] | None = None,
+    avoid: AbstractSet[TaskManagerId] = frozenset(),
+    prefer: Mapping[SubtaskId, TaskManagerId] | None = None,
 ) -> list[SlotAssignment]:
     """Reserve one free slot per subtask, spreading them over TaskManagers.
 
@@ -74,7 +74,7 @@ def allocate_slots(
         assignments: list[SlotAssignment] = []
         prefer = prefer or {}
         # Subtasks returning to their previous TaskManager choose first, then the rest spread.
-        ordered = sorted(subtasks, key=lambda st: 0 if free.get(prefer.get(st[0], ""), []) else 1)
+        ordered = sorted(subtasks, key=lambda st: 0 if free.get(prefer.get(st[0], TaskManagerId("")), []) else 1)
         for subtask, key_groups in ordered:
             previous = prefer.get(subtask)
             if previous is not None and free.get(previous):
@@ -92,6 +92,7 @@ def allocate_slots(
 
 
 def release_assignments(registry: TaskManagerRegistry, assignments: list[SlotAssignment]) -> None:
+    """Free the slots ``assignments`` hold in the registry, unless a slot was given to another subtask meanwhile."""
     with registry.lock:
         for a in assignments:
             record = registry.get(a.taskmanager_id)

@@ -10,17 +10,52 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import grpc
 
+from keyedstate.common._proto.v1 import common_pb2 as common_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
+from keyedstate.common.batches import Winner
+from keyedstate.common.descriptors import OperatorSpec
+from keyedstate.common.handles import SlotRestore
+from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.rpc.channels import open_channel
+from keyedstate.common.rpc.convert import restore_to_proto, winner_to_proto
+from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from keyedstate.common.rpc.status import from_rpc_error
 from keyedstate.common.security.tls import INTERNAL, ChannelSecurity
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlotDeployment:
+    """One subtask to deploy into one slot of a TaskManager (the DeploySlot call)."""
+
+    job_id: JobId
+    operator: OperatorSpec
+    subtask_index: int
+    key_groups: KeyGroupRange
+    max_parallelism: int
+    slot_index: int
+    routing_version: int
+    checkpoint_base: str
+    """The job's checkpoint storage (state.checkpoints.dir/<job-id>), for snapshot uploads."""
+    incremental: bool
+    restore: SlotRestore | None = None
+    """What the slot restores first (None: it starts empty)."""
+
+
+@dataclass(frozen=True)
+class DeployedSlot:
+    """A TaskManager's answer to a deployment."""
+
+    restore_duration_ms: int
+    committed_epoch: int
+    """The epoch the deployed slot's state holds (-1: none)."""
 
 
 def _ignore(_connectivity: grpc.ChannelConnectivity) -> None:
@@ -147,16 +182,42 @@ class TaskManagerGateways:
         where = address if target == address else f"{address} (internal {target})"
         return from_rpc_error(exc, f"{method} on TaskManager {where}", plane=INTERNAL)
 
-    def deploy(self, address: str, request: pb.DeploySlotRequest) -> pb.DeploySlotResponse:
-        """Deploy one slot (restoring its state first when the request says so); may take long."""
+    def deploy(self, address: str, deployment: SlotDeployment) -> DeployedSlot:
+        """Deploy one slot (restoring its state first when the deployment says so); may take long."""
+        request = pb.DeploySlotRequest(
+            job_id=deployment.job_id,
+            operator=operator_spec_to_proto(deployment.operator),
+            subtask_index=deployment.subtask_index,
+            key_groups=common_pb.KeyGroupRange(start=deployment.key_groups.start, end=deployment.key_groups.end),
+            max_parallelism=deployment.max_parallelism,
+            slot_index=deployment.slot_index,
+            routing_version=deployment.routing_version,
+            checkpoint_base=deployment.checkpoint_base,
+            incremental=deployment.incremental,
+        )
+        if deployment.restore is not None:
+            request.restore.CopyFrom(restore_to_proto(deployment.restore))
         try:
             response: pb.DeploySlotResponse = self._stub(address).DeploySlot(request, timeout=self.deploy_timeout_s)
-            return response
         except grpc.RpcError as exc:
             raise self._error(exc, "DeploySlot", address) from exc
+        return DeployedSlot(restore_duration_ms=response.restore_duration_ms, committed_epoch=response.committed_epoch)
 
-    def release(self, address: str, request: pb.ReleaseSlotRequest) -> None:
-        """Release one slot; the TaskManager stops serving it before it answers."""
+    def release(
+        self, address: str, subtask: SubtaskId, *, discard_local_state: bool = False, routing_version: int = 0
+    ) -> None:
+        """Release one slot; the TaskManager stops serving it before it answers.
+
+        ``routing_version``: release only a deployment of this version or older (0: whatever is deployed), so a late
+        release never removes a newer deployment of the same subtask.
+        """
+        request = pb.ReleaseSlotRequest(
+            job_id=subtask.job_id,
+            operator_id=subtask.operator_id,
+            subtask_index=subtask.subtask_index,
+            discard_local_state=discard_local_state,
+            routing_version=routing_version,
+        )
         try:
             self._stub(address).ReleaseSlot(request, timeout=self.control_timeout_s)
         except grpc.RpcError as exc:
@@ -179,15 +240,31 @@ class TaskManagerGateways:
         except grpc.RpcError as exc:
             raise self._error(exc, "NotifyCheckpoint", address) from exc
 
-    def commit_epoch(self, address: str, request: pb.EpochCommitRequest) -> pb.EpochCommitResponse:
-        """One round of an epoch commit (prepare, or apply) on the slots of ``address``."""
+    def commit_epoch(
+        self,
+        address: str,
+        *,
+        job_id: JobId,
+        epoch: int,
+        winners: Iterable[Winner],
+        routing_version: int,
+        prepare: bool,
+    ) -> int:
+        """One round of an epoch commit (``prepare``, or apply) on the slots of ``address``; the epoch they hold."""
+        request = pb.EpochCommitRequest(
+            job_id=job_id,
+            epoch=epoch,
+            winners=[winner_to_proto(w) for w in winners],
+            routing_version=routing_version,
+            prepare=prepare,
+        )
         # A prepare only checks; an apply writes the whole epoch and may take long.
-        timeout = self.control_timeout_s if request.prepare else self.deploy_timeout_s
+        timeout = self.control_timeout_s if prepare else self.deploy_timeout_s
         try:
             response: pb.EpochCommitResponse = self._stub(address).CommitEpoch(request, timeout=timeout)
-            return response
         except grpc.RpcError as exc:
             raise self._error(exc, "CommitEpoch", address) from exc
+        return response.committed_epoch
 
     def close(self) -> None:
         """Close every channel (JobManager shutdown); watched channels close a little later, once gRPC's poller lets go."""

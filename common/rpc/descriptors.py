@@ -7,6 +7,10 @@ the client, the servicers and the checkpoint format call these when they build o
 
 from __future__ import annotations
 
+from typing import Any
+
+from google.protobuf import json_format
+
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import (
     NumberType,
@@ -61,6 +65,16 @@ def operator_spec_to_proto(spec: OperatorSpec) -> pb.OperatorSpec:
 def operator_spec_from_proto(msg: pb.OperatorSpec) -> OperatorSpec:
     """The operator a message declares, validated as :class:`OperatorSpec` validates any."""
     return OperatorSpec(msg.operator_id, msg.parallelism, tuple(state_descriptor_from_proto(s) for s in msg.states))
+
+
+def operator_spec_to_json(spec: OperatorSpec) -> dict[str, Any]:
+    """The operator as protobuf JSON: how high-availability job records store a job's operators."""
+    return json_format.MessageToDict(operator_spec_to_proto(spec))
+
+
+def operator_spec_from_json(data: dict[str, Any]) -> OperatorSpec:
+    """The inverse of :func:`operator_spec_to_json` (any protobuf JSON of an ``OperatorSpec``)."""
+    return operator_spec_from_proto(json_format.ParseDict(data, pb.OperatorSpec()))
 
 
 _KIND_TO_PB = {

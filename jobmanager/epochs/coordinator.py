@@ -23,9 +23,9 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Protocol
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.batches import Winner
 from keyedstate.common.clock import Clock
 from keyedstate.common.errors import (
     CheckpointError,
@@ -37,10 +37,11 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.common.faults import crash_point
+from keyedstate.common.ids import JobId
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointInProgressError
-from keyedstate.jobmanager.jobs import Job, JobStatus
+from keyedstate.jobmanager.jobs import Job, JobStatus, RoutingTable
 
 logger = logging.getLogger(__name__)
 
@@ -67,20 +68,20 @@ class BatchStart:
     epoch: int
     committed_epoch: int
     durable_epoch: int
-    job_status: str
+    job_status: JobStatus
     failure_cause: str
-    routing: pb.RoutingTable
+    routing: RoutingTable
 
 
 @dataclass(frozen=True)
 class EpochCommit:
     """One commit request: a batch's epoch, its winners (with ledgers) and what to wait for."""
 
-    job_id: str
+    job_id: JobId
     epoch: int
     query_id: str
     batch_id: int
-    winners: Sequence[pb.PartitionAttempt]
+    winners: Sequence[Winner]
     routing_version: int
     checkpoint: bool = True
     """Trigger a checkpoint containing the epoch (False: wait for a periodic one)."""
@@ -96,20 +97,36 @@ class CommitOutcome:
     """The completed checkpoint holding the epoch (None when not waited for)."""
 
 
+class EpochCommitSender(Protocol):
+    """Sends one round of an epoch commit to the TaskManager at ``address`` (the TaskManager gateway)."""
+
+    def __call__(
+        self,
+        address: str,
+        *,
+        job_id: JobId,
+        epoch: int,
+        winners: Sequence[Winner],
+        routing_version: int,
+        prepare: bool,
+    ) -> object:
+        """Prepare (``prepare``: only check) or apply ``epoch`` on every slot of the job there; raises if refused."""
+
+
 class EpochCoordinator:
     """Begins, commits and makes durable the epochs of every job (see the module docstring)."""
 
     def __init__(
         self,
-        jobs: Callable[[str], Job],
-        commit_on: Callable[[str, tm_pb.EpochCommitRequest], object],
+        jobs: Callable[[JobId], Job],
+        commit_on: EpochCommitSender,
         executor: Executor,
         fail_over_now: Callable[[Job, str], None],
         clock: Clock,
         closed: threading.Event,
         default_timeout_ms: int,
     ) -> None:
-        """``commit_on(address, request)`` sends an EpochCommit to one TaskManager;
+        """``commit_on(address, ...)`` sends one round of an epoch commit to one TaskManager;
         ``fail_over_now(job, cause)`` starts a failover (the caller holds the job's lock)."""
         self._jobs = jobs
         self._commit_on = commit_on
@@ -120,7 +137,11 @@ class EpochCoordinator:
         self._default_timeout_ms = default_timeout_ms
 
     # -- begin -------------------------------------------------------------------------------
-    def begin_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchStart:
+    def begin_batch(self, job_id: JobId, query_id: str, batch_id: int) -> BatchStart:
+        """Where batch ``batch_id`` of ``query_id`` stands: run it, only make it durable, wait, or stop.
+
+        Raises EpochGapError when the job's state cannot take the batch next (epochs would be skipped).
+        """
         if batch_id < 0:
             raise InvalidArgumentError(f"batch_id must be >= 0 (the Spark batch id), got {batch_id}")
         job = self._jobs(job_id)
@@ -133,7 +154,7 @@ class EpochCoordinator:
                     epoch,
                     job.committed_epoch,
                     durable,
-                    job.status.value,
+                    job.status,
                     job.failure_cause,
                     job.routing_table(),
                 )
@@ -207,13 +228,7 @@ class EpochCoordinator:
         the job was not redeployed meanwhile.
         """
         version = commit.routing_version
-        request = tm_pb.EpochCommitRequest(
-            job_id=job.job_id, epoch=epoch, winners=commit.winners, routing_version=version
-        )
-        prepare = tm_pb.EpochCommitRequest()
-        prepare.CopyFrom(request)
-        prepare.prepare = True
-        refused = self._on_all(addresses, prepare)
+        refused = self._on_all(addresses, job.job_id, epoch, commit, prepare=True)
         with job.lock:
             self._still_current(job, epoch, version)
             if refused:
@@ -230,7 +245,7 @@ class EpochCoordinator:
                     f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint"
                 ) from error
         crash_point("jobmanager.epoch.before-commit")
-        failed = self._on_all(addresses, request)
+        failed = self._on_all(addresses, job.job_id, epoch, commit, prepare=False)
         with job.lock:
             if failed:
                 # Some TaskManagers may have applied the epoch and others not. The failover starts
@@ -263,8 +278,22 @@ class EpochCoordinator:
                 f"{epoch} began (v{version}): {job.failure_cause or 'redeployed'}; run the batch again"
             )
 
-    def _on_all(self, addresses: list[str], request: tm_pb.EpochCommitRequest) -> list[tuple[str, KeyedStateError]]:
-        futures = [(a, self._executor.submit(self._commit_on, a, request)) for a in addresses]
+    def _on_all(
+        self, addresses: list[str], job_id: JobId, epoch: int, commit: EpochCommit, *, prepare: bool
+    ) -> list[tuple[str, KeyedStateError]]:
+        """One round (prepare, or apply) on every TaskManager in parallel; the refusals, by address."""
+
+        def send(address: str) -> object:
+            return self._commit_on(
+                address,
+                job_id=job_id,
+                epoch=epoch,
+                winners=commit.winners,
+                routing_version=commit.routing_version,
+                prepare=prepare,
+            )
+
+        futures = [(a, self._executor.submit(send, a)) for a in addresses]
         errors: list[tuple[str, KeyedStateError]] = []
         for address, future in futures:
             try:
@@ -288,61 +317,91 @@ class EpochCoordinator:
         deadline = self._clock.monotonic_ms() + timeout_ms
         last_failure = "none yet"
         while True:
-            with job.lock:
-                if job.status.terminal:
-                    raise JobStateError(f"job {job.job_id!r} is {job.status.value}: {job.failure_cause}")
-                if (
-                    job.committed_epoch < epoch
-                    or job.lineage.epoch_of(query_id, batch_id, job.committed_epoch) != epoch
-                ):
-                    raise EpochConflictError(
-                        f"job {job.job_id!r} restored a checkpoint that holds epoch {job.committed_epoch}, from before "
-                        f"epoch {epoch} was durable ({job.failure_cause or 'failover'}); run the batch again"
-                    )
-                latest = job.coordinator.latest_completed() if job.coordinator is not None else None
-                if latest is not None and _holds(latest, epoch, query_id, batch_id):
-                    return latest
-                running = job.status is JobStatus.RUNNING
-                coordinator = job.coordinator
+            latest, running, coordinator = self._durable_so_far(job, epoch, query_id, batch_id)
+            if latest is not None:
+                return latest
             remaining = deadline - self._clock.monotonic_ms()
-            if remaining <= 0 or self._closed.is_set():
-                raise CheckpointError(
-                    f"job {job.job_id!r}: epoch {epoch} is committed but no checkpoint holding it completed within "
-                    f"{timeout_ms} ms (last failure: {last_failure}); call again to keep waiting"
-                )
-            if coordinator is None:
-                raise InvalidArgumentError(f"job {job.job_id!r} has no checkpoint storage; set state.checkpoints.dir")
-            if not trigger and not coordinator.settings.periodic:
-                raise InvalidArgumentError(
-                    f"job {job.job_id!r} takes no periodic checkpoints, so a batch committed without a checkpoint of its "
-                    "own never becomes durable: set execution.checkpointing.interval, or let each batch take its checkpoint"
-                )
+            coordinator = self._check_still_waiting(
+                job, epoch, coordinator, trigger, remaining, timeout_ms, last_failure
+            )
             if not running or not trigger:
                 self._closed.wait(_POLL_S)
                 continue
-            try:
-                pending = coordinator.trigger()
-            except CheckpointException as exc:
-                # One in flight, or the minimum pause: wait for a turn, then look again (the one in
-                # flight, or a periodic one, may hold the epoch already).
-                if coordinator.wait_for_turn(exc, remaining, self._closed):
-                    continue
-                last_failure = f"{exc.failure_reason.name}: {exc.detail}"
-                logger.warning(
-                    "job=%s epoch=%d checkpoint not triggered (%s); trying again", job.job_id, epoch, last_failure
+            failure = self._checkpoint_once(job, epoch, coordinator, remaining, deadline)
+            if failure is not None:
+                last_failure = failure
+
+    @staticmethod
+    def _durable_so_far(
+        job: Job, epoch: int, query_id: str, batch_id: int
+    ) -> tuple[CompletedCheckpoint | None, bool, CheckpointCoordinator | None]:
+        """The latest completed checkpoint if it holds the epoch, whether the job runs, and its coordinator.
+
+        Raises JobStateError when the job stopped, EpochConflictError when it rolled back below the epoch.
+        """
+        with job.lock:
+            if job.status.terminal:
+                raise JobStateError(f"job {job.job_id!r} is {job.status.value}: {job.failure_cause}")
+            if job.committed_epoch < epoch or job.lineage.epoch_of(query_id, batch_id, job.committed_epoch) != epoch:
+                raise EpochConflictError(
+                    f"job {job.job_id!r} restored a checkpoint that holds epoch {job.committed_epoch}, from before "
+                    f"epoch {epoch} was durable ({job.failure_cause or 'failover'}); run the batch again"
                 )
-                self._closed.wait(_RETRY_PAUSE_S)
-                continue
-            try:
-                coordinator.wait_for(
-                    pending.checkpoint_id, max(0.001, (deadline - self._clock.monotonic_ms()) / 1000.0)
-                )
-            except CheckpointInProgressError:
-                continue  # the deadline check above decides
-            except CheckpointException as exc:
-                last_failure = f"{exc.failure_reason.name}: {exc.detail}"
-                logger.warning("job=%s epoch=%d checkpoint failed (%s); trying again", job.job_id, epoch, last_failure)
-                self._closed.wait(_RETRY_PAUSE_S)
+            latest = job.coordinator.latest_completed() if job.coordinator is not None else None
+            if latest is not None and _holds(latest, epoch, query_id, batch_id):
+                return latest, True, job.coordinator
+            return None, job.status is JobStatus.RUNNING, job.coordinator
+
+    def _check_still_waiting(
+        self,
+        job: Job,
+        epoch: int,
+        coordinator: CheckpointCoordinator | None,
+        trigger: bool,
+        remaining: int,
+        timeout_ms: int,
+        last_failure: str,
+    ) -> CheckpointCoordinator:
+        """The coordinator to wait on; raises when the deadline passed or no checkpoint can ever hold the epoch."""
+        if remaining <= 0 or self._closed.is_set():
+            raise CheckpointError(
+                f"job {job.job_id!r}: epoch {epoch} is committed but no checkpoint holding it completed within "
+                f"{timeout_ms} ms (last failure: {last_failure}); call again to keep waiting"
+            )
+        if coordinator is None:
+            raise InvalidArgumentError(f"job {job.job_id!r} has no checkpoint storage; set state.checkpoints.dir")
+        if not trigger and not coordinator.settings.periodic:
+            raise InvalidArgumentError(
+                f"job {job.job_id!r} takes no periodic checkpoints, so a batch committed without a checkpoint of its "
+                "own never becomes durable: set execution.checkpointing.interval, or let each batch take its checkpoint"
+            )
+        return coordinator
+
+    def _checkpoint_once(
+        self, job: Job, epoch: int, coordinator: CheckpointCoordinator, remaining: int, deadline: int
+    ) -> str | None:
+        """Trigger a checkpoint and wait for it; the failure to report (after a pause), or None to look again."""
+        try:
+            pending = coordinator.trigger()
+        except CheckpointException as exc:
+            # One in flight, or the minimum pause: wait for a turn, then look again (the one in
+            # flight, or a periodic one, may hold the epoch already).
+            if coordinator.wait_for_turn(exc, remaining, self._closed):
+                return None
+            failure = f"{exc.failure_reason.name}: {exc.detail}"
+            logger.warning("job=%s epoch=%d checkpoint not triggered (%s); trying again", job.job_id, epoch, failure)
+            self._closed.wait(_RETRY_PAUSE_S)
+            return failure
+        try:
+            coordinator.wait_for(pending.checkpoint_id, max(0.001, (deadline - self._clock.monotonic_ms()) / 1000.0))
+        except CheckpointInProgressError:
+            return None  # the deadline check decides
+        except CheckpointException as exc:
+            failure = f"{exc.failure_reason.name}: {exc.detail}"
+            logger.warning("job=%s epoch=%d checkpoint failed (%s); trying again", job.job_id, epoch, failure)
+            self._closed.wait(_RETRY_PAUSE_S)
+            return failure
+        return None
 
     def _trigger_quietly(self, job: Job, coordinator: CheckpointCoordinator) -> None:
         try:

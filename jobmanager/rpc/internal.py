@@ -11,11 +11,12 @@ import grpc
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.ids import JobId, TaskManagerId
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
+from keyedstate.jobmanager.rpc.job_wire import heartbeat_from_proto, kept_slots_to_proto, registration_from_proto
 
 
 class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
@@ -27,34 +28,29 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
         self, request: jm_pb.RegisterTaskManagerRequest, context: grpc.ServicerContext
     ) -> jm_pb.RegisterTaskManagerResponse:
         """Register (or re-register) a TaskManager; answers heartbeat settings, its lease and the slots it keeps."""
-        kept = self._d.register_taskmanager(request)
-        slots = {SubtaskId(s.job_id, s.operator_id, s.subtask_index): s.slot_index for s in request.slots if s.job_id}
+        registration = registration_from_proto(request)
+        kept = self._d.register_taskmanager(registration)
         s = self._d.settings
         return jm_pb.RegisterTaskManagerResponse(
             heartbeat_interval_ms=s.heartbeat_interval_ms,
             heartbeat_timeout_ms=s.heartbeat_timeout_ms,
             jobmanager_session=self._d.registry.session,
             lease_duration_ms=s.lease_duration_ms,
-            kept_slots=[
-                jm_pb.SlotReport(
-                    slot_index=slots[k], job_id=k.job_id, operator_id=k.operator_id, subtask_index=k.subtask_index
-                )
-                for k in kept
-            ],
-            routing_versions=self._d.routing_versions(),
+            kept_slots=kept_slots_to_proto(kept, registration.slots),
+            routing_versions={str(job_id): v for job_id, v in self._d.routing_versions().items()},
         )
 
     @rpc_method
     def Heartbeat(self, request: jm_pb.HeartbeatRequest, context: grpc.ServicerContext) -> jm_pb.HeartbeatResponse:
         """Renew a TaskManager's lease; ``known=false`` tells it to register again."""
-        return jm_pb.HeartbeatResponse(known=self._d.heartbeat(request))
+        return jm_pb.HeartbeatResponse(known=self._d.heartbeat(heartbeat_from_proto(request)))
 
     @rpc_method
     def DeregisterTaskManager(
         self, request: jm_pb.DeregisterTaskManagerRequest, context: grpc.ServicerContext
     ) -> jm_pb.DeregisterTaskManagerResponse:
         """Forget a TaskManager that shut its slots down (it counts as fenced at once)."""
-        self._d.registry.deregister(request.taskmanager_id)
+        self._d.registry.deregister(TaskManagerId(request.taskmanager_id))
         return jm_pb.DeregisterTaskManagerResponse()
 
 
@@ -70,7 +66,7 @@ class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayS
         self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
         """Take a subtask's snapshot handle for a pending checkpoint."""
-        outcome = self._checkpointing.acknowledge(self._d.job(request.job_id), request)
+        outcome = self._checkpointing.acknowledge(self._d.job(JobId(request.job_id)), request)
         return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))
 
     @rpc_method
@@ -78,5 +74,5 @@ class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayS
         self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
         """Take a subtask's refusal of a pending checkpoint (the checkpoint is aborted)."""
-        outcome = self._checkpointing.decline(self._d.job(request.job_id), request)
+        outcome = self._checkpointing.decline(self._d.job(JobId(request.job_id)), request)
         return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))

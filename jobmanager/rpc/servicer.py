@@ -11,13 +11,20 @@ from keyedstate.common.config import is_secret_key
 from keyedstate.common.config import options as o
 from keyedstate.common.config._secrets import declared_secret_keys
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.ids import JobId
+from keyedstate.common.rpc.convert import winners_from_proto
 from keyedstate.common.rpc.descriptors import operator_spec_from_proto
-from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.jobmanager.checkpointing import Checkpointing, checkpoint_info
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCommit, EpochCoordinator
 from keyedstate.jobmanager.jobs import JobSpec
+from keyedstate.jobmanager.rpc.job_wire import (
+    batch_start_to_proto,
+    job_info_to_proto,
+    overview_to_proto,
+    routing_to_proto,
+)
 
 MAX_WAIT_MS = 86_400_000
 """The longest wait a call may ask for (a day): waits use the OS clock, which overflows far below int64."""
@@ -52,46 +59,46 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
                 "AWS_SECRET_ACCESS_KEY for S3)"
             )
         spec = JobSpec(
-            job_id=request.job_id,
+            job_id=JobId(request.job_id),
             operators=tuple(operator_spec_from_proto(op) for op in request.operators),
             max_parallelism=request.max_parallelism or self._d.conf.get(o.MAX_PARALLELISM),
             config=tuple(sorted(request.config.items())),
         )
-        return self._d.submit(spec, request.restore_path)
+        return routing_to_proto(self._d.submit(spec, request.restore_path))
 
     @rpc_method
     def CancelJob(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.JobInfo:
         """Cancel a job: release its slots and discard their local state."""
-        return self._d.cancel(request.job_id)
+        return job_info_to_proto(self._d.cancel(JobId(request.job_id)))
 
     @rpc_method
     def GetJob(self, request: jm_pb.JobRequest, context: grpc.ServicerContext) -> jm_pb.JobInfo:
         """Describe a job: status, operators, latest checkpoint, epochs and lineage."""
-        return self._d.job(request.job_id).info()
+        return job_info_to_proto(self._d.job(JobId(request.job_id)).info())
 
     @rpc_method
     def GetRouting(self, request: jm_pb.GetRoutingRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
         """Answer the job's current routing table (which TaskManager serves which key groups)."""
-        return self._d.routing(request.job_id)
+        return routing_to_proto(self._d.routing(JobId(request.job_id)))
 
     @rpc_method
     def GetClusterOverview(
         self, request: jm_pb.ClusterOverviewRequest, context: grpc.ServicerContext
     ) -> jm_pb.ClusterOverview:
         """Describe the registered TaskManagers and what runs in their slots."""
-        return self._d.overview()
+        return overview_to_proto(self._d.overview())
 
     @rpc_method
     def RescaleJob(self, request: jm_pb.RescaleJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
         """Change operators' parallelism, redistributing key groups from a checkpoint."""
         if not request.parallelism:
             raise InvalidArgumentError("RescaleJob needs the new parallelism (operator -> parallelism, or '' for all)")
-        return self._d.rescale(request.job_id, dict(request.parallelism))
+        return routing_to_proto(self._d.rescale(JobId(request.job_id), dict(request.parallelism)))
 
     @rpc_method
     def RestoreJob(self, request: jm_pb.RestoreJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
         """Redeploy a job in place from a checkpoint or savepoint path."""
-        return self._d.restore(request.job_id, request.restore_path)
+        return routing_to_proto(self._d.restore(JobId(request.job_id), request.restore_path))
 
     # -- checkpoints -------------------------------------------------------------------------
     @rpc_method
@@ -100,29 +107,20 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     ) -> jm_pb.CheckpointInfo:
         """Trigger a checkpoint or savepoint of the job, optionally waiting for it to complete."""
         _check_timeout_ms("TriggerCheckpoint", request.timeout_ms)
-        return self._checkpointing.trigger_request(self._d.job(request.job_id), request)
+        return self._checkpointing.trigger_request(self._d.job(JobId(request.job_id)), request)
 
     @rpc_method
     def ListCheckpoints(
         self, request: jm_pb.JobRequest, context: grpc.ServicerContext
     ) -> jm_pb.ListCheckpointsResponse:
         """List the job's recent checkpoints and their statistics."""
-        return self._checkpointing.list_checkpoints(self._d.job(request.job_id))
+        return self._checkpointing.list_checkpoints(self._d.job(JobId(request.job_id)))
 
     # -- epochs ------------------------------------------------------------------------------
     @rpc_method
     def BeginBatch(self, request: jm_pb.BeginBatchRequest, context: grpc.ServicerContext) -> jm_pb.BeginBatchResponse:
         """Tell whether a Spark batch must run, be skipped (already committed) or wait, and under which epoch."""
-        start = self._epochs.begin_batch(request.job_id, request.query_id, request.batch_id)
-        return jm_pb.BeginBatchResponse(
-            action=jm_pb.BatchAction.Value(start.action.value),
-            epoch=start.epoch,
-            committed_epoch=start.committed_epoch,
-            durable_epoch=start.durable_epoch,
-            job_status=value_of(pb.JobStatus, start.job_status),
-            failure_cause=start.failure_cause,
-            routing=start.routing,
-        )
+        return batch_start_to_proto(self._epochs.begin_batch(JobId(request.job_id), request.query_id, request.batch_id))
 
     @rpc_method
     def CommitEpoch(
@@ -130,13 +128,15 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     ) -> jm_pb.CommitEpochResponse:
         """Commit an epoch's winning attempts on every slot, optionally with a checkpoint after it."""
         _check_timeout_ms("CommitEpoch", request.timeout_ms)
+        # Validated here, before anything is applied: a malformed winner is the caller's INVALID_ARGUMENT.
+        winners = list(winners_from_proto(request.winners).values())
         outcome = self._epochs.commit(
             EpochCommit(
-                job_id=request.job_id,
+                job_id=JobId(request.job_id),
                 epoch=request.epoch,
                 query_id=request.query_id,
                 batch_id=request.batch_id,
-                winners=list(request.winners),
+                winners=winners,
                 routing_version=request.expected_routing_version,
                 checkpoint=request.checkpoint,
                 wait_for_checkpoint=request.wait_for_checkpoint,

@@ -22,13 +22,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.client import ChannelSecurity, ClientSettings, StateClient, ValueState
 from keyedstate.common.config import Configuration
+from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import ConfigError, UnavailableError
+from keyedstate.common.ids import JobId, KeyGroupRange
 from keyedstate.common.rpc.channels import create_server
 from keyedstate.jobmanager.daemon import JobManager
-from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
+from keyedstate.jobmanager.taskmanager_gateway import SlotDeployment, TaskManagerGateways
 from keyedstate.taskmanager.daemon import TaskManager
 from tests.fixtures.tls import Leaf, Pki
 from tests.integration.serving._support import JOB, OPERATOR, operators
@@ -135,6 +136,19 @@ def test_a_taskmanager_of_another_ca_cannot_register(inprocess_cluster: Any, pki
     assert cluster.jobmanager.registry.all() == []
 
 
+_STOLEN = SlotDeployment(
+    job_id=JobId("stolen"),
+    operator=OperatorSpec("op", 1, (StateDescriptor("s", StateKind.VALUE),)),
+    subtask_index=0,
+    key_groups=KeyGroupRange(0, 127),
+    max_parallelism=128,
+    slot_index=0,
+    routing_version=1,
+    checkpoint_base="",
+    incremental=False,
+)
+
+
 def test_a_jobmanager_without_the_cluster_certificate_cannot_deploy(inprocess_cluster: Any, pki: Pki) -> None:
     cluster = _tls_cluster(inprocess_cluster, pki, taskmanagers=1)
     tm = cluster.taskmanagers[0]
@@ -152,7 +166,7 @@ def test_a_jobmanager_without_the_cluster_certificate_cannot_deploy(inprocess_cl
         gateways.route(tm.address, tm.internal_address)
         try:
             with pytest.raises(UnavailableError) as info:
-                gateways.deploy(tm.address, tm_pb.DeploySlotRequest(job_id="stolen", slot_index=0))
+                gateways.deploy(tm.address, _STOLEN)
         finally:
             gateways.close()
         assert (

@@ -221,12 +221,12 @@ def test_wait_fenced_ends_early_when_closed(registry: TaskManagerRegistry) -> No
 
 
 def test_routing_tables_carry_the_strictest_limits_the_taskmanagers_reported() -> None:
-    from keyedstate.common._proto.v1 import common_pb2 as pb
     from keyedstate.jobmanager.jobs import strictest_limits
+    from keyedstate.jobmanager.registry import ReportedLimits
 
-    a = pb.StateLimits(max_key_bytes=100, max_value_bytes=1000, max_list_elements=10)
-    b = pb.StateLimits(max_key_bytes=200, max_value_bytes=500)  # no list limit reported
-    assert strictest_limits([a, b, None]) == pb.StateLimits(
+    a = ReportedLimits(max_key_bytes=100, max_value_bytes=1000, max_list_elements=10)
+    b = ReportedLimits(max_key_bytes=200, max_value_bytes=500)  # no list limit reported
+    assert strictest_limits([a, b, None]) == ReportedLimits(
         max_key_bytes=100, max_value_bytes=500, max_list_elements=10
     )
-    assert strictest_limits([None]) == pb.StateLimits()  # nothing known: the client checks nothing
+    assert strictest_limits([None]) == ReportedLimits()  # nothing known: the client checks nothing

@@ -9,7 +9,7 @@ slots hold.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.batches import Winner
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import (
@@ -91,17 +90,26 @@ class TaskManagers:
     refuse: dict[tuple[str, str], KeyedStateError] = field(default_factory=dict)
     during: dict[tuple[str, str], Callable[[], object]] = field(default_factory=dict)
 
-    def __call__(self, address: str, request: tm_pb.EpochCommitRequest) -> tm_pb.EpochCommitResponse:
-        phase = "prepare" if request.prepare else "apply"
-        assert request.routing_version == VERSION and request.job_id == JOB
-        self.calls.append((address, phase, request.epoch))
+    def __call__(
+        self,
+        address: str,
+        *,
+        job_id: JobId,
+        epoch: int,
+        winners: Sequence[Winner],
+        routing_version: int,
+        prepare: bool,
+    ) -> int:
+        phase = "prepare" if prepare else "apply"
+        assert routing_version == VERSION and job_id == JOB
+        self.calls.append((address, phase, epoch))
         action = self.during.get((address, phase))
         if action is not None:
             action()
         error = self.refuse.get((address, phase))
         if error is not None:
             raise error
-        return tm_pb.EpochCommitResponse(committed_epoch=request.epoch if phase == "apply" else request.epoch - 1)
+        return epoch if phase == "apply" else epoch - 1
 
 
 @dataclass
@@ -133,7 +141,7 @@ class Harness:
                 epoch=epoch,
                 query_id=query,
                 batch_id=epoch if batch_id is None else batch_id,
-                winners=[pb.PartitionAttempt(partition=0, attempt=1)],
+                winners=[Winner(partition=0, attempt=1)],
                 routing_version=version,
                 checkpoint=checkpoint,
                 wait_for_checkpoint=wait,
@@ -232,7 +240,7 @@ def test_begin_batch_runs_the_next_epoch_and_only_makes_a_committed_one_durable(
     h = make()
     start = h.epochs.begin_batch(JOB, "q1", 0)
     assert (start.action, start.epoch, start.committed_epoch, start.durable_epoch) == (BatchAction.RUN, 0, -1, -1)
-    assert start.routing.version == VERSION and start.job_status == "RUNNING"
+    assert start.routing.version == VERSION and start.job_status is JobStatus.RUNNING
     h.commit_epochs(2)
     assert h.epochs.begin_batch(JOB, "q1", 3).action is BatchAction.RUN
     for batch in (0, 2):
@@ -258,7 +266,7 @@ def test_begin_batch_asks_to_wait_or_stop_while_the_job_is_not_running(
     assert (start.action, start.epoch, start.job_status, start.failure_cause) == (
         action,
         -1,
-        status.value,
+        status,
         "TaskManager tm-1 lost",
     )
 
@@ -555,7 +563,7 @@ def test_two_drivers_committing_one_batch_apply_it_once(make: Callable[..., Harn
                 epoch=0,
                 query_id="q1",
                 batch_id=0,
-                winners=[pb.PartitionAttempt(partition=0, attempt=2)],
+                winners=[Winner(partition=0, attempt=2)],
                 routing_version=VERSION,
                 checkpoint=False,
                 wait_for_checkpoint=False,
