@@ -29,12 +29,13 @@ from keyedstate.common.descriptors import (
     StateDescriptor,
     StateKind,
 )
+from keyedstate.common.ids import JobId
 from keyedstate.common.storage import CheckpointStorage, open_storage
 from keyedstate.jobmanager.checkpoint import CheckpointMetadata
 from tests.fixtures.cluster import InProcessCluster
 from tests.fixtures.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
-JOB = "orders"
+JOB = JobId("orders")
 OPERATOR = "sessions"
 MAX_P = 128
 
@@ -328,10 +329,10 @@ class CheckpointCluster:
     def client(self) -> StateClient:
         return self.cluster.client(timeout_s=30.0)
 
-    def coordinator(self, job_id: str = JOB) -> Any:
+    def coordinator(self, job_id: JobId = JOB) -> Any:
         return self.cluster.jobmanager.dispatcher.job(job_id).coordinator
 
-    def flush_deletions(self, job_id: str = JOB) -> None:
+    def flush_deletions(self, job_id: JobId = JOB) -> None:
         """Wait for the JobManager's checkpoint cleaner to finish what it queued."""
         assert self.coordinator(job_id).cleaner.flush(timeout=30), "checkpoint deletions did not finish"
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.ids import JobId
 from tests.integration.checkpoints.conftest import (
     CheckpointCluster,
     read_metadata,
@@ -24,7 +25,7 @@ from tests.integration.checkpoints.conftest import (
     relative_files,
 )
 
-JOB = "clicks"
+JOB = JobId("clicks")
 N_KEYS = 1_000_000
 BATCH = 100_000
 TM = {"state.backend.rocksdb.writebuffer.size": "256mb", "taskmanager.memory.managed.size": "1gb"}

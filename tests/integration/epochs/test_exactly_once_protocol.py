@@ -18,6 +18,8 @@ import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.batches import Winner
@@ -290,6 +292,63 @@ def test_a_winner_whose_ledger_the_slots_disagree_with_is_applied_nowhere(cluste
         == 0
     )
     assert total(client).get_many(KEYS[:2]) == [6, 5]
+
+
+@pytest.mark.parametrize(
+    ("winners", "names"),
+    [
+        # Two winning attempts for one partition: which one's writes would count is undefined.
+        (
+            [pb.PartitionAttempt(partition=0, attempt=1), pb.PartitionAttempt(partition=0, attempt=2)],
+            "two winning attempts",
+        ),
+        ([pb.PartitionAttempt(partition=-1, attempt=1)], "must be >= 0"),
+        (
+            [
+                pb.PartitionAttempt(
+                    partition=0, attempt=1, has_ledger=True, writes=[pb.SlotWrites(operator_id=OP, requests=-3)]
+                )
+            ],
+            "counts and subtask indexes must be >= 0",
+        ),
+    ],
+)
+def test_malformed_winners_are_invalid_argument_at_the_jobmanager_and_the_job_keeps_running(
+    cluster: InProcessCluster, winners: list[pb.PartitionAttempt], names: str
+) -> None:
+    """A bad CommitEpoch is the caller's error: refused before any TaskManager sees it, not a failover."""
+    client = cluster.client()
+    start, scope = begin(client, "q1", 0)
+    total(client, scope).put_many(KEYS, [5] * len(KEYS))
+    before = client.job_info(JOB)
+    request = jm_pb.CommitEpochRequest(
+        job_id=JOB,
+        epoch=start.epoch,
+        winners=winners,
+        query_id="q1",
+        batch_id=0,
+        expected_routing_version=start.routing.version,
+        timeout_ms=30_000,
+    )
+    with grpc.insecure_channel(cluster.address) as channel, pytest.raises(grpc.RpcError) as info:
+        jm_grpc.JobManagerStub(channel).CommitEpoch(request, timeout=30)
+    err = cast(grpc.Call, info.value)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert names in (err.details() or "")
+    after = client.job_info(JOB)
+    assert (after.status, after.restarts, after.committed_epoch) == (pb.JOB_STATUS_RUNNING, before.restarts, -1)
+    assert total(client).get_many(KEYS) == [None] * len(KEYS)
+    # The batch's real winner still commits afterwards: nothing was half-applied or fenced.
+    committed = client.commit_epoch(
+        JOB,
+        0,
+        [scope.winner()],
+        query_id="q1",
+        batch_id=0,
+        expected_routing_version=start.routing.version,
+        timeout_s=60,
+    )
+    assert committed.committed_epoch == 0 and total(client).get_many(KEYS[:1]) == [5]
 
 
 # -- leases ----------------------------------------------------------------------------------------

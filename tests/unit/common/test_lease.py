@@ -10,6 +10,7 @@ import pytest
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import ConfigError, Reason, UnavailableError
+from keyedstate.common.ids import TaskManagerId
 from keyedstate.common.lease import Lease, lease_bound_ms, lease_duration_ms
 from keyedstate.jobmanager.registry import TaskManagerRegistry
 from keyedstate.jobmanager.settings import JobManagerSettings
@@ -159,20 +160,20 @@ def test_the_registry_never_calls_a_taskmanager_fenced_while_its_lease_object_st
                 )
                 tm_clock = _RateClock(jm, rate, origin_ms=77_000_123)
                 lease = Lease(tm_clock)
-                registry.register("tm-a", "127.0.0.1:1", "h", 1, "rocksdb", 0)
+                registry.register(TaskManagerId("tm-a"), "127.0.0.1:1", "h", 1, "rocksdb", 0)
                 jm.advance(s.heartbeat_interval_ms)
                 sent_at = tm_clock()
                 jm.advance(delay)
-                assert registry.heartbeat("tm-a")
+                assert registry.heartbeat(TaskManagerId("tm-a"))
                 lease.renew(sent_at, s.lease_duration_ms)
                 # The connection breaks right away: the JobManager declares it lost, unfenced.
-                registry.mark_lost("tm-a", "connection refused")
-                fenced_at = registry.fenced_at_ms("tm-a")
+                registry.mark_lost(TaskManagerId("tm-a"), "connection refused")
+                fenced_at = registry.fenced_at_ms(TaskManagerId("tm-a"))
                 assert fenced_at > jm.monotonic_ms()
                 jm.advance(fenced_at - jm.monotonic_ms() - 1)
-                assert registry.wait_fenced(["tm-a"], 0) == ["tm-a"]
+                assert registry.wait_fenced([TaskManagerId("tm-a")], 0) == [TaskManagerId("tm-a")]
                 jm.advance(1)
-                assert registry.wait_fenced(["tm-a"], 0) == []
+                assert registry.wait_fenced([TaskManagerId("tm-a")], 0) == []
                 assert not lease.valid(), (s.heartbeat_interval_ms, s.heartbeat_timeout_ms, rate, delay, phase)
                 with pytest.raises(UnavailableError):
                     lease.check("ValuePut")
