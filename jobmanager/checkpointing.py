@@ -299,7 +299,7 @@ class Checkpointing:
         slots = {
             subtask: SlotRestore(
                 checkpoint_id=CheckpointId(checkpoint.checkpoint_id),
-                handles=tuple(handle_from_proto(h) for h in handles),
+                handles=tuple(handles),
                 checkpoint_path=checkpoint.external_path,
             )
             for subtask, handles in plan.items()
@@ -366,7 +366,7 @@ class Checkpointing:
         """A subtask's snapshot of ``job`` is uploaded; the outcome's name (SUCCESS, DUPLICATE, ...)."""
         if job.coordinator is None:
             return "UNKNOWN"
-        return job.coordinator.acknowledge(request.checkpoint_id, request.state).name
+        return job.coordinator.acknowledge(request.checkpoint_id, handle_from_proto(request.state)).name
 
     def decline(self, job: Job, request: jm_pb.DeclineCheckpointRequest) -> str:
         """A subtask of ``job`` cannot take the checkpoint: abort it; the outcome's name."""

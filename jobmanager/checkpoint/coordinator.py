@@ -37,13 +37,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
 from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError, UnavailableError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.ids import JobId, SubtaskId, validate_id
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
@@ -394,7 +394,7 @@ class CheckpointCoordinator:
                     raise CheckpointException(
                         R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"{len(missing)} subtask(s) are not running: {shown}"
                     )
-            checkpoint_id = self._ids.get_and_increment()
+            checkpoint_id = CheckpointId(self._ids.get_and_increment())
             if savepoint:
                 assert target_dir is not None
                 target = _paths.join(target_dir, _paths.savepoint_dir_name(self.job_id, checkpoint_id))
@@ -477,7 +477,7 @@ class CheckpointCoordinator:
                 self._periodic_handle = self._scheduler.schedule(delay, self._periodic_tick)
 
     # -- acknowledgements ----------------------------------------------------------------------
-    def acknowledge(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> AckOutcome:
+    def acknowledge(self, checkpoint_id: int, handle: SubtaskStateHandle) -> AckOutcome:
         """Record a subtask's snapshot; the last ack completes the checkpoint on this thread."""
         subtask = SubtaskId(self.job_id, handle.operator_id, handle.subtask_index)
         invalid: CheckpointException | None = None
@@ -752,7 +752,7 @@ class CheckpointCoordinator:
                 logger.exception("job=%s failover callback raised", self.job_id)
         return True
 
-    def _discard_late_ack(self, pending: PendingCheckpoint, handle: pb.SubtaskStateHandle) -> None:
+    def _discard_late_ack(self, pending: PendingCheckpoint, handle: SubtaskStateHandle) -> None:
         """Delete what an ack of an aborted checkpoint uploaded: its directory again, and its unreferenced shared files."""
         self._discard_ack(
             pending.target_path,
@@ -761,7 +761,7 @@ class CheckpointCoordinator:
             f"late ack of aborted checkpoint {pending.checkpoint_id}",
         )
 
-    def _discard_orphan_ack(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> None:
+    def _discard_orphan_ack(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
         """Delete what an ack of a checkpoint this coordinator never knew uploaded (see :meth:`acknowledge`)."""
         prefix = _paths.SHARED_DIR + "/"
         self._discard_ack(
@@ -771,9 +771,7 @@ class CheckpointCoordinator:
             f"ack of checkpoint {checkpoint_id} from an earlier JobManager",
         )
 
-    def _discard_ack(
-        self, target: str, relative: Callable[[str], str], handle: pb.SubtaskStateHandle, what: str
-    ) -> None:
+    def _discard_ack(self, target: str, relative: Callable[[str], str], handle: SubtaskStateHandle, what: str) -> None:
         """Delete ``target`` and the shared files ``handle`` names that nothing references.
 
         ``relative`` maps a path as the TaskManager sent it to one relative to ``target`` (an

@@ -13,10 +13,10 @@ import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
 from keyedstate.common.errors import CorruptCheckpointError, IncompatibleCheckpointError
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import OperatorId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
@@ -169,7 +169,7 @@ def plan_restore(
     checkpoint_dir: str,
     job_id: str | None = None,
     allow_non_restored_state: bool = False,
-) -> dict[SubtaskId, list[pb.SubtaskStateHandle]]:
+) -> dict[SubtaskId, list[SubtaskStateHandle]]:
     """Which snapshots every subtask of the job restores, with absolute file paths.
 
     Checks compatibility first: the max parallelism must match, every state of the checkpoint
@@ -201,7 +201,7 @@ def plan_restore(
         if new is not None:
             _check_states(where, old.operator_id, old.states, new.states, allow_non_restored_state)
     base = checkpoint_dir_of(checkpoint_dir)
-    plan: dict[SubtaskId, list[pb.SubtaskStateHandle]] = {}
+    plan: dict[SubtaskId, list[SubtaskStateHandle]] = {}
     for op in operators:
         snapshot = metadata.operator(op.operator_id)
         if snapshot is None:
@@ -214,7 +214,7 @@ def plan_restore(
             new_range = key_group_range_for_subtask(max_parallelism, op.parallelism, index)
             for snap in snapshot.subtasks:
                 if len(snap.key_groups.intersection(new_range)):
-                    plan[subtask].append(snap.to_handle(op.operator_id, base))
+                    plan[subtask].append(snap.to_handle(OperatorId(op.operator_id), base))
     return plan
 
 

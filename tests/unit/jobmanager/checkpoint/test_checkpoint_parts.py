@@ -13,7 +13,9 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import CheckpointError, ConfigError, InvalidArgumentError
+from keyedstate.common.handles import SubtaskStateHandle
 from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
     CheckpointException,
@@ -115,7 +117,7 @@ def _pending(savepoint: bool = False, epoch: int = -1) -> PendingCheckpoint:
     )
 
 
-def _handle(index: int, *paths: tuple[str, bool]) -> pb.SubtaskStateHandle:
+def _handle(index: int, *paths: tuple[str, bool]) -> SubtaskStateHandle:
     start, end = (0, 3) if index == 0 else (4, 7)
     handle = pb.SubtaskStateHandle(
         operator_id="counts",
@@ -126,7 +128,7 @@ def _handle(index: int, *paths: tuple[str, bool]) -> pb.SubtaskStateHandle:
     )
     for path, shared in paths:
         handle.files.add(path=path, size=10, shared=shared)
-    return handle
+    return handle_from_proto(handle)
 
 
 def test_pending_outcomes() -> None:
