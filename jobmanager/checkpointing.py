@@ -17,7 +17,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
@@ -102,19 +101,18 @@ class _JobGateway:
                 self._cut_addresses = {}
 
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
-        message = barrier.to_proto()
         targets = self._cut_addresses
         if not targets:
             raise UnavailableError(f"job {self._job.job_id} runs no subtask to take checkpoint {barrier.checkpoint_id}")
         for address, expected in targets.items():
-            response = self._taskmanagers.trigger_checkpoint(address, message)
-            if response.slots != expected:
+            slots = self._taskmanagers.trigger_checkpoint(address, barrier)
+            if slots != expected:
                 raise UnavailableError(
                     f"TaskManager {address} took the barrier of checkpoint {barrier.checkpoint_id} in "
-                    f"{response.slots} slots, but hosts {expected} subtasks of job {self._job.job_id}"
+                    f"{slots} slots, but hosts {expected} subtasks of job {self._job.job_id}"
                 )
 
-    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+    def notify(self, job_id: JobId, checkpoint_id: CheckpointId, completed: bool) -> None:
         # Best effort. A completion is told before anyone learns of it (the next incremental
         # checkpoint builds on it); an abort goes out in the background, because a failover
         # aborts checkpoints while it holds the job's lock and a TaskManager may be unreachable.
@@ -123,11 +121,10 @@ class _JobGateway:
         else:
             self._executor.submit(self._notify_all, job_id, checkpoint_id, completed)
 
-    def _notify_all(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
-        request = tm_pb.CheckpointNotification(job_id=job_id, checkpoint_id=checkpoint_id, completed=completed)
+    def _notify_all(self, job_id: JobId, checkpoint_id: CheckpointId, completed: bool) -> None:
         for address in self._addresses():
             try:
-                self._taskmanagers.notify_checkpoint(address, request)
+                self._taskmanagers.notify_checkpoint(address, job_id, checkpoint_id, completed)
             except KeyedStateError as exc:
                 logger.info("notify checkpoint %d to %s: %s", checkpoint_id, address, exc.message)
 

@@ -262,13 +262,13 @@ class CheckpointCoordinator:
                 pending.target_path,
             )
             barrier = CheckpointBarrier(
-                self.job_id,
-                pending.checkpoint_id,
-                pending.trigger_timestamp_ms,
-                pending.target_path,
-                savepoint,
-                pending.incremental,
-                cut.epoch,
+                job_id=self.job_id,
+                checkpoint_id=pending.checkpoint_id,
+                target_path=pending.target_path,
+                epoch=cut.epoch,
+                savepoint=savepoint,
+                incremental=pending.incremental,
+                timestamp_ms=pending.trigger_timestamp_ms,
             )
             try:
                 self._gateway.send_barrier(barrier)
@@ -958,7 +958,7 @@ class CheckpointCoordinator:
         while len(self._recent) > _RECENT:
             self._recent.popitem(last=False)
 
-    def _notify(self, checkpoint_id: int, completed: bool) -> None:
+    def _notify(self, checkpoint_id: CheckpointId, completed: bool) -> None:
         try:
             self._gateway.notify(self.job_id, checkpoint_id, completed)
         except Exception as exc:
