@@ -157,9 +157,9 @@ class CheckpointCoordinator:
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._finalize_lock = threading.Lock()
-        self._pending: dict[int, PendingCheckpoint] = {}
-        self._recent: OrderedDict[int, PendingCheckpoint] = OrderedDict()
-        self._deferred: list[tuple[int, list[str]]] = []
+        self._pending: dict[CheckpointId, PendingCheckpoint] = {}
+        self._recent: OrderedDict[CheckpointId, PendingCheckpoint] = OrderedDict()
+        self._deferred: list[tuple[CheckpointId, list[str]]] = []
         self._last_completion_ms: int | None = None  # monotonic; drives min-pause
         self._latest_checkpoint_id = 0  # newest completed non-savepoint id
         self._latest_success_id = 0
@@ -193,7 +193,7 @@ class CheckpointCoordinator:
         with self._lock:
             return list(self._pending.values())
 
-    def in_progress_ids(self) -> set[int]:
+    def in_progress_ids(self) -> set[CheckpointId]:
         """Ids of checkpoints not yet completed or aborted (``statectl checkpoint gc`` keeps their files)."""
         with self._lock:
             return set(self._pending)
@@ -477,7 +477,7 @@ class CheckpointCoordinator:
                 self._periodic_handle = self._scheduler.schedule(delay, self._periodic_tick)
 
     # -- acknowledgements ----------------------------------------------------------------------
-    def acknowledge(self, checkpoint_id: int, handle: SubtaskStateHandle) -> AckOutcome:
+    def acknowledge(self, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> AckOutcome:
         """Record a subtask's snapshot; the last ack completes the checkpoint on this thread."""
         subtask = SubtaskId(self.job_id, handle.operator_id, handle.subtask_index)
         invalid: CheckpointException | None = None
@@ -539,7 +539,7 @@ class CheckpointCoordinator:
 
     def decline(
         self,
-        checkpoint_id: int,
+        checkpoint_id: CheckpointId,
         subtask: SubtaskId,
         message: str,
         reason: CheckpointFailureReason = R.CHECKPOINT_DECLINED,
@@ -569,7 +569,7 @@ class CheckpointCoordinator:
             victims = [p for p in self._pending.values() if p.status is PendingStatus.IN_PROGRESS]
         return sum(1 for p in victims if self._abort(p, reason, message))
 
-    def _on_timeout(self, checkpoint_id: int) -> None:
+    def _on_timeout(self, checkpoint_id: CheckpointId) -> None:
         with self._lock:
             pending = self._pending.get(checkpoint_id)
             if pending is None or pending.status is not PendingStatus.IN_PROGRESS:
@@ -761,7 +761,7 @@ class CheckpointCoordinator:
             f"late ack of aborted checkpoint {pending.checkpoint_id}",
         )
 
-    def _discard_orphan_ack(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
+    def _discard_orphan_ack(self, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> None:
         """Delete what an ack of a checkpoint this coordinator never knew uploaded (see :meth:`acknowledge`)."""
         prefix = _paths.SHARED_DIR + "/"
         self._discard_ack(
@@ -793,7 +793,9 @@ class CheckpointCoordinator:
         )
 
     # -- shared-file deletion guard ------------------------------------------------------------
-    def _defer_locked(self, files: list[str], exclude: frozenset[int] | set[int] = frozenset()) -> list[str]:
+    def _defer_locked(
+        self, files: list[str], exclude: frozenset[CheckpointId] | set[CheckpointId] = frozenset()
+    ) -> list[str]:
         """Files safe to delete now; the rest wait until the checkpoints now pending finish.
 
         A checkpoint still collecting acks may reference a shared file that just lost its last
@@ -855,7 +857,7 @@ class CheckpointCoordinator:
         return release
 
     # -- waiting, restore, shutdown ------------------------------------------------------------
-    def wait_for(self, checkpoint_id: int, timeout: float | None = None) -> CompletedCheckpoint:
+    def wait_for(self, checkpoint_id: CheckpointId, timeout: float | None = None) -> CompletedCheckpoint:
         """Block until checkpoint ``checkpoint_id`` completes (returned) or fails (CheckpointException).
 
         ``timeout`` is in seconds; when it runs out first, CheckpointInProgressError is raised and

@@ -14,10 +14,16 @@ from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.rpc.descriptors import operator_spec_from_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import rpc_method
-from keyedstate.jobmanager.checkpointing import Checkpointing, checkpoint_info
+from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCommit, EpochCoordinator
 from keyedstate.jobmanager.jobs import JobSpec
+from keyedstate.jobmanager.rpc.checkpoint_wire import (
+    checkpoint_info,
+    list_checkpoints_response,
+    summary_to_proto,
+    trigger_from_proto,
+)
 
 MAX_WAIT_MS = 86_400_000
 """The longest wait a call may ask for (a day): waits use the OS clock, which overflows far below int64."""
@@ -100,14 +106,15 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     ) -> jm_pb.CheckpointInfo:
         """Trigger a checkpoint or savepoint of the job, optionally waiting for it to complete."""
         _check_timeout_ms("TriggerCheckpoint", request.timeout_ms)
-        return self._checkpointing.trigger_request(self._d.job(request.job_id), request)
+        summary = self._checkpointing.trigger_request(self._d.job(request.job_id), trigger_from_proto(request))
+        return summary_to_proto(summary)
 
     @rpc_method
     def ListCheckpoints(
         self, request: jm_pb.JobRequest, context: grpc.ServicerContext
     ) -> jm_pb.ListCheckpointsResponse:
         """List the job's recent checkpoints and their statistics."""
-        return self._checkpointing.list_checkpoints(self._d.job(request.job_id))
+        return list_checkpoints_response(self._checkpointing.list_checkpoints(self._d.job(request.job_id)))
 
     # -- epochs ------------------------------------------------------------------------------
     @rpc_method

@@ -25,6 +25,7 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.checkpoint import (
     CheckpointFailureReason as R,
 )
+from keyedstate.jobmanager.rpc.checkpoint_wire import summary_to_proto
 
 JOB = "job-1"
 
@@ -87,7 +88,7 @@ def test_full_lifecycle_writes_metadata_last_and_notifies(make_harness: Any) -> 
     assert h.metric("lastCheckpointFullSize") == completed.metadata.full_size > 0
     history = h.coordinator.stats.history()
     assert history[0].status == "COMPLETED" and history[0].path == completed.external_path
-    assert history[0].to_proto().checkpoint_id == 1
+    assert summary_to_proto(history[0].summary()).checkpoint_id == 1
 
 
 def test_acks_arriving_during_barrier_delivery_complete_the_checkpoint(make_harness: Any) -> None:

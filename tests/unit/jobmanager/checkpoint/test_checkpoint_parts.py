@@ -36,6 +36,7 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.checkpoint import (
     CheckpointFailureReason as R,
 )
+from keyedstate.jobmanager.rpc.checkpoint_wire import summary_to_proto
 from tests.fakes.clock import ManualClock
 from tests.fakes.scheduler import ManualScheduler
 
@@ -313,7 +314,7 @@ def test_stats_gauges_are_flink_named_and_shared_across_jobs() -> None:
     )
     history = a.history()
     assert [(e.checkpoint_id, e.status) for e in history] == [(3, "IN_PROGRESS"), (2, "FAILED")]
-    assert history[1].to_proto().failure_reason == "CHECKPOINT_EXPIRED: slow"
+    assert summary_to_proto(history[1].summary()).failure_reason == "CHECKPOINT_EXPIRED: slow"
     a.close()
     assert value("numberOfCompletedCheckpoints", "a") is None and value("numberOfCompletedCheckpoints", "b") == 0
 
