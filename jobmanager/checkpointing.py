@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -22,6 +21,7 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import (
     CheckpointError,
+    CorruptCheckpointError,
     InvalidArgumentError,
     KeyedStateError,
     UnavailableError,
@@ -105,6 +105,7 @@ class _JobGateway:
 
     @contextmanager
     def cut(self) -> Iterator[EpochCut]:
+        """The job's committed epoch and running subtasks, with epoch commits held back (see CheckpointGateway.cut)."""
         # The epoch lock keeps epoch commits out while the coordinator records the epoch and
         # sends the barrier, so every slot of one checkpoint holds exactly that epoch (and a
         # slot that does not refuses the barrier). The deployment is read with the epoch: a job
@@ -126,6 +127,7 @@ class _JobGateway:
                 self._cut_addresses = {}
 
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        """The barrier to every TaskManager the cut counted; UnavailableError if one takes it in fewer slots."""
         targets = self._cut_addresses
         if not targets:
             raise UnavailableError(f"job {self._job.job_id} runs no subtask to take checkpoint {barrier.checkpoint_id}")
@@ -316,7 +318,7 @@ class Checkpointing:
             list(job.spec.operators),
             job.spec.max_parallelism,
             checkpoint_dir=checkpoint.external_path,
-            job_id=job.job_id,
+            job_id=JobId(job.job_id),
         )
         slots = {
             subtask: SlotRestore(
@@ -489,7 +491,7 @@ class Checkpointing:
         self.persist(job)
         return job
 
-    def _completed_checkpoints(self, job: Job) -> list[Any]:
+    def _completed_checkpoints(self, job: Job) -> list[CompletedCheckpoint]:
         """The checkpoints the HA pointers name, plus one whose ``_metadata`` beat its pointer.
 
         A JobManager can die after writing ``_metadata`` and before writing the pointer: that
@@ -497,8 +499,6 @@ class Checkpointing:
         is taken back instead of being orphaned. Pointers whose checkpoint no longer loads and
         verifies are dropped, newest first, so recovery falls back to an older checkpoint.
         """
-        from keyedstate.common.errors import CorruptCheckpointError
-
         loaded = []
         for pointer in self.ha.checkpoint_pointers(job.job_id):
             try:

@@ -39,10 +39,12 @@ class CompletedCheckpoint:
 
     @property
     def checkpoint_id(self) -> CheckpointId:
+        """The id recorded in its ``_metadata``."""
         return CheckpointId(self.metadata.checkpoint_id)
 
     @property
     def savepoint(self) -> bool:
+        """A savepoint belongs to the user: never subsumed, never deleted by retention."""
         return self.metadata.savepoint
 
     @property

@@ -175,14 +175,17 @@ class CheckpointCoordinator:
     # -- queries -------------------------------------------------------------------------------
     @property
     def store(self) -> CompletedCheckpointStore:
+        """The retained completed checkpoints (what job info lists and a failover restores from)."""
         return self._store
 
     @property
     def shared_registry(self) -> SharedStateRegistry:
+        """Reference counts of the ``shared/`` files the retained checkpoints use."""
         return self._registry
 
     @property
     def cleaner(self) -> CheckpointsCleaner:
+        """Deletes what aborted and subsumed checkpoints leave (flush it to wait for deletions)."""
         return self._cleaner
 
     def latest_completed(self) -> CompletedCheckpoint | None:
@@ -190,6 +193,7 @@ class CheckpointCoordinator:
         return self._store.latest()
 
     def pending_checkpoints(self) -> list[PendingCheckpoint]:
+        """The checkpoints still collecting acknowledgements or being finalized."""
         with self._lock:
             return list(self._pending.values())
 

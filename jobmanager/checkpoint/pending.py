@@ -119,6 +119,7 @@ class PendingCheckpoint:
 
     @property
     def num_acknowledged(self) -> int:
+        """How many expected subtasks acknowledged so far (shown while waiting for the checkpoint)."""
         return len(self._acks)
 
     def not_yet_acknowledged(self) -> frozenset[SubtaskId]:

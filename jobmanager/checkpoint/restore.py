@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
 from keyedstate.common.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from keyedstate.common.handles import SubtaskStateHandle
-from keyedstate.common.ids import OperatorId, SubtaskId
+from keyedstate.common.ids import JobId, OperatorId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
@@ -167,7 +167,7 @@ def plan_restore(
     max_parallelism: int,
     *,
     checkpoint_dir: str,
-    job_id: str | None = None,
+    job_id: JobId | None = None,
     allow_non_restored_state: bool = False,
 ) -> dict[SubtaskId, list[SubtaskStateHandle]]:
     """Which snapshots every subtask of the job restores, with absolute file paths.
@@ -177,7 +177,7 @@ def plan_restore(
     job unless ``allow_non_restored_state`` (Flink's ``--allowNonRestoredState``). Operators and
     states new to the job start empty. Subtasks with nothing to restore map to an empty list.
     """
-    job_id = job_id or metadata.job_id
+    owner = job_id or JobId(metadata.job_id)
     where = f"checkpoint {metadata.checkpoint_id} ({checkpoint_dir})"
     if metadata.max_parallelism != max_parallelism:
         raise IncompatibleCheckpointError(
@@ -207,7 +207,7 @@ def plan_restore(
         if snapshot is None:
             logger.info("restore: operator %r is not in %s; it starts empty", op.operator_id, where)
         for index in range(op.parallelism):
-            subtask = SubtaskId(job_id, op.operator_id, index)
+            subtask = SubtaskId(owner, op.operator_id, index)
             plan[subtask] = []
             if snapshot is None:
                 continue
