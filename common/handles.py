@@ -26,6 +26,8 @@ class CheckpointBarrier:
     """The job epoch the cut was taken at; every slot of the job must hold exactly it."""
     savepoint: bool = False
     incremental: bool = False
+    timestamp_ms: int = 0
+    """Trigger time (wall clock), as recorded in ``_metadata``; informational for the TaskManager."""
 
 
 @dataclass(frozen=True)

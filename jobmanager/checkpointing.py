@@ -12,35 +12,36 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import (
     CheckpointError,
+    CorruptCheckpointError,
     InvalidArgumentError,
     KeyedStateError,
     UnavailableError,
 )
-from keyedstate.common.handles import SlotRestore
+from keyedstate.common.handles import SlotRestore, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
-from keyedstate.common.rpc.convert import handle_from_proto
-from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
+    AckOutcome,
     CheckpointBarrier,
     CheckpointCoordinator,
     CheckpointException,
     CheckpointingSettings,
     CheckpointStatsTracker,
+    CheckpointStatus,
+    CheckpointSummary,
     CompletedCheckpoint,
     CoordinatorConfig,
     CoordinatorServices,
+    DeclineReason,
     EpochCut,
     _paths,
     find_latest_checkpoint,
@@ -59,6 +60,29 @@ FailOver = Callable[[str, str], None]
 Dispatcher's failover, passed in by whoever attaches the coordinator)."""
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointTrigger:
+    """A request to take a checkpoint or savepoint now (statectl, a Spark driver, the client)."""
+
+    savepoint: bool = False
+    target_dir: str | None = None
+    """Where a savepoint goes (None: ``state.savepoints.dir``); checkpoints always go to the job directory."""
+    wait: bool = False
+    """Answer only once it completed or failed (or ``timeout_ms`` ran out)."""
+    timeout_ms: int = 0
+    """How long to wait for a turn and for the outcome; 0: the job's checkpoint timeout for the turn, no limit after."""
+
+
+@dataclass(frozen=True)
+class CheckpointDecline:
+    """A subtask's refusal to take a checkpoint, with the TaskManager's cause."""
+
+    checkpoint_id: CheckpointId
+    subtask: SubtaskId
+    message: str
+    reason: DeclineReason = DeclineReason.UNSPECIFIED
 
 
 class _JobGateway:
@@ -81,6 +105,7 @@ class _JobGateway:
 
     @contextmanager
     def cut(self) -> Iterator[EpochCut]:
+        """The job's committed epoch and running subtasks, with epoch commits held back (see CheckpointGateway.cut)."""
         # The epoch lock keeps epoch commits out while the coordinator records the epoch and
         # sends the barrier, so every slot of one checkpoint holds exactly that epoch (and a
         # slot that does not refuses the barrier). The deployment is read with the epoch: a job
@@ -102,19 +127,19 @@ class _JobGateway:
                 self._cut_addresses = {}
 
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
-        message = barrier.to_proto()
+        """The barrier to every TaskManager the cut counted; UnavailableError if one takes it in fewer slots."""
         targets = self._cut_addresses
         if not targets:
             raise UnavailableError(f"job {self._job.job_id} runs no subtask to take checkpoint {barrier.checkpoint_id}")
         for address, expected in targets.items():
-            response = self._taskmanagers.trigger_checkpoint(address, message)
-            if response.slots != expected:
+            slots = self._taskmanagers.trigger_checkpoint(address, barrier)
+            if slots != expected:
                 raise UnavailableError(
                     f"TaskManager {address} took the barrier of checkpoint {barrier.checkpoint_id} in "
-                    f"{response.slots} slots, but hosts {expected} subtasks of job {self._job.job_id}"
+                    f"{slots} slots, but hosts {expected} subtasks of job {self._job.job_id}"
                 )
 
-    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+    def notify(self, job_id: JobId, checkpoint_id: CheckpointId, completed: bool) -> None:
         # Best effort. A completion is told before anyone learns of it (the next incremental
         # checkpoint builds on it); an abort goes out in the background, because a failover
         # aborts checkpoints while it holds the job's lock and a TaskManager may be unreachable.
@@ -123,11 +148,10 @@ class _JobGateway:
         else:
             self._executor.submit(self._notify_all, job_id, checkpoint_id, completed)
 
-    def _notify_all(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
-        request = tm_pb.CheckpointNotification(job_id=job_id, checkpoint_id=checkpoint_id, completed=completed)
+    def _notify_all(self, job_id: JobId, checkpoint_id: CheckpointId, completed: bool) -> None:
         for address in self._addresses():
             try:
-                self._taskmanagers.notify_checkpoint(address, request)
+                self._taskmanagers.notify_checkpoint(address, job_id, checkpoint_id, completed)
             except KeyedStateError as exc:
                 logger.info("notify checkpoint %d to %s: %s", checkpoint_id, address, exc.message)
 
@@ -207,7 +231,7 @@ class Checkpointing:
             self._scheduler,
             id_counter=id_counter,
             store=store,
-            stats=CheckpointStatsTracker(job.job_id, self._metrics_registry),
+            stats=CheckpointStatsTracker(JobId(job.job_id), self._metrics_registry),
         )
         job.coordinator = CheckpointCoordinator(
             config,
@@ -294,12 +318,12 @@ class Checkpointing:
             list(job.spec.operators),
             job.spec.max_parallelism,
             checkpoint_dir=checkpoint.external_path,
-            job_id=job.job_id,
+            job_id=JobId(job.job_id),
         )
         slots = {
             subtask: SlotRestore(
                 checkpoint_id=CheckpointId(checkpoint.checkpoint_id),
-                handles=tuple(handle_from_proto(h) for h in handles),
+                handles=tuple(handles),
                 checkpoint_path=checkpoint.external_path,
             )
             for subtask, handles in plan.items()
@@ -315,8 +339,12 @@ class Checkpointing:
         return self.plan_restore(job, path) if path else EMPTY_PLAN
 
     # -- RPC entry points --------------------------------------------------------------------
-    def trigger_request(self, job: Job, request: jm_pb.TriggerCheckpointRequest) -> jm_pb.CheckpointInfo:
-        """Trigger a checkpoint or savepoint of ``job``; waits for the outcome when ``request.wait``."""
+    def trigger_request(self, job: Job, request: CheckpointTrigger) -> CheckpointSummary:
+        """Trigger a checkpoint or savepoint of ``job``; waits for the outcome when ``request.wait``.
+
+        A refusal or a failure is an answer (status FAILED with its reason), not an error: the
+        caller decides whether to retry.
+        """
         coordinator = self._coordinator(job)
         try:
             # A checkpoint in flight or the minimum pause is waited out rather than refused.
@@ -324,19 +352,18 @@ class Checkpointing:
             pending = coordinator.trigger_waiting(
                 turn_ms,
                 savepoint=request.savepoint,
-                target_dir=request.target_directory or None,
+                target_dir=request.target_dir,
                 closed=self._stop,
             )
         except CheckpointException as exc:
-            return jm_pb.CheckpointInfo(status=jm_pb.CHECKPOINT_STATUS_FAILED, failure_reason=_failure(exc))
-        info = jm_pb.CheckpointInfo(
-            checkpoint_id=pending.checkpoint_id,
-            status=jm_pb.CHECKPOINT_STATUS_IN_PROGRESS,
-            path=pending.target_path,
-            savepoint=request.savepoint,
-        )
+            return CheckpointSummary(CheckpointId(0), CheckpointStatus.FAILED, failure_reason=_failure(exc))
         if not request.wait:
-            return info
+            return CheckpointSummary(
+                pending.checkpoint_id,
+                CheckpointStatus.IN_PROGRESS,
+                path=pending.target_path,
+                savepoint=request.savepoint,
+            )
         return self._wait(
             coordinator,
             pending.checkpoint_id,
@@ -345,60 +372,35 @@ class Checkpointing:
         )
 
     def _wait(
-        self, coordinator: CheckpointCoordinator, checkpoint_id: int, timeout: float | None, savepoint: bool
-    ) -> jm_pb.CheckpointInfo:
+        self, coordinator: CheckpointCoordinator, checkpoint_id: CheckpointId, timeout: float | None, savepoint: bool
+    ) -> CheckpointSummary:
         try:
             completed = coordinator.wait_for(checkpoint_id, timeout)
         except CheckpointException as exc:
-            return jm_pb.CheckpointInfo(
-                checkpoint_id=checkpoint_id,
-                status=jm_pb.CHECKPOINT_STATUS_FAILED,
-                failure_reason=_failure(exc),
-                savepoint=savepoint,
+            return CheckpointSummary(
+                checkpoint_id, CheckpointStatus.FAILED, failure_reason=_failure(exc), savepoint=savepoint
             )
         except CheckpointError as exc:
-            return jm_pb.CheckpointInfo(
-                checkpoint_id=checkpoint_id, status=jm_pb.CHECKPOINT_STATUS_IN_PROGRESS, failure_reason=exc.message
-            )
-        return checkpoint_info(completed)
+            return CheckpointSummary(checkpoint_id, CheckpointStatus.IN_PROGRESS, failure_reason=exc.message)
+        return CheckpointSummary.of_completed(completed)
 
-    def acknowledge(self, job: Job, request: jm_pb.AcknowledgeCheckpointRequest) -> str:
-        """A subtask's snapshot of ``job`` is uploaded; the outcome's name (SUCCESS, DUPLICATE, ...)."""
+    def acknowledge(self, job: Job, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> AckOutcome:
+        """A subtask's snapshot of ``job`` is uploaded; what the coordinator did with it (UNKNOWN without one)."""
         if job.coordinator is None:
-            return "UNKNOWN"
-        return job.coordinator.acknowledge(request.checkpoint_id, request.state).name
+            return AckOutcome.UNKNOWN
+        return job.coordinator.acknowledge(checkpoint_id, handle)
 
-    def decline(self, job: Job, request: jm_pb.DeclineCheckpointRequest) -> str:
-        """A subtask of ``job`` cannot take the checkpoint: abort it; the outcome's name."""
+    def decline(self, job: Job, decline: CheckpointDecline) -> AckOutcome:
+        """A subtask of ``job`` cannot take the checkpoint: abort it; what the coordinator did."""
         if job.coordinator is None:
-            return "UNKNOWN"
-        outcome = job.coordinator.decline(
-            request.checkpoint_id,
-            SubtaskId(request.job_id, request.operator_id, request.subtask_index),
-            request.message,
-        )
-        return getattr(outcome, "name", str(outcome) if outcome is not None else "SUCCESS")
+            return AckOutcome.UNKNOWN
+        # Every decline reason aborts as CHECKPOINT_DECLINED (the message says what failed).
+        return job.coordinator.decline(decline.checkpoint_id, decline.subtask, decline.message)
 
-    def list_checkpoints(self, job: Job) -> jm_pb.ListCheckpointsResponse:
+    def list_checkpoints(self, job: Job) -> list[CheckpointSummary]:
         """The checkpoint history of ``job`` (in flight, completed and failed), newest first."""
         coordinator = self._coordinator(job)
-        entries = []
-        for e in coordinator.stats.history():
-            entries.append(
-                jm_pb.CheckpointInfo(
-                    checkpoint_id=e.checkpoint_id,
-                    path=e.path or "",
-                    status=value_of(jm_pb.CheckpointStatus, e.status),
-                    failure_reason=f"{e.failure_reason}: {e.failure_message}" if e.failure_reason else "",
-                    epoch=e.epoch,
-                    trigger_timestamp_ms=e.trigger_timestamp_ms,
-                    duration_ms=e.duration_ms or 0,
-                    full_size=e.full_size or 0,
-                    incremental_size=e.incremental_size or 0,
-                    savepoint=e.savepoint,
-                )
-            )
-        return jm_pb.ListCheckpointsResponse(checkpoints=entries)
+        return [e.summary() for e in coordinator.stats.history()]
 
     def checkpoint_now(self, job: Job) -> CompletedCheckpoint:
         """A completed checkpoint taken now (before a rescale or a restore redeploys the job), waiting
@@ -489,7 +491,7 @@ class Checkpointing:
         self.persist(job)
         return job
 
-    def _completed_checkpoints(self, job: Job) -> list[Any]:
+    def _completed_checkpoints(self, job: Job) -> list[CompletedCheckpoint]:
         """The checkpoints the HA pointers name, plus one whose ``_metadata`` beat its pointer.
 
         A JobManager can die after writing ``_metadata`` and before writing the pointer: that
@@ -497,8 +499,6 @@ class Checkpointing:
         is taken back instead of being orphaned. Pointers whose checkpoint no longer loads and
         verifies are dropped, newest first, so recovery falls back to an older checkpoint.
         """
-        from keyedstate.common.errors import CorruptCheckpointError
-
         loaded = []
         for pointer in self.ha.checkpoint_pointers(job.job_id):
             try:
@@ -584,21 +584,3 @@ def _next_unused_checkpoint_id(storage: CheckpointStorage, job_dir: str) -> int:
 def _failure(exc: CheckpointException) -> str:
     # The checkpoint's own reason (CHECKPOINT_DECLINED, ...), not the error class's CHECKPOINT_FAILED.
     return f"{exc.failure_reason.name}: {exc.detail}"
-
-
-def checkpoint_info(completed: CompletedCheckpoint) -> jm_pb.CheckpointInfo:
-    """A completed checkpoint as the wire's CheckpointInfo (status COMPLETED)."""
-    meta = completed.metadata
-    # Wall-clock trigger to completion; 0 for a checkpoint loaded from storage (no completion time).
-    duration = max(0, completed.completion_timestamp_ms - meta.timestamp_ms) if completed.completion_timestamp_ms else 0
-    return jm_pb.CheckpointInfo(
-        checkpoint_id=completed.checkpoint_id,
-        path=completed.external_path,
-        status=jm_pb.CHECKPOINT_STATUS_COMPLETED,
-        epoch=meta.epoch,
-        trigger_timestamp_ms=meta.timestamp_ms,
-        full_size=meta.full_size,
-        incremental_size=meta.incremental_size,
-        savepoint=meta.savepoint,
-        duration_ms=duration,
-    )

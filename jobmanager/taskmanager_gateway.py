@@ -20,10 +20,10 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.batches import Winner
 from keyedstate.common.descriptors import OperatorSpec
-from keyedstate.common.handles import SlotRestore
-from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId
+from keyedstate.common.handles import CheckpointBarrier, SlotRestore
+from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.rpc.channels import open_channel
-from keyedstate.common.rpc.convert import restore_to_proto, winner_to_proto
+from keyedstate.common.rpc.convert import barrier_to_proto, restore_to_proto, winner_to_proto
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from keyedstate.common.rpc.status import from_rpc_error
 from keyedstate.common.security.tls import INTERNAL, ChannelSecurity
@@ -223,18 +223,19 @@ class TaskManagerGateways:
         except grpc.RpcError as exc:
             raise self._error(exc, "ReleaseSlot", address) from exc
 
-    def trigger_checkpoint(self, address: str, barrier: pb.CheckpointBarrier) -> pb.TriggerResponse:
-        """Send a checkpoint barrier to every slot of the job on ``address``; the answer counts the slots."""
+    def trigger_checkpoint(self, address: str, barrier: CheckpointBarrier) -> int:
+        """Send a checkpoint barrier to every slot of the job on ``address``; the number of slots that took it."""
         try:
             response: pb.TriggerResponse = self._stub(address).TriggerCheckpoint(
-                barrier, timeout=self.barrier_timeout_s
+                barrier_to_proto(barrier), timeout=self.barrier_timeout_s
             )
-            return response
+            return response.slots
         except grpc.RpcError as exc:
             raise self._error(exc, "TriggerCheckpoint", address) from exc
 
-    def notify_checkpoint(self, address: str, request: pb.CheckpointNotification) -> None:
+    def notify_checkpoint(self, address: str, job_id: JobId, checkpoint_id: CheckpointId, completed: bool) -> None:
         """Tell ``address`` a checkpoint completed or was aborted (it may then drop or keep files)."""
+        request = pb.CheckpointNotification(job_id=job_id, checkpoint_id=checkpoint_id, completed=completed)
         try:
             self._stub(address).NotifyCheckpoint(request, timeout=self.control_timeout_s)
         except grpc.RpcError as exc:

@@ -46,6 +46,7 @@ class ImmediateAckTaskManagers:
     def __init__(self, operators: list[Any], max_parallelism: int) -> None:
         from keyedstate.common._proto.v1 import common_pb2 as pb
         from keyedstate.common.keygroups import key_group_range_for_subtask
+        from keyedstate.common.rpc.convert import handle_from_proto
 
         self.coordinator: Any = None
         self.handles: list[Any] = []
@@ -72,7 +73,7 @@ class ImmediateAckTaskManagers:
                     h.files.add(path=f"{tag}/{name}", size=size, sha256="f" * 64, local_name=name, shared=False)
                 h.full_size = sum(f.size for f in h.files)
                 h.incremental_size = sum(f.size for f in h.files if not f.shared)
-                self.handles.append(h)
+                self.handles.append(handle_from_proto(h))  # the coordinator takes domain handles
 
     @contextlib.contextmanager
     def cut(self) -> Iterator[EpochCut]:

@@ -27,6 +27,7 @@ def barrier_from_proto(message: tm_pb.CheckpointBarrier) -> CheckpointBarrier:
         epoch=message.epoch,
         savepoint=message.savepoint,
         incremental=message.incremental,
+        timestamp_ms=message.timestamp_ms,
     )
 
 
@@ -101,6 +102,7 @@ def barrier_to_proto(barrier: CheckpointBarrier) -> tm_pb.CheckpointBarrier:
         epoch=barrier.epoch,
         savepoint=barrier.savepoint,
         incremental=barrier.incremental,
+        timestamp_ms=barrier.timestamp_ms,
     )
 
 

@@ -17,6 +17,7 @@ from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointFailureReason,
     CheckpointInProgressError,
     CheckpointNotFoundError,
+    DeclineReason,
 )
 from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway, EpochCut
 from keyedstate.jobmanager.checkpoint.gc import GcEntry, GcPlan, execute, plan_gc
@@ -40,6 +41,7 @@ from keyedstate.jobmanager.checkpoint.restore import (
 from keyedstate.jobmanager.checkpoint.settings import CheckpointingSettings
 from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
 from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsEntry, CheckpointStatsTracker
+from keyedstate.jobmanager.checkpoint.summary import CheckpointStatus, CheckpointSummary
 
 __all__ = [
     "AckOutcome",
@@ -54,12 +56,15 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointStatsEntry",
     "CheckpointStatsTracker",
+    "CheckpointStatus",
+    "CheckpointSummary",
     "CheckpointingSettings",
     "CheckpointsCleaner",
     "CompletedCheckpoint",
     "CompletedCheckpointStore",
     "CoordinatorConfig",
     "CoordinatorServices",
+    "DeclineReason",
     "EpochCut",
     "FileRef",
     "GcEntry",

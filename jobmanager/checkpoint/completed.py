@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from keyedstate.common.errors import CheckpointError, InvalidArgumentError
+from keyedstate.common.ids import CheckpointId
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 
@@ -37,11 +38,13 @@ class CompletedCheckpoint:
         )
 
     @property
-    def checkpoint_id(self) -> int:
-        return self.metadata.checkpoint_id
+    def checkpoint_id(self) -> CheckpointId:
+        """The id recorded in its ``_metadata``."""
+        return CheckpointId(self.metadata.checkpoint_id)
 
     @property
     def savepoint(self) -> bool:
+        """A savepoint belongs to the user: never subsumed, never deleted by retention."""
         return self.metadata.savepoint
 
     @property
@@ -148,7 +151,7 @@ class StandaloneCompletedCheckpointStore:
         with self._lock:
             return list(self._entries)
 
-    def get(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+    def get(self, checkpoint_id: CheckpointId) -> CompletedCheckpoint | None:
         """The retained checkpoint with that id, or None (subsumed ones are gone)."""
         with self._lock:
             return next((c for c in self._entries if c.checkpoint_id == checkpoint_id), None)

@@ -37,13 +37,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
 from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError, UnavailableError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.ids import JobId, SubtaskId, validate_id
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
@@ -157,9 +157,9 @@ class CheckpointCoordinator:
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._finalize_lock = threading.Lock()
-        self._pending: dict[int, PendingCheckpoint] = {}
-        self._recent: OrderedDict[int, PendingCheckpoint] = OrderedDict()
-        self._deferred: list[tuple[int, list[str]]] = []
+        self._pending: dict[CheckpointId, PendingCheckpoint] = {}
+        self._recent: OrderedDict[CheckpointId, PendingCheckpoint] = OrderedDict()
+        self._deferred: list[tuple[CheckpointId, list[str]]] = []
         self._last_completion_ms: int | None = None  # monotonic; drives min-pause
         self._latest_checkpoint_id = 0  # newest completed non-savepoint id
         self._latest_success_id = 0
@@ -175,14 +175,17 @@ class CheckpointCoordinator:
     # -- queries -------------------------------------------------------------------------------
     @property
     def store(self) -> CompletedCheckpointStore:
+        """The retained completed checkpoints (what job info lists and a failover restores from)."""
         return self._store
 
     @property
     def shared_registry(self) -> SharedStateRegistry:
+        """Reference counts of the ``shared/`` files the retained checkpoints use."""
         return self._registry
 
     @property
     def cleaner(self) -> CheckpointsCleaner:
+        """Deletes what aborted and subsumed checkpoints leave (flush it to wait for deletions)."""
         return self._cleaner
 
     def latest_completed(self) -> CompletedCheckpoint | None:
@@ -190,10 +193,11 @@ class CheckpointCoordinator:
         return self._store.latest()
 
     def pending_checkpoints(self) -> list[PendingCheckpoint]:
+        """The checkpoints still collecting acknowledgements or being finalized."""
         with self._lock:
             return list(self._pending.values())
 
-    def in_progress_ids(self) -> set[int]:
+    def in_progress_ids(self) -> set[CheckpointId]:
         """Ids of checkpoints not yet completed or aborted (``statectl checkpoint gc`` keeps their files)."""
         with self._lock:
             return set(self._pending)
@@ -218,12 +222,7 @@ class CheckpointCoordinator:
         :meth:`wait_for` or ``pending.future`` to wait for the outcome, and
         :meth:`trigger_waiting` to wait for a free turn instead of being refused.
         """
-        if savepoint:
-            target_dir = target_dir or self.savepoints_dir
-            if not target_dir:
-                raise InvalidArgumentError("a savepoint needs a target directory: pass one or set state.savepoints.dir")
-        elif target_dir is not None:
-            raise InvalidArgumentError("target_dir applies to savepoints only; checkpoints go to state.checkpoints.dir")
+        target_dir = self._target_dir(savepoint, target_dir)
         # Callbacks into the job model run before taking the lock; they may take locks of their own.
         operators = tuple(self._operators())
         with self._gateway.cut() as cut:
@@ -233,57 +232,84 @@ class CheckpointCoordinator:
                 if cut.running is not None
                 else (frozenset(self._tasks()) if self._tasks is not None else None)
             )
-            try:
-                pending = self._create_pending(savepoint, target_dir, cut, periodic, operators, running)
-            except CheckpointException as exc:
-                quiet = periodic and exc.failure_reason in (
-                    R.TOO_MANY_CHECKPOINT_REQUESTS,
-                    R.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
-                )
-                if not quiet:
-                    self.stats.report_rejected(exc.failure_reason, exc.detail)
-                    logger.info("job=%s checkpoint not triggered: %s", self.job_id, exc.message)
-                raise
-            self.stats.report_pending(
-                pending.checkpoint_id,
-                pending.trigger_timestamp_ms,
-                savepoint=savepoint,
-                num_subtasks=len(pending.expected),
-                path=pending.target_path,
-                epoch=cut.epoch,
-            )
-            logger.info(
-                "job=%s checkpoint=%d triggered (%s, %d subtasks, epoch %d, target %s)",
-                self.job_id,
-                pending.checkpoint_id,
-                "savepoint" if savepoint else "periodic" if periodic else "checkpoint",
-                len(pending.expected),
-                cut.epoch,
-                pending.target_path,
-            )
-            barrier = CheckpointBarrier(
-                self.job_id,
-                pending.checkpoint_id,
-                pending.trigger_timestamp_ms,
-                pending.target_path,
-                savepoint,
-                pending.incremental,
-                cut.epoch,
-            )
-            try:
-                self._gateway.send_barrier(barrier)
-            except Exception as exc:
-                unavailable = isinstance(exc, UnavailableError)
-                reason = R.NOT_ALL_REQUIRED_TASKS_RUNNING if unavailable else R.TRIGGER_CHECKPOINT_FAILURE
-                detail = getattr(exc, "message", None) or repr(exc)
-                message = f"could not deliver the barrier of checkpoint {pending.checkpoint_id}: {detail}"
-                if not unavailable:
-                    logger.warning(
-                        "job=%s checkpoint=%d barrier failed", self.job_id, pending.checkpoint_id, exc_info=True
-                    )
-                if self._abort(pending, reason, message):
-                    raise CheckpointException(reason, message) from exc
+            pending = self._start_pending(savepoint, target_dir, cut, periodic, operators, running)
+            self._report_triggered(pending, cut, periodic)
+            self._send_barrier(pending, cut)
         return pending
+
+    def _target_dir(self, savepoint: bool, target_dir: str | None) -> str | None:
+        """Where a savepoint goes (its target or ``state.savepoints.dir``); a checkpoint takes none."""
+        if savepoint:
+            target_dir = target_dir or self.savepoints_dir
+            if not target_dir:
+                raise InvalidArgumentError("a savepoint needs a target directory: pass one or set state.savepoints.dir")
+        elif target_dir is not None:
+            raise InvalidArgumentError("target_dir applies to savepoints only; checkpoints go to state.checkpoints.dir")
+        return target_dir
+
+    def _start_pending(
+        self,
+        savepoint: bool,
+        target_dir: str | None,
+        cut: EpochCut,
+        periodic: bool,
+        operators: tuple[OperatorSpec, ...],
+        running: frozenset[SubtaskId] | None,
+    ) -> PendingCheckpoint:
+        """:meth:`_create_pending`, recording a refusal (a periodic trigger's missed turn quietly)."""
+        try:
+            return self._create_pending(savepoint, target_dir, cut, periodic, operators, running)
+        except CheckpointException as exc:
+            quiet = periodic and exc.failure_reason in (
+                R.TOO_MANY_CHECKPOINT_REQUESTS,
+                R.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+            )
+            if not quiet:
+                self.stats.report_rejected(exc.failure_reason, exc.detail)
+                logger.info("job=%s checkpoint not triggered: %s", self.job_id, exc.message)
+            raise
+
+    def _report_triggered(self, pending: PendingCheckpoint, cut: EpochCut, periodic: bool) -> None:
+        self.stats.report_pending(
+            pending.checkpoint_id,
+            pending.trigger_timestamp_ms,
+            savepoint=pending.savepoint,
+            num_subtasks=len(pending.expected),
+            path=pending.target_path,
+            epoch=cut.epoch,
+        )
+        logger.info(
+            "job=%s checkpoint=%d triggered (%s, %d subtasks, epoch %d, target %s)",
+            self.job_id,
+            pending.checkpoint_id,
+            "savepoint" if pending.savepoint else "periodic" if periodic else "checkpoint",
+            len(pending.expected),
+            cut.epoch,
+            pending.target_path,
+        )
+
+    def _send_barrier(self, pending: PendingCheckpoint, cut: EpochCut) -> None:
+        """Deliver the barrier inside the cut; an undeliverable one aborts the checkpoint (raised unless already over)."""
+        barrier = CheckpointBarrier(
+            job_id=self.job_id,
+            checkpoint_id=pending.checkpoint_id,
+            target_path=pending.target_path,
+            epoch=cut.epoch,
+            savepoint=pending.savepoint,
+            incremental=pending.incremental,
+            timestamp_ms=pending.trigger_timestamp_ms,
+        )
+        try:
+            self._gateway.send_barrier(barrier)
+        except Exception as exc:
+            unavailable = isinstance(exc, UnavailableError)
+            reason = R.NOT_ALL_REQUIRED_TASKS_RUNNING if unavailable else R.TRIGGER_CHECKPOINT_FAILURE
+            detail = getattr(exc, "message", None) or repr(exc)
+            message = f"could not deliver the barrier of checkpoint {pending.checkpoint_id}: {detail}"
+            if not unavailable:
+                logger.warning("job=%s checkpoint=%d barrier failed", self.job_id, pending.checkpoint_id, exc_info=True)
+            if self._abort(pending, reason, message):
+                raise CheckpointException(reason, message) from exc
 
     def trigger_waiting(
         self,
@@ -358,43 +384,12 @@ class CheckpointCoordinator:
         operators: tuple[OperatorSpec, ...],
         running: frozenset[SubtaskId] | None,
     ) -> PendingCheckpoint:
+        """The new checkpoint, registered with its timeout; CheckpointException if this trigger is refused."""
         required = {SubtaskId(self.job_id, op.operator_id, i) for op in operators for i in range(op.parallelism)}
         with self._lock:
-            if self._shutdown:
-                raise CheckpointException(
-                    R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} is shut down"
-                )
-            if periodic and not self._periodic_running:
-                raise CheckpointException(R.PERIODIC_SCHEDULER_SHUTDOWN, "periodic checkpoints are stopped")
-            if not savepoint:
-                active = sorted(p.checkpoint_id for p in self._pending.values() if not p.savepoint)
-                if len(active) >= self.settings.max_concurrent:
-                    raise CheckpointException(
-                        R.TOO_MANY_CHECKPOINT_REQUESTS,
-                        f"checkpoint(s) {active} already in progress and {o.CHECKPOINT_MAX_CONCURRENT.key} is "
-                        f"{self.settings.max_concurrent}; wait for them to finish or raise the limit",
-                    )
-                remaining = self._min_pause_remaining_locked()
-                if remaining > 0:
-                    raise CheckpointException(
-                        R.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
-                        f"the last checkpoint completed {self.settings.min_pause_ms - remaining} ms ago and "
-                        f"{o.CHECKPOINT_MIN_PAUSE.key} is {self.settings.min_pause_ms} ms; retry in {remaining} ms",
-                    )
-            if not required:
-                raise CheckpointException(
-                    R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {self.job_id} has no subtasks to checkpoint"
-                )
-            if running is not None:
-                missing = sorted(required - running)
-                if missing:
-                    shown = ", ".join(str(s) for s in missing[:5]) + (
-                        f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-                    )
-                    raise CheckpointException(
-                        R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"{len(missing)} subtask(s) are not running: {shown}"
-                    )
-            checkpoint_id = self._ids.get_and_increment()
+            self._check_turn_locked(savepoint, periodic)
+            _check_running(self.job_id, required, running)
+            checkpoint_id = CheckpointId(self._ids.get_and_increment())
             if savepoint:
                 assert target_dir is not None
                 target = _paths.join(target_dir, _paths.savepoint_dir_name(self.job_id, checkpoint_id))
@@ -421,6 +416,32 @@ class CheckpointCoordinator:
                 self.settings.timeout_ms, functools.partial(self._on_timeout, checkpoint_id)
             )
             return pending
+
+    def _check_turn_locked(self, savepoint: bool, periodic: bool) -> None:
+        """Refuse a trigger that comes at the wrong time: shut down, periodic stopped, or (checkpoints only)
+        too many in flight or inside the minimum pause."""
+        if self._shutdown:
+            raise CheckpointException(
+                R.CHECKPOINT_COORDINATOR_SHUTDOWN, f"the checkpoint coordinator of job {self.job_id} is shut down"
+            )
+        if periodic and not self._periodic_running:
+            raise CheckpointException(R.PERIODIC_SCHEDULER_SHUTDOWN, "periodic checkpoints are stopped")
+        if savepoint:
+            return
+        active = sorted(p.checkpoint_id for p in self._pending.values() if not p.savepoint)
+        if len(active) >= self.settings.max_concurrent:
+            raise CheckpointException(
+                R.TOO_MANY_CHECKPOINT_REQUESTS,
+                f"checkpoint(s) {active} already in progress and {o.CHECKPOINT_MAX_CONCURRENT.key} is "
+                f"{self.settings.max_concurrent}; wait for them to finish or raise the limit",
+            )
+        remaining = self._min_pause_remaining_locked()
+        if remaining > 0:
+            raise CheckpointException(
+                R.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+                f"the last checkpoint completed {self.settings.min_pause_ms - remaining} ms ago and "
+                f"{o.CHECKPOINT_MIN_PAUSE.key} is {self.settings.min_pause_ms} ms; retry in {remaining} ms",
+            )
 
     def _min_pause_remaining_locked(self) -> int:
         if not self.settings.min_pause_ms or self._last_completion_ms is None:
@@ -477,7 +498,7 @@ class CheckpointCoordinator:
                 self._periodic_handle = self._scheduler.schedule(delay, self._periodic_tick)
 
     # -- acknowledgements ----------------------------------------------------------------------
-    def acknowledge(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> AckOutcome:
+    def acknowledge(self, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> AckOutcome:
         """Record a subtask's snapshot; the last ack completes the checkpoint on this thread."""
         subtask = SubtaskId(self.job_id, handle.operator_id, handle.subtask_index)
         invalid: CheckpointException | None = None
@@ -539,7 +560,7 @@ class CheckpointCoordinator:
 
     def decline(
         self,
-        checkpoint_id: int,
+        checkpoint_id: CheckpointId,
         subtask: SubtaskId,
         message: str,
         reason: CheckpointFailureReason = R.CHECKPOINT_DECLINED,
@@ -569,7 +590,7 @@ class CheckpointCoordinator:
             victims = [p for p in self._pending.values() if p.status is PendingStatus.IN_PROGRESS]
         return sum(1 for p in victims if self._abort(p, reason, message))
 
-    def _on_timeout(self, checkpoint_id: int) -> None:
+    def _on_timeout(self, checkpoint_id: CheckpointId) -> None:
         with self._lock:
             pending = self._pending.get(checkpoint_id)
             if pending is None or pending.status is not PendingStatus.IN_PROGRESS:
@@ -586,46 +607,21 @@ class CheckpointCoordinator:
 
     # -- completion ----------------------------------------------------------------------------
     def _finalize(self, pending: PendingCheckpoint) -> None:
+        """Every subtask acknowledged: write ``_metadata``, add to the store, then subsume, clean up and notify.
+
+        Serialized by the finalize lock so checkpoints complete in id order; any failure before
+        the store took the checkpoint aborts it (FINALIZE_CHECKPOINT_FAILURE or CHECKPOINT_SUBSUMED).
+        """
         cid = pending.checkpoint_id
         with self._finalize_lock:
-            with self._lock:
-                newer = self._latest_checkpoint_id
-            if not pending.savepoint and newer > cid:
-                self._abort(
-                    pending, R.CHECKPOINT_SUBSUMED, f"checkpoint {newer} completed first", allow_finalizing=True
-                )
+            if self._subsumed_before_finalizing(pending):
                 return
-            metadata_path = _paths.join(pending.target_path, _paths.METADATA_FILE)
-            try:
-                metadata = pending.build_metadata()
-                problems = metadata.problems()
-                if problems:
-                    raise CheckpointException(R.FINALIZE_CHECKPOINT_FAILURE, "; ".join(problems[:3]))
-                self._storage.create_exclusive(metadata_path, metadata.to_bytes())
-                crash_point("jobmanager.checkpoint.metadata-written")
-            except Exception as exc:
-                # An existing _metadata is someone else's completed checkpoint: delete nothing then.
-                self._abort(
-                    pending,
-                    R.FINALIZE_CHECKPOINT_FAILURE,
-                    _finalize_message(metadata_path, exc),
-                    allow_finalizing=True,
-                    cleanup=not isinstance(exc, FileExistsError),
-                )
+            metadata = self._write_metadata(pending)
+            if metadata is None:
                 return
             completed = CompletedCheckpoint(metadata, pending.target_path, completion_timestamp_ms=self._clock.now_ms())
-            try:
-                subsumed = self._store.add_checkpoint(completed)
-            except Exception as exc:
-                logger.exception(
-                    "job=%s checkpoint=%d could not be added to the completed-checkpoint store", self.job_id, cid
-                )
-                self._abort(
-                    pending,
-                    R.FINALIZE_CHECKPOINT_FAILURE,
-                    f"the completed-checkpoint store refused checkpoint {cid}: {exc}",
-                    allow_finalizing=True,
-                )
+            subsumed = self._add_to_store(pending, completed)
+            if subsumed is None:
                 return
             # Register before unregistering: files the new checkpoint shares with a subsumed one
             # never drop to zero references.
@@ -634,44 +630,8 @@ class CheckpointCoordinator:
             for old in subsumed:
                 released.extend(self._registry.unregister(old))
             now = self._clock.monotonic_ms()
-            with self._lock:
-                pending.mark_completed()
-                self._pending.pop(cid, None)
-                self._remember(pending)
-                if not pending.savepoint:
-                    self._last_completion_ms = now
-                    self._latest_checkpoint_id = max(self._latest_checkpoint_id, cid)
-                self._latest_success_id = max(self._latest_success_id, cid)
-                self._consecutive_failures = 0
-                self._failover_fired = False
-                to_subsume = (
-                    []
-                    if pending.savepoint
-                    else [
-                        p
-                        for p in self._pending.values()
-                        if not p.savepoint and p.checkpoint_id < cid and p.status is PendingStatus.IN_PROGRESS
-                    ]
-                )
-                released = self._defer_locked(released, exclude={p.checkpoint_id for p in to_subsume})
-        duration = now - pending.trigger_monotonic_ms
-        logger.info(
-            "job=%s checkpoint=%d completed in %d ms (%s, full %d B, incremental %d B)",
-            self.job_id,
-            cid,
-            duration,
-            completed.external_path,
-            metadata.full_size,
-            metadata.incremental_size,
-        )
-        self.stats.report_completed(
-            cid,
-            duration_ms=duration,
-            full_size=metadata.full_size,
-            incremental_size=metadata.incremental_size,
-            path=completed.external_path,
-            epoch=metadata.epoch,
-        )
+            to_subsume, released = self._mark_completed(pending, now, released)
+        self._report_completed(pending, completed, now - pending.trigger_monotonic_ms)
         for p in to_subsume:
             self._abort(p, R.CHECKPOINT_SUBSUMED, f"checkpoint {cid} completed first")
         for old in subsumed:
@@ -688,6 +648,103 @@ class CheckpointCoordinator:
         pending.release_acks()
         pending.future.set_result(completed)
 
+    def _subsumed_before_finalizing(self, pending: PendingCheckpoint) -> bool:
+        """True (and ``pending`` aborted) when a newer checkpoint completed while it collected acks."""
+        with self._lock:
+            newer = self._latest_checkpoint_id
+        if not pending.savepoint and newer > pending.checkpoint_id:
+            self._abort(pending, R.CHECKPOINT_SUBSUMED, f"checkpoint {newer} completed first", allow_finalizing=True)
+            return True
+        return False
+
+    def _write_metadata(self, pending: PendingCheckpoint) -> CheckpointMetadata | None:
+        """Write ``_metadata`` with one create-only write: the commit point. None (and aborted) if it fails."""
+        metadata_path = _paths.join(pending.target_path, _paths.METADATA_FILE)
+        try:
+            metadata = pending.build_metadata()
+            problems = metadata.problems()
+            if problems:
+                raise CheckpointException(R.FINALIZE_CHECKPOINT_FAILURE, "; ".join(problems[:3]))
+            self._storage.create_exclusive(metadata_path, metadata.to_bytes())
+            crash_point("jobmanager.checkpoint.metadata-written")
+        except Exception as exc:
+            # An existing _metadata is someone else's completed checkpoint: delete nothing then.
+            self._abort(
+                pending,
+                R.FINALIZE_CHECKPOINT_FAILURE,
+                _finalize_message(metadata_path, exc),
+                allow_finalizing=True,
+                cleanup=not isinstance(exc, FileExistsError),
+            )
+            return None
+        return metadata
+
+    def _add_to_store(
+        self, pending: PendingCheckpoint, completed: CompletedCheckpoint
+    ) -> list[CompletedCheckpoint] | None:
+        """Add to the completed-checkpoint store; the checkpoints it subsumed, or None (and aborted) if refused."""
+        try:
+            return self._store.add_checkpoint(completed)
+        except Exception as exc:
+            cid = pending.checkpoint_id
+            logger.exception(
+                "job=%s checkpoint=%d could not be added to the completed-checkpoint store", self.job_id, cid
+            )
+            self._abort(
+                pending,
+                R.FINALIZE_CHECKPOINT_FAILURE,
+                f"the completed-checkpoint store refused checkpoint {cid}: {exc}",
+                allow_finalizing=True,
+            )
+            return None
+
+    def _mark_completed(
+        self, pending: PendingCheckpoint, now: int, released: list[str]
+    ) -> tuple[list[PendingCheckpoint], list[str]]:
+        """Record the completion; the older checkpoints in flight it subsumes, and the released files safe to delete now."""
+        cid = pending.checkpoint_id
+        with self._lock:
+            pending.mark_completed()
+            self._pending.pop(cid, None)
+            self._remember(pending)
+            if not pending.savepoint:
+                self._last_completion_ms = now
+                self._latest_checkpoint_id = max(self._latest_checkpoint_id, cid)
+            self._latest_success_id = max(self._latest_success_id, cid)
+            self._consecutive_failures = 0
+            self._failover_fired = False
+            to_subsume = (
+                []
+                if pending.savepoint
+                else [
+                    p
+                    for p in self._pending.values()
+                    if not p.savepoint and p.checkpoint_id < cid and p.status is PendingStatus.IN_PROGRESS
+                ]
+            )
+            released = self._defer_locked(released, exclude={p.checkpoint_id for p in to_subsume})
+        return to_subsume, released
+
+    def _report_completed(self, pending: PendingCheckpoint, completed: CompletedCheckpoint, duration: int) -> None:
+        metadata = completed.metadata
+        logger.info(
+            "job=%s checkpoint=%d completed in %d ms (%s, full %d B, incremental %d B)",
+            self.job_id,
+            pending.checkpoint_id,
+            duration,
+            completed.external_path,
+            metadata.full_size,
+            metadata.incremental_size,
+        )
+        self.stats.report_completed(
+            pending.checkpoint_id,
+            duration_ms=duration,
+            full_size=metadata.full_size,
+            incremental_size=metadata.incremental_size,
+            path=completed.external_path,
+            epoch=metadata.epoch,
+        )
+
     # -- abort ---------------------------------------------------------------------------------
     def _abort(
         self,
@@ -699,12 +756,42 @@ class CheckpointCoordinator:
         cleanup: bool = True,
     ) -> bool:
         """Abort ``pending`` once; delete what it wrote; count the failure. False if already finished."""
+        marked = self._mark_aborted(pending, reason, message, allow_finalizing=allow_finalizing, cleanup=cleanup)
+        if marked is None:
+            return False
+        candidates, fire, failures = marked
+        duration = self._clock.monotonic_ms() - pending.trigger_monotonic_ms
+        logger.warning("job=%s checkpoint=%d failed (%s): %s", self.job_id, pending.checkpoint_id, reason.name, message)
+        self.stats.report_failed(pending.checkpoint_id, reason, message, duration_ms=duration)
+        if cleanup:
+            self._discard_aborted(pending, candidates)
+        self._release_deferred()
+        self._notify(pending.checkpoint_id, False)
+        with self._lock:
+            pending.release_acks()
+        pending.future.set_exception(CheckpointException(reason, message))
+        if fire:
+            self._fail_over(pending, reason, message, failures)
+        return True
+
+    def _mark_aborted(
+        self,
+        pending: PendingCheckpoint,
+        reason: CheckpointFailureReason,
+        message: str,
+        *,
+        allow_finalizing: bool,
+        cleanup: bool,
+    ) -> tuple[list[str], bool, int] | None:
+        """Mark ``pending`` aborted and count the failure; None if it already finished (or is finalizing,
+        unless ``allow_finalizing``). Else the shared files to delete now, whether the job must fail over,
+        and the consecutive failures so far."""
         fire = False
         with self._lock:
             if pending.status in (PendingStatus.ABORTED, PendingStatus.COMPLETED):
-                return False
+                return None
             if pending.status is PendingStatus.FINALIZING and not allow_finalizing:
-                return False
+                return None
             pending.mark_aborted(reason, message)
             self._pending.pop(pending.checkpoint_id, None)
             self._remember(pending)
@@ -714,45 +801,43 @@ class CheckpointCoordinator:
                 self._consecutive_failures += 1
                 if self._consecutive_failures > self.settings.tolerable_failures and not self._failover_fired:
                     fire = self._failover_fired = True
-            failures = self._consecutive_failures
-        duration = self._clock.monotonic_ms() - pending.trigger_monotonic_ms
-        logger.warning("job=%s checkpoint=%d failed (%s): %s", self.job_id, pending.checkpoint_id, reason.name, message)
-        self.stats.report_failed(pending.checkpoint_id, reason, message, duration_ms=duration)
-        if cleanup:
-            self._cleaner.discard(
-                files=self._registry.unreferenced(candidates),
-                keep=self._keep,
-                what=f"aborted checkpoint {pending.checkpoint_id} of job {self.job_id}",
-                # shared/chk-<n>/ holds what TaskManagers uploaded for n, acknowledged or not (a dead one never acks);
-                # no other checkpoint references it (files are reused only once n completed). Swept again later:
-                # the last uploads of a dead TaskManager may still land.
-                revisit=[
-                    pending.target_path,
-                    *(
-                        []
-                        if pending.savepoint
-                        else [_paths.join(self.shared_dir, _paths.checkpoint_dir_name(pending.checkpoint_id))]
-                    ),
-                ],
-            )
-        self._release_deferred()
-        self._notify(pending.checkpoint_id, False)
-        with self._lock:
-            pending.release_acks()
-        pending.future.set_exception(CheckpointException(reason, message))
-        if fire and self._on_failover is not None:
-            cause = (
-                f"{failures} consecutive checkpoints failed, more than {o.CHECKPOINT_TOLERABLE_FAILURES.key}="
-                f"{self.settings.tolerable_failures}; the last: checkpoint {pending.checkpoint_id} {reason.name}: {message}"
-            )
-            logger.error("job=%s failing over: %s", self.job_id, cause)
-            try:
-                self._on_failover(reason, cause)
-            except Exception:
-                logger.exception("job=%s failover callback raised", self.job_id)
-        return True
+            return candidates, fire, self._consecutive_failures
 
-    def _discard_late_ack(self, pending: PendingCheckpoint, handle: pb.SubtaskStateHandle) -> None:
+    def _discard_aborted(self, pending: PendingCheckpoint, candidates: list[str]) -> None:
+        self._cleaner.discard(
+            files=self._registry.unreferenced(candidates),
+            keep=self._keep,
+            what=f"aborted checkpoint {pending.checkpoint_id} of job {self.job_id}",
+            # shared/chk-<n>/ holds what TaskManagers uploaded for n, acknowledged or not (a dead one never acks);
+            # no other checkpoint references it (files are reused only once n completed). Swept again later:
+            # the last uploads of a dead TaskManager may still land.
+            revisit=[
+                pending.target_path,
+                *(
+                    []
+                    if pending.savepoint
+                    else [_paths.join(self.shared_dir, _paths.checkpoint_dir_name(pending.checkpoint_id))]
+                ),
+            ],
+        )
+
+    def _fail_over(
+        self, pending: PendingCheckpoint, reason: CheckpointFailureReason, message: str, failures: int
+    ) -> None:
+        """Too many consecutive failures: hand the job to ``on_failover`` (once until a checkpoint completes)."""
+        if self._on_failover is None:
+            return
+        cause = (
+            f"{failures} consecutive checkpoints failed, more than {o.CHECKPOINT_TOLERABLE_FAILURES.key}="
+            f"{self.settings.tolerable_failures}; the last: checkpoint {pending.checkpoint_id} {reason.name}: {message}"
+        )
+        logger.error("job=%s failing over: %s", self.job_id, cause)
+        try:
+            self._on_failover(reason, cause)
+        except Exception:
+            logger.exception("job=%s failover callback raised", self.job_id)
+
+    def _discard_late_ack(self, pending: PendingCheckpoint, handle: SubtaskStateHandle) -> None:
         """Delete what an ack of an aborted checkpoint uploaded: its directory again, and its unreferenced shared files."""
         self._discard_ack(
             pending.target_path,
@@ -761,7 +846,7 @@ class CheckpointCoordinator:
             f"late ack of aborted checkpoint {pending.checkpoint_id}",
         )
 
-    def _discard_orphan_ack(self, checkpoint_id: int, handle: pb.SubtaskStateHandle) -> None:
+    def _discard_orphan_ack(self, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> None:
         """Delete what an ack of a checkpoint this coordinator never knew uploaded (see :meth:`acknowledge`)."""
         prefix = _paths.SHARED_DIR + "/"
         self._discard_ack(
@@ -771,9 +856,7 @@ class CheckpointCoordinator:
             f"ack of checkpoint {checkpoint_id} from an earlier JobManager",
         )
 
-    def _discard_ack(
-        self, target: str, relative: Callable[[str], str], handle: pb.SubtaskStateHandle, what: str
-    ) -> None:
+    def _discard_ack(self, target: str, relative: Callable[[str], str], handle: SubtaskStateHandle, what: str) -> None:
         """Delete ``target`` and the shared files ``handle`` names that nothing references.
 
         ``relative`` maps a path as the TaskManager sent it to one relative to ``target`` (an
@@ -795,7 +878,9 @@ class CheckpointCoordinator:
         )
 
     # -- shared-file deletion guard ------------------------------------------------------------
-    def _defer_locked(self, files: list[str], exclude: frozenset[int] | set[int] = frozenset()) -> list[str]:
+    def _defer_locked(
+        self, files: list[str], exclude: frozenset[CheckpointId] | set[CheckpointId] = frozenset()
+    ) -> list[str]:
         """Files safe to delete now; the rest wait until the checkpoints now pending finish.
 
         A checkpoint still collecting acks may reference a shared file that just lost its last
@@ -857,7 +942,7 @@ class CheckpointCoordinator:
         return release
 
     # -- waiting, restore, shutdown ------------------------------------------------------------
-    def wait_for(self, checkpoint_id: int, timeout: float | None = None) -> CompletedCheckpoint:
+    def wait_for(self, checkpoint_id: CheckpointId, timeout: float | None = None) -> CompletedCheckpoint:
         """Block until checkpoint ``checkpoint_id`` completes (returned) or fails (CheckpointException).
 
         ``timeout`` is in seconds; when it runs out first, CheckpointInProgressError is raised and
@@ -960,7 +1045,7 @@ class CheckpointCoordinator:
         while len(self._recent) > _RECENT:
             self._recent.popitem(last=False)
 
-    def _notify(self, checkpoint_id: int, completed: bool) -> None:
+    def _notify(self, checkpoint_id: CheckpointId, completed: bool) -> None:
         try:
             self._gateway.notify(self.job_id, checkpoint_id, completed)
         except Exception as exc:
@@ -983,3 +1068,18 @@ def _finalize_message(metadata_path: str, exc: BaseException) -> str:
         )
     detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return f"could not write {metadata_path}: {detail}"
+
+
+def _check_running(job_id: JobId, required: set[SubtaskId], running: frozenset[SubtaskId] | None) -> None:
+    """Refuse a checkpoint of a job with no subtask, or while one it needs is not running."""
+    if not required:
+        raise CheckpointException(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {job_id} has no subtasks to checkpoint")
+    if running is not None:
+        missing = sorted(required - running)
+        if missing:
+            shown = ", ".join(str(s) for s in missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
+            raise CheckpointException(
+                R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"{len(missing)} subtask(s) are not running: {shown}"
+            )

@@ -82,6 +82,14 @@ class CheckpointFailureReason(enum.Enum):
         return member
 
 
+class DeclineReason(enum.Enum):
+    """Why a subtask declined a checkpoint, as its TaskManager says (the wire's ``DeclineReason``)."""
+
+    UNSPECIFIED = "UNSPECIFIED"
+    SNAPSHOT_FAILED = "SNAPSHOT_FAILED"
+    """Taking or uploading the slot's snapshot failed (the message says how)."""
+
+
 class CheckpointException(CheckpointError):
     """A checkpoint was not triggered or did not complete; ``failure_reason`` says why."""
 

@@ -1,4 +1,8 @@
-"""How the coordinator reaches a job's TaskManagers: the barrier it sends and the gateway protocol."""
+"""How the coordinator reaches a job's TaskManagers: the epoch cut and the gateway protocol.
+
+The barrier itself is the domain ``common.handles.CheckpointBarrier`` (re-exported here), which the
+TaskManager gateway converts to its message at the RPC edge.
+"""
 
 from __future__ import annotations
 
@@ -7,40 +11,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.handles import CheckpointBarrier
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId
 from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class CheckpointBarrier:
-    """What every TaskManager hosting the job receives to start a snapshot."""
-
-    job_id: str
-    checkpoint_id: int
-    timestamp_ms: int
-    """Trigger time (wall clock); recorded in ``_metadata``."""
-    target_path: str
-    """Absolute URL of the directory for this snapshot's own files (``…/chk-<n>`` or the savepoint dir)."""
-    savepoint: bool
-    """Upload every file into ``target_path`` (self-contained), sharing nothing."""
-    incremental: bool
-    """Upload only SST files not already confirmed in ``shared/``."""
-    epoch: int
-    """The epoch every slot holds at the cut (-1: none); a slot holding another refuses the barrier."""
-
-    def to_proto(self) -> tm_pb.CheckpointBarrier:
-        return tm_pb.CheckpointBarrier(
-            job_id=self.job_id,
-            checkpoint_id=self.checkpoint_id,
-            timestamp_ms=self.timestamp_ms,
-            target_path=self.target_path,
-            savepoint=self.savepoint,
-            incremental=self.incremental,
-            epoch=self.epoch,
-        )
+__all__ = ["CheckpointBarrier", "CheckpointGateway", "EpochCut"]
 
 
 @dataclass(frozen=True)
@@ -67,5 +44,5 @@ class CheckpointGateway(Protocol):
     def send_barrier(self, barrier: CheckpointBarrier) -> None:
         """Deliver the barrier to every TaskManager of the job; UnavailableError if one is unreachable."""
 
-    def notify(self, job_id: str, checkpoint_id: int, completed: bool) -> None:
+    def notify(self, job_id: JobId, checkpoint_id: CheckpointId, completed: bool) -> None:
         """Tell the TaskManagers a checkpoint completed or was aborted (best effort)."""

@@ -47,7 +47,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import (
     NumberType,
     OperatorSpec,
@@ -59,7 +58,8 @@ from keyedstate.common.descriptors import (
     TtlUpdateType,
 )
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError, KeyedStateError
-from keyedstate.common.ids import KeyGroupRange
+from keyedstate.common.handles import StateFileHandle, SubtaskStateHandle
+from keyedstate.common.ids import KeyGroupRange, OperatorId
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
 from keyedstate.common.storage import MAX_FILE_NAME, is_plain_file_name
 from keyedstate.jobmanager.checkpoint import _paths
@@ -105,7 +105,7 @@ class SubtaskSnapshot:
     files: tuple[FileRef, ...] = ()
 
     @classmethod
-    def from_handle(cls, handle: pb.SubtaskStateHandle) -> SubtaskSnapshot:
+    def from_handle(cls, handle: SubtaskStateHandle) -> SubtaskSnapshot:
         """From an acknowledged handle whose paths are already relative to the checkpoint dir."""
         return cls(
             subtask_index=handle.subtask_index,
@@ -117,15 +117,15 @@ class SubtaskSnapshot:
             files=tuple(FileRef(f.path, f.size, f.sha256, f.local_name, f.shared) for f in handle.files),
         )
 
-    def to_handle(self, operator_id: str, base: str) -> pb.SubtaskStateHandle:
+    def to_handle(self, operator_id: OperatorId, base: str) -> SubtaskStateHandle:
         """The handle a TaskManager restores from, with every path made absolute against ``base``."""
-        return pb.SubtaskStateHandle(
+        return SubtaskStateHandle(
             operator_id=operator_id,
             subtask_index=self.subtask_index,
-            key_groups=pb.KeyGroupRange(start=self.key_groups.start, end=self.key_groups.end),
+            key_groups=self.key_groups,
             backend=self.backend,
             files=[
-                pb.StateFileHandle(
+                StateFileHandle(
                     path=_paths.join(base, f.path),
                     size=f.size,
                     sha256=f.sha256,

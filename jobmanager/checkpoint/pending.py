@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.clock import Cancellable
 from keyedstate.common.descriptors import OperatorSpec
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointFailureReason
@@ -58,8 +59,8 @@ class PendingCheckpoint:
     def __init__(
         self,
         *,
-        job_id: str,
-        checkpoint_id: int,
+        job_id: JobId,
+        checkpoint_id: CheckpointId,
         trigger_timestamp_ms: int,
         trigger_monotonic_ms: int,
         operators: Sequence[OperatorSpec],
@@ -93,7 +94,7 @@ class PendingCheckpoint:
             if expected is not None
             else (SubtaskId(job_id, op.operator_id, i) for op in self.operators for i in range(op.parallelism))
         )
-        self._acks: dict[SubtaskId, pb.SubtaskStateHandle] = {}
+        self._acks: dict[SubtaskId, SubtaskStateHandle] = {}
         self.status = PendingStatus.IN_PROGRESS
         self.failure_reason: CheckpointFailureReason | None = None
         self.failure_message = ""
@@ -118,13 +119,14 @@ class PendingCheckpoint:
 
     @property
     def num_acknowledged(self) -> int:
+        """How many expected subtasks acknowledged so far (shown while waiting for the checkpoint)."""
         return len(self._acks)
 
     def not_yet_acknowledged(self) -> frozenset[SubtaskId]:
         """The expected subtasks whose ack is missing (named in a timeout's message)."""
         return self.expected - self._acks.keys()
 
-    def acknowledged(self) -> dict[SubtaskId, pb.SubtaskStateHandle]:
+    def acknowledged(self) -> dict[SubtaskId, SubtaskStateHandle]:
         """The accepted handles, with normalized relative paths."""
         return dict(self._acks)
 
@@ -135,7 +137,7 @@ class PendingCheckpoint:
         }
 
     # -- transitions ---------------------------------------------------------------------------
-    def acknowledge(self, subtask: SubtaskId, handle: pb.SubtaskStateHandle) -> AckOutcome:
+    def acknowledge(self, subtask: SubtaskId, handle: SubtaskStateHandle) -> AckOutcome:
         """Record ``subtask``'s snapshot.
 
         Late, duplicate and unknown acks return their outcome and change nothing. An ack whose
@@ -213,11 +215,11 @@ class PendingCheckpoint:
             f"subtask {subtask} sent an unusable acknowledgement for checkpoint {self.checkpoint_id}: {problem}",
         )
 
-    def _normalize(self, subtask: SubtaskId, handle: pb.SubtaskStateHandle) -> pb.SubtaskStateHandle:
+    def _normalize(self, subtask: SubtaskId, handle: SubtaskStateHandle) -> SubtaskStateHandle:
         op = self._ops.get(subtask.operator_id)
         if op is not None:
             expected = key_group_range_for_subtask(self.max_parallelism, op.parallelism, subtask.subtask_index)
-            got = KeyGroupRange(handle.key_groups.start, handle.key_groups.end)
+            got = handle.key_groups
             if got != expected:
                 raise self._reject(subtask, f"key groups {got}, but the subtask owns {expected}")
         if handle.committed_epoch != self.epoch:
@@ -226,16 +228,17 @@ class PendingCheckpoint:
                 subtask,
                 f"its committed epoch is {handle.committed_epoch} but the checkpoint was cut at epoch {self.epoch}",
             )
-        out = pb.SubtaskStateHandle()
-        out.CopyFrom(handle)
-        for f in out.files:
-            f.path = self.relative_path(f.path, f.shared)
+        files = []
+        for f in handle.files:
+            f = dataclasses.replace(f, path=self.relative_path(f.path, f.shared))
             problem = file_path_problem(FileRef(f.path, f.size, f.sha256, f.local_name, f.shared), self.savepoint)
             if problem:
                 raise self._reject(subtask, problem)
             if f.size < 0:
                 raise self._reject(subtask, f"file {f.path!r} has negative size {f.size}")
-        return out
+            files.append(f)
+        # A copy: the caller's handle keeps the paths it sent.
+        return dataclasses.replace(handle, files=files)
 
     def relative_path(self, path: str, shared: bool) -> str:
         """A path as a TaskManager sent it, in the ``_metadata`` convention (not validated)."""

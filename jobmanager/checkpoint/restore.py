@@ -13,10 +13,10 @@ import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor
 from keyedstate.common.errors import CorruptCheckpointError, IncompatibleCheckpointError
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import JobId, OperatorId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
@@ -167,9 +167,9 @@ def plan_restore(
     max_parallelism: int,
     *,
     checkpoint_dir: str,
-    job_id: str | None = None,
+    job_id: JobId | None = None,
     allow_non_restored_state: bool = False,
-) -> dict[SubtaskId, list[pb.SubtaskStateHandle]]:
+) -> dict[SubtaskId, list[SubtaskStateHandle]]:
     """Which snapshots every subtask of the job restores, with absolute file paths.
 
     Checks compatibility first: the max parallelism must match, every state of the checkpoint
@@ -177,7 +177,7 @@ def plan_restore(
     job unless ``allow_non_restored_state`` (Flink's ``--allowNonRestoredState``). Operators and
     states new to the job start empty. Subtasks with nothing to restore map to an empty list.
     """
-    job_id = job_id or metadata.job_id
+    owner = job_id or JobId(metadata.job_id)
     where = f"checkpoint {metadata.checkpoint_id} ({checkpoint_dir})"
     if metadata.max_parallelism != max_parallelism:
         raise IncompatibleCheckpointError(
@@ -201,20 +201,20 @@ def plan_restore(
         if new is not None:
             _check_states(where, old.operator_id, old.states, new.states, allow_non_restored_state)
     base = checkpoint_dir_of(checkpoint_dir)
-    plan: dict[SubtaskId, list[pb.SubtaskStateHandle]] = {}
+    plan: dict[SubtaskId, list[SubtaskStateHandle]] = {}
     for op in operators:
         snapshot = metadata.operator(op.operator_id)
         if snapshot is None:
             logger.info("restore: operator %r is not in %s; it starts empty", op.operator_id, where)
         for index in range(op.parallelism):
-            subtask = SubtaskId(job_id, op.operator_id, index)
+            subtask = SubtaskId(owner, op.operator_id, index)
             plan[subtask] = []
             if snapshot is None:
                 continue
             new_range = key_group_range_for_subtask(max_parallelism, op.parallelism, index)
             for snap in snapshot.subtasks:
                 if len(snap.key_groups.intersection(new_range)):
-                    plan[subtask].append(snap.to_handle(op.operator_id, base))
+                    plan[subtask].append(snap.to_handle(OperatorId(op.operator_id), base))
     return plan
 
 

@@ -14,26 +14,26 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common.rpc.enums import value_of
+from keyedstate.common.ids import CheckpointId, JobId
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
+from keyedstate.jobmanager.checkpoint.summary import CheckpointStatus, CheckpointSummary
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "flink_jobmanager_job_"
 DEFAULT_HISTORY_SIZE = 10  # Flink's web.checkpoints.history
 
-IN_PROGRESS = "IN_PROGRESS"
-COMPLETED = "COMPLETED"
-FAILED = "FAILED"
+IN_PROGRESS = CheckpointStatus.IN_PROGRESS
+COMPLETED = CheckpointStatus.COMPLETED
+FAILED = CheckpointStatus.FAILED
 
 
 @dataclass(frozen=True)
 class CheckpointStatsEntry:
     """One checkpoint as ``statectl checkpoint list`` and the web UI show it."""
 
-    checkpoint_id: int
-    status: str
+    checkpoint_id: CheckpointId
+    status: CheckpointStatus
     savepoint: bool
     trigger_timestamp_ms: int
     num_subtasks: int
@@ -46,11 +46,12 @@ class CheckpointStatsEntry:
     failure_reason: str = ""
     failure_message: str = ""
 
-    def to_proto(self) -> jm_pb.CheckpointInfo:
-        return jm_pb.CheckpointInfo(
+    def summary(self) -> CheckpointSummary:
+        """The entry as a trigger's answer reads (the RPC edge sends it as ``CheckpointInfo``)."""
+        return CheckpointSummary(
             checkpoint_id=self.checkpoint_id,
             path=self.path,
-            status=value_of(jm_pb.CheckpointStatus, self.status),
+            status=self.status,
             failure_reason=self.failure_reason and f"{self.failure_reason}: {self.failure_message}",
             epoch=self.epoch,
             trigger_timestamp_ms=self.trigger_timestamp_ms,
@@ -131,12 +132,12 @@ class CheckpointStatsTracker:
     """
 
     def __init__(
-        self, job_id: str, registry: CollectorRegistry | None = None, history_size: int = DEFAULT_HISTORY_SIZE
+        self, job_id: JobId, registry: CollectorRegistry | None = None, history_size: int = DEFAULT_HISTORY_SIZE
     ) -> None:
         self.job_id = job_id
         self.registry = registry if registry is not None else CollectorRegistry()
         self._m = _metrics_for(self.registry)
-        self._history: dict[int, CheckpointStatsEntry] = {}
+        self._history: dict[CheckpointId, CheckpointStatsEntry] = {}
         self._history_size = max(1, history_size)
         self._lock = threading.Lock()
         self.num_completed = 0
@@ -153,7 +154,7 @@ class CheckpointStatsTracker:
     # -- reports -------------------------------------------------------------------------------
     def report_pending(
         self,
-        checkpoint_id: int,
+        checkpoint_id: CheckpointId,
         trigger_timestamp_ms: int,
         *,
         savepoint: bool,
@@ -171,7 +172,7 @@ class CheckpointStatsTracker:
             self._put(entry)
             self._export()
 
-    def report_ack(self, checkpoint_id: int) -> None:
+    def report_ack(self, checkpoint_id: CheckpointId) -> None:
         """One more subtask acknowledged (shown as progress in the history)."""
         with self._lock:
             entry = self._history.get(checkpoint_id)
@@ -179,7 +180,14 @@ class CheckpointStatsTracker:
                 self._history[checkpoint_id] = replace(entry, num_acknowledged=entry.num_acknowledged + 1)
 
     def report_completed(
-        self, checkpoint_id: int, *, duration_ms: int, full_size: int, incremental_size: int, path: str, epoch: int
+        self,
+        checkpoint_id: CheckpointId,
+        *,
+        duration_ms: int,
+        full_size: int,
+        incremental_size: int,
+        path: str,
+        epoch: int,
     ) -> None:
         """A checkpoint's ``_metadata`` is durable; sets the ``lastCheckpoint*`` gauges."""
         with self._lock:
@@ -207,7 +215,7 @@ class CheckpointStatsTracker:
             self._export()
 
     def report_failed(
-        self, checkpoint_id: int, reason: CheckpointFailureReason, message: str, *, duration_ms: int
+        self, checkpoint_id: CheckpointId, reason: CheckpointFailureReason, message: str, *, duration_ms: int
     ) -> None:
         """A checkpoint that was in progress failed."""
         with self._lock:
@@ -233,7 +241,7 @@ class CheckpointStatsTracker:
             self._export()
         logger.debug("job=%s checkpoint trigger rejected (%s): %s", self.job_id, reason.name, message)
 
-    def report_restored(self, checkpoint_id: int, timestamp_ms: int) -> None:
+    def report_restored(self, checkpoint_id: CheckpointId, timestamp_ms: int) -> None:
         """The job (re)started from ``checkpoint_id``; sets ``lastCheckpointRestoreTimestamp``."""
         with self._lock:
             self.latest_restore_timestamp_ms = timestamp_ms
@@ -246,12 +254,13 @@ class CheckpointStatsTracker:
         with self._lock:
             return sorted(self._history.values(), key=lambda e: e.checkpoint_id, reverse=True)
 
-    def entry(self, checkpoint_id: int) -> CheckpointStatsEntry | None:
+    def entry(self, checkpoint_id: CheckpointId) -> CheckpointStatsEntry | None:
         """The history entry of one checkpoint, if it is still among the latest ones."""
         with self._lock:
             return self._history.get(checkpoint_id)
 
     def close(self) -> None:
+        """Drop this job's label values from every metric family (the job went away)."""
         self._m.remove(self.job_id)
 
     # -- internals -----------------------------------------------------------------------------

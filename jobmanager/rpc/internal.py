@@ -11,11 +11,12 @@ import grpc
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common.ids import JobId, TaskManagerId
-from keyedstate.common.rpc.enums import value_of
+from keyedstate.common.ids import CheckpointId, JobId, TaskManagerId
+from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
+from keyedstate.jobmanager.rpc.checkpoint_wire import ack_response, decline_from_proto
 from keyedstate.jobmanager.rpc.job_wire import heartbeat_from_proto, kept_slots_to_proto, registration_from_proto
 
 
@@ -66,13 +67,16 @@ class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayS
         self, request: jm_pb.AcknowledgeCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
         """Take a subtask's snapshot handle for a pending checkpoint."""
-        outcome = self._checkpointing.acknowledge(self._d.job(JobId(request.job_id)), request)
-        return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))
+        job = self._d.job(JobId(request.job_id))
+        outcome = self._checkpointing.acknowledge(
+            job, CheckpointId(request.checkpoint_id), handle_from_proto(request.state)
+        )
+        return ack_response(outcome)
 
     @rpc_method
     def DeclineCheckpoint(
         self, request: jm_pb.DeclineCheckpointRequest, context: grpc.ServicerContext
     ) -> jm_pb.AckResponse:
         """Take a subtask's refusal of a pending checkpoint (the checkpoint is aborted)."""
-        outcome = self._checkpointing.decline(self._d.job(JobId(request.job_id)), request)
-        return jm_pb.AckResponse(outcome=value_of(jm_pb.AckOutcome, outcome))
+        outcome = self._checkpointing.decline(self._d.job(JobId(request.job_id)), decline_from_proto(request))
+        return ack_response(outcome)

@@ -15,10 +15,16 @@ from keyedstate.common.ids import JobId
 from keyedstate.common.rpc.convert import winners_from_proto
 from keyedstate.common.rpc.descriptors import operator_spec_from_proto
 from keyedstate.common.rpc.status import rpc_method
-from keyedstate.jobmanager.checkpointing import Checkpointing, checkpoint_info
+from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCommit, EpochCoordinator
 from keyedstate.jobmanager.jobs import JobSpec
+from keyedstate.jobmanager.rpc.checkpoint_wire import (
+    checkpoint_info,
+    list_checkpoints_response,
+    summary_to_proto,
+    trigger_from_proto,
+)
 from keyedstate.jobmanager.rpc.job_wire import (
     batch_start_to_proto,
     job_info_to_proto,
@@ -107,14 +113,15 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     ) -> jm_pb.CheckpointInfo:
         """Trigger a checkpoint or savepoint of the job, optionally waiting for it to complete."""
         _check_timeout_ms("TriggerCheckpoint", request.timeout_ms)
-        return self._checkpointing.trigger_request(self._d.job(JobId(request.job_id)), request)
+        summary = self._checkpointing.trigger_request(self._d.job(JobId(request.job_id)), trigger_from_proto(request))
+        return summary_to_proto(summary)
 
     @rpc_method
     def ListCheckpoints(
         self, request: jm_pb.JobRequest, context: grpc.ServicerContext
     ) -> jm_pb.ListCheckpointsResponse:
         """List the job's recent checkpoints and their statistics."""
-        return self._checkpointing.list_checkpoints(self._d.job(JobId(request.job_id)))
+        return list_checkpoints_response(self._checkpointing.list_checkpoints(self._d.job(JobId(request.job_id))))
 
     # -- epochs ------------------------------------------------------------------------------
     @rpc_method

@@ -39,7 +39,7 @@ from keyedstate.common.clock import SystemClock
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import KeyedStateError, Reason
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.storage import is_plain_file_name, open_storage
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
@@ -52,7 +52,7 @@ from tests.fixtures.cluster import FAST_HEARTBEATS, InProcessCluster
 from tests.fuzz import proto_strategies as ps
 from tests.fuzz.conftest import default_examples, long_seconds
 
-JOB, OPERATOR = "ckjob", "ckop"
+JOB, OPERATOR = JobId("ckjob"), "ckop"
 STATES = (
     StateDescriptor("v", StateKind.VALUE),
     StateDescriptor("l", StateKind.LIST),

@@ -22,8 +22,10 @@ from prometheus_client import CollectorRegistry
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import UnavailableError
-from keyedstate.common.ids import JobId, SubtaskId
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
+from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
@@ -39,7 +41,7 @@ from keyedstate.jobmanager.checkpoint import (
 from tests.fakes.clock import ManualClock
 from tests.fakes.scheduler import ManualScheduler
 
-JOB = "job-1"
+JOB = JobId("job-1")
 MAX_P = 8
 
 
@@ -114,13 +116,13 @@ class SimulatedTaskManagers:
 
     def ack(self, subtask: SubtaskId, checkpoint_id: int, *, reuse: list[str] | None = None) -> Any:
         assert self.coordinator is not None
-        outcome = self.coordinator.acknowledge(checkpoint_id, self.snapshot(subtask, checkpoint_id, reuse=reuse))
+        outcome = self.coordinator.acknowledge(
+            CheckpointId(checkpoint_id), self.snapshot(subtask, checkpoint_id, reuse=reuse)
+        )
         self.outcomes.append(outcome)
         return outcome
 
-    def snapshot(
-        self, subtask: SubtaskId, checkpoint_id: int, *, reuse: list[str] | None = None
-    ) -> pb.SubtaskStateHandle:
+    def snapshot(self, subtask: SubtaskId, checkpoint_id: int, *, reuse: list[str] | None = None) -> SubtaskStateHandle:
         """Upload this subtask's files for the checkpoint and return its handle."""
         barrier = self.barrier(checkpoint_id)
         op = next(o for o in self.operators if o.operator_id == subtask.operator_id)
@@ -148,7 +150,7 @@ class SimulatedTaskManagers:
             uploaded += self._file(handle, barrier.target_path, f"{tag}/MANIFEST", f"{tag}/MANIFEST", shared=False)
         handle.incremental_size = uploaded
         handle.full_size = sum(f.size for f in handle.files)
-        return handle
+        return handle_from_proto(handle)
 
     def _file(
         self, handle: pb.SubtaskStateHandle, base: str, rel: str, path: str, *, shared: bool, upload: bool = True

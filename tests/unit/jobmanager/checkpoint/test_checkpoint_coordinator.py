@@ -10,7 +10,8 @@ from typing import Any, cast
 import pytest
 
 from keyedstate.common.errors import InvalidArgumentError
-from keyedstate.common.ids import SubtaskId
+from keyedstate.common.handles import StateFileHandle
+from keyedstate.common.ids import KeyGroupRange, SubtaskId
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
     CheckpointException,
@@ -24,6 +25,7 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.checkpoint import (
     CheckpointFailureReason as R,
 )
+from keyedstate.jobmanager.rpc.checkpoint_wire import summary_to_proto
 
 JOB = "job-1"
 
@@ -86,7 +88,7 @@ def test_full_lifecycle_writes_metadata_last_and_notifies(make_harness: Any) -> 
     assert h.metric("lastCheckpointFullSize") == completed.metadata.full_size > 0
     history = h.coordinator.stats.history()
     assert history[0].status == "COMPLETED" and history[0].path == completed.external_path
-    assert history[0].to_proto().checkpoint_id == 1
+    assert summary_to_proto(history[0].summary()).checkpoint_id == 1
 
 
 def test_acks_arriving_during_barrier_delivery_complete_the_checkpoint(make_harness: Any) -> None:
@@ -354,7 +356,7 @@ def test_invalid_ack_aborts_the_checkpoint_with_a_clear_message(make_harness: An
     h.coordinator.trigger()
     subtask = h.cluster.subtasks()[0]
     handle = h.cluster.snapshot(subtask, 1)
-    handle.files.add(path="../../other-job/chk-3/x.sst", size=1, shared=False)
+    handle.files.append(StateFileHandle(path="../../other-job/chk-3/x.sst", size=1, sha256="", shared=False))
     assert h.coordinator.acknowledge(1, handle) is AckOutcome.DISCARDED
     with pytest.raises(CheckpointException, match="must be inside the checkpoint directory"):
         h.coordinator.wait_for(1, timeout=0)
@@ -362,7 +364,7 @@ def test_invalid_ack_aborts_the_checkpoint_with_a_clear_message(make_harness: An
 
     h.coordinator.trigger()
     handle = h.cluster.snapshot(subtask, 2)
-    handle.key_groups.end = 7
+    handle.key_groups = KeyGroupRange(handle.key_groups.start, 7)
     assert h.coordinator.acknowledge(2, handle) is AckOutcome.DISCARDED
     with pytest.raises(CheckpointException, match=r"key groups \[0, 7\], but the subtask owns \[0, 3\]"):
         h.coordinator.wait_for(2, timeout=0)
@@ -507,7 +509,7 @@ def test_savepoint_files_outside_its_directory_are_refused(make_harness: Any) ->
     h = make_harness(mode="manual")
     h.coordinator.trigger(savepoint=True)
     handle = h.cluster.snapshot(h.cluster.subtasks()[0], 1)
-    handle.files.add(path="shared/reused.sst", size=3, shared=True)
+    handle.files.append(StateFileHandle(path="shared/reused.sst", size=3, sha256="", shared=True))
     assert h.coordinator.acknowledge(1, handle) is AckOutcome.DISCARDED
     with pytest.raises(CheckpointException, match="a savepoint owns all its files"):
         h.coordinator.wait_for(1, timeout=0)

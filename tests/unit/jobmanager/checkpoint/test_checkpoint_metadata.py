@@ -20,7 +20,7 @@ from keyedstate.common.descriptors import (
     TtlUpdateType,
 )
 from keyedstate.common.errors import CorruptCheckpointError
-from keyedstate.common.ids import KeyGroupRange
+from keyedstate.common.ids import KeyGroupRange, OperatorId
 from keyedstate.jobmanager.checkpoint import metadata as metadata_module
 from keyedstate.jobmanager.checkpoint.metadata import (
     CheckpointMetadata,
@@ -112,7 +112,7 @@ def test_round_trip_keeps_everything() -> None:
 
 def test_handles_round_trip_to_absolute_paths() -> None:
     sub = sample().operators[0].subtasks[0]
-    handle = sub.to_handle("counts", "s3://bucket/ckpt/orders/chk-42")
+    handle = sub.to_handle(OperatorId("counts"), "s3://bucket/ckpt/orders/chk-42")
     assert [f.path for f in handle.files] == [
         "s3://bucket/ckpt/orders/shared/8e1f-000010.sst",
         "s3://bucket/ckpt/orders/chk-42/counts-0/MANIFEST-000011",

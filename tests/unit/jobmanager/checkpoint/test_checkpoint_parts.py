@@ -13,7 +13,9 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import CheckpointError, ConfigError, InvalidArgumentError
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, SubtaskId
+from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
     CheckpointException,
@@ -34,10 +36,11 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.checkpoint import (
     CheckpointFailureReason as R,
 )
+from keyedstate.jobmanager.rpc.checkpoint_wire import summary_to_proto
 from tests.fakes.clock import ManualClock
 from tests.fakes.scheduler import ManualScheduler
 
-JOB = "job-1"
+JOB = JobId("job-1")
 BASE = "s3://bucket/ckpt/job-1"
 
 
@@ -103,7 +106,7 @@ def _pending(savepoint: bool = False, epoch: int = -1) -> PendingCheckpoint:
     target = f"{BASE}/chk-3" if not savepoint else "s3://bucket/sp/savepoint-job-1-3"
     return PendingCheckpoint(
         job_id=JOB,
-        checkpoint_id=3,
+        checkpoint_id=CheckpointId(3),
         trigger_timestamp_ms=1,
         trigger_monotonic_ms=1,
         operators=ops,
@@ -115,7 +118,7 @@ def _pending(savepoint: bool = False, epoch: int = -1) -> PendingCheckpoint:
     )
 
 
-def _handle(index: int, *paths: tuple[str, bool]) -> pb.SubtaskStateHandle:
+def _handle(index: int, *paths: tuple[str, bool]) -> SubtaskStateHandle:
     start, end = (0, 3) if index == 0 else (4, 7)
     handle = pb.SubtaskStateHandle(
         operator_id="counts",
@@ -126,7 +129,7 @@ def _handle(index: int, *paths: tuple[str, bool]) -> pb.SubtaskStateHandle:
     )
     for path, shared in paths:
         handle.files.add(path=path, size=10, shared=shared)
-    return handle
+    return handle_from_proto(handle)
 
 
 def test_pending_outcomes() -> None:
@@ -220,7 +223,11 @@ def test_store_retains_the_latest_checkpoints_and_returns_the_subsumed() -> None
     assert store.add_checkpoint(_completed(2)) == []
     assert [c.checkpoint_id for c in store.add_checkpoint(_completed(3))] == [1]
     assert [c.checkpoint_id for c in store.all()] == [2, 3]
-    assert _latest(store).checkpoint_id == 3 and store.get(2) is not None and store.get(1) is None
+    assert (
+        _latest(store).checkpoint_id == 3
+        and store.get(CheckpointId(2)) is not None
+        and store.get(CheckpointId(1)) is None
+    )
     with pytest.raises(CheckpointError, match="older than the retained checkpoint 3"):
         store.add_checkpoint(_completed(1))
 
@@ -285,18 +292,18 @@ def test_cleaner_failures_are_counted_not_raised(storage: Any, tmp_path: Any) ->
 # -- stats ---------------------------------------------------------------------------------------
 def test_stats_gauges_are_flink_named_and_shared_across_jobs() -> None:
     registry = CollectorRegistry()
-    a = CheckpointStatsTracker("a", registry, history_size=2)
-    CheckpointStatsTracker("b", registry)  # a second job on the same registry
+    a = CheckpointStatsTracker(JobId("a"), registry, history_size=2)
+    CheckpointStatsTracker(JobId("b"), registry)  # a second job on the same registry
 
     def value(name: str, job: str) -> float | None:
         return registry.get_sample_value(f"flink_jobmanager_job_{name}", {"job_id": job})
 
     for cid in (1, 2, 3):
-        a.report_pending(cid, 1000 * cid, savepoint=False, num_subtasks=4, path=f"p{cid}", epoch=-1)
-    a.report_completed(1, duration_ms=50, full_size=1000, incremental_size=10, path="p1", epoch=3)
-    a.report_failed(2, R.CHECKPOINT_EXPIRED, "slow", duration_ms=70)
+        a.report_pending(CheckpointId(cid), 1000 * cid, savepoint=False, num_subtasks=4, path=f"p{cid}", epoch=-1)
+    a.report_completed(CheckpointId(1), duration_ms=50, full_size=1000, incremental_size=10, path="p1", epoch=3)
+    a.report_failed(CheckpointId(2), R.CHECKPOINT_EXPIRED, "slow", duration_ms=70)
     a.report_rejected(R.TOO_MANY_CHECKPOINT_REQUESTS, "busy")
-    a.report_restored(1, 12345)
+    a.report_restored(CheckpointId(1), 12345)
     assert value("numberOfCompletedCheckpoints", "a") == 1 and value("numberOfFailedCheckpoints", "a") == 2
     assert value("numberOfInProgressCheckpoints", "a") == 1 and value("totalNumberOfCheckpoints", "a") == 4
     assert value("lastCheckpointDuration", "a") == 50 and value("lastCheckpointSize", "a") == 10
@@ -311,7 +318,7 @@ def test_stats_gauges_are_flink_named_and_shared_across_jobs() -> None:
     )
     history = a.history()
     assert [(e.checkpoint_id, e.status) for e in history] == [(3, "IN_PROGRESS"), (2, "FAILED")]
-    assert history[1].to_proto().failure_reason == "CHECKPOINT_EXPIRED: slow"
+    assert summary_to_proto(history[1].summary()).failure_reason == "CHECKPOINT_EXPIRED: slow"
     a.close()
     assert value("numberOfCompletedCheckpoints", "a") is None and value("numberOfCompletedCheckpoints", "b") == 0
 

@@ -16,7 +16,7 @@ from keyedstate.common.descriptors import (
     TtlConfig,
 )
 from keyedstate.common.errors import CorruptCheckpointError, IncompatibleCheckpointError
-from keyedstate.common.ids import KeyGroupRange, SubtaskId
+from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId
 from keyedstate.jobmanager.checkpoint import (
     CheckpointMetadata,
     CheckpointNotFoundError,
@@ -71,7 +71,7 @@ def test_rescale_assigns_every_overlapping_snapshot() -> None:
     assert [f.path for f in handle.files] == [f"{BASE}/op-1/MANIFEST", "file:///ckpt/job-1/shared/1.sst"]
 
     down = plan_restore(
-        meta, [OperatorSpec("counts", 1, (VALUE, LIST))], 8, checkpoint_dir=BASE + "/_metadata", job_id="job-2"
+        meta, [OperatorSpec("counts", 1, (VALUE, LIST))], 8, checkpoint_dir=BASE + "/_metadata", job_id=JobId("job-2")
     )
     assert list(down) == [SubtaskId("job-2", "counts", 0)]
     assert [h.subtask_index for h in down[SubtaskId("job-2", "counts", 0)]] == [0, 1]

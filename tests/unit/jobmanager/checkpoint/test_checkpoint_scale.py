@@ -13,8 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.handles import SubtaskStateHandle
 from keyedstate.common.ids import JobId
 from keyedstate.common.keygroups import key_group_range_for_subtask
+from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.jobmanager.checkpoint import (
     CheckpointBarrier,
     CheckpointCoordinator,
@@ -36,7 +38,7 @@ class ImmediateAcks:
 
     def __init__(self) -> None:
         self.coordinator: CheckpointCoordinator | None = None
-        self.handles: list[pb.SubtaskStateHandle] = []
+        self.handles: list[SubtaskStateHandle] = []
         for op in OPERATORS:
             for i in range(op.parallelism):
                 kg = key_group_range_for_subtask(MAX_P, op.parallelism, i)
@@ -55,7 +57,7 @@ class ImmediateAcks:
                         local_name=f"{n:06d}.sst",
                         shared=True,
                     )
-                self.handles.append(h)
+                self.handles.append(handle_from_proto(h))
         self.notified: list[tuple[int, bool]] = []
 
     @contextlib.contextmanager
@@ -81,7 +83,7 @@ def test_thousand_subtasks(storage: Any, tmp_path: Path, clock: Any, scheduler: 
             gateway,
             clock,
             scheduler,
-            stats=CheckpointStatsTracker("big", CollectorRegistry()),
+            stats=CheckpointStatsTracker(JobId("big"), CollectorRegistry()),
             cleaner=CheckpointsCleaner(storage, InlineExecutor()),
         ),
         operators=OPERATORS,

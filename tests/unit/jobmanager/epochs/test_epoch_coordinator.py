@@ -30,7 +30,7 @@ from keyedstate.common.errors import (
     KeyedStateError,
     UnavailableError,
 )
-from keyedstate.common.ids import JobId, SubtaskId
+from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
@@ -169,7 +169,7 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         for i, address in enumerate((TM_A, TM_B)):
             subtask = SubtaskId(JOB, "counts", i)
             job.assignments[subtask] = SlotAssignment(
-                subtask, key_group_range_for_subtask(MAX_P, 2, i), f"tm-{i}", address, 0
+                subtask, key_group_range_for_subtask(MAX_P, 2, i), TaskManagerId(f"tm-{i}"), address, 0
             )
         cluster = JobTaskManagers(storage, job_dir, OPERATORS, mode=settings.pop("mode", "ack"))
         cluster.job, cluster.clock = job, clock
