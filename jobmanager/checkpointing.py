@@ -28,6 +28,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.handles import SlotRestore, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
+from keyedstate.common.lifecycle import JobStatus
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
@@ -52,7 +53,7 @@ from keyedstate.jobmanager.checkpoint import (
 )
 from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
 from keyedstate.jobmanager.ha.job_store import JobRecord
-from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, JobStatus, RestorePlan
+from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, RestorePlan
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
 
 FailOver = Callable[[str, str], None]

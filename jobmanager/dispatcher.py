@@ -30,12 +30,13 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.keygroups import past_max_parallelism
+from keyedstate.common.lifecycle import JobStatus
 from keyedstate.jobmanager import failover, recovery
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.checkpointing import Checkpointing
-from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobInfo, JobSpec, JobStatus, RestorePlan, RoutingTable
+from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobInfo, JobSpec, RestorePlan, RoutingTable
 from keyedstate.jobmanager.registry import (
     HeartbeatReport,
     TaskManagerRecord,

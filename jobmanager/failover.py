@@ -27,9 +27,10 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
+from keyedstate.common.lifecycle import JobStatus
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.checkpointing import Checkpointing
-from keyedstate.jobmanager.jobs import Job, JobStatus, RestorePlan
+from keyedstate.jobmanager.jobs import Job, RestorePlan
 from keyedstate.jobmanager.scheduling import SlotAssignment, plan_subtasks
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,24 +13,12 @@ from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.handles import SlotRestore
 from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId, validate_id
 from keyedstate.common.keygroups import check_parallelism
+from keyedstate.common.lifecycle import JobStatus
 from keyedstate.common.rpc.descriptors import operator_spec_from_json, operator_spec_to_json
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
 from keyedstate.jobmanager.registry import ReportedLimits
 from keyedstate.jobmanager.scheduling import SlotAssignment
-
-
-class JobStatus(enum.Enum):
-    CREATED = "CREATED"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    FAILED = "FAILED"
-    CANCELED = "CANCELED"
-
-    @property
-    def terminal(self) -> bool:
-        """FAILED or CANCELED: the job never runs again (a resubmission under its id is a new job)."""
-        return self in (JobStatus.FAILED, JobStatus.CANCELED)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ import logging
 
 from keyedstate.common.clock import Clock
 from keyedstate.common.errors import KeyedStateError
+from keyedstate.common.lifecycle import JobStatus
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.failover import Deployments, restart
-from keyedstate.jobmanager.jobs import Job, JobStatus
+from keyedstate.jobmanager.jobs import Job
 
 logger = logging.getLogger(__name__)
 

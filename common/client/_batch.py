@@ -7,41 +7,10 @@ one place in the executor package that reads the JobManager's responses.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from keyedstate.common.client._routing import Routing
-
-
-class BatchAction(enum.Enum):
-    """What the JobManager tells a driver to do with one batch (docs/exactly-once.md)."""
-
-    RUN = "RUN"
-    """Run the batch as the returned epoch."""
-    ALREADY_COMMITTED = "ALREADY_COMMITTED"
-    """The state holds the batch already (a re-run after a driver restart); only make it durable."""
-    WAIT = "WAIT"
-    """The job is restarting or waiting for slots; ask again."""
-    STOP = "STOP"
-    """The job is FAILED or CANCELED; the query must stop."""
-
-
-class JobStatus(enum.Enum):
-    """A job's lifecycle status as the JobManager reports it."""
-
-    CREATED = "CREATED"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    FAILED = "FAILED"
-    CANCELED = "CANCELED"
-
-
-class CheckpointStatus(enum.Enum):
-    """Where a checkpoint stands."""
-
-    IN_PROGRESS = "IN_PROGRESS"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
+from keyedstate.common.lifecycle import BatchAction, CheckpointStatus, JobStatus
 
 
 def status_name(status: JobStatus | CheckpointStatus | None) -> str:

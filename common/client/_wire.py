@@ -8,17 +8,10 @@ from __future__ import annotations
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
-from keyedstate.common.client._batch import (
-    BatchAction,
-    BatchStart,
-    CheckpointStatus,
-    CheckpointSummary,
-    EpochCommitted,
-    JobProgress,
-    JobStatus,
-)
+from keyedstate.common.client._batch import BatchStart, CheckpointSummary, EpochCommitted, JobProgress
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.errors import UnavailableError
+from keyedstate.common.lifecycle import BatchAction, CheckpointStatus, JobStatus
 from keyedstate.common.rpc.enums import name_of
 
 

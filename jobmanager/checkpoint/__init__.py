@@ -5,6 +5,7 @@ storage layout and the ``_metadata`` format are documented in :mod:`.coordinator
 :mod:`.metadata`.
 """
 
+from keyedstate.common.lifecycle import CheckpointStatus
 from keyedstate.jobmanager.checkpoint.cleaner import CheckpointsCleaner, InlineExecutor
 from keyedstate.jobmanager.checkpoint.completed import (
     CompletedCheckpoint,
@@ -41,7 +42,7 @@ from keyedstate.jobmanager.checkpoint.restore import (
 from keyedstate.jobmanager.checkpoint.settings import CheckpointingSettings
 from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
 from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsEntry, CheckpointStatsTracker
-from keyedstate.jobmanager.checkpoint.summary import CheckpointStatus, CheckpointSummary
+from keyedstate.jobmanager.checkpoint.summary import CheckpointSummary
 
 __all__ = [
     "AckOutcome",

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from keyedstate.common.ids import CheckpointId, JobId
+from keyedstate.common.lifecycle import CheckpointStatus
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
-from keyedstate.jobmanager.checkpoint.summary import CheckpointStatus, CheckpointSummary
+from keyedstate.jobmanager.checkpoint.summary import CheckpointSummary
 
 logger = logging.getLogger(__name__)
 

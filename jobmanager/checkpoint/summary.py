@@ -7,19 +7,11 @@ completed checkpoint and a history entry all read the same to statectl and Spark
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from keyedstate.common.ids import CheckpointId
+from keyedstate.common.lifecycle import CheckpointStatus
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
-
-
-class CheckpointStatus(enum.StrEnum):
-    """Where a checkpoint stands; the names are the wire's (``CHECKPOINT_STATUS_<name>``)."""
-
-    IN_PROGRESS = "IN_PROGRESS"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
 
 
 @dataclass(frozen=True)

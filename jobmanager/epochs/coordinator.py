@@ -17,7 +17,6 @@ docs/exactly-once.md:
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -38,26 +37,16 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import JobId
+from keyedstate.common.lifecycle import BatchAction, JobStatus
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointInProgressError
-from keyedstate.jobmanager.jobs import Job, JobStatus, RoutingTable
+from keyedstate.jobmanager.jobs import Job, RoutingTable
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 _RETRY_PAUSE_S = 0.2
-
-
-class BatchAction(enum.Enum):
-    RUN = "RUN"
-    """Run the batch as the returned epoch."""
-    ALREADY_COMMITTED = "ALREADY_COMMITTED"
-    """The state holds the batch; only make sure it is durable."""
-    WAIT = "WAIT"
-    """The job is restarting or waiting for slots; ask again."""
-    STOP = "STOP"
-    """The job is FAILED or CANCELED; the query must stop."""
 
 
 @dataclass(frozen=True)

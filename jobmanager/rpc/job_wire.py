@@ -12,11 +12,12 @@ from collections.abc import Iterable
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.ids import SubtaskId, TaskManagerId
+from keyedstate.common.lifecycle import JobStatus
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from keyedstate.common.rpc.enums import value_of
 from keyedstate.jobmanager.dispatcher import ClusterOverview, TaskManagerSummary
 from keyedstate.jobmanager.epochs.coordinator import BatchStart
-from keyedstate.jobmanager.jobs import JobInfo, JobStatus, RoutingTable
+from keyedstate.jobmanager.jobs import JobInfo, RoutingTable
 from keyedstate.jobmanager.registry import HeartbeatReport, ReportedLimits, SlotReport, TaskManagerRegistration
 
 

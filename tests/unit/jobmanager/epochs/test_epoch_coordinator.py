@@ -32,6 +32,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.keygroups import key_group_range_for_subtask
+from keyedstate.common.lifecycle import BatchAction, JobStatus
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
     CheckpointCoordinator,
@@ -45,8 +46,8 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.checkpoint import (
     CheckpointFailureReason as R,
 )
-from keyedstate.jobmanager.epochs.coordinator import BatchAction, EpochCommit, EpochCoordinator
-from keyedstate.jobmanager.jobs import Job, JobSpec, JobStatus
+from keyedstate.jobmanager.epochs.coordinator import EpochCommit, EpochCoordinator
+from keyedstate.jobmanager.jobs import Job, JobSpec
 from keyedstate.jobmanager.lineage import LineageEntry
 from keyedstate.jobmanager.scheduling import SlotAssignment
 from tests.fakes.clock import ManualClock
