@@ -21,11 +21,12 @@ from keyedstate.common.errors import (
 )
 from keyedstate.taskmanager.epochs import records
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
+from keyedstate.taskmanager.epochs.fast_commit import commit_reducing
 from keyedstate.taskmanager.epochs.fold import fold_attempt
 from keyedstate.taskmanager.epochs.locks import SharedExclusiveLock
 from keyedstate.taskmanager.epochs.staging import StagingOptions, StagingStore
 from keyedstate.taskmanager.slots import Slot
-from keyedstate.taskmanager.state import KeyedStateBackend, Mutation
+from keyedstate.taskmanager.state import KeyedStateBackend
 from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
 
 logger = logging.getLogger(__name__)
@@ -72,12 +73,23 @@ class SlotEpochs:
     applied or discarded by it) or is refused after it. Writes of one attempt are serialized,
     because some (reduce, list append) read what the attempt staged before writing; attempts
     stage different keys, so different attempts write in parallel.
+
+    ``fast_commit`` (on by default) lets a commit whose staged records are all reducing ones
+    take :func:`.fast_commit.commit_reducing`; off, every commit takes the general path (the
+    differential test compares the two).
     """
 
     def __init__(
-        self, slot: Slot, backend: KeyedStateBackend, path: Path, options: StagingOptions | None = None
+        self,
+        slot: Slot,
+        backend: KeyedStateBackend,
+        path: Path,
+        options: StagingOptions | None = None,
+        *,
+        fast_commit: bool = True,
     ) -> None:
         self.slot = slot
+        self._fast_commit = fast_commit
         self.backend = backend
         self.subtask = slot.subtask
         self.path = path
@@ -228,8 +240,7 @@ class SlotEpochs:
                 return epoch, 0
             t0 = self.backend.clock.monotonic_ms()  # the slot's injected clock
             try:
-                mutations = self._winning_mutations(epoch, winners)
-                applied = self.backend.apply(mutations, meta={COMMITTED_EPOCH: str(epoch).encode("ascii")})
+                applied = self._apply_winners(epoch, winners)
             except KeyedStateError as exc:
                 logger.error(
                     "commit of epoch %d on %s failed (%s): %s", epoch, self.subtask, exc.reason.value, exc.message
@@ -251,18 +262,27 @@ class SlotEpochs:
             )
             return epoch, applied
 
-    def _winning_mutations(self, epoch: int, winners: Mapping[int, Winner]) -> list[Mutation]:
-        # Partition order, so that two partitions writing one key apply in a deterministic order.
-        mutations: list[Mutation] = []
+    def _apply_winners(self, epoch: int, winners: Mapping[int, Winner]) -> int:
+        """Apply the winners' staged records with the committed-epoch marker in one atomic write; mutations applied."""
+        meta = {COMMITTED_EPOCH: str(epoch).encode("ascii")}
+        staged = self._winning_records(epoch, winners)
+        if self._fast_commit:
+            applied = commit_reducing(self.backend, self.states, staged, meta)
+            if applied is not None:
+                return applied
+        mutations = [m for attempt_records in staged for m in fold_attempt(attempt_records, self.states)]
+        return self.backend.apply(mutations, meta=meta)
+
+    def _winning_records(self, epoch: int, winners: Mapping[int, Winner]) -> list[list[tuple[bytes, bytes]]]:
+        """The staged records of each winner, partitions ascending (two partitions writing one key apply in a
+        deterministic order), each in staging order."""
         store = self._store
         if store is None:
-            return mutations
-        for partition in sorted(winners):
-            w = winners[partition]
-            mutations.extend(
-                fold_attempt(store.scan(*records.attempt_data_range(epoch, partition, w.attempt)), self.states)
-            )
-        return mutations
+            return []
+        return [
+            list(store.scan(*records.attempt_data_range(epoch, partition, winners[partition].attempt)))
+            for partition in sorted(winners)
+        ]
 
     def abort(self, epoch: int) -> int:
         """Discard everything staged for ``epoch``; returns the committed epoch."""

@@ -19,6 +19,8 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
@@ -93,6 +95,16 @@ def _read_chunk(cf: rocksdict.Rdict, start: bytes, end: bytes | None, n: int) ->
         return list(islice(cast("Iterator[tuple[bytes, bytes]]", it), n))  # raw mode: bytes only
     finally:
         del it
+
+
+@dataclass(frozen=True)
+class StoredWrite:
+    """One atomic write of already-encoded stored keys, open inside :meth:`RocksDBKeyedStateBackend.stored_write`."""
+
+    now_ms: int
+    """The one timestamp of the write (TTL headers and expiry), taken under the write lock as ``apply`` takes it."""
+    batch: rocksdict.WriteBatch
+    """Put and delete stored keys here, naming each state's column family (``StateHandle.handle``)."""
 
 
 def check_local_dir(local_dir: Path, db_dir: Path) -> None:
@@ -308,6 +320,26 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             put(k, header + v)
         with self._write_lock:
             self._write(wb)
+
+    # -- writes of stored keys (the epoch commit's fast path) --------------------------------
+    @contextmanager
+    def stored_write(self, meta: dict[bytes, bytes]) -> Iterator[StoredWrite]:
+        """One WriteBatch of stored keys, written with ``meta`` atomically when the block ends without raising.
+
+        For callers that hold stored keys validated earlier (the staged records of an epoch
+        commit): the in-flight gate and the write lock are held for the whole block, as
+        :meth:`apply` holds them, so reads through :meth:`stored_get` inside it see no
+        concurrent write, and nothing is written if the block raises.
+        """
+        checked = self._check_meta(meta)
+        with self._op, self._write_lock:
+            write = StoredWrite(self.clock.now_ms(), rocksdict.WriteBatch(raw_mode=True))
+            yield write
+            self._commit_batch(write.batch, checked, {})
+
+    def stored_get(self, st: StateHandle, stored_keys: list[bytes]) -> list[bytes | None]:
+        """The stored values (format header included) of stored keys of one state, in one multi-get."""
+        return cast("list[bytes | None]", st.store.get(stored_keys))
 
     # -- batched writes ---------------------------------------------------------------------
     def _list_bounds_of(self, st: StateHandle, prefix: bytes, iters: dict[str, Any]) -> tuple[int, int]:
