@@ -234,7 +234,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
         notes.extend(_ours_breakdown(ours_runs))
 
     if any(r.met is False for r in _ratios(rates)):
-        notes.extend(_taskmanager_profile(data, sizes, ours_runs))
+        notes.extend(_taskmanager_profile(data, sizes))
         notes.extend(_ceiling(rates))
 
     measurements += [
@@ -300,42 +300,28 @@ def _ours_breakdown(runs: list[sparkjobs.OursRun]) -> list[str]:
     ]
 
 
-def _taskmanager_profile(data: w1data.W1Data, sizes: W1Sizes, runs: list[sparkjobs.OursRun]) -> list[str]:
-    """cProfile of a slot's staging and commit at this run's keys per slot, and the proposed fast path."""
+def _taskmanager_profile(data: w1data.W1Data, sizes: W1Sizes) -> list[str]:
+    """cProfile of a slot's staging and commit at this run's keys per slot."""
     from bench.w1 import profile_tm
 
     per_batch = [len(set(u)) for u in _users_per_batch(data, sizes.files_per_trigger)]
     keys = max(1, int(statistics.mean(per_batch)) // PARALLELISM)
     now = profile_tm.measure(keys, profiled=False)
     profiled = profile_tm.measure(keys, profiled=True)
-    with profile_tm.proposed_path():
-        proposed = profile_tm.measure(keys, profiled=False)
     commit_ms = now.commit_us_per_key * now.keys_per_epoch / 1000
-    proposed_ms = proposed.commit_us_per_key * proposed.keys_per_epoch / 1000
-    notes = [
+    stage_ms = now.stage_us_per_key * now.keys_per_epoch / 1000
+    return [
         f"TaskManager cProfile (bench/w1/profile_tm.py, in this run, one RocksDB slot, {now.keys_per_epoch} distinct "
         f"users per slot and micro-batch, as in the runs above): {now.stage_us_per_key:.1f} us/key to stage the reduces and "
-        f"{now.commit_us_per_key:.1f} us/key to commit them (no profiler), i.e. ~{commit_ms:.0f} ms of commit per "
-        f"slot and batch. Own time under the profiler: {profiled.summary(5)}",
-        f"What would close the gap: the commit re-derives every staged record as a Mutation object (fold.py), "
-        f"re-validates it key by key (backend.apply -> _mutation_op -> _check_single) and re-encodes its key "
-        f"(rocksdb._execute). A reduce-only commit fast path in SlotEpochs.commit that folds the staged records "
-        f"(already validated, already holding the stored key) straight into one multi-get and one WriteBatch "
-        f"measured {proposed.commit_us_per_key:.1f} us/key here (sketch: profile_tm.proposed_commit, state "
-        f"verified), ~{proposed_ms:.0f} ms per slot and batch instead of ~{commit_ms:.0f} ms. Staging (the "
-        f"executors' Reduce calls) is next: a multi-get and a WriteBatch of the staging DB per request, then "
-        f"Python per key; a merge operator (which rocksdict 0.3.29 lacks) would make it one blind write",
+        f"{now.commit_us_per_key:.1f} us/key to commit them (no profiler), i.e. ~{stage_ms:.0f} ms of staging and "
+        f"~{commit_ms:.0f} ms of commit per slot and batch. Own time under the profiler: {profiled.summary(5)}",
+        "The commit takes the reducing-state fast path (taskmanager/epochs/fast_commit.py: the staged records, "
+        "validated when staged and already holding the stored key, folded into one multi-get and one WriteBatch; "
+        "before it, 11.6 us/key in the RESULTS.md run). What would close the rest of the gap (issue 13): staging "
+        "(a multi-get and a WriteBatch of the staging DB per request, then Python per key; a merge operator, which "
+        "rocksdict 0.3.29 lacks, would make it one blind write), a columnar wire, slots in their own processes, "
+        "and a commit that overlaps the next micro-batch",
     ]
-    if runs:
-        best = min(runs, key=lambda r: r.seconds)
-        if best.timings:
-            saved = (commit_ms - proposed_ms) / 1000 * len(best.timings)
-            notes.append(
-                f"With that fast path this run's ours would take ~{max(0.1, best.seconds - saved):.1f} s "
-                f"instead of {best.seconds:.1f} s (estimate: the commit time saved per batch, both slots "
-                "committing in parallel)"
-            )
-    return notes
 
 
 def _ceiling(rates: dict[str, float]) -> list[str]:

@@ -1,11 +1,11 @@
 """cProfile of one W1 micro-batch on one TaskManager slot, in-process: staged reduces, then the commit.
 
-``python -m bench.w1.profile_tm [keys] [--proposed]`` prints where the slot's CPU goes for
+``python -m bench.w1.profile_tm [keys]`` prints where the slot's CPU goes for
 about ``keys`` distinct users per epoch (a W1 micro-batch puts about 63k on each of two slots).
 The classes are the real TaskManager ones (SlotTable, EpochManager, RocksDB backend in a
 temporary directory); only the gRPC layer is left out, so the figures are the TaskManager's own
-Python work, and the committed state is checked against the operands. ``--proposed`` measures
-the reduce-only commit fast path sketched in :func:`proposed_commit`.
+Python work, and the committed state is checked against the operands. The commit is the one
+the TaskManager runs: all-reducing epochs take the fast path of ``taskmanager/epochs/fast_commit.py``.
 """
 
 from __future__ import annotations
@@ -155,95 +155,14 @@ def _shares(prof: cProfile.Profile) -> list[tuple[str, float]]:
     return sorted(merged.items(), key=lambda kv: -kv[1])
 
 
-def proposed_commit(self, epoch, winners, routing_version=0):  # type: ignore[no-untyped-def]
-    """A sketch of the reduce-only commit fast path proposed for ``SlotEpochs.commit`` (``--proposed``).
-
-    Staged reducing records already hold the main database's stored key after the attempt
-    prefix and state id, and were validated when staged, so the commit can fold them straight
-    into one multi-get and one WriteBatch: no Mutation objects, no re-validation, no key
-    re-encoding. Slots with other state kinds, or an epoch already committed, take the
-    existing path. (A sketch for measuring: it keeps the existing locking and discarding.)
-    """
-    import rocksdict
-
-    from keyedstate.common.descriptors import StateKind
-    from keyedstate.taskmanager.epochs import records as r
-    from keyedstate.taskmanager.epochs.slot import read_committed_epoch
-    from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
-    from keyedstate.taskmanager.state.rocksdb import RocksDBKeyedStateBackend
-
-    original = proposed_commit.__wrapped__  # type: ignore[attr-defined]
-    backend = self.backend
-    if (
-        not isinstance(backend, RocksDBKeyedStateBackend)
-        or self._store is None
-        or any(kind is not StateKind.REDUCING for _, kind in self.states)
-        or epoch <= read_committed_epoch(backend)
-    ):
-        return original(self, epoch, winners, routing_version)
-    with self.lock.exclusive():
-        self._check_open()
-        skip = r.ATTEMPT_PREFIX_LEN + r.STATE_ID_BYTES
-        staged: dict[int, tuple[list[bytes], list[bytes]]] = {}
-        for partition in sorted(winners):
-            begin, end = r.attempt_data_range(epoch, partition, winners[partition].attempt)
-            for sk, value in self._store.scan(begin, end):
-                keys, values = staged.setdefault(int.from_bytes(sk[r.ATTEMPT_PREFIX_LEN : skip], "big"), ([], []))
-                keys.append(sk[skip:])
-                values.append(value)
-        now = backend.clock.now_ms()
-        wb = rocksdict.WriteBatch(raw_mode=True)
-        applied = 0
-        with backend._op, backend._write_lock:
-            for sid, (keys, values) in staged.items():
-                st = backend.validation.lookup(self.states[sid][0])
-                assert st.reducer is not None  # every state is a reducing one (checked above)
-                header, handle, decode, combine = st.codec.header(now), st.handle, st.codec.decode, st.reducer.combine
-                latest: dict[bytes, bytes | None] = {}
-                for key, value, current in zip(keys, values, st.store.get(keys)):
-                    tag = value[0]
-                    base = latest[key] if key in latest else decode(current, now)
-                    if tag == r.DELTA_TAG:
-                        new = combine(base, value[1:])
-                    elif tag == r.REPLACE_TAG:
-                        new = value[1:]
-                    else:  # CLEAR
-                        latest[key] = None
-                        wb.delete(key, handle)
-                        continue
-                    latest[key] = new
-                    wb.put(key, header + new, handle)
-                applied += len(keys)
-            wb.put(COMMITTED_EPOCH, str(epoch).encode("ascii"), backend._meta_h)
-            backend._write(wb)
-        self.committed_epoch = epoch
-        self._discard(*r.through_epoch(epoch))
-        return epoch, applied
-
-
-@contextlib.contextmanager
-def proposed_path() -> Iterator[None]:
-    """``SlotEpochs.commit`` replaced by :func:`proposed_commit` in this process, for the block only."""
-    from keyedstate.taskmanager.epochs.slot import SlotEpochs
-
-    original = SlotEpochs.commit
-    proposed_commit.__wrapped__ = original  # type: ignore[attr-defined]
-    SlotEpochs.commit = proposed_commit  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        SlotEpochs.commit = original  # type: ignore[method-assign]
-
-
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     keys = int(args[0]) if args else 63_000
-    with proposed_path() if "--proposed" in sys.argv else contextlib.nullcontext():
-        plain = measure(keys, profiled=False)
-        print(
-            f"~{plain.keys_per_epoch} keys per epoch: staging {plain.stage_us_per_key:.1f} us/key, "
-            f"commit {plain.commit_us_per_key:.1f} us/key (no profiler)"
-        )
-        profiled = measure(keys)
-        print(profiled.summary())
-        print(profiled.report)
+    plain = measure(keys, profiled=False)
+    print(
+        f"~{plain.keys_per_epoch} keys per epoch: staging {plain.stage_us_per_key:.1f} us/key, "
+        f"commit {plain.commit_us_per_key:.1f} us/key (no profiler)"
+    )
+    profiled = measure(keys)
+    print(profiled.summary())
+    print(profiled.report)
