@@ -26,13 +26,12 @@ from keyedstate.common.errors import (
     KeyedStateError,
     UnavailableError,
 )
-from keyedstate.common.handles import SlotRestore, SubtaskStateHandle
+from keyedstate.common.handles import CheckpointBarrier, SlotRestore, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lifecycle import JobStatus
 from keyedstate.common.storage import CheckpointStorage, StorageCache
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
-    CheckpointBarrier,
     CheckpointCoordinator,
     CheckpointException,
     CheckpointingSettings,

@@ -20,7 +20,7 @@ from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointNotFoundError,
     DeclineReason,
 )
-from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway, EpochCut
+from keyedstate.jobmanager.checkpoint.gateway import CheckpointGateway, EpochCut
 from keyedstate.jobmanager.checkpoint.gc import GcEntry, GcPlan, execute, plan_gc
 from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
 from keyedstate.jobmanager.checkpoint.metadata import (
@@ -46,7 +46,6 @@ from keyedstate.jobmanager.checkpoint.summary import CheckpointSummary
 
 __all__ = [
     "AckOutcome",
-    "CheckpointBarrier",
     "CheckpointCoordinator",
     "CheckpointException",
     "CheckpointFailureReason",

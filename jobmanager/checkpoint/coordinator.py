@@ -42,7 +42,7 @@ from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError, UnavailableError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.handles import CheckpointBarrier, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.storage import CheckpointStorage
@@ -59,7 +59,7 @@ from keyedstate.jobmanager.checkpoint.failure import (
     CheckpointInProgressError,
     CheckpointNotFoundError,
 )
-from keyedstate.jobmanager.checkpoint.gateway import CheckpointBarrier, CheckpointGateway, EpochCut
+from keyedstate.jobmanager.checkpoint.gateway import CheckpointGateway, EpochCut
 from keyedstate.jobmanager.checkpoint.id_counter import CheckpointIDCounter, StandaloneCheckpointIDCounter
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus

@@ -1,7 +1,7 @@
 """How the coordinator reaches a job's TaskManagers: the epoch cut and the gateway protocol.
 
-The barrier itself is the domain ``common.handles.CheckpointBarrier`` (re-exported here), which the
-TaskManager gateway converts to its message at the RPC edge.
+The barrier itself is the domain ``common.handles.CheckpointBarrier``, which the TaskManager
+gateway converts to its message at the RPC edge.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointBarrier", "CheckpointGateway", "EpochCut"]
+__all__ = ["CheckpointGateway", "EpochCut"]
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,12 @@ from prometheus_client import CollectorRegistry
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import UnavailableError
-from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.handles import CheckpointBarrier, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import (
-    CheckpointBarrier,
     CheckpointCoordinator,
     CheckpointingSettings,
     CheckpointsCleaner,

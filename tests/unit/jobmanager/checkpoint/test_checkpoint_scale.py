@@ -13,12 +13,11 @@ from prometheus_client import CollectorRegistry
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
-from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.handles import CheckpointBarrier, SubtaskStateHandle
 from keyedstate.common.ids import JobId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.jobmanager.checkpoint import (
-    CheckpointBarrier,
     CheckpointCoordinator,
     CheckpointingSettings,
     CheckpointsCleaner,
