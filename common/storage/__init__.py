@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from keyedstate.common.retry import RetryPolicy, Waiter
 from keyedstate.common.storage._base import MAX_FILE_NAME, CheckpointStorage, FileInfo, is_plain_file_name
 from keyedstate.common.storage._cache import StorageCache
 from keyedstate.common.storage._fsspec import FsspecStorage, join_url
 from keyedstate.common.storage._local import LocalStorage
 from keyedstate.common.storage._registry import open_storage, register_storage, scheme_of, supported_schemes
-from keyedstate.common.storage._retry import RetryPolicy, Waiter
 
 __all__ = [
     "MAX_FILE_NAME",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 
 from keyedstate.common.config import Configuration
+from keyedstate.common.retry import Waiter
 from keyedstate.common.storage._base import CheckpointStorage
 from keyedstate.common.storage._registry import open_storage
-from keyedstate.common.storage._retry import Waiter
 
 
 class StorageCache:

@@ -20,14 +20,9 @@ from typing import Any, TypeVar
 from fsspec import AbstractFileSystem
 
 from keyedstate.common.errors import InvalidArgumentError, KeyedStateError, StorageError
+from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.storage._base import FileInfo
-from keyedstate.common.storage._retry import (
-    RetryPolicy,
-    Waiter,
-    call_with_retries,
-    is_transient_os_error,
-    storage_interrupted,
-)
+from keyedstate.common.storage._retry import is_transient_os_error, storage_interrupted
 
 logger = logging.getLogger(__name__)
 

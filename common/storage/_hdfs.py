@@ -32,8 +32,9 @@ from fsspec import AbstractFileSystem
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import InvalidArgumentError, StorageError
+from keyedstate.common.retry import RetryPolicy, Waiter
 from keyedstate.common.storage._fsspec import FsspecStorage, temp_sibling
-from keyedstate.common.storage._retry import RetryPolicy, Waiter, is_transient_os_error
+from keyedstate.common.storage._retry import is_transient_os_error
 
 logger = logging.getLogger(__name__)
 

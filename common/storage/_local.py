@@ -20,8 +20,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.retry import RetryPolicy, Waiter
 from keyedstate.common.storage._fsspec import FsspecStorage, temp_sibling
-from keyedstate.common.storage._retry import RetryPolicy, Waiter
 
 logger = logging.getLogger(__name__)
 

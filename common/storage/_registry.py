@@ -14,8 +14,8 @@ from typing import Any
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import ConfigError, InvalidArgumentError, StorageError
+from keyedstate.common.retry import RetryPolicy, Waiter
 from keyedstate.common.storage._base import CheckpointStorage
-from keyedstate.common.storage._retry import RetryPolicy, Waiter
 
 logger = logging.getLogger(__name__)
 

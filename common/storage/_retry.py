@@ -1,7 +1,7 @@
 """What a storage backend retries: transient OS errors (throttling, 5xx, network).
 
 The retry loop and policy are the project's one mechanism, :mod:`keyedstate.common.retry`;
-they are re-exported here for the storage backends.
+this module only says which storage errors are worth another attempt.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 import errno
 
 from keyedstate.common.errors import Reason, StorageError
-from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 
-__all__ = ["RetryPolicy", "Waiter", "call_with_retries", "is_transient_os_error", "storage_interrupted"]
+__all__ = ["is_transient_os_error", "storage_interrupted"]
 
 # OSError numbers that mean "try again": throttling (s3fs maps SlowDown/503 to EBUSY),
 # server errors (500 → EREMOTEIO) and network trouble.

@@ -33,8 +33,9 @@ import s3fs
 
 from keyedstate.common.config import Configuration, options
 from keyedstate.common.errors import ConfigError, InvalidArgumentError
+from keyedstate.common.retry import RetryPolicy, Waiter
 from keyedstate.common.storage._fsspec import FsspecStorage
-from keyedstate.common.storage._retry import RetryPolicy, Waiter, is_transient_os_error
+from keyedstate.common.storage._retry import is_transient_os_error
 
 logger = logging.getLogger(__name__)
 
