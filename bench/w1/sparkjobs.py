@@ -272,6 +272,27 @@ def read_native_state(spark: Any, checkpoint: Path) -> dict[int, tuple[int, int]
     return out
 
 
+def run_no_state(spark: Any, data: W1Data, files_per_trigger: int, workdir: Path) -> QueryRun:
+    """The floor of a foreachBatch pipeline of W1's shape: a Spark job per micro-batch and no state.
+
+    The job is the Redis variant's without Redis (repartition by user, mapInArrow with the Arrow
+    pre-aggregation, collect), so it pays what any such pipeline pays before its first state call.
+    """
+    from bench.w1 import executor
+
+    parts = int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+    def on_batch(df: Any, batch_id: int) -> None:
+        df.repartition(parts, "user").mapInArrow(executor.preaggregate_only, "keys long").collect()
+
+    writer = (
+        _stream(spark, data, files_per_trigger)
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(workdir / "spark-checkpoint-no-state"))
+    )
+    return run_query_with_progress(writer)
+
+
 def run_twsip(
     spark: Any, data: W1Data, files_per_trigger: int, workdir: Path
 ) -> tuple[float, dict[int, tuple[int, int]]]:

@@ -41,7 +41,7 @@ def test_the_target_is_ours_over_native_per_batch_median_at_most_one() -> None:
         batch_floor.OursBatch(600.0, 500.0, 250.0, 150.0, 50.0, {"triggerExecution": 600, "addBatch": 510}),
     ]
     native = [_progress(1, 200), _progress(2, 400)]
-    result = batch_floor.build_result({}, ours, native)
+    result = batch_floor.build_result({}, ours, native, [_progress(1, 250), _progress(2, 260)])
     target = result.ratios[0]
     assert target.value == pytest.approx(500.0 / 300.0)
     assert (target.target, target.direction) == (1.0, "<=")
@@ -50,3 +50,4 @@ def test_the_target_is_ours_over_native_per_batch_median_at_most_one() -> None:
     assert {m.unit for m in result.measurements} == {"ms"}
     assert "epoch commit 125 ms" in result.notes[0]
     assert "addBatch" in result.notes[1]
+    assert "+200 ms" in result.notes[2]
