@@ -35,11 +35,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from bench.result import BenchContext, Measurement, Ratio, ScenarioResult, Series
 from bench.w1 import data as w1data
 from bench.w1 import sparkjobs
+
+if TYPE_CHECKING:
+    from keyedstate.common.minicluster import MiniCluster
 
 NAME = "batch_floor"
 TITLE = "Per-micro-batch floor: 1,000-event micro-batches, ours (committed + checkpointed) vs Spark native"
@@ -127,13 +131,8 @@ def ours_batches(run_: sparkjobs.OursRun) -> list[OursBatch]:
     return out
 
 
-def run(ctx: BenchContext) -> ScenarioResult:
-    sizes = FloorSizes.for_ctx(ctx)
-    settings = sparkjobs.SparkSettings(shuffle_partitions=PARALLELISM)
-    work = ctx.workdir
-    files = WARMUP_BATCHES + sizes.batches
-    data = w1data.generate(work / "input", files * EVENTS_PER_BATCH, sizes.users, files, ctx.seed)
-    params: dict[str, Any] = {
+def _params(sizes: FloorSizes, settings: sparkjobs.SparkSettings, seed: int) -> dict[str, Any]:
+    return {
         "events_per_batch": EVENTS_PER_BATCH,
         "measured_batches": sizes.batches,
         "warmup_batches": f"the first {WARMUP_BATCHES} micro-batch of every query, left out",
@@ -145,28 +144,42 @@ def run(ctx: BenchContext) -> ScenarioResult:
         "repeats": sizes.repeats,
         "reported": "median and p90 (nearest rank) of the measured batches of all repeats, per variant",
         "users": sizes.users,
-        "seed": ctx.seed,
+        "seed": seed,
         "files_per_trigger": 1,
         "ours": f"W1's pipeline: MiniCluster, 1 JobManager + {PARALLELISM} TaskManager processes x 1 slot, RocksDB, "
         "file:// incremental checkpoints, exactly-once epochs, checkpoint per micro-batch (waited for)",
         **settings.as_params(),
     }
+
+
+def _cluster(work: Path) -> MiniCluster:
+    """W1's cluster for ours: 1 JobManager + 2 TaskManager processes x 1 slot, RocksDB, incremental checkpoints."""
+    from keyedstate.common.minicluster import MiniCluster
+
+    return MiniCluster(
+        work / "cluster",
+        num_taskmanagers=PARALLELISM,
+        slots_per_taskmanager=1,
+        backend="rocksdb",
+        config={
+            "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
+            "execution.checkpointing.incremental": "true",
+        },
+    )
+
+
+def run(ctx: BenchContext) -> ScenarioResult:
+    sizes = FloorSizes.for_ctx(ctx)
+    settings = sparkjobs.SparkSettings(shuffle_partitions=PARALLELISM)
+    work = ctx.workdir
+    files = WARMUP_BATCHES + sizes.batches
+    data = w1data.generate(work / "input", files * EVENTS_PER_BATCH, sizes.users, files, ctx.seed)
+    params = _params(sizes, settings, ctx.seed)
     ours: list[OursBatch] = []
     native: list[sparkjobs.BatchProgress] = []
     no_state: list[sparkjobs.BatchProgress] = []
-    from keyedstate.common.minicluster import MiniCluster
-
     with contextlib.ExitStack() as stack:
-        cluster = MiniCluster(
-            work / "cluster",
-            num_taskmanagers=PARALLELISM,
-            slots_per_taskmanager=1,
-            backend="rocksdb",
-            config={
-                "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
-                "execution.checkpointing.incremental": "true",
-            },
-        )
+        cluster = _cluster(work)
         stack.callback(cluster.stop)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the daemons start while the JVM does
             started = pool.submit(cluster.start)
@@ -198,7 +211,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             run_native(warm, "warmup")
             run_no_state(warm, "warmup")
             _say("warm-up queries done")
-        for rep in range(sizes.repeats):  # interleaved, so drift on the machine hits both alike
+        for rep in range(sizes.repeats):  # interleaved, so drift on the machine hits every variant alike
             got = run_ours(data, "timed")
             ours += got
             _say(f"ours run {rep + 1}: median {median([b.trigger_ms for b in got]):.0f} ms per micro-batch")
@@ -221,47 +234,19 @@ def build_result(
     ours_fb = [b.foreach_batch_ms for b in ours]
     native_trigger = [float(p.trigger_ms) for p in native]
     floor_trigger = [float(p.trigger_ms) for p in no_state]
-    note = f"{len(ours)} micro-batches of {EVENTS_PER_BATCH} events"
+    batches = f"{len(ours)} micro-batches of {EVENTS_PER_BATCH} events"
+    figures = {
+        "ours: trigger to committed + checkpointed": (ours_trigger, batches),
+        "ours: foreachBatch (runtime timing)": (ours_fb, batches),
+        "spark native: trigger": (native_trigger, f"{len(native)} micro-batches"),
+        "no-state floor: trigger": (floor_trigger, "foreachBatch with W1's Spark job, no state"),
+    }
     measurements = [
-        Measurement("ours: trigger to committed + checkpointed, median", median(ours_trigger), "ms", note),
-        Measurement("ours: trigger to committed + checkpointed, p90", p90(ours_trigger), "ms", note),
-        Measurement("ours: foreachBatch (runtime timing), median", median(ours_fb), "ms", note),
-        Measurement("ours: foreachBatch (runtime timing), p90", p90(ours_fb), "ms", note),
-        Measurement("spark native: trigger, median", median(native_trigger), "ms", f"{len(native)} micro-batches"),
-        Measurement("spark native: trigger, p90", p90(native_trigger), "ms", f"{len(native)} micro-batches"),
-        Measurement(
-            "no-state floor: trigger, median", median(floor_trigger), "ms", "foreachBatch with W1's Spark job, no state"
-        ),
-        Measurement(
-            "no-state floor: trigger, p90", p90(floor_trigger), "ms", "foreachBatch with W1's Spark job, no state"
-        ),
+        Measurement(f"{label}, {stat}", figure(values), "ms", note)
+        for label, (values, note) in figures.items()
+        for stat, figure in (("median", median), ("p90", p90))
     ]
-    ratios = [
-        Ratio(
-            "ours / spark native, per-micro-batch median (triggerExecution)",
-            median(ours_trigger) / median(native_trigger),
-            1.0,
-            "<=",
-            note="time per 1,000-event micro-batch; lower is better",
-        ),
-        Ratio(
-            "ours / spark native, p90 (triggerExecution)",
-            p90(ours_trigger) / p90(native_trigger),
-            direction="<=",
-        ),
-        Ratio(
-            "ours foreachBatch (runtime timing) / spark native trigger, medians",
-            median(ours_fb) / median(native_trigger),
-            direction="<=",
-            note="ours without Spark's streaming engine around foreachBatch",
-        ),
-        Ratio(
-            "no-state foreachBatch floor / spark native, medians (triggerExecution)",
-            median(floor_trigger) / median(native_trigger),
-            direction="<=",
-            note="a Spark job per micro-batch and no state: what the target leaves for state calls",
-        ),
-    ]
+    ratios = _ratios(ours_trigger, ours_fb, native_trigger, floor_trigger)
     series = [
         Series("batch_floor", label, [float(i) for i in range(len(ys))], ys, "micro-batch (measured, pooled)", "ms")
         for label, ys in (
@@ -280,6 +265,32 @@ def build_result(
         series=series,
         notes=_notes(ours, native, no_state),
     )
+
+
+def _ratios(ours: list[float], ours_fb: list[float], native: list[float], no_state: list[float]) -> list[Ratio]:
+    """The target (per-batch medians of Spark's triggerExecution) and the context ratios, without target."""
+    return [
+        Ratio(
+            "ours / spark native, per-micro-batch median (triggerExecution)",
+            median(ours) / median(native),
+            1.0,
+            "<=",
+            note="time per 1,000-event micro-batch; lower is better",
+        ),
+        Ratio("ours / spark native, p90 (triggerExecution)", p90(ours) / p90(native), direction="<="),
+        Ratio(
+            "ours foreachBatch (runtime timing) / spark native trigger, medians",
+            median(ours_fb) / median(native),
+            direction="<=",
+            note="ours without Spark's streaming engine around foreachBatch",
+        ),
+        Ratio(
+            "no-state foreachBatch floor / spark native, medians (triggerExecution)",
+            median(no_state) / median(native),
+            direction="<=",
+            note="a Spark job per micro-batch and no state: what the target leaves for state calls",
+        ),
+    ]
 
 
 def _ms(values: list[float]) -> str:
