@@ -51,3 +51,4 @@ def test_the_target_is_ours_over_native_per_batch_median_at_most_one() -> None:
     assert "epoch commit 125 ms" in result.notes[0]
     assert "addBatch" in result.notes[1]
     assert "+200 ms" in result.notes[2]
+    assert "off the critical path" in result.notes[3]
