@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -98,8 +98,46 @@ def _stream(spark: Any, data: W1Data, files_per_trigger: int) -> Any:
 QUERY_TIMEOUT_S = 1800
 
 
+@dataclass(frozen=True)
+class BatchProgress:
+    """One micro-batch as Spark's streaming query progress reports it."""
+
+    batch_id: int
+    input_rows: int
+    duration_ms: dict[str, int]
+    """Spark's ``durationMs``: ``triggerExecution`` (the whole trigger), ``addBatch`` (the sink, i.e. the
+    foreachBatch call or the stateful plan), ``queryPlanning``, ``walCommit``, ``commitOffsets``, ..."""
+
+    @property
+    def trigger_ms(self) -> int:
+        """The whole trigger: offsets, planning, the batch itself and the offset and commit logs."""
+        return self.duration_ms["triggerExecution"]
+
+
+@dataclass(frozen=True)
+class QueryRun:
+    seconds: float
+    progress: list[BatchProgress]  # the query's micro-batches that read input, in order
+
+
+def _batch_progress(progress: Any) -> BatchProgress:
+    return BatchProgress(
+        int(progress["batchId"]),
+        int(progress["numInputRows"] or 0),
+        {str(k): int(v) for k, v in dict(progress["durationMs"]).items()},
+    )
+
+
 def _run_query(writer: Any, timeout_s: float = QUERY_TIMEOUT_S) -> float:
     """Start the query, wait until availableNow has drained the input; returns the seconds taken."""
+    return run_query_with_progress(writer, timeout_s).seconds
+
+
+def run_query_with_progress(writer: Any, timeout_s: float = QUERY_TIMEOUT_S) -> QueryRun:
+    """:func:`_run_query`, also returning the progress of every micro-batch that read input.
+
+    Spark keeps the last ``spark.sql.streaming.numRecentProgressUpdates`` (100) progress updates.
+    """
     start = time.perf_counter()
     query = writer.trigger(availableNow=True).start()
     if not query.awaitTermination(timeout_s):
@@ -111,7 +149,8 @@ def _run_query(writer: Any, timeout_s: float = QUERY_TIMEOUT_S) -> float:
     elapsed = time.perf_counter() - start
     if query.exception() is not None:
         raise RuntimeError(f"streaming query failed: {query.exception()}")
-    return elapsed
+    progress = [_batch_progress(p) for p in query.recentProgress]
+    return QueryRun(elapsed, [p for p in progress if p.input_rows > 0])
 
 
 # -- ours --------------------------------------------------------------------------------------
@@ -137,6 +176,7 @@ class OursRun:
     batches: int
     timings: list[Any]  # keyedstate.common.spark.BatchTiming per micro-batch
     final: dict[int, tuple[int, int]]
+    progress: list[BatchProgress] = field(default_factory=list)
 
 
 def run_ours(
@@ -163,9 +203,9 @@ def run_ours(
             .writeStream.foreachBatch(on_batch)
             .option("checkpointLocation", str(workdir / "spark-checkpoint-ours"))
         )
-        seconds = _run_query(writer)
+        query = run_query_with_progress(writer)
         final = read_state(runtime, data.users)
-        return OursRun(seconds, runtime.batches_run, list(runtime.timings), final)
+        return OursRun(query.seconds, runtime.batches_run, list(runtime.timings), final, query.progress)
     finally:
         try:
             runtime.client.cancel_job(job_id)  # frees the slots for the next run
@@ -196,6 +236,19 @@ def run_native(
 
     The final state is read afterwards, untimed, with the state data source reader.
     """
+    native = run_native_with_progress(spark, data, files_per_trigger, workdir)
+    return native.seconds, native.final
+
+
+@dataclass(frozen=True)
+class NativeRun:
+    seconds: float
+    final: dict[int, tuple[int, int]]
+    progress: list[BatchProgress]
+
+
+def run_native_with_progress(spark: Any, data: W1Data, files_per_trigger: int, workdir: Path) -> NativeRun:
+    """:func:`run_native`, also returning the progress of every micro-batch."""
     from pyspark.sql import functions as F
 
     checkpoint = workdir / "spark-checkpoint-native"
@@ -205,9 +258,9 @@ def run_native(
         .agg(F.count(F.lit(1)).alias("count"), F.sum("amount").alias("sum"))
     )
     writer = agg.writeStream.format("noop").outputMode("update").option("checkpointLocation", str(checkpoint))
-    seconds = _run_query(writer)
+    query = run_query_with_progress(writer)
     final = read_native_state(spark, checkpoint)
-    return seconds, final
+    return NativeRun(query.seconds, final, query.progress)
 
 
 def read_native_state(spark: Any, checkpoint: Path) -> dict[int, tuple[int, int]]:
@@ -217,6 +270,27 @@ def read_native_state(spark: Any, checkpoint: Path) -> dict[int, tuple[int, int]
         value = row["value"].asDict()
         out[int(row["key"]["user"])] = (int(value["count"]), int(value["sum"]))
     return out
+
+
+def run_no_state(spark: Any, data: W1Data, files_per_trigger: int, workdir: Path) -> QueryRun:
+    """The floor of a foreachBatch pipeline of W1's shape: a Spark job per micro-batch and no state.
+
+    The job is the Redis variant's without Redis (repartition by user, mapInArrow with the Arrow
+    pre-aggregation, collect), so it pays what any such pipeline pays before its first state call.
+    """
+    from bench.w1 import executor
+
+    parts = int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+    def on_batch(df: Any, batch_id: int) -> None:
+        df.repartition(parts, "user").mapInArrow(executor.preaggregate_only, "keys long").collect()
+
+    writer = (
+        _stream(spark, data, files_per_trigger)
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(workdir / "spark-checkpoint-no-state"))
+    )
+    return run_query_with_progress(writer)
 
 
 def run_twsip(
