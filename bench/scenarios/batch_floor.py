@@ -85,12 +85,6 @@ def _say(msg: str) -> None:
     print(f"   [batch_floor {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _check(who: str, data: w1data.W1Data, final: dict[int, tuple[int, int]]) -> None:
-    bad = w1data.mismatches(data, final)
-    if bad:
-        raise RuntimeError(f"{who}: {bad} of {len(data.expected())} users differ from the plain-Python reference")
-
-
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -193,12 +187,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
             run_ = sparkjobs.run_ours(
                 spark, d, 1, cluster.jobmanager_address, f"floor-{tag}-{n}", PARALLELISM, work / f"ours-{tag}-{n}"
             )
-            _check("ours", d, run_.final)
+            w1data.check_reference("batch_floor ours", d, run_.final)
             return ours_batches(run_)
 
         def run_native(d: w1data.W1Data, tag: str) -> list[sparkjobs.BatchProgress]:
             native_run = sparkjobs.run_native_with_progress(spark, d, 1, work / f"native-{tag}-{next(jobs)}")
-            _check("spark native", d, native_run.final)
+            w1data.check_reference("batch_floor spark native", d, native_run.final)
             return _measured(native_run.progress)
 
         def run_no_state(d: w1data.W1Data, tag: str) -> list[sparkjobs.BatchProgress]:

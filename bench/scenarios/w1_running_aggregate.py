@@ -84,12 +84,6 @@ def _say(msg: str) -> None:
     print(f"   [w1 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _check(who: str, data: w1data.W1Data, final: dict[int, tuple[int, int]]) -> None:
-    bad = w1data.mismatches(data, final)
-    if bad:
-        raise RuntimeError(f"W1 {who}: {bad} of {len(data.expected())} users differ from the plain-Python reference")
-
-
 def _best(runs: list[float]) -> float:
     return min(runs)
 
@@ -135,7 +129,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
         times = []
         for i in range(sizes.repeats):
             seconds, final = baseline(i)
-            _check(label, data, final)
+            w1data.check_reference(f"W1 {label}", data, final)
             times.append(seconds)
         rates[label] = data.events / _best(times)
         _say(f"{label}: {rates[label]:,.0f} events/s")
@@ -183,7 +177,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 PARALLELISM,
                 work / f"ours-{tag}-{next(jobs)}",
             )
-            _check("ours", d, run_.final)
+            w1data.check_reference("W1 ours", d, run_.final)
             if tag == "timed":
                 ours_runs.append(run_)
             return run_.seconds
@@ -192,7 +186,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             seconds, final = sparkjobs.run_native(
                 spark, d, sizes.files_per_trigger, work / f"native-{tag}-{next(jobs)}"
             )
-            _check("spark native", d, final)
+            w1data.check_reference("W1 spark native", d, final)
             return seconds
 
         def redis_variant(d: w1data.W1Data, tag: str) -> float:
@@ -201,7 +195,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             seconds, final = sparkjobs.run_redis(
                 spark, d, sizes.files_per_trigger, redis_port, work / f"redis-{tag}-{next(jobs)}"
             )
-            _check("redis", d, final)
+            w1data.check_reference("W1 redis", d, final)
             return seconds
 
         variants: dict[str, Callable[[w1data.W1Data, str], float]] = {"ours": ours, "spark native": native}
@@ -228,7 +222,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
         except Exception as exc:  # an API this Spark lacks is a skipped baseline, not a failed scenario
             notes.append(f"transformWithStateInPandas could not run here: {str(exc).splitlines()[0][:300]}")
         else:
-            _check("transformWithStateInPandas", twsip_data, final)
+            w1data.check_reference("W1 transformWithStateInPandas", twsip_data, final)
             rates["tWSiP"] = twsip_data.events / seconds
             _say(f"tWSiP: {rates['tWSiP']:,.0f} events/s on {twsip_data.events} events")
         notes.extend(_ours_breakdown(ours_runs))

@@ -88,3 +88,10 @@ def mismatches(data: W1Data, got: dict[int, tuple[int, int]]) -> int:
     bad = sum(1 for u, v in expected.items() if got.get(u) != v)
     bad += sum(1 for u in got if u not in expected)
     return bad
+
+
+def check_reference(who: str, data: W1Data, got: dict[int, tuple[int, int]]) -> None:
+    """Raise RuntimeError naming ``who`` unless ``got`` is exactly the plain-Python reference."""
+    bad = mismatches(data, got)
+    if bad:
+        raise RuntimeError(f"{who}: {bad} of {len(data.expected())} users differ from the plain-Python reference")
