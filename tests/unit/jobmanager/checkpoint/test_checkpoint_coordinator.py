@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, cast
 
@@ -394,6 +396,29 @@ def test_retaining_one_checkpoint_keeps_the_files_it_shares_with_the_subsumed_on
         verify_files_exist(h.storage, latest.metadata, latest.external_path)
         assert h.files() == referenced_files(h)
     assert {f for f in h.files() if f.startswith("shared/counts-0-")} == {f"shared/counts-0-{i}.sst" for i in (2, 3, 4)}
+
+
+def test_the_coordinator_lets_go_of_subsumed_checkpoints(make_harness: Any) -> None:
+    """Finished checkpoints are remembered (late acks, wait_for) without their file lists: only the
+    retained one stays in memory, however many completed before it."""
+    h = make_harness(num_retained=1)
+    first = h.cluster.subtasks()[0]
+    kept = []
+    for _ in range(4):
+        pending = h.coordinator.trigger()
+        completed = h.coordinator.wait_for(pending.checkpoint_id)
+        kept.append(weakref.ref(completed.metadata))
+        del pending, completed
+    gc.collect()
+    assert [ref() is not None for ref in kept] == [False, False, False, True]
+    # Still remembered as completed: a retried ack is a DUPLICATE (it deletes nothing)...
+    h.cluster.write_files = False
+    assert h.coordinator.acknowledge(2, h.cluster.snapshot(first, 2)) is AckOutcome.DUPLICATE
+    assert h.files() == referenced_files(h)
+    # ... and waiting for it says what happened to it; the retained one is still there to wait for.
+    with pytest.raises(CheckpointNotFoundError, match="checkpoint 2 of job job-1 completed, and a newer checkpoint"):
+        h.coordinator.wait_for(2)
+    assert h.coordinator.wait_for(4).checkpoint_id == 4
 
 
 def test_deletion_rechecks_references_just_before_deleting(make_harness: Any) -> None:

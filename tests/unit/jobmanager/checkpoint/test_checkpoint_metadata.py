@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -108,6 +109,21 @@ def test_round_trip_keeps_everything() -> None:
         "reduce_fields": [],
     }
     assert raw["operators"][0]["subtasks"][0]["key_groups"] == [0, 3]
+
+
+def test_the_part_at_a_time_json_is_the_json_of_the_whole() -> None:
+    """to_json encodes one subtask at a time; the file is still exactly the compact JSON of to_dict."""
+    for meta in (
+        sample(),
+        sample(savepoint=True),
+        dataclasses.replace(sample(), operators=()),
+        dataclasses.replace(sample(), operators=(OperatorSnapshot("none", 1, (), ()),)),
+    ):
+        whole = json.dumps(meta.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+        assert meta.to_json() == whole
+        assert json.loads(meta.to_json()) == json.loads(json.dumps(meta.to_dict()))
+    unicode = dataclasses.replace(sample(), job_id="jöb-ü")
+    assert '"job_id":"jöb-ü"' in unicode.to_json()
 
 
 def test_handles_round_trip_to_absolute_paths() -> None:
