@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from keyedstate.common import gc_policy
 from keyedstate.common.config import Configuration, secret_overrides
 from keyedstate.common.config._secrets import SAFER_WAYS
 from keyedstate.common.errors import KeyedStateError
@@ -71,6 +72,7 @@ def run_daemon(
     # daemon that stopped answering waits on. faulthandler writes from C, so this works even when
     # every Python thread is stuck on a lock.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    gc_policy.apply()
     ident = getattr(daemon, "id", None)
     print(f"{prog}{' ' + ident if ident else ''} serving on {daemon.address}", flush=True)
     # Wake up twice a second: CPython runs signal handlers only on the main thread, and a
