@@ -12,34 +12,38 @@ from typing import Any
 GAP_S = 1800  # bench.w2.data.GAP_S (this module cannot import bench on an executor)
 CLOSED_DDL = "user long, start long, count long, duration long"
 OPERATOR = "w2"
-START = "start"  # ValueState: the open session's first event time
+SESSION = "session"  # ValueState: (start, last event time, count) of the open session
 TIMES = "times"  # ListState: the open session's event times, in time order
 
+Session = tuple[int, int, int]  # the open session of a user: (start, last event time, count)
 Closed = tuple[int, int, int]  # (start, count, duration_s) of one closed session of a user
 
 
-def advance(
-    start: int | None, times: list[int], new: list[int], gap: int = GAP_S
-) -> tuple[int, list[int], list[Closed]]:
+def advance(session: Session | None, new: list[int], gap: int = GAP_S) -> tuple[Session, list[Closed], int | None]:
     """One user's session after its ``new`` events (sorted by time) arrive.
 
-    ``start``/``times``: the open session (None/[] when the user has none). Returns the open
-    session's start and times afterwards and the sessions the new events closed, in order. The
-    returned list is ``times`` extended in place when no session closed.
+    ``session``: the open session, None when the user has none. Returns the open session
+    afterwards, the sessions the new events closed (in order), and how the session's list of
+    times changes: None when the open session went on (append all of ``new``), else the index
+    in ``new`` where the open session now starts (the list becomes ``new[index:]``).
+
+    The step reads only the ValueState: the list of times is written (appended, or replaced when
+    a session closes) and never read back here, as a sessionization keeps its accumulator in a
+    value and the events in a list.
     """
     closed: list[Closed] = []
-    if start is None:
-        start, times = new[0], [new[0]]
-        new = new[1:]
-    last = times[-1]
-    for t in new:
+    tail: int | None = None
+    if session is None:
+        start, last, count, tail = new[0], new[0], 0, 0
+    else:
+        start, last, count = session
+    for i, t in enumerate(new):
         if t - last > gap:
-            closed.append((start, len(times), last - start))
-            start, times = t, [t]
-        else:
-            times.append(t)
+            closed.append((start, count, last - start))
+            start, count, tail = t, 0, i
+        count += 1
         last = t
-    return start, times, closed
+    return (start, last, count), closed, tail
 
 
 def _closed_batch(users: list[int], closed: list[Closed]) -> Any:
@@ -62,9 +66,8 @@ def closed_schema() -> Any:
 def sessionize_partition(batches: Iterable[Any], state: Any) -> Any:
     """A keyed partition of a micro-batch: every event of its users, sessionized against their state.
 
-    Bulk calls only: one multi-get of the starts and one of the lists for the partition's users,
-    then one append for the sessions that went on, one clear + append for those that were
-    replaced, and one put of the new starts. Returns the closed sessions as one RecordBatch (None
+    Bulk calls only: one multi-get of the partition's users' sessions, then one clear of the
+    lists of the sessions that closed, one append of the events, and one put of the sessions. Returns the closed sessions as one RecordBatch (None
     when the partition is empty).
     """
     import numpy as np
@@ -82,39 +85,33 @@ def sessionize_partition(batches: Iterable[Any], state: Any) -> Any:
     keys: list[int] = keys_np.tolist()
     bounds: list[int] = [*first.tolist(), len(user)]
     times_list: list[int] = ts.tolist()
-    starts_state = state.value(START, key_serializer="int", value_serializer="int")
+    sessions_state = state.value(SESSION, key_serializer="int")  # pickled (start, last, count)
     times_state = state.list(TIMES, key_serializer="int", value_serializer="int")
-    starts = starts_state.get_many(keys)
-    lists = times_state.get_many(keys)
+    sessions = sessions_state.get_many(keys)
     append_keys: list[int] = []
     append_values: list[int] = []
     replaced: list[int] = []
-    put_keys: list[int] = []
-    put_values: list[int] = []
     out_users: list[int] = []
     out: list[Closed] = []
     for i, u in enumerate(keys):
         new = times_list[bounds[i] : bounds[i + 1]]
-        old_start = starts[i]
-        start, times, closed = advance(old_start, lists[i], new)
-        if old_start is not None and not closed:
-            append_keys += [u] * len(new)  # the session went on: only its new events are written
+        old = sessions[i]
+        session, closed, tail = advance(old, new)
+        sessions[i] = session
+        if tail is None:
+            append_keys += [u] * len(new)  # the session went on: its new events are appended
             append_values += new
             continue
-        if old_start is not None:
+        if old is not None:
             replaced.append(u)
-        append_keys += [u] * len(times)
-        append_values += times
-        put_keys.append(u)
-        put_values.append(start)
+        append_keys += [u] * (len(new) - tail)
+        append_values += new[tail:]
         out_users += [u] * len(closed)
         out += closed
     if replaced:
         times_state.clear_many(replaced)  # staged before the appends: the epoch applies them in order
-    if append_keys:
-        times_state.append_many(append_keys, append_values)
-    if put_keys:
-        starts_state.put_many(put_keys, put_values)
+    times_state.append_many(append_keys, append_values)
+    sessions_state.put_many(keys, sessions)
     return _closed_batch(out_users, out)
 
 
@@ -148,9 +145,10 @@ def ours_process_to_files(directory: str) -> Any:
 
 
 # -- applyInPandasWithState ---------------------------------------------------------------------
-AIPWS_STATE_DDL = "start long, times binary"
-"""The times travel packed (big-endian int64s): PySpark 4.3's worker cannot parse an ``array<long>``
-field in a state schema (KeyError 'elementType' in ``StructType.fromJson``)."""
+AIPWS_STATE_DDL = "start long, last long, count long, times binary"
+"""The times travel packed (big-endian int64s), so a session that goes on appends bytes: PySpark
+4.3's worker cannot parse an ``array<long>`` field in a state schema anyway (KeyError
+'elementType' in ``StructType.fromJson``)."""
 
 
 def pack_times(times: list[int]) -> bytes:
@@ -165,20 +163,10 @@ def unpack_times(packed: bytes) -> list[int]:
     return list(struct.unpack(f">{len(packed) // 8}q", packed))
 
 
-def aipws_sessionize(key: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
-    """``applyInPandasWithState``: the session of one user in a GroupState (start, times)."""
+def _closed_frame(user: int, closed: list[Closed]) -> Any:
     import pandas as pd
 
-    new: list[int] = sorted(t for pdf in pdfs for t in pdf["ts"].tolist())
-    start: int | None = None
-    times: list[int] = []
-    if state.exists:
-        old_start, packed = state.get
-        start, times = int(old_start), unpack_times(bytes(packed))
-    start, times, closed = advance(start, times, new)
-    state.update((start, pack_times(times)))
-    user = int(key[0])
-    yield pd.DataFrame(
+    return pd.DataFrame(
         {
             "user": [user] * len(closed),
             "start": [c[0] for c in closed],
@@ -189,41 +177,43 @@ def aipws_sessionize(key: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]
     )
 
 
+def aipws_sessionize(key: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """``applyInPandasWithState``: the session of one user in a GroupState (start, last, count, times)."""
+    new: list[int] = sorted(t for pdf in pdfs for t in pdf["ts"].tolist())
+    old: Session | None = None
+    packed = b""
+    if state.exists:
+        start, last, count, packed = state.get
+        old = (int(start), int(last), int(count))
+    session, closed, tail = advance(old, new)
+    packed = bytes(packed) + pack_times(new) if tail is None else pack_times(new[tail:])
+    state.update((*session, packed))
+    yield _closed_frame(int(key[0]), closed)
+
+
 # -- transformWithStateInPandas -----------------------------------------------------------------
 def twsip_processor() -> Any:
-    """A StatefulProcessor keeping the session in a ListState of times plus a ValueState with its start."""
-    import pandas as pd
+    """A StatefulProcessor keeping the session in a ValueState (start, last, count) plus a ListState of its times."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     class Sessionize(StatefulProcessor):
         def init(self, handle: Any) -> None:
-            self.start = handle.getValueState(START, "start long")
+            self.session = handle.getValueState(SESSION, "start long, last long, count long")
             self.times = handle.getListState(TIMES, "ts long")
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             new: list[int] = sorted(t for pdf in rows for t in pdf["ts"].tolist())
-            old_start: int | None = None
-            times: list[int] = []
-            if self.start.exists():
-                old_start = int(self.start.get()[0])
-                times = [int(r[0]) for r in self.times.get()]
-            before = len(times)
-            start, times, closed = advance(old_start, times, new)
-            if old_start is not None and not closed:
-                self.times.appendList([(t,) for t in times[before:]])
+            old: Session | None = None
+            if self.session.exists():
+                start, last, count = self.session.get()
+                old = (int(start), int(last), int(count))
+            session, closed, tail = advance(old, new)
+            if tail is None:
+                self.times.appendList([(t,) for t in new])
             else:
-                self.times.put([(t,) for t in times])
-                self.start.update((start,))
-            user = int(key[0])
-            yield pd.DataFrame(
-                {
-                    "user": [user] * len(closed),
-                    "start": [c[0] for c in closed],
-                    "count": [c[1] for c in closed],
-                    "duration": [c[2] for c in closed],
-                },
-                dtype="int64",
-            )
+                self.times.put([(t,) for t in new[tail:]])
+            self.session.update(session)
+            yield _closed_frame(int(key[0]), closed)
 
         def close(self) -> None:
             pass

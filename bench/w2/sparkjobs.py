@@ -78,7 +78,7 @@ def operators(parallelism: int) -> list[Any]:
         OperatorSpec(
             executor.OPERATOR,
             parallelism,
-            (StateDescriptor(executor.START, StateKind.VALUE), StateDescriptor(executor.TIMES, StateKind.LIST)),
+            (StateDescriptor(executor.SESSION, StateKind.VALUE), StateDescriptor(executor.TIMES, StateKind.LIST)),
         )
     ]
 
@@ -128,12 +128,23 @@ def run_ours(spark: Any, data: W2Data, jobmanager: str, job_id: str, parallelism
             runtime.close()
 
 
+def open_session(who: str, user: int, session: Any, times: list[int]) -> tuple[int, tuple[int, ...]]:
+    """(start, times) of a user's open session; RuntimeError when its value and its list disagree."""
+    start, last, count = (int(x) for x in session) if session is not None else (None, None, 0)
+    if not times or (start, last, count) != (times[0], times[-1], len(times)):
+        raise RuntimeError(
+            f"{who}: user {user}'s session value (start, last, count) = {(start, last, count)} does not match "
+            f"its list of {len(times)} times {times[:3]}...{times[-1:]}"
+        )
+    return start, tuple(times)
+
+
 def read_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Every user's open session (start, times), read back through the client (untimed)."""
     from keyedstate.common.client import ListState, ValueState
 
-    starts: ValueState[int, int] = ValueState(
-        runtime.client, runtime.job_id, executor.OPERATOR, executor.START, key_serializer="int", value_serializer="int"
+    sessions: ValueState[int, Any] = ValueState(
+        runtime.client, runtime.job_id, executor.OPERATOR, executor.SESSION, key_serializer="int"
     )
     times: ListState[int, int] = ListState(
         runtime.client, runtime.job_id, executor.OPERATOR, executor.TIMES, key_serializer="int", value_serializer="int"
@@ -142,9 +153,9 @@ def read_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]
     step = 10_000
     for first in range(0, users, step):
         keys = list(range(first, min(users, first + step)))
-        for u, s, t in zip(keys, starts.get_many(keys), times.get_many(keys)):
+        for u, s, t in zip(keys, sessions.get_many(keys), times.get_many(keys)):
             if s is not None or t:
-                out[u] = (-1 if s is None else int(s), tuple(int(x) for x in t))
+                out[u] = open_session("W2 ours", u, s, [int(x) for x in t])
     return out
 
 
@@ -179,7 +190,11 @@ def _aipws_open(spark: Any, checkpoint: Path) -> dict[int, tuple[int, tuple[int,
     for row in rows:
         value = row["value"].asDict(recursive=True)
         state = value.get("groupState", value)  # the state struct, wrapped or not depending on the format version
-        out[int(row["key"]["user"])] = (int(state["start"]), tuple(executor.unpack_times(bytes(state["times"]))))
+        user = int(row["key"]["user"])
+        session = (state["start"], state["last"], state["count"])
+        out[user] = open_session(
+            "W2 applyInPandasWithState", user, session, executor.unpack_times(bytes(state["times"]))
+        )
     return out
 
 
@@ -209,11 +224,15 @@ def _twsip_open(spark: Any, checkpoint: Path) -> dict[int, tuple[int, tuple[int,
     def load(name: str) -> list[Any]:
         return list(spark.read.format("statestore").option("stateVarName", name).load(str(checkpoint)).collect())
 
-    starts = {int(r["key"]["user"]): int(r["value"]["start"]) for r in load(executor.START)}
+    sessions = {int(r["key"]["user"]): r["value"] for r in load(executor.SESSION)}
     times: dict[int, list[int]] = {}
     for r in load(executor.TIMES):
         times.setdefault(int(r["key"]["user"]), []).append(int(r["list_element"]["ts"]))
-    return {u: (s, tuple(sorted(times.get(u, [])))) for u, s in starts.items()}
+    users = set(sessions) | set(times)
+    # The reader gives a list's elements in no promised order: sorted, they are the session's times.
+    return {
+        u: open_session("W2 transformWithStateInPandas", u, sessions.get(u), sorted(times.get(u, []))) for u in users
+    }
 
 
 # -- shared -----------------------------------------------------------------------------------

@@ -40,20 +40,32 @@ def test_users_do_not_share_sessions_and_the_last_session_stays_open() -> None:
 
 
 def _batchwise(batches: list[list[tuple[int, int]]]) -> w2data.Sessions:
-    """The session step of every variant (executor.advance), applied micro-batch by micro-batch."""
-    state: dict[int, tuple[int, list[int]]] = {}
+    """The session step of every variant (executor.advance), applied micro-batch by micro-batch,
+    with the list of times kept as the variants keep theirs (appended, or replaced from the index it returns).
+    """
+    sessions: dict[int, tuple[int, int, int]] = {}
+    times: dict[int, list[int]] = {}
     closed: list[w2data.Session] = []
     for batch in batches:
         per_user: dict[int, list[int]] = {}
         for u, t in batch:
             per_user.setdefault(u, []).append(t)
         for u, new in per_user.items():
-            start, times = state.get(u, (None, []))
-            start2, times2, done = advance(start, list(times), sorted(new))
-            state[u] = (start2, times2)
+            new.sort()
+            sessions[u], done, tail = advance(sessions.get(u), new)
+            times[u] = times[u] + new if tail is None else new[tail:]
+            start, last, count = sessions[u]
+            assert (start, last, count) == (times[u][0], times[u][-1], len(times[u]))
             closed += [(u, *c) for c in done]
     assert len(closed) == len(set(closed))
-    return w2data.Sessions(frozenset(closed), {u: (s, tuple(t)) for u, (s, t) in state.items()})
+    return w2data.Sessions(frozenset(closed), {u: (t[0], tuple(t)) for u, t in times.items()})
+
+
+def test_advance_reports_how_the_list_changes() -> None:
+    assert advance(None, [10, 20]) == ((10, 20, 2), [], 0)  # a new session: the list is new[0:]
+    assert advance((0, 100, 3), [200, 1_900]) == ((0, 1_900, 5), [], None)  # went on: append everything
+    # 2000 is 1900 s after 100: closes (0, 3 events, 100 s); 2100 goes on; 5000 closes again
+    assert advance((0, 100, 3), [2_000, 2_100, 5_000]) == ((5_000, 5_000, 1), [(0, 3, 100), (2_000, 2, 100)], 2)
 
 
 def test_a_session_spanning_micro_batches_goes_on_and_closes_later() -> None:
