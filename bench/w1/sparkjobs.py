@@ -188,16 +188,26 @@ def run_ours(
     parallelism: int,
     workdir: Path,
     process: Callable[..., None] | None = None,
+    mode: str = "keyed",
 ) -> OursRun:
-    """foreachBatch through KeyedStateRuntime: epoch commit and a checkpoint per micro-batch."""
+    """foreachBatch through KeyedStateRuntime: epoch commit and a checkpoint per micro-batch.
+
+    ``mode`` ``keyed``: ``process`` (default: pre-aggregate, then reduce) after the key-group
+    shuffle; ``shuffle_free``: ``runtime.reduce_batch`` on the input partitions as they come.
+    """
     from bench.w1 import executor
     from keyedstate.common.spark import KeyedStateRuntime
 
     runtime = KeyedStateRuntime(jobmanager, job_id, operators(parallelism))
     try:
-        on_batch = runtime.foreach_batch(
-            process or executor.ours_process, key_col="user", operator=OPERATOR, key_serializer="int"
-        )
+        if mode == "shuffle_free":
+            on_batch = runtime.reduce_batch(
+                STATE, key_col="user", fields={"count": "*", "sum": "amount"}, operator=OPERATOR, key_serializer="int"
+            )
+        else:
+            on_batch = runtime.foreach_batch(
+                process or executor.ours_process, key_col="user", operator=OPERATOR, key_serializer="int"
+            )
         writer = (
             _stream(spark, data, files_per_trigger)
             .writeStream.foreachBatch(on_batch)

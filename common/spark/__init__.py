@@ -25,13 +25,17 @@ from keyedstate.common.spark._keygroups import (
     spark_hash_int,
     subtask_column,
 )
+from keyedstate.common.spark._modes import ROW_COUNT, BatchMode, ReduceInto
 from keyedstate.common.spark._shipping import package_zip, ship_package
 
 __all__ = [
+    "ROW_COUNT",
     "TOKEN_FILE_CONF",
+    "BatchMode",
     "BatchTiming",
     "KeyedStateRuntime",
     "PartitionState",
+    "ReduceInto",
     "key_bytes_column",
     "key_group_column",
     "key_group_udf",

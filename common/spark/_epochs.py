@@ -43,7 +43,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +80,7 @@ from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.convert import winner_from_bytes, winner_to_bytes
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
+from keyedstate.common.spark._modes import BatchMode, ReduceInto
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +196,10 @@ class PartitionState:
         return handle
 
 
-ProcessFn = Callable[[Iterator[Any], PartitionState], None]
+ProcessFn = Callable[[Iterator[Any], PartitionState], "Iterable[Any] | None"]
+"""``process(batches, state)``: returns None, or (with ``output_schema``) an iterable of ``pyarrow.RecordBatch``."""
+OutputSink = Callable[[Any, int], None]
+"""``sink(table, batch_id)``: a batch's output (a ``pyarrow.Table``) on the driver, before its commit."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,8 @@ class BatchTiming:
     """The whole ``foreachBatch`` call, retries and driver-side calls included."""
     checkpoint_s: float = 0.0
     """The part of ``commit_s`` the checkpoint took, as the JobManager measured it (0 without one)."""
+    sink_s: float = 0.0
+    """The output sink (``foreach_batch(sink=...)``), part of ``total_s`` (0 without one)."""
 
 
 class BatchTimeoutError(KeyedStateError):
@@ -224,12 +230,16 @@ class BatchOptions:
     """How ``foreach_batch`` runs batches (see :meth:`KeyedStateRuntime.foreach_batch`)."""
 
     operator_id: str
-    key_col: str
+    key_col: str | None
     key_serializer: str = "str"
     exactly_once: bool = True
     checkpoint: bool = True
     max_batch_attempts: int = 5
     batch_timeout_s: float = 600.0
+    mode: BatchMode = BatchMode.KEYED
+    output_schema: Any = None
+    """A ``pyarrow.Schema``: ``process`` returns record batches of it (None: it returns nothing)."""
+    sink: OutputSink | None = None
 
 
 class KeyedStateRuntime:
@@ -321,15 +331,30 @@ class KeyedStateRuntime:
         self,
         process: ProcessFn,
         *,
-        key_col: str,
+        key_col: str | None = None,
         operator: str | None = None,
         key_serializer: str = "str",
+        mode: BatchMode | str = BatchMode.KEYED,
+        output_schema: Any = None,
+        sink: OutputSink | None = None,
         exactly_once: bool = True,
         checkpoint: bool = True,
         max_batch_attempts: int = 5,
         batch_timeout_s: float = 600.0,
     ) -> Callable[[Any, int], None]:
         """A ``foreachBatch`` function that runs ``process`` per partition, one epoch per batch.
+
+        ``mode``: ``"keyed"`` (the default) repartitions the batch by key group on ``key_col``, so a
+        task holds every row of its keys; ``"shuffle_free"`` runs ``process`` on the input partitions
+        as they are and lets the client route each write to its key's owner, for updates that
+        commute across partitions (see :class:`BatchMode`; ``key_col`` is then not needed).
+
+        ``output_schema`` and ``sink``: ``process`` returns an iterable of ``pyarrow.RecordBatch`` of
+        that schema, and ``sink(table, batch_id)`` gets the winning attempts' output on the driver
+        after the batch's Spark job and before its commit. A batch can run more than once (a failover,
+        a driver restart before Spark recorded it), so the sink must be idempotent per ``batch_id``,
+        as Spark's own foreachBatch contract asks; a batch whose state was already committed by an
+        earlier driver is not run again, and that driver's sink call came before the commit.
 
         ``checkpoint``: take a checkpoint of every batch (True), or return once a periodic one
         (``execution.checkpointing.interval``) holds it (False). Either way the function returns
@@ -340,6 +365,16 @@ class KeyedStateRuntime:
         """
         if max_batch_attempts < 1 or batch_timeout_s <= 0:
             raise InvalidArgumentError("max_batch_attempts must be >= 1 and batch_timeout_s > 0")
+        parsed = BatchMode.parse(mode)
+        if parsed is BatchMode.KEYED and not key_col:
+            raise InvalidArgumentError(
+                "foreach_batch in the keyed mode needs key_col (the column it partitions by); "
+                "for commutative updates without a shuffle pass mode='shuffle_free'"
+            )
+        if (output_schema is None) != (sink is None):
+            raise InvalidArgumentError("foreach_batch: output_schema and sink go together (pass both or neither)")
+        if output_schema is not None:
+            _check_schema(output_schema)
         options = BatchOptions(
             operator or self.operators[0].operator_id,
             key_col,
@@ -348,8 +383,44 @@ class KeyedStateRuntime:
             checkpoint,
             max_batch_attempts,
             batch_timeout_s,
+            parsed,
+            output_schema,
+            sink,
         )
         return _BatchRunner(self, process, options)
+
+    def reduce_batch(
+        self,
+        state: str,
+        *,
+        key_col: str,
+        fields: Mapping[str, str],
+        operator: str | None = None,
+        key_serializer: str = "str",
+        checkpoint: bool = True,
+        max_batch_attempts: int = 5,
+        batch_timeout_s: float = 600.0,
+    ) -> Callable[[Any, int], None]:
+        """A shuffle-free ``foreachBatch`` function folding each batch into the ReducingState ``state``.
+
+        Each input partition groups its rows per ``key_col`` with Arrow (as Spark's partial
+        aggregation does) and sends one operand per key straight to the key's owner; the epoch
+        commit applies the winning attempts exactly once. ``fields`` maps every reduce field of the
+        state to the column it folds (SUM, MIN or MAX, as the field declares) or to ``"*"`` to
+        count rows: ``{"count": "*", "sum": "amount"}``. Checked here against the job's operators.
+        """
+        op = operator or self.operators[0].operator_id
+        process = ReduceInto.checked(self.operators, op, state, key_col, fields, key_serializer)
+        return self.foreach_batch(
+            process,
+            key_col=key_col,
+            operator=op,
+            key_serializer=key_serializer,
+            mode=BatchMode.SHUFFLE_FREE,
+            checkpoint=checkpoint,
+            max_batch_attempts=max_batch_attempts,
+            batch_timeout_s=batch_timeout_s,
+        )
 
     def executor_token_name(self, spark: Any) -> str | None:
         """The token file name executors resolve (shipped once per runtime); None: their environment."""
@@ -390,6 +461,7 @@ class _BatchAttempt:
     runs: int = 0
     tasks_s: float = 0.0
     commit_s: float = 0.0
+    sink_s: float = 0.0
     last: str = "none"
 
     def again(self, reason: str, *, wait: bool = False) -> _TryAgain:
@@ -410,8 +482,10 @@ class _BatchRunner:
         if not self._o.exactly_once:
             self._rt.batch_attempts += 1
             routing = self._rt.client.routing(self._rt.job_id, refresh=True)
-            self._run_tasks(df, batch_id, None, routing)
-            self._done(batch_id, started, time.perf_counter() - started, 0.0, None)
+            _, output = self._run_tasks(df, batch_id, None, routing)
+            tasks_s = time.perf_counter() - started
+            sink_s = self._sink(output, batch_id)
+            self._done(batch_id, started, tasks_s, 0.0, None, sink_s=sink_s)
             return
         self._run_exactly_once(df, batch_id, _query_id(df), started)
 
@@ -444,7 +518,15 @@ class _BatchRunner:
                 batch_id,
                 start.epoch,
             )
-        self._done(batch_id, started, attempt.tasks_s, attempt.commit_s, response.checkpoint, skipped=skipped)
+        self._done(
+            batch_id,
+            started,
+            attempt.tasks_s,
+            attempt.commit_s,
+            response.checkpoint,
+            skipped=skipped,
+            sink_s=attempt.sink_s,
+        )
 
     def _try_batch(self, df: Any, attempt: _BatchAttempt) -> tuple[EpochCommitted, BatchStart]:
         """One pass: where the batch stands, its Spark job when it must run, the commit; _TryAgain otherwise."""
@@ -460,11 +542,24 @@ class _BatchRunner:
             )
         if start.action is BatchAction.WAIT:
             raise attempt.again(f"job {status_name(start.job_status)}: {start.failure_cause}", wait=True)
-        winners = self._run_batch_job(df, start, attempt) if start.action is BatchAction.RUN else []
+        winners: list[Winner] = []
+        if start.action is BatchAction.RUN:
+            winners, output = self._run_batch_job(df, start, attempt)
+            # Before the commit: once the state holds the batch, a re-run (after a driver restart)
+            # is only made durable, so this is the one point every committed batch's output passed.
+            attempt.sink_s += self._sink(output, attempt.batch_id)
         # (not RUN: the state holds the batch already; only make it durable)
         return self._commit(start, winners, attempt), start
 
-    def _run_batch_job(self, df: Any, start: BatchStart, attempt: _BatchAttempt) -> list[Winner]:
+    def _sink(self, output: Any, batch_id: int) -> float:
+        """Hand the batch's output to the user's sink; the seconds it took (0 without a sink)."""
+        if self._o.sink is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._o.sink(output, batch_id)
+        return time.perf_counter() - t0
+
+    def _run_batch_job(self, df: Any, start: BatchStart, attempt: _BatchAttempt) -> tuple[list[Winner], Any]:
         if attempt.runs >= self._o.max_batch_attempts:
             raise BatchTimeoutError(
                 f"job {self._rt.job_id!r}: batch {attempt.batch_id} ran {attempt.runs} times (max_batch_attempts) "
@@ -527,6 +622,7 @@ class _BatchRunner:
         commit_s: float,
         checkpoint: CheckpointSummary | None,
         skipped: bool = False,
+        sink_s: float = 0.0,
     ) -> None:
         rt = self._rt
         if skipped:
@@ -538,62 +634,162 @@ class _BatchRunner:
         if skipped:
             return  # a replayed batch did no work worth timing
         checkpoint_s = checkpoint.duration_ms / 1000.0 if checkpoint is not None else 0.0
-        rt.timings.append(BatchTiming(batch_id, tasks_s, commit_s, time.perf_counter() - started, checkpoint_s))
+        rt.timings.append(BatchTiming(batch_id, tasks_s, commit_s, time.perf_counter() - started, checkpoint_s, sink_s))
 
-    def _run_tasks(self, df: Any, batch_id: int, start: BatchStart | None, routing: Routing) -> list[Winner]:
-        """Run ``process`` on every partition; the winners (with ledgers) in exactly-once mode."""
+    def _run_tasks(
+        self, df: Any, batch_id: int, start: BatchStart | None, routing: Routing
+    ) -> tuple[list[Winner], Any]:
+        """Run ``process`` on every partition: the winners (with ledgers; none in direct mode) and the output table."""
         from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
-        from keyedstate.common.spark._keygroups import repartition_by_key_group
-
         o = self._o
-        # The job's current parallelism, read every batch: a rescale changes it.
-        parallelism = routing.operator(o.operator_id).parallelism
-        parted = repartition_by_key_group(df, o.key_col, self._rt.max_parallelism, parallelism, o.key_serializer)
-        address, job_id, operator_id, process, nonce = (
-            self._rt.jobmanager,
-            self._rt.job_id,
-            o.operator_id,
+        if o.mode is BatchMode.KEYED:
+            from keyedstate.common.spark._keygroups import repartition_by_key_group
+
+            # The job's current parallelism, read every batch: a rescale changes it.
+            parallelism = routing.operator(o.operator_id).parallelism
+            assert o.key_col is not None  # foreach_batch refuses the keyed mode without one
+            df = repartition_by_key_group(df, o.key_col, self._rt.max_parallelism, parallelism, o.key_serializer)
+        task = _task_function(
+            _TaskPlan(
+                self._rt.jobmanager,
+                self._rt.security,
+                self._rt.executor_token_name(df.sparkSession),
+                self._rt.job_id,
+                o.operator_id,
+                self._rt.driver_nonce,
+                batch_id,
+                start.epoch if start is not None else -1,
+                start.routing.version if start is not None else 0,
+                o.output_schema,
+            ),
             self._process,
-            self._rt.driver_nonce,
         )
-        security = self._rt.security
-        token_name = self._rt.executor_token_name(df.sparkSession)
-        epoch = start.epoch if start is not None else -1
-        version = start.routing.version if start is not None else 0
-
-        def task(batches: Iterable[Any]) -> Iterator[Any]:
-            import pyarrow as pa
-            from pyspark import TaskContext
-
-            ctx = TaskContext.get()
-            if ctx is None:
-                raise RuntimeError("keyedstate: the batch task runs outside a Spark task (no TaskContext)")
-            partition, attempt = ctx.partitionId(), (nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
-            scope = None
-            if epoch >= 0:
-                scope = EpochScope.for_task(epoch, partition, attempt, routing_version=version)
-            state = PartitionState(
-                worker_client(address, security, token_name), job_id, operator_id, scope, batch_id=batch_id
-            )
-            process(iter(batches), state)
-            winner = winner_to_bytes(scope.winner()) if scope is not None else b""
-            yield pa.RecordBatch.from_pydict(
-                {"partition": [partition], "attempt": [attempt], "winner": [winner]},
-                schema=pa.schema([("partition", pa.int32()), ("attempt", pa.int64()), ("winner", pa.binary())]),
-            )
-
         schema = StructType(
             [
                 StructField("partition", IntegerType()),
                 StructField("attempt", LongType()),
                 StructField("winner", BinaryType()),
+                StructField("output", BinaryType()),
             ]
         )
-        rows = parted.mapInArrow(task, schema).collect()
+        rows = sorted(df.mapInArrow(task, schema).collect(), key=lambda r: r.partition)
+        output = _decode_output([bytes(r.output) for r in rows], o.output_schema) if o.output_schema else None
         if start is None:
-            return []
-        return [winner_from_bytes(bytes(r.winner)) for r in sorted(rows, key=lambda r: r.partition)]
+            return [], output
+        return [winner_from_bytes(bytes(r.winner)) for r in rows], output
+
+
+@dataclass(frozen=True)
+class _TaskPlan:
+    """What every task of one batch run needs, shipped to the executors with the task function."""
+
+    address: str
+    security: ChannelSecurity | None
+    token_name: str | None
+    job_id: str
+    operator_id: str
+    nonce: int
+    batch_id: int
+    epoch: int
+    """-1: direct mode (no epoch transaction)."""
+    routing_version: int
+    output_schema: Any
+
+
+def _task_function(plan: _TaskPlan, process: ProcessFn) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function of one batch run: ``process`` under the task's epoch scope, then one
+    row with the task's partition, attempt, winner (with its ledger) and output."""
+
+    def task(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise RuntimeError("keyedstate: the batch task runs outside a Spark task (no TaskContext)")
+        partition, attempt = ctx.partitionId(), (plan.nonce << 32) | (ctx.taskAttemptId() & 0xFFFFFFFF)
+        scope = None
+        if plan.epoch >= 0:
+            scope = EpochScope.for_task(plan.epoch, partition, attempt, routing_version=plan.routing_version)
+        client = worker_client(plan.address, plan.security, plan.token_name)
+        state = PartitionState(client, plan.job_id, plan.operator_id, scope, batch_id=plan.batch_id)
+        # The output is drained before the winner is read: a generator ``process`` writes state as it yields.
+        output = _encode_output(process(iter(batches), state), plan.output_schema)
+        winner = winner_to_bytes(scope.winner()) if scope is not None else b""
+        yield pa.RecordBatch.from_pydict(
+            {"partition": [partition], "attempt": [attempt], "winner": [winner], "output": [output]},
+            schema=pa.schema(
+                [("partition", pa.int32()), ("attempt", pa.int64()), ("winner", pa.binary()), ("output", pa.binary())]
+            ),
+        )
+
+    return task
+
+
+def _check_schema(schema: Any) -> None:
+    import pyarrow as pa
+
+    if not isinstance(schema, pa.Schema):
+        raise InvalidArgumentError(
+            f"foreach_batch: output_schema must be a pyarrow.Schema (pa.schema([...])), not {type(schema).__name__}"
+        )
+
+
+def _encode_output(result: Iterable[Any] | None, schema: Any) -> bytes:
+    """``process``'s return value as one Arrow IPC stream of ``schema`` (b"" without an output schema).
+
+    Without a schema a returned iterator is still drained (a generator writes state as it runs) and
+    must yield nothing.
+    """
+    if result is None:
+        return b""
+    if schema is None:
+        if isinstance(result, Iterator):
+            for _ in result:
+                raise InvalidArgumentError(
+                    "foreach_batch: process yielded output but foreach_batch was given no output_schema and sink"
+                )
+        return b""
+    import pyarrow as pa
+
+    if not isinstance(result, Iterable):
+        raise InvalidArgumentError(
+            f"foreach_batch: process must return an iterable of pyarrow.RecordBatch (or None), not {type(result).__name__}"
+        )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for item in result:
+            writer.write_table(_as_output(item, schema))
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _as_output(item: Any, schema: Any) -> Any:
+    """One yielded RecordBatch (or Table) as a Table of exactly ``schema``; InvalidArgumentError when it cannot be."""
+    import pyarrow as pa
+
+    if isinstance(item, pa.RecordBatch):
+        item = pa.Table.from_batches([item])
+    if not isinstance(item, pa.Table):
+        raise InvalidArgumentError(
+            f"foreach_batch: process yielded a {type(item).__name__}; it must yield pyarrow.RecordBatch (or Table)"
+        )
+    if item.schema.equals(schema):
+        return item
+    try:
+        return item.select(schema.names).cast(schema)
+    except (KeyError, ValueError, pa.ArrowException) as exc:
+        raise InvalidArgumentError(
+            f"foreach_batch: process yielded columns {item.schema} that do not fit output_schema {schema}: {exc}"
+        ) from exc
+
+
+def _decode_output(streams: Sequence[bytes], schema: Any) -> Any:
+    """The winners' output streams as one ``pyarrow.Table`` of ``schema``, partitions ascending."""
+    import pyarrow as pa
+
+    tables = [pa.ipc.open_stream(raw).read_all() for raw in streams if raw]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def _query_id(df: Any) -> str:

@@ -126,7 +126,7 @@ def main(config_path: str, out_dir: str) -> int:
     from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
-    from tests.integration.exactly_once._pipeline import OPERATOR, SCHEMA, essence, operators
+    from tests.integration.exactly_once._pipeline import OPERATOR, SCHEMA, essence, operators, unkeyed_input
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark = (
@@ -153,6 +153,7 @@ def main(config_path: str, out_dir: str) -> int:
     kills = {int(b): str(point) for b, point in conf.get("self_kills", [])}
     stops = {int(b): float(delay) for b, delay in conf.get("query_stops", [])}
     stopped_at: set[int] = set()
+    batch_mode, parallelism = str(conf.get("batch_mode", "keyed")), int(conf["parallelism"])
     stop_requested: set[int] = set()  # queries (by number) this driver stopped on purpose
 
     def start_query(n: int) -> tuple[Any, Any]:
@@ -163,6 +164,7 @@ def main(config_path: str, out_dir: str) -> int:
             operator=OPERATOR,
             batch_timeout_s=float(conf["batch_timeout_s"]),
             max_batch_attempts=int(conf["max_batch_attempts"]),
+            mode=batch_mode,
         )
         holder: dict[str, Any] = {}
 
@@ -175,7 +177,7 @@ def main(config_path: str, out_dir: str) -> int:
                 threading.Thread(target=stop_later, args=(holder, stops[batch_id], batch_id, n), daemon=True).start()
             runs, skipped = runtime.batch_attempts, runtime.batches_skipped
             try:
-                inner(df, batch_id)
+                inner(unkeyed_input(df, batch_mode, parallelism), batch_id)
             except BaseException as exc:
                 progress.write(
                     "raise",

@@ -285,6 +285,7 @@ class EpochChaosRun:
             "jobmanager": self.pipeline.address,
             "job_id": self.pipeline.job_id,
             "parallelism": self.schedule.parallelism,
+            "batch_mode": self.schedule.batch_mode,
             "source": str(self.pipeline.source),
             "checkpoint_location": self.pipeline.spark_checkpoint,
             "progress": str(self.progress.path),

@@ -214,6 +214,8 @@ class FaultSchedule:
     files: int = FILES
     parallelism: int = PARALLELISM
     extra: dict[str, Any] = field(default_factory=dict)
+    batch_mode: str = "keyed"
+    """Epoch mode: the foreach_batch mode, ``keyed`` or ``shuffle_free``."""
 
     # -- drawing -------------------------------------------------------------------------------
     @classmethod
@@ -253,7 +255,9 @@ class FaultSchedule:
         if rnd.random() < 0.1:
             faults.append(Fault("restart_budget", value=rnd.choice([1, 2])))
         faults.sort(key=_order)
-        return cls(seed, mode, netns, tuple(faults))
+        # Drawn from its own stream, so adding it left every seed's faults as they were.
+        batch_mode = "shuffle_free" if random.Random(f"{seed}:batch-mode").random() < 0.5 else "keyed"
+        return cls(seed, mode, netns, tuple(faults), batch_mode=batch_mode)
 
     # -- reading -------------------------------------------------------------------------------
     def kinds(self) -> list[str]:
@@ -274,7 +278,7 @@ class FaultSchedule:
     def describe(self) -> str:
         where = "each daemon on its own network-namespace host" if self.netns else "all on 127.0.0.1"
         what = (
-            f"{self.files} batches through a Spark driver (foreach_batch, exactly-once)"
+            f"{self.files} batches through a Spark driver (foreach_batch, exactly-once, {self.batch_mode} mode)"
             if self.mode == "epoch"
             else f"direct-mode writers for about {DIRECT_SECONDS:.0f} s"
         )
@@ -296,6 +300,7 @@ class FaultSchedule:
         return {
             "seed": self.seed,
             "mode": self.mode,
+            "batch_mode": self.batch_mode,
             "netns": self.netns,
             "files": self.files,
             "parallelism": self.parallelism,

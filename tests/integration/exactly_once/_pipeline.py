@@ -118,6 +118,12 @@ def make_process(report_dir: str | None = None) -> Callable[[Iterator[Any], Any]
     return process
 
 
+def unkeyed_input(df: Any, mode: str, parallelism: int) -> Any:
+    """The batch as the shuffle-free mode meets it: every key's rows spread over ``parallelism + 1``
+    partitions (one Parquet file is one partition); the keyed mode's batch unchanged."""
+    return df.repartition(parallelism + 1) if mode == "shuffle_free" else df
+
+
 def read_reports(report_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(report_dir.glob("e*.json"))]
 
@@ -261,10 +267,15 @@ class ExactlyOncePipeline:
         tm_env: dict[int, dict[str, str]] | None = None,
         jm_env: dict[str, str] | None = None,
         placement: PlacementFn | None = None,
+        mode: str = "keyed",
     ) -> None:
         """``placement`` puts the daemons elsewhere than 127.0.0.1 (network-namespace hosts of the
-        netns fixture: ``lambda daemon: net.placement(host_of[daemon])``)."""
+        netns fixture: ``lambda daemon: net.placement(host_of[daemon])``).
+
+        ``mode``: the foreach_batch mode (``keyed`` or ``shuffle_free``). The shuffle-free mode reads
+        each file as :func:`unkeyed_input` spreads it, over more tasks than the job has subtasks."""
         self.spark = spark
+        self.mode = mode
         self.base = Path(base_dir)
         self.job_id = job_id
         self.num_files = files
@@ -420,14 +431,15 @@ class ExactlyOncePipeline:
         run = QueryRun(rt, None)
         self.runs.append(run)
         inner = rt.foreach_batch(
-            make_process(str(report_dir) if report_dir else None), key_col="key", operator=OPERATOR
+            make_process(str(report_dir) if report_dir else None), key_col="key", operator=OPERATOR, mode=self.mode
         )
+        mode, parallelism = self.mode, parallelism or self.parallelism
 
         def on_batch(df: Any, batch_id: int) -> None:
             run.started_batches.append(batch_id)
             if before_batch is not None:
                 before_batch(batch_id, run)
-            inner(df, batch_id)
+            inner(unkeyed_input(df, mode, parallelism), batch_id)
             run.recorded.append(batch_id)
             if after_batch is not None:
                 after_batch(batch_id, run)

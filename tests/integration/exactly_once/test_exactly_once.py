@@ -37,14 +37,18 @@ from tests.integration.exactly_once._pipeline import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 
+BOTH_MODES = pytest.mark.parametrize("mode", ["keyed", "shuffle_free"])
+"""The process failures every foreach_batch mode must survive: both modes' batches go through them."""
 
+
+@BOTH_MODES
 def test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch(
-    exo_pipeline: Callable[..., ExactlyOncePipeline],
+    exo_pipeline: Callable[..., ExactlyOncePipeline], mode: str
 ) -> None:
     # Default configuration. TaskManager 1 dies when the barrier of the first checkpoint reaches it:
     # both TaskManagers have committed epoch 0, its checkpoint cannot complete, and the job has no
     # completed checkpoint to restart from.
-    pipeline = exo_pipeline(tm_env={1: {CRASH_AT: "taskmanager.checkpoint.barrier@1"}})
+    pipeline = exo_pipeline(tm_env={1: {CRASH_AT: "taskmanager.checkpoint.barrier@1"}}, mode=mode)
     pipeline.write_files()
     run = pipeline.start_query()
     pipeline.wait_for_dead(1)
@@ -53,7 +57,10 @@ def test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch(
     assert_finished_exactly(pipeline, outcome)
 
 
-def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(exo_pipeline: Callable[..., ExactlyOncePipeline]) -> None:
+@BOTH_MODES
+def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(
+    exo_pipeline: Callable[..., ExactlyOncePipeline], mode: str
+) -> None:
     # No connection-loss detection: the JobManager learns of the loss by missed heartbeats only.
     # TaskManager 1 dies on the barrier of the third checkpoint, the one of epoch 2, so the job's
     # latest completed checkpoint holds epoch 1.
@@ -65,6 +72,7 @@ def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(exo_pipeline: Callable[
             **FAST_RESTARTS,
         },
         tm_env={1: {CRASH_AT: "taskmanager.checkpoint.barrier@3"}},
+        mode=mode,
     )
     pipeline.write_files()
     run = pipeline.start_query()
@@ -105,13 +113,14 @@ def test_3_failing_checkpoints_on_slow_storage_never_lose_a_batch_silently(
     )
 
 
+@BOTH_MODES
 @pytest.mark.parametrize("crash_point", ["taskmanager.epoch.before-commit", "taskmanager.epoch.committed"])
 def test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch(
-    exo_pipeline: Callable[..., ExactlyOncePipeline], crash_point: str
+    exo_pipeline: Callable[..., ExactlyOncePipeline], crash_point: str, mode: str
 ) -> None:
     # TaskManager 1 dies inside the commit of epoch 1 (its second commit): before applying it, or
     # right after. Epoch 0 and its checkpoint are complete, so the job restarts from epoch 0.
-    pipeline = exo_pipeline(config=FAST_RESTARTS, tm_env={1: {CRASH_AT: f"{crash_point}@2"}})
+    pipeline = exo_pipeline(config=FAST_RESTARTS, tm_env={1: {CRASH_AT: f"{crash_point}@2"}}, mode=mode)
     pipeline.write_files()
     run = pipeline.start_query()
     pipeline.wait_for_dead(1)

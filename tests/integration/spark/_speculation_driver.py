@@ -5,6 +5,10 @@ speculative copy on the host of the original). Partition 0's first attempt write
 then stalls; its speculative copy writes the same events and wins. Every attempt that ran the
 process function appends a line to ``<out>/attempts.jsonl`` (the workers share this machine's disk).
 
+It runs the batches once per foreach_batch mode, as jobs ``<JOB_ID>-keyed`` and
+``<JOB_ID>-shuffle_free`` (there each batch is first spread round-robin over four partitions, as an
+unkeyed source delivers it); attempts and the summary are recorded per mode.
+
 Usage: python _speculation_driver.py JOBMANAGER JOB_ID OUT_DIR SPARK_MASTER
 """
 
@@ -21,6 +25,7 @@ BATCHES = 2
 EVENTS_PER_BATCH = 400
 USERS = 40
 STALL_S = 20.0
+MODES = ("keyed", "shuffle_free")
 
 
 def events(batch: int) -> list[tuple[str, int, str]]:
@@ -68,9 +73,30 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
             ),
         )
     ]
-    runtime = KeyedStateRuntime(jobmanager, job_id, operators)
     log = str(Path(out) / "attempts.jsonl")
+    summary: dict[str, Any] = {}
+    for mode in MODES:  # one Spark application for both: its standalone cluster is the slow part
+        runtime = KeyedStateRuntime(jobmanager, f"{job_id}-{mode}", operators)
+        on_batch = runtime.foreach_batch(_process(log, mode), key_col="user", operator="agg", mode=mode)
+        started = time.monotonic()
+        for batch in range(BATCHES):
+            df = spark.createDataFrame(events(batch), "user string, amount long, event string")
+            if mode == "shuffle_free":
+                df = df.repartition(4)  # as an unkeyed source delivers it: every user over several tasks
+            on_batch(df, batch)
+        summary[mode] = {
+            "seconds": time.monotonic() - started,
+            "batches_run": runtime.batches_run,
+            "batch_attempts": runtime.batch_attempts,
+            "durable_epoch": runtime.durable_epoch(),
+        }
+        runtime.close()
+    (Path(out) / "summary.json").write_text(json.dumps(summary))
+    spark.stop()
+    return 0
 
+
+def _process(log: str, mode: str) -> Any:
     def process(batches: Any, state: Any) -> None:
         from pyspark import TaskContext
 
@@ -85,6 +111,7 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
             f.write(
                 json.dumps(
                     {
+                        "mode": mode,
                         "batch": state.batch_id,
                         "partition": ctx.partitionId(),
                         "attempt": ctx.attemptNumber(),
@@ -99,21 +126,7 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
         if ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
             time.sleep(STALL_S)  # a straggler: Spark launches a speculative copy on the other executor
 
-    on_batch = runtime.foreach_batch(process, key_col="user", operator="agg")
-    started = time.monotonic()
-    for batch in range(BATCHES):
-        df = spark.createDataFrame(events(batch), "user string, amount long, event string")
-        on_batch(df, batch)
-    summary = {
-        "seconds": time.monotonic() - started,
-        "batches_run": runtime.batches_run,
-        "batch_attempts": runtime.batch_attempts,
-        "durable_epoch": runtime.durable_epoch(),
-    }
-    (Path(out) / "summary.json").write_text(json.dumps(summary))
-    runtime.close()
-    spark.stop()
-    return 0
+    return process
 
 
 if __name__ == "__main__":

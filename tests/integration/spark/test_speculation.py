@@ -100,13 +100,15 @@ def _start_standalone(netns: VirtualNetwork, base: Path) -> str:
     return master_url
 
 
-def test_a_speculative_losers_writes_are_dropped(netns: VirtualNetwork, inprocess_cluster: Any, tmp_path: Path) -> None:
+def test_a_speculative_losers_writes_are_dropped_in_both_modes(
+    netns: VirtualNetwork, inprocess_cluster: Any, tmp_path: Path
+) -> None:
     # The state service listens on the bridge address, reachable from the workers' namespaces.
     ip = netns.local.ip
     # Namespaces this test made: a trusted network, so protected mode stands aside.
     cluster = inprocess_cluster(
         taskmanagers=2,
-        slots=2,
+        slots=4,  # two jobs of parallelism 4, one per foreach_batch mode
         jm={"jobmanager.rpc.address": ip, "security.protected-mode": False},
         tm={"jobmanager.rpc.address": ip, "taskmanager.host": ip, "security.protected-mode": False},
     )
@@ -123,12 +125,20 @@ def test_a_speculative_losers_writes_are_dropped(netns: VirtualNetwork, inproces
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    client = cluster.client()
+    for mode in driver.MODES:
+        _check_mode(client, mode, [a for a in attempts if a["mode"] == mode], summary[mode])
+
+
+def _check_mode(client: Any, mode: str, attempts: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """One mode's job: the straggler raced its speculative copy, and every event applied exactly once."""
     by_task: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for a in attempts:
         by_task[(a["batch"], a["partition"])].append(a)
     # The straggler really had a speculative copy, on the other worker, that wrote the same rows.
     raced = by_task.get((0, 0), [])
-    assert len(raced) >= 2, f"Spark launched no speculative attempt of the straggler: {dict(by_task)}"
+    assert len(raced) >= 2, f"{mode}: Spark launched no speculative attempt of the straggler: {dict(by_task)}"
     first, second = sorted(raced, key=lambda a: a["attempt"])[:2]
     assert first["rows"] == second["rows"] > 0 and first["host"] != second["host"], raced
 
@@ -140,13 +150,12 @@ def test_a_speculative_losers_writes_are_dropped(netns: VirtualNetwork, inproces
             t[0] += 1
             t[1] += amount
             expected_events[user].append(event)
-    client = cluster.client()
+    job = f"speculative-{mode}"
     users = sorted(expected_totals)
-    totals = ReducingState[str](client, "speculative", "agg", "totals").get_many(users)
-    assert {u: list(t) for u, t in zip(users, totals)} == expected_totals  # type: ignore[arg-type]  # a missing total (None) fails here
-    lists = ListState[str, str](client, "speculative", "agg", "events", value_serializer="str").get_many(users)
+    totals = ReducingState[str](client, job, "agg", "totals").get_many(users)
+    assert {u: list(t) for u, t in zip(users, totals)} == expected_totals, mode  # type: ignore[arg-type]  # a missing total (None) fails here
+    lists = ListState[str, str](client, job, "agg", "events", value_serializer="str").get_many(users)
     doubled = {u: n for u, got in zip(users, lists) for e, n in Counter(got).items() if n > 1}
-    assert not doubled, f"events applied twice: {doubled}"
+    assert not doubled, f"{mode}: events applied twice: {doubled}"
     assert {u: sorted(got) for u, got in zip(users, lists)} == {u: sorted(e) for u, e in expected_events.items()}
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["durable_epoch"] == driver.BATCHES - 1

@@ -22,15 +22,16 @@ cloudpickle.register_pickle_by_value(executor)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def test_ours_variant_equals_the_reference(spark: Any, inprocess_cluster: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["keyed", "shuffle_free"])
+def test_ours_variant_equals_the_reference(spark: Any, inprocess_cluster: Any, tmp_path: Path, mode: str) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=1, backend="rocksdb")
     data = w1data.generate(tmp_path / "in", events=6_000, users=500, files=3, seed=3)
-    run = sparkjobs.run_ours(spark, data, 2, cluster.address, "w1-test", 2, tmp_path / "ours")
+    run = sparkjobs.run_ours(spark, data, 2, cluster.address, "w1-test", 2, tmp_path / "ours", mode=mode)
     assert run.batches == 2  # three files, two per trigger
     assert w1data.mismatches(data, run.final) == 0
     assert [t.batch_id for t in run.timings] == [0, 1]
     # The job was cancelled at the end, so its slots are free for the next run.
-    again = sparkjobs.run_ours(spark, data, 3, cluster.address, "w1-test-2", 2, tmp_path / "ours-2")
+    again = sparkjobs.run_ours(spark, data, 3, cluster.address, "w1-test-2", 2, tmp_path / "ours-2", mode=mode)
     assert again.batches == 1 and w1data.mismatches(data, again.final) == 0
 
 
