@@ -121,29 +121,6 @@ def ours_process(batches: Iterable[Any], state: Any) -> list[Any] | None:
     return None if out is None else [out]
 
 
-def ours_process_to_files(directory: str) -> Any:
-    """TEMPORARY, until ``foreach_batch`` has its output channel: the closed sessions go to one Arrow
-    file per (batch, partition), replaced by a retried attempt (a keyed partition always holds the same users).
-    """
-
-    def process(batches: Iterable[Any], state: Any) -> None:
-        import os
-
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        out = sessionize_partition(batches, state)
-        ctx = TaskContext.get()
-        if out is None or ctx is None:
-            return
-        path = os.path.join(directory, f"b{state.batch_id:06d}-p{ctx.partitionId():04d}.arrow")
-        with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_file(sink, out.schema) as writer:
-            writer.write_batch(out)
-        os.replace(path + ".tmp", path)
-
-    return process
-
-
 # -- applyInPandasWithState ---------------------------------------------------------------------
 AIPWS_STATE_DDL = "start long, last long, count long, times binary"
 """The times travel packed (big-endian int64s), so a session that goes on appends bytes: PySpark

@@ -9,7 +9,6 @@ open sessions are read from each variant's state afterwards, untimed.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import Counter
 from collections.abc import Iterable
@@ -89,36 +88,22 @@ def run_ours(spark: Any, data: W2Data, jobmanager: str, job_id: str, parallelism
 
     closed = ClosedSessions()
     runtime = KeyedStateRuntime(jobmanager, job_id, operators(parallelism))
-    files = workdir / "ours-output"
     try:
-        if "sink" in inspect.signature(runtime.foreach_batch).parameters:
-            on_batch = runtime.foreach_batch(
-                executor.ours_process,
-                key_col="user",
-                operator=executor.OPERATOR,
-                key_serializer="int",
-                output_schema=executor.closed_schema(),
-                sink=closed.add_table,
-            )
-        else:  # TEMPORARY: no output channel yet
-            files.mkdir(parents=True, exist_ok=True)
-            on_batch = runtime.foreach_batch(
-                executor.ours_process_to_files(str(files)),
-                key_col="user",
-                operator=executor.OPERATOR,
-                key_serializer="int",
-            )
+        on_batch = runtime.foreach_batch(
+            executor.ours_process,
+            key_col="user",
+            operator=executor.OPERATOR,
+            key_serializer="int",
+            mode="keyed",  # all of a user's events in one task, sorted there: sessions need them in order
+            output_schema=executor.closed_schema(),
+            sink=closed.add_table,
+        )
         writer = (
             _stream(spark, data)
             .writeStream.foreachBatch(on_batch)
             .option("checkpointLocation", str(workdir / "spark-checkpoint-ours"))
         )
         query = run_query_with_progress(writer)
-        if files.exists():
-            import pyarrow as pa
-
-            for path in sorted(files.glob("*.arrow")):
-                closed.add_table(pa.ipc.open_file(path).read_all(), len(closed.by_batch))
         result = closed.sessions("W2 ours", read_state(runtime, data.users))
         return W2Run(query.seconds, result, query.progress, list(runtime.timings))
     finally:
