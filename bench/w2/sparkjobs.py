@@ -115,13 +115,13 @@ def run_ours(spark: Any, data: W2Data, jobmanager: str, job_id: str, parallelism
 
 def open_session(who: str, user: int, session: Any, times: list[int]) -> tuple[int, tuple[int, ...]]:
     """(start, times) of a user's open session; RuntimeError when its value and its list disagree."""
-    start, last, count = (int(x) for x in session) if session is not None else (None, None, 0)
-    if not times or (start, last, count) != (times[0], times[-1], len(times)):
+    value = tuple(int(x) for x in session) if session is not None else None
+    if not times or value != (times[0], times[-1], len(times)):
         raise RuntimeError(
-            f"{who}: user {user}'s session value (start, last, count) = {(start, last, count)} does not match "
+            f"{who}: user {user}'s session value (start, last, count) = {value} does not match "
             f"its list of {len(times)} times {times[:3]}...{times[-1:]}"
         )
-    return start, tuple(times)
+    return times[0], tuple(times)
 
 
 def read_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]]]:
