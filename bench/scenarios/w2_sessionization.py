@@ -55,13 +55,13 @@ class W2Sizes:
     @classmethod
     def for_ctx(cls, ctx: BenchContext) -> W2Sizes:
         if ctx.quick:
-            return cls(
-                events=40_000,
-                users=2_000,
-                batches=4,
+            return cls(  # a smoke run: each variant's cost here is mostly Spark's per-query and per-batch overhead
+                events=12_000,
+                users=600,
+                batches=2,
                 files_per_batch=2,
-                aipws_users=2_000,
-                twsip_users=100,
+                aipws_users=600,
+                twsip_users=60,
                 warmup_users=0,
             )
         return cls(
