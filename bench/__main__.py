@@ -34,7 +34,17 @@ logger = logging.getLogger(__name__)
 
 SCENARIO_PACKAGE = "bench.scenarios"
 # Display order; a scenario whose NAME starts with one of these sorts there, unknown ones go last.
-ORDER = ("client_path", "redis_compare", "w1", "batch_floor", "checkpoint", "restore", "memory", "coordinator_scale")
+ORDER = (
+    "client_path",
+    "redis_compare",
+    "w1",
+    "w2",
+    "batch_floor",
+    "checkpoint",
+    "restore",
+    "memory",
+    "coordinator_scale",
+)
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
 RESULTS_MD = REPO_ROOT / "bench" / "RESULTS.md"
 RESULTS_CHARTS = REPO_ROOT / "bench" / "results"
