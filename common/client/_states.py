@@ -13,7 +13,7 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.client._client import Part, StateClient, check_lengths
 from keyedstate.common.client._epoch import EpochScope, as_scope
-from keyedstate.common.client._wire import answered_found, answered_values
+from keyedstate.common.client._wire import answered_found, answered_lists, answered_values
 from keyedstate.common.descriptors import StateDescriptor, StateKind
 from keyedstate.common.errors import KeyedStateError, Reason, WrongStateKindError
 from keyedstate.common.serializers import Serializer, get_serializer
@@ -29,10 +29,6 @@ _HANDLE_NAMES = {
     StateKind.MAP: "MapState",
     StateKind.REDUCING: "ReducingState",
 }
-
-
-def _lists(response: Any) -> list[Any]:
-    return list(response.lists)
 
 
 def _scatter(n: int, results: list[tuple[Part, Any]], column: Callable[[Any], list[Any]]) -> list[Any]:
@@ -221,9 +217,9 @@ class ListState(_Handle[K], Generic[K, V]):
         Each list travels in one message: use :meth:`scan` for a list that may be very long.
         """
         kb = self._keys(keys)
-        lists = _scatter(len(kb), self._call("ListGet", kb), _lists)
+        lists = _scatter(len(kb), self._call("ListGet", kb), answered_lists)
         loads = self.value_serializer.loads
-        return [[loads(e) for e in lst.elements] for lst in lists]
+        return [[loads(e) for e in elements] for elements in lists]
 
     def get(self, key: K) -> list[V]:
         """The whole list of ``key`` (empty when it has none); :meth:`scan` streams a very long one."""

@@ -17,7 +17,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.client._batch import BatchStart, CheckpointSummary, EpochCommitted, JobProgress
 from keyedstate.common.client._routing import Routing
-from keyedstate.common.errors import UnavailableError
+from keyedstate.common.errors import KeyedStateError, Reason, UnavailableError
 from keyedstate.common.lifecycle import BatchAction, CheckpointStatus, JobStatus
 from keyedstate.common.rpc.enums import name_of
 from keyedstate.common.rpc.packed import pack, unpack
@@ -56,6 +56,20 @@ def answered_values(response: Any) -> list[bytes]:
     if response.HasField("packed_values"):
         return unpack(response.packed_values.offsets, response.packed_values.data, "packed_values of the answer")
     return list(response.values)
+
+
+def answered_lists(response: Any) -> list[list[bytes]]:
+    """The lists of a ListsResponse, whichever wire version it came in."""
+    if not response.HasField("packed_elements"):
+        return [list(value.elements) for value in response.lists]
+    elements = unpack(response.packed_elements.offsets, response.packed_elements.data, "packed_elements of the answer")
+    ends = np.cumsum(np.frombuffer(response.list_lengths, dtype=np.dtype("<i4")), dtype=np.int64).tolist()
+    if (ends[-1] if ends else 0) != len(elements):
+        raise KeyedStateError(
+            f"a TaskManager answered {len(elements)} list elements but list lengths summing to {ends[-1] if ends else 0}",
+            reason=Reason.INTERNAL,
+        )
+    return [elements[a:b] for a, b in zip([0, *ends], ends)]
 
 
 def answered_found(response: Any) -> list[bool]:

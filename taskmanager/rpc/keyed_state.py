@@ -158,7 +158,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     def ListGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ListsResponse:
         """Read whole lists, bounded by ``state.limits.list.max-response-bytes`` (past it use ListScan)."""
         c, backend = self._open(request, "ListGet")
-        return lists_response(backend.list_get(request.target.state_name, c.keys, c.namespaces))
+        return lists_response(backend.list_get(request.target.state_name, c.keys, c.namespaces), c.packed)
 
     @rpc_method
     @_served

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
@@ -46,6 +48,7 @@ WIRE_VERSION = tm_pb.WIRE_VERSION_COLUMNAR
 """What every KeyedState answer advertises: clients may send this TaskManager packed columns."""
 
 _REPEATED = ("keys", "values", "user_keys", "namespaces")
+_LENGTH = np.dtype("<i4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,5 +153,13 @@ def write_response(applied: int) -> tm_pb.WriteResponse:
     return tm_pb.WriteResponse(applied=applied, wire_version=WIRE_VERSION)
 
 
-def lists_response(lists: list[list[bytes]]) -> tm_pb.ListsResponse:
+def lists_response(lists: list[list[bytes]], packed: bool) -> tm_pb.ListsResponse:
+    """ListGet's answer in the request's wire version (packed: one column of every element, and the lengths)."""
+    if packed:
+        offsets, data = pack([e for elements in lists for e in elements])
+        return tm_pb.ListsResponse(
+            wire_version=WIRE_VERSION,
+            packed_elements=tm_pb.PackedBytes(offsets=offsets, data=data),
+            list_lengths=np.fromiter(map(len, lists), dtype=_LENGTH, count=len(lists)).tobytes(),
+        )
     return tm_pb.ListsResponse(lists=[tm_pb.ListValue(elements=e) for e in lists], wire_version=WIRE_VERSION)

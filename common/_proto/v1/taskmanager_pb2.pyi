@@ -276,18 +276,30 @@ class ListsResponse(_message.Message):
 
     LISTS_FIELD_NUMBER: _builtins.int
     WIRE_VERSION_FIELD_NUMBER: _builtins.int
+    PACKED_ELEMENTS_FIELD_NUMBER: _builtins.int
+    LIST_LENGTHS_FIELD_NUMBER: _builtins.int
     wire_version: Global___WireVersion.ValueType
+    list_lengths: _builtins.bytes
     @_builtins.property
     def lists(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListValue]: ...
+    @_builtins.property
+    def packed_elements(self) -> Global___PackedBytes:
+        """Answers to a version-2 request: every list's elements in one packed column, list after
+        list, and list_lengths (one little-endian int32 per key) saying how many are each key's;
+        `lists` stays empty.
+        """
+
     def __init__(
         self,
         *,
         lists: _abc.Iterable[Global___ListValue] | None = ...,
         wire_version: Global___WireVersion.ValueType = ...,
+        packed_elements: Global___PackedBytes | None = ...,
+        list_lengths: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed_elements", b"packed_elements"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lists", b"lists", "wire_version", b"wire_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["list_lengths", b"list_lengths", "lists", b"lists", "packed_elements", b"packed_elements", "wire_version", b"wire_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -545,6 +545,17 @@ def test_packed_and_repeated_requests_are_served_alike_and_answered_in_their_own
     assert again.found_mask == b"\x01\x01\x01"
     contains = s.call("MapContains", "attrs", packed_keys=_packed(keys[:1]), packed_user_keys=_packed([b"u"]))
     assert contains.found_mask == b"\x00"
+    s.call(
+        "ListAppend",
+        "events",
+        packed_keys=_packed([keys[0], keys[2], keys[0]]),
+        packed_values=_packed([b"a", b"", b"c"]),
+    )
+    lists = s.call("ListGet", "events", packed_keys=_packed(keys))
+    assert not lists.lists and lists.wire_version == tm_pb.WIRE_VERSION_COLUMNAR
+    assert unpack(lists.packed_elements.offsets, lists.packed_elements.data, "answer") == [b"a", b"c", b""]
+    assert struct.unpack("<3i", lists.list_lengths) == (2, 0, 1)
+    assert [list(v.elements) for v in s.call("ListGet", "events", keys=keys).lists] == [[b"a", b"c"], [], [b""]]
     s.assert_still_serving()
 
 
