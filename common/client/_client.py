@@ -26,7 +26,13 @@ from keyedstate.common.batches import Winner
 from keyedstate.common.client._batch import BatchStart, EpochCommitted, JobProgress
 from keyedstate.common.client._epoch import EpochScope, as_scope
 from keyedstate.common.client._routing import Limits, Routing
-from keyedstate.common.client._wire import batch_start_from_proto, epoch_committed_from_proto, job_progress_from_proto
+from keyedstate.common.client._wire import (
+    COLUMNAR,
+    batch_start_from_proto,
+    epoch_committed_from_proto,
+    job_progress_from_proto,
+    keyed_request,
+)
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
@@ -168,10 +174,12 @@ class _Call:
     state: str
     method: str
     keys: list[bytes]
-    build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest]
+    build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest] | None
+    """A caller's own request builder (always wire version 1); None: built here from keys and columns."""
     scope: EpochScope | None
     columns: Mapping[str, Sequence[bytes]]
     namespace: bytes
+    return_values: bool
     rpc: Callable[[tm_grpc.KeyedStateStub], grpc.UnaryUnaryMultiCallable[Any, Any]]
     pinned: bool
     """Inside an epoch scope with a pinned routing version: every round goes out under that version."""
@@ -198,13 +206,14 @@ class _Call:
         state: str,
         method: str,
         keys: list[bytes],
-        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
+        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest] | None,
         scope: EpochScope | None,
         columns: Mapping[str, Sequence[bytes]],
         namespace: bytes,
         batch_size: int,
         *,
         refresh: bool,
+        return_values: bool = False,
     ) -> _Call:
         pinned = scope is not None and scope.routing_version > 0
         numbered = scope is not None and scope.numbered and method in WRITES
@@ -218,6 +227,7 @@ class _Call:
             scope,
             columns,
             namespace,
+            return_values,
             _keyed_rpc(method),
             pinned=pinned,
             numbered=numbered,
@@ -231,15 +241,59 @@ class _Call:
             refresh=refresh,
         )
 
-    def request_for(self, target: tm_pb.StateTarget, unit: _Unit) -> tm_pb.KeyedRequest:
-        """Build the request of ``unit`` (an epoch write's target carries its sequence number)."""
-        if not unit.seq:
-            return self.build(target, unit.part)
-        assert self.scope is not None
-        numbered = tm_pb.StateTarget()
-        numbered.CopyFrom(target)
-        numbered.epoch.CopyFrom(self.scope.context_for(unit.seq))
-        return self.build(numbered, unit.part)
+    def request_for(self, target: tm_pb.StateTarget, unit: _Unit, columnar: bool) -> tuple[tm_pb.KeyedRequest, bool]:
+        """Build the request of ``unit`` (an epoch write's target carries its sequence number); packed when
+        ``columnar`` (the TaskManager speaks wire version 2) and the columns are built here. Also says
+        whether it went packed."""
+        if unit.seq:
+            assert self.scope is not None
+            numbered = tm_pb.StateTarget()
+            numbered.CopyFrom(target)
+            numbered.epoch.CopyFrom(self.scope.context_for(unit.seq))
+            target = numbered
+        if self.build is not None:
+            return self.build(target, unit.part), False
+        part = unit.part
+        columns = {name: _pick(column, part) for name, column in self.columns.items()}
+        request = keyed_request(
+            target,
+            _pick(self.keys, part),
+            columns,
+            self.namespace,
+            return_values=self.return_values,
+            packed=columnar,
+        )
+        return request, columnar
+
+
+def _pick(column: Sequence[bytes], part: Part) -> Sequence[bytes]:
+    """The items of ``column`` at the positions of ``part``."""
+    if part is None:
+        return column
+    if type(part) is range:
+        return column[part.start : part.stop]
+    return [column[i] for i in part]
+
+
+class _WireVersions:
+    """Which TaskManagers answered with the columnar wire (version 2), and under which routing version.
+
+    A client sends packed columns to an address only after a TaskManager there advertised version
+    2 under the routing version the request is sent with. A TaskManager of version 1 would ignore
+    the packed fields and see an empty batch; since every (re)started TaskManager process gets its
+    slots deployed under a new routing version, and a request under an older version is refused
+    as stale before anything applies, packed requests never reach a process that did not advertise.
+    """
+
+    def __init__(self) -> None:
+        self._columnar: dict[str, int] = {}  # address -> routing version (single assignments: thread-safe)
+
+    def columnar(self, address: str, routing_version: int) -> bool:
+        return self._columnar.get(address) == routing_version
+
+    def answered(self, address: str, routing_version: int, wire_version: int) -> None:
+        if wire_version >= COLUMNAR:
+            self._columnar[address] = routing_version
 
 
 class _Pipeline:
@@ -265,8 +319,10 @@ class _Pipeline:
         stub_for: Callable[[str], tm_grpc.KeyedStateStub],
         suspect: set[str],
         settings: ClientSettings,
+        wire: _WireVersions,
     ) -> None:
         self._routing = routing
+        self._wire = wire
         self._call = call
         self._suspect = suspect
         self._per_subtask = settings.max_in_flight if call.order_free else 1
@@ -276,7 +332,7 @@ class _Pipeline:
         self._failed: list[_Unit] = []
         self._last_error: KeyedStateError = UnavailableError("no error")
         self._fatal: list[tuple[KeyedStateError, grpc.RpcError]] = []  # the failure that ends the call (ledger only)
-        self._in_flight: deque[tuple[_Lane, _Unit, Any]] = deque()
+        self._in_flight: deque[tuple[_Lane, _Unit, Any, bool]] = deque()
 
     def _make_lanes(self, units: list[_Unit], stub_for: Callable[[str], tm_grpc.KeyedStateStub]) -> dict[int, _Lane]:
         routing, call = self._routing, self._call
@@ -305,8 +361,9 @@ class _Pipeline:
             for lane in self._lanes.values():
                 while lane.parts and lane.in_flight < self._per_subtask:
                     unit = lane.parts.popleft()
-                    request = self._call.request_for(lane.target, unit)
-                    in_flight.append((lane, unit, lane.call.future(request, timeout=self._timeout)))
+                    columnar = self._wire.columnar(lane.address, self._routing.version)
+                    request, packed = self._call.request_for(lane.target, unit, columnar)
+                    in_flight.append((lane, unit, lane.call.future(request, timeout=self._timeout), packed))
                     lane.in_flight += 1
                     if ledger is not None:
                         ledger.requests += 1
@@ -319,22 +376,31 @@ class _Pipeline:
 
     def _drain_one(self) -> None:
         call, ledger = self._call, self._call.ledger
-        lane, unit, future = self._in_flight.popleft()
+        lane, unit, future, packed = self._in_flight.popleft()
         lane.in_flight -= 1
         if ledger is not None:
             ledger.sent = True
         try:
-            self._sent.append((unit.part, future.result()))
+            response = future.result()
         except grpc.RpcError as exc:
             self._failed_request(lane, unit, exc)
             return
+        if packed and response.wire_version < COLUMNAR:
+            # Cannot happen (see _WireVersions); if it did, the TaskManager saw an empty batch.
+            raise KeyedStateError(
+                f"{call.method} on TaskManager {lane.address}: it answered a columnar request without the columnar "
+                "wire version, so it read none of the request's keys; upgrade it or report this",
+                reason=Reason.INTERNAL,
+            )
+        self._wire.answered(lane.address, self._routing.version, response.wire_version)
+        self._sent.append((unit.part, response))
         if ledger is not None:
             ledger.applied.append(unit)
         if unit.seq and call.scope is not None:
             call.scope.acknowledged(call.operator_id, unit.subtask, unit.seq)
 
     def _cancel_in_flight(self) -> None:
-        for _lane, _unit, future in self._in_flight:
+        for _lane, _unit, future, _packed in self._in_flight:
             future.cancel()
 
     def _failed_request(self, lane: _Lane, unit: _Unit, exc: grpc.RpcError) -> None:
@@ -488,6 +554,7 @@ class StateClient:
         """Jobs whose cached table may name a dead owner: a call failed with an unknown outcome, which is not
         retried, so nothing else would fetch the table again and every later call would go to that address."""
         self._descriptors: dict[tuple[str, str, str], StateDescriptor] = {}
+        self._wire = _WireVersions()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -820,16 +887,21 @@ class StateClient:
         state: str,
         method: str,
         keys: list[bytes],
-        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest],
+        build: Callable[[tm_pb.StateTarget, Part], tm_pb.KeyedRequest] | None = None,
         epoch: pb.EpochContext | EpochScope | None = None,
         *,
         columns: Mapping[str, Sequence[bytes]] | None = None,
         namespace: bytes = b"",
+        return_values: bool = False,
     ) -> list[tuple[Part, Any]]:
         """Send one logical batch: group keys by owning subtask, split into requests, pipeline them.
 
-        ``build(target, indices)`` makes the request for the keys at ``indices``: None = all keys
-        (every key has the same owner), a ``range`` = a contiguous slice, or a list of positions.
+        Without ``build`` each request carries the keys and ``columns`` (``values``, ``user_keys``,
+        ``namespaces``: one item per key) of its positions, ``namespace`` and ``return_values``, in
+        the columnar wire (version 2) to TaskManagers that speak it, else as repeated fields.
+        ``build(target, indices)``, if given, makes the request for the keys at ``indices`` itself
+        (always version 1): None = all keys (every key has the same owner), a ``range`` = a
+        contiguous slice, or a list of positions.
         Returns (indices, response) pairs.
 
         Before anything is sent, the whole call (``keys``, ``namespace`` and the ``columns`` the
@@ -858,6 +930,7 @@ class StateClient:
             namespace,
             self.settings.batch_size,
             refresh=job_id in self._suspect,
+            return_values=return_values,
         )
         try:
             return self._rounds(call)
@@ -901,7 +974,9 @@ class StateClient:
                 routing, call.operator_id, call.method, call.keys, call.pending, call.scope if call.numbered else None
             )
         call.sent_under, call.sent_with = routing.version, routing
-        sent, failed, error = _Pipeline(routing, call, units, self._stub, self._suspect, self.settings).run()
+        sent, failed, error = _Pipeline(
+            routing, call, units, self._stub, self._suspect, self.settings, self._wire
+        ).run()
         call.results.extend(sent)
         if failed:
             call.pending = failed

@@ -6,13 +6,14 @@ Spark partition should use: they carry thousands of keys per call and pipeline t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.client._client import Part, StateClient, check_lengths
 from keyedstate.common.client._epoch import EpochScope, as_scope
+from keyedstate.common.client._wire import answered_found, answered_lists, answered_values
 from keyedstate.common.descriptors import StateDescriptor, StateKind
 from keyedstate.common.errors import KeyedStateError, Reason, WrongStateKindError
 from keyedstate.common.serializers import Serializer, get_serializer
@@ -30,27 +31,19 @@ _HANDLE_NAMES = {
 }
 
 
-def _pick(column: list[Any], indices: Part) -> list[Any]:
-    if indices is None:
-        return column
-    if type(indices) is range:
-        return column[indices.start : indices.stop]
-    return [column[i] for i in indices]
-
-
-def _scatter(n: int, results: list[tuple[Part, Any]], field: str) -> list[Any]:
-    """Put each response's ``field`` values back at the positions of the keys its request carried."""
+def _scatter(n: int, results: list[tuple[Part, Any]], column: Callable[[Any], list[Any]]) -> list[Any]:
+    """Put each response's ``column`` (one item per key it carried) back at the positions of those keys."""
     if len(results) == 1 and results[0][0] is None:
-        return list(getattr(results[0][1], field))
+        return column(results[0][1])
     out: list[Any] = [None] * n
     for indices, response in results:
-        values = getattr(response, field)
+        values = column(response)
         if indices is None:
-            out = list(values)
+            out = values
         elif type(indices) is range:
             if len(values) != len(indices):
                 raise KeyedStateError(
-                    f"a TaskManager answered {len(values)} {field} for {len(indices)} keys", reason=Reason.INTERNAL
+                    f"a TaskManager answered {len(values)} items for {len(indices)} keys", reason=Reason.INTERNAL
                 )
             out[indices.start : indices.stop] = values
         else:
@@ -97,16 +90,16 @@ class _Handle(Generic[K]):
 
     def _call(self, method: str, keys: list[bytes], **columns: list[bytes]) -> list[tuple[Part, Any]]:
         check_lengths(method, keys=keys, **columns)
-        ns = self.namespace
-
-        def build(target: tm_pb.StateTarget, indices: Part) -> tm_pb.KeyedRequest:
-            request = tm_pb.KeyedRequest(target=target, keys=_pick(keys, indices), namespace=ns)
-            for name, column in columns.items():
-                getattr(request, name).extend(_pick(column, indices))
-            return request
-
         return self.client.keyed_call(
-            self.job_id, self.operator_id, self.name, method, keys, build, self.epoch, columns=columns, namespace=ns
+            self.job_id,
+            self.operator_id,
+            self.name,
+            method,
+            keys,
+            None,
+            self.epoch,
+            columns=columns,
+            namespace=self.namespace,
         )
 
     def _keys(self, keys: Sequence[Any]) -> list[bytes]:
@@ -172,8 +165,8 @@ class ValueState(_Handle[K], Generic[K, V]):
         """
         kb = self._keys(keys)
         results = self._call("ValueGet", kb)
-        values = _scatter(len(kb), results, "values")
-        found = _scatter(len(kb), results, "found")
+        values = _scatter(len(kb), results, answered_values)
+        found = _scatter(len(kb), results, answered_found)
         return _loads_found(self.value_serializer, values, found)
 
     def get(self, key: K) -> V | None:
@@ -224,9 +217,9 @@ class ListState(_Handle[K], Generic[K, V]):
         Each list travels in one message: use :meth:`scan` for a list that may be very long.
         """
         kb = self._keys(keys)
-        lists = _scatter(len(kb), self._call("ListGet", kb), "lists")
+        lists = _scatter(len(kb), self._call("ListGet", kb), answered_lists)
         loads = self.value_serializer.loads
-        return [[loads(e) for e in lst.elements] for lst in lists]
+        return [[loads(e) for e in elements] for elements in lists]
 
     def get(self, key: K) -> list[V]:
         """The whole list of ``key`` (empty when it has none); :meth:`scan` streams a very long one."""
@@ -295,8 +288,8 @@ class MapState(_Handle[K], Generic[K, UK, V]):
         """The value of entry ``user_keys[i]`` in the map of ``keys[i]``, for every i; None where it is missing."""
         kb = self._keys(keys)
         results = self._call("MapGet", kb, user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
-        values = _scatter(len(kb), results, "values")
-        found = _scatter(len(kb), results, "found")
+        values = _scatter(len(kb), results, answered_values)
+        found = _scatter(len(kb), results, answered_found)
         return _loads_found(self.value_serializer, values, found)
 
     def get(self, key: K, user_key: UK) -> V | None:
@@ -315,7 +308,7 @@ class MapState(_Handle[K], Generic[K, UK, V]):
         """Whether the map of ``keys[i]`` has entry ``user_keys[i]``, for every i (values are not transferred)."""
         kb = self._keys(keys)
         results = self._call("MapContains", kb, user_keys=self.user_key_serializer.dumps_many(list(user_keys)))
-        return [bool(f) for f in _scatter(len(kb), results, "found")]
+        return [bool(f) for f in _scatter(len(kb), results, answered_found)]
 
     def contains(self, key: K, user_key: UK) -> bool:
         """Whether the map of ``key`` has entry ``user_key`` (prefer :meth:`contains_many` in loops)."""
@@ -396,32 +389,22 @@ class ReducingState(_Handle[K]):
             ) from exc
         kb = self._keys(keys)
         check_lengths("Reduce", keys=kb, operands=encoded)
-        ns = self.namespace
-
-        def build(target: tm_pb.StateTarget, indices: Part) -> tm_pb.KeyedRequest:
-            return tm_pb.KeyedRequest(
-                target=target,
-                keys=_pick(kb, indices),
-                values=_pick(encoded, indices),
-                namespace=ns,
-                return_values=return_values,
-            )
-
         results = self.client.keyed_call(
             self.job_id,
             self.operator_id,
             self.name,
             "Reduce",
             kb,
-            build,
+            None,
             self.epoch,
             columns={"values": encoded},
-            namespace=ns,
+            namespace=self.namespace,
+            return_values=return_values,
         )
         if not return_values:
             return None
         unpack = self._format.unpack
-        return [unpack(v) for v in _scatter(len(kb), results, "values")]
+        return [unpack(v) for v in _scatter(len(kb), results, answered_values)]
 
     def add(self, key: K, operand: Sequence[float | int]) -> None:
         """Fold one operand into the state of ``key`` (one round trip: prefer :meth:`add_many` in loops)."""
@@ -431,8 +414,8 @@ class ReducingState(_Handle[K]):
         """The reduced tuple of each key (one number per field, in :attr:`fields` order); None where a key has none."""
         kb = self._keys(keys)
         results = self._call("ValueGet", kb)
-        values = _scatter(len(kb), results, "values")
-        found = _scatter(len(kb), results, "found")
+        values = _scatter(len(kb), results, answered_values)
+        found = _scatter(len(kb), results, answered_found)
         unpack = self._format.unpack
         return [unpack(v) if f else None for v, f in zip(values, found)]
 

@@ -16,22 +16,20 @@ from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
+from keyedstate.taskmanager.rpc.wire import (
+    KeyedColumns,
+    found_response,
+    keyed_columns,
+    lists_response,
+    reduced_response,
+    values_response,
+    write_response,
+)
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state.access import KeyedStateAccess
 
 _DEFAULT_CHUNK = 1000
 _MAX_CHUNK = 100_000
-
-
-def _namespaces(request: pb.KeyedRequest) -> bytes | list[bytes]:
-    if request.namespaces:
-        if len(request.namespaces) != len(request.keys):
-            raise InvalidArgumentError(
-                f"{len(request.namespaces)} namespaces for {len(request.keys)} keys; send one namespace per key, "
-                "or none and set `namespace` for all"
-            )
-        return list(request.namespaces)
-    return request.namespace
 
 
 def _chunk_size(request: pb.ScanRequest) -> int:
@@ -104,6 +102,11 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
             return self._transactions.view(slot, target.epoch)
         return slot.require_backend()
 
+    def _open(self, request: pb.KeyedRequest, method: str) -> tuple[KeyedColumns, KeyedStateAccess]:
+        """The request's columns (either wire version) and the backend or epoch view it goes to."""
+        columns = keyed_columns(request)
+        return columns, self._backend(request.target, method, len(columns.keys))
+
     def _stream(self, chunks: Iterator[pb.ScanChunk], method: str) -> Iterator[pb.ScanChunk]:
         for chunk in chunks:
             self._lease.check(method)
@@ -114,66 +117,56 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def ValueGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Read value state for a batch of keys (``found`` tells an absent value from an empty one)."""
-        backend = self._backend(request.target, "ValueGet", len(request.keys))
-        values = backend.value_get(request.target.state_name, list(request.keys), _namespaces(request))
-        return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
+        c, backend = self._open(request, "ValueGet")
+        return values_response(backend.value_get(request.target.state_name, c.keys, c.namespaces), c.packed)
 
     @rpc_method
     @_served
     def ValuePut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Overwrite value state for a batch of keys."""
-        backend = self._backend(request.target, "ValuePut", len(request.keys))
-        backend.value_put(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
-        return pb.WriteResponse(applied=len(request.keys))
+        c, backend = self._open(request, "ValuePut")
+        backend.value_put(request.target.state_name, c.keys, c.values, c.namespaces)
+        return write_response(len(c.keys))
 
     @rpc_method
     @_served
     def Clear(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Remove the (key, namespace) entries of a state of any kind."""
-        backend = self._backend(request.target, "Clear", len(request.keys))
-        backend.clear(request.target.state_name, list(request.keys), _namespaces(request))
-        return pb.WriteResponse(applied=len(request.keys))
+        c, backend = self._open(request, "Clear")
+        backend.clear(request.target.state_name, c.keys, c.namespaces)
+        return write_response(len(c.keys))
 
     @rpc_method
     @_served
     def Reduce(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Fold ``values[i]`` into the reducing state of ``keys[i]``; answers the new values only if ``return_values``."""
-        backend = self._backend(request.target, "Reduce", len(request.keys))
-        result = backend.reduce(
-            request.target.state_name,
-            list(request.keys),
-            list(request.values),
-            _namespaces(request),
-            request.return_values,
-        )
-        if not result:
-            return pb.ValuesResponse()
-        return pb.ValuesResponse(values=result, found=[True] * len(result))
+        c, backend = self._open(request, "Reduce")
+        result = backend.reduce(request.target.state_name, c.keys, c.values, c.namespaces, request.return_values)
+        return reduced_response(result, c.packed)
 
     # -- list -------------------------------------------------------------------------------
     @rpc_method
     @_served
     def ListAppend(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Append ``values[i]`` to the list state of ``keys[i]``."""
-        backend = self._backend(request.target, "ListAppend", len(request.keys))
-        backend.list_append(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
-        return pb.WriteResponse(applied=len(request.keys))
+        c, backend = self._open(request, "ListAppend")
+        backend.list_append(request.target.state_name, c.keys, c.values, c.namespaces)
+        return write_response(len(c.keys))
 
     @rpc_method
     @_served
     def ListGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ListsResponse:
         """Read whole lists, bounded by ``state.limits.list.max-response-bytes`` (past it use ListScan)."""
-        backend = self._backend(request.target, "ListGet", len(request.keys))
-        lists = backend.list_get(request.target.state_name, list(request.keys), _namespaces(request))
-        return pb.ListsResponse(lists=[pb.ListValue(elements=elements) for elements in lists])
+        c, backend = self._open(request, "ListGet")
+        return lists_response(backend.list_get(request.target.state_name, c.keys, c.namespaces), c.packed)
 
     @rpc_method
     @_served
     def ListUpdate(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Replace each listed key's list with the values given for it (keys may repeat)."""
-        backend = self._backend(request.target, "ListUpdate", len(request.keys))
-        backend.list_update(request.target.state_name, list(request.keys), list(request.values), _namespaces(request))
-        return pb.WriteResponse(applied=len(request.keys))
+        c, backend = self._open(request, "ListUpdate")
+        backend.list_update(request.target.state_name, c.keys, c.values, c.namespaces)
+        return write_response(len(c.keys))
 
     @rpc_method
     def ListScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
@@ -190,43 +183,33 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def MapPut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Put ``user_keys[i] -> values[i]`` into the map state of ``keys[i]``."""
-        backend = self._backend(request.target, "MapPut", len(request.keys))
-        backend.map_put(
-            request.target.state_name,
-            list(request.keys),
-            list(request.user_keys),
-            list(request.values),
-            _namespaces(request),
-        )
-        return pb.WriteResponse(applied=len(request.keys))
+        c, backend = self._open(request, "MapPut")
+        backend.map_put(request.target.state_name, c.keys, c.user_keys, c.values, c.namespaces)
+        return write_response(len(c.keys))
 
     @rpc_method
     @_served
     def MapGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Read ``user_keys[i]`` from the map state of ``keys[i]`` (``found`` marks present entries)."""
-        backend = self._backend(request.target, "MapGet", len(request.keys))
-        values = backend.map_get(
-            request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request)
-        )
-        return pb.ValuesResponse(values=[v or b"" for v in values], found=[v is not None for v in values])
+        c, backend = self._open(request, "MapGet")
+        values = backend.map_get(request.target.state_name, c.keys, c.user_keys, c.namespaces)
+        return values_response(values, c.packed)
 
     @rpc_method
     @_served
     def MapRemove(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Remove ``user_keys[i]`` from the map state of ``keys[i]``."""
-        backend = self._backend(request.target, "MapRemove", len(request.keys))
-        backend.map_remove(request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request))
-        return pb.WriteResponse(applied=len(request.keys))
+        c, backend = self._open(request, "MapRemove")
+        backend.map_remove(request.target.state_name, c.keys, c.user_keys, c.namespaces)
+        return write_response(len(c.keys))
 
     @rpc_method
     @_served
     def MapContains(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Whether the map state of ``keys[i]`` holds ``user_keys[i]`` (answered in ``found``)."""
-        backend = self._backend(request.target, "MapContains", len(request.keys))
-        found = backend.map_contains(
-            request.target.state_name, list(request.keys), list(request.user_keys), _namespaces(request)
-        )
-        return pb.ValuesResponse(found=found)
+        c, backend = self._open(request, "MapContains")
+        found = backend.map_contains(request.target.state_name, c.keys, c.user_keys, c.namespaces)
+        return found_response(found, c.packed)
 
     @rpc_method
     def MapScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:

@@ -20,7 +20,11 @@ Varints are LEB128 (7 bits per byte, low bits first), as in protobuf.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
 
 from keyedstate.common.errors import KeyedStateError, Reason
 from keyedstate.common.ids import KeyGroupRange
@@ -112,6 +116,66 @@ def build_prefixes(
             return [kgp[g] + vt[len(k)] + k + nsp for g, k in zip(key_groups, keys)]
         return [kgp[g] + varint_len_prefix(k) + nsp for g, k in zip(key_groups, keys)]
     return [kgp[g] + varint_len_prefix(k) + varint_len_prefix(n) for g, k, n in zip(key_groups, keys, namespace)]
+
+
+_UNIFORM_MIN = 64
+"""Below this many keys the numpy set-up costs more than the per-key concatenations it saves."""
+
+
+def uniform_stored_keys(
+    key_groups: list[int], keys: list[bytes], namespace: bytes | list[bytes], max_key_len: int, *, sort: bool
+) -> tuple[list[bytes], list[int] | None] | None:
+    """:func:`build_prefixes` for a batch of keys of one length under one namespace, built as one numpy
+    matrix instead of three concatenations per key; None when the batch has another shape.
+
+    With ``sort`` the stored keys come back in byte order (a stable sort: a repeated key keeps its
+    writes' order, so the last one still wins) with the batch positions they came from; RocksDB
+    inserts a sorted WriteBatch into its memtable faster (measured on 2000 keys: about 2.3 us
+    per key unsorted, 1.9-2.1 us sorted), which is most of a put's cost.
+    """
+    n = len(keys)
+    if n < _UNIFORM_MIN or not isinstance(namespace, bytes) or max_key_len >= _TABLE_SIZE:
+        return None
+    joined = b"".join(keys)
+    if len(joined) != n * max_key_len:  # every length is at most the longest: equal sums mean equal lengths
+        return None
+    head = VARINT[max_key_len]
+    tail = namespace_suffix(namespace)
+    key_at = KEY_GROUP_BYTES + len(head)
+    width = key_at + max_key_len + len(tail)
+    rows = np.empty((n, width), dtype=np.uint8)
+    rows[:, :KEY_GROUP_BYTES] = np.asarray(key_groups, dtype=">u2").view(np.uint8).reshape(n, KEY_GROUP_BYTES)
+    rows[:, KEY_GROUP_BYTES:key_at] = np.frombuffer(head, dtype=np.uint8)
+    rows[:, key_at : key_at + max_key_len] = np.frombuffer(joined, dtype=np.uint8).reshape(n, max_key_len)
+    rows[:, key_at + max_key_len :] = np.frombuffer(tail, dtype=np.uint8)
+    if not sort:
+        return split_rows(rows), None
+    # Fixed-width byte strings sort as their rows do; equal rows (one key twice) keep their order.
+    order = np.argsort(rows.view(f"S{width}").ravel(), kind="stable")
+    return split_rows(rows[order]), order.tolist()
+
+
+def prefixed_in_order(header: bytes, payloads: Sequence[bytes], order: list[int]) -> list[bytes]:
+    """``header + payloads[i]`` for each ``i`` of ``order`` (one numpy gather when the payloads share a length)."""
+    n = len(payloads)
+    width = max(map(len, payloads)) if n >= _UNIFORM_MIN else -1
+    joined = b"".join(payloads) if width >= 0 else b""
+    if width < 0 or len(joined) != n * width:  # every length is at most the longest: equal sums mean equal lengths
+        return [header + payloads[i] for i in order]
+    rows = np.empty((n, len(header) + width), dtype=np.uint8)
+    rows[:, : len(header)] = np.frombuffer(header, dtype=np.uint8)
+    rows[:, len(header) :] = np.frombuffer(joined, dtype=np.uint8).reshape(n, width)[order]
+    return split_rows(rows)
+
+
+def split_rows(rows: np.ndarray[tuple[int, int], np.dtype[np.uint8]]) -> list[bytes]:
+    """Each row of a C-contiguous byte matrix as bytes (pyarrow splits in C)."""
+    n, width = rows.shape
+    data = np.ascontiguousarray(rows)
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    column = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    items: list[bytes] = column.to_pylist()
+    return items
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -285,7 +286,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _value_get(
         self, st: StateHandle, kgs: list[int], keys: list[bytes], ns: bytes | list[bytes], max_len: int
     ) -> list[bytes | None]:
-        stored_keys = layout.build_prefixes(kgs, keys, ns, max_len)
+        uniform = layout.uniform_stored_keys(kgs, keys, ns, max_len, sort=False)
+        stored_keys = uniform[0] if uniform is not None else layout.build_prefixes(kgs, keys, ns, max_len)
         stored = st.store.get(stored_keys)
         codec = st.codec
         if not codec.has_ttl:
@@ -306,18 +308,27 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         ns: bytes | list[bytes],
         max_len: int,
     ) -> None:
-        stored_keys = layout.build_prefixes(kgs, keys, ns, max_len)
         header = st.codec.header(self.clock.now_ms() if st.codec.has_ttl else 0)
         wb = rocksdict.WriteBatch(raw_mode=True)
         wb.set_default_column_family(st.handle)
-        put = wb.put
-        pairs: Any = zip(stored_keys, values)
-        if len(stored_keys) >= _SORT_MIN:
-            # In large batches, memtable inserts in key order save more than the sort costs (in
-            # small ones they do not); the sort is stable, so a repeated key's last write wins.
-            pairs = sorted(pairs, key=_first)
-        for k, v in pairs:
-            put(k, header + v)
+        uniform = layout.uniform_stored_keys(kgs, keys, ns, max_len, sort=True)
+        if uniform is not None:
+            # Keys of one length (the common shape): stored keys built and sorted in numpy, the
+            # sorted batch inserted into the memtable faster; the stable sort keeps a repeated key's
+            # last write last. deque(map(...)) runs the puts without a Python-level loop.
+            stored_keys, order = uniform
+            assert order is not None
+            deque(map(wb.put, stored_keys, layout.prefixed_in_order(header, values, order)), maxlen=0)
+        else:
+            stored_keys = layout.build_prefixes(kgs, keys, ns, max_len)
+            pairs: Any = zip(stored_keys, values)
+            if len(stored_keys) >= _SORT_MIN:
+                # In large batches, memtable inserts in key order save more than the sort costs (in
+                # small ones they do not); the sort is stable, so a repeated key's last write wins.
+                pairs = sorted(pairs, key=_first)
+            put = wb.put
+            for k, v in pairs:
+                put(k, header + v)
         with self._write_lock:
             self._write(wb)
 

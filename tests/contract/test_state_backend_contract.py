@@ -7,6 +7,7 @@ sleeps.
 
 from __future__ import annotations
 
+import random
 import struct
 import sys
 import threading
@@ -222,6 +223,24 @@ def test_value_put_get_and_missing_is_none(backend: KeyedStateBackend) -> None:
     keys = keys_in(FULL, 50)
     backend.value_put("v", keys, [k * 2 for k in keys], b"")
     assert backend.value_get("v", keys + [b"absent"], b"") == [k * 2 for k in keys] + [None]
+
+
+def test_large_batches_of_equal_length_keys_keep_the_last_write_of_a_repeated_key(backend: KeyedStateBackend) -> None:
+    """The bulk path of batches of one key length (built and sorted in numpy on RocksDB) applies a
+    repeated key's writes in the caller's order, in every namespace, like a small batch."""
+    rng = random.Random(11)
+    keys = [rng.randbytes(16) for _ in range(3000)]
+    for i in range(0, 3000, 100):
+        keys[i + 50] = keys[i]  # every 100th key again 50 positions later, with another value
+    values = [b"v%05d" % i for i in range(3000)]
+    backend.value_put("v", keys, values, b"ns")
+    latest = dict(zip(keys, values))
+    assert backend.value_get("v", keys, b"ns") == [latest[k] for k in keys]
+    assert backend.value_get("v", keys[:200], b"") == [None] * 200
+    equal_width = [b"w%099d" % i for i in range(3000)]
+    backend.value_put("v", keys, equal_width, b"")
+    latest = dict(zip(keys, equal_width))
+    assert backend.value_get("v", keys, b"") == [latest[k] for k in keys]
 
 
 def test_value_namespaces_are_independent(backend: KeyedStateBackend) -> None:

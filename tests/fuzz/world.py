@@ -33,6 +33,7 @@ from keyedstate.common.client import Routing, StateClient
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.keygroups import key_group
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto
+from keyedstate.common.rpc.packed import pack
 from tests.fuzz import proto_strategies as ps
 
 FD = d.FieldDescriptor
@@ -319,9 +320,20 @@ def _keyed(kind: str, **columns: Callable[[list[bytes]], list[bytes]]) -> Callab
     def build(w: World, s: int) -> tuple[Message, str]:
         keys = w.keys[s]
         fields: dict[str, Any] = {name: make(keys) for name, make in columns.items()}
+        if s % 2:
+            # Subtask 1's templates use the columnar wire (version 2), so mutations break packed columns too.
+            request = tm_pb.KeyedRequest(target=w.target(s, kind))
+            for name, items in {"keys": keys, **fields}.items():
+                getattr(request, f"packed_{name}").CopyFrom(_packed(items))
+            return request, w.address_of(s)
         return tm_pb.KeyedRequest(target=w.target(s, kind), keys=keys, **fields), w.address_of(s)
 
     return build
+
+
+def _packed(items: list[bytes]) -> tm_pb.PackedBytes:
+    offsets, data = pack(items)
+    return tm_pb.PackedBytes(offsets=offsets, data=data)
 
 
 def _scan(kind: str, has_key: bool) -> Callable[[World, int], tuple[Message, str]]:

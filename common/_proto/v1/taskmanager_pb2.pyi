@@ -10,6 +10,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from . import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -21,6 +22,26 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _WireVersion:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WireVersionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WireVersion.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WIRE_VERSION_UNSPECIFIED: _WireVersion.ValueType  # 0
+    WIRE_VERSION_REPEATED: _WireVersion.ValueType  # 1
+    WIRE_VERSION_COLUMNAR: _WireVersion.ValueType  # 2
+
+class WireVersion(_WireVersion, metaclass=_WireVersionEnumTypeWrapper):
+    """The wire version a TaskManager speaks; every answer of a KeyedState call carries it.
+     1 (or 0, absent): only the repeated fields. 2: also the packed_* fields.
+    """
+
+WIRE_VERSION_UNSPECIFIED: WireVersion.ValueType  # 0
+WIRE_VERSION_REPEATED: WireVersion.ValueType  # 1
+WIRE_VERSION_COLUMNAR: WireVersion.ValueType  # 2
+Global___WireVersion: _TypeAlias = WireVersion  # noqa: Y015
 
 @_typing.final
 class StateTarget(_message.Message):
@@ -68,8 +89,44 @@ class StateTarget(_message.Message):
 Global___StateTarget: _TypeAlias = StateTarget  # noqa: Y015
 
 @_typing.final
+class PackedBytes(_message.Message):
+    """One column of byte strings in Arrow's binary layout (wire version 2, "columnar"): item i is
+    data[offsets[i] : offsets[i + 1]]. Both ends split and join a column in C (pyarrow, numpy)
+    instead of one protobuf element per item.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    offsets: _builtins.bytes
+    """count + 1 little-endian int32: offsets[0] == 0, never decreasing, the last == len(data)."""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        offsets: _builtins.bytes = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackedBytes: _TypeAlias = PackedBytes  # noqa: Y015
+
+@_typing.final
 class KeyedRequest(_message.Message):
-    """A batch of keyed operations. keys[i] pairs with values[i] and user_keys[i] where the call uses them."""
+    """A batch of keyed operations. keys[i] pairs with values[i] and user_keys[i] where the call uses them.
+
+    Two encodings of the same columns. Version 1: the repeated fields. Version 2: the packed_*
+    fields (packed_keys present), with every repeated column empty; a request may not mix them.
+    A TaskManager of version 2 serves both. A client sends version 2 only to a TaskManager that
+    answered it with wire_version >= 2 under the same routing version (a TaskManager of version 1
+    would ignore the packed fields and see an empty batch): so in a mixed-version cluster, old
+    TaskManagers get version 1 from every client, and old clients send version 1 everywhere.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -80,6 +137,10 @@ class KeyedRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     NAMESPACES_FIELD_NUMBER: _builtins.int
     RETURN_VALUES_FIELD_NUMBER: _builtins.int
+    PACKED_KEYS_FIELD_NUMBER: _builtins.int
+    PACKED_VALUES_FIELD_NUMBER: _builtins.int
+    PACKED_USER_KEYS_FIELD_NUMBER: _builtins.int
+    PACKED_NAMESPACES_FIELD_NUMBER: _builtins.int
     namespace: _builtins.bytes
     """The namespace of every key, unless `namespaces` is given (then one per key)."""
     return_values: _builtins.bool
@@ -94,6 +155,16 @@ class KeyedRequest(_message.Message):
     def user_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     @_builtins.property
     def namespaces(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def packed_keys(self) -> Global___PackedBytes:
+        """Version 2: the same columns packed."""
+
+    @_builtins.property
+    def packed_values(self) -> Global___PackedBytes: ...
+    @_builtins.property
+    def packed_user_keys(self) -> Global___PackedBytes: ...
+    @_builtins.property
+    def packed_namespaces(self) -> Global___PackedBytes: ...
     def __init__(
         self,
         *,
@@ -104,10 +175,14 @@ class KeyedRequest(_message.Message):
         namespace: _builtins.bytes = ...,
         namespaces: _abc.Iterable[_builtins.bytes] | None = ...,
         return_values: _builtins.bool = ...,
+        packed_keys: Global___PackedBytes | None = ...,
+        packed_values: Global___PackedBytes | None = ...,
+        packed_user_keys: Global___PackedBytes | None = ...,
+        packed_namespaces: Global___PackedBytes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed_keys", b"packed_keys", "packed_namespaces", b"packed_namespaces", "packed_user_keys", b"packed_user_keys", "packed_values", b"packed_values", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "namespace", b"namespace", "namespaces", b"namespaces", "return_values", b"return_values", "target", b"target", "user_keys", b"user_keys", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "namespace", b"namespace", "namespaces", b"namespaces", "packed_keys", b"packed_keys", "packed_namespaces", b"packed_namespaces", "packed_user_keys", b"packed_user_keys", "packed_values", b"packed_values", "return_values", b"return_values", "target", b"target", "user_keys", b"user_keys", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -119,21 +194,35 @@ class ValuesResponse(_message.Message):
 
     VALUES_FIELD_NUMBER: _builtins.int
     FOUND_FIELD_NUMBER: _builtins.int
+    WIRE_VERSION_FIELD_NUMBER: _builtins.int
+    PACKED_VALUES_FIELD_NUMBER: _builtins.int
+    FOUND_MASK_FIELD_NUMBER: _builtins.int
+    wire_version: Global___WireVersion.ValueType
+    found_mask: _builtins.bytes
     @_builtins.property
     def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """empty bytes where not found"""
 
     @_builtins.property
     def found(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def packed_values(self) -> Global___PackedBytes:
+        """Answers to a version-2 request: the values packed (empty where not found) and one byte
+        per key in found_mask (1: found, 0: not); `values` and `found` stay empty.
+        """
+
     def __init__(
         self,
         *,
         values: _abc.Iterable[_builtins.bytes] | None = ...,
         found: _abc.Iterable[_builtins.bool] | None = ...,
+        wire_version: Global___WireVersion.ValueType = ...,
+        packed_values: Global___PackedBytes | None = ...,
+        found_mask: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed_values", b"packed_values"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "found_mask", b"found_mask", "packed_values", b"packed_values", "values", b"values", "wire_version", b"wire_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -144,15 +233,18 @@ class WriteResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     APPLIED_FIELD_NUMBER: _builtins.int
+    WIRE_VERSION_FIELD_NUMBER: _builtins.int
     applied: _builtins.int
+    wire_version: Global___WireVersion.ValueType
     def __init__(
         self,
         *,
         applied: _builtins.int = ...,
+        wire_version: Global___WireVersion.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "wire_version", b"wire_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -183,16 +275,31 @@ class ListsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LISTS_FIELD_NUMBER: _builtins.int
+    WIRE_VERSION_FIELD_NUMBER: _builtins.int
+    PACKED_ELEMENTS_FIELD_NUMBER: _builtins.int
+    LIST_LENGTHS_FIELD_NUMBER: _builtins.int
+    wire_version: Global___WireVersion.ValueType
+    list_lengths: _builtins.bytes
     @_builtins.property
     def lists(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListValue]: ...
+    @_builtins.property
+    def packed_elements(self) -> Global___PackedBytes:
+        """Answers to a version-2 request: every list's elements in one packed column, list after
+        list, and list_lengths (one little-endian int32 per key) saying how many are each key's;
+        `lists` stays empty.
+        """
+
     def __init__(
         self,
         *,
         lists: _abc.Iterable[Global___ListValue] | None = ...,
+        wire_version: Global___WireVersion.ValueType = ...,
+        packed_elements: Global___PackedBytes | None = ...,
+        list_lengths: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed_elements", b"packed_elements"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lists", b"lists"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["list_lengths", b"list_lengths", "lists", b"lists", "packed_elements", b"packed_elements", "wire_version", b"wire_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,6 +26,7 @@ from keyedstate.common.errors import (
     SizeLimitError,
     WrongStateKindError,
 )
+from keyedstate.common.rpc.packed import pack, unpack
 from keyedstate.common.rpc.status import status_code
 from tests.integration.serving._support import (
     JOB,
@@ -445,4 +446,129 @@ def test_mismatched_lengths_through_the_client_are_refused_before_sending(servin
     with pytest.raises(InvalidArgumentError, match=r"operands of 1 numbers"):
         totals.add(keys[0], (1, 2))
     assert last.get_many(keys) == [None, None]
+    s.assert_still_serving()
+
+
+# -- the columnar wire (wire version 2: packed_* columns) ------------------------------------------
+
+
+def _packed(items: list[bytes]) -> tm_pb.PackedBytes:
+    offsets, data = pack(items)
+    return tm_pb.PackedBytes(offsets=offsets, data=data)
+
+
+def _raw_column(offsets: list[int], data: bytes) -> tm_pb.PackedBytes:
+    return tm_pb.PackedBytes(offsets=struct.pack(f"<{len(offsets)}i", *offsets), data=data)
+
+
+@pytest.mark.parametrize(
+    "field,column,fragment",
+    [
+        ("packed_keys", tm_pb.PackedBytes(offsets=b"\x00\x00\x00", data=b""), "not whole little-endian int32"),
+        ("packed_keys", _raw_column([4, 8], b"12345678"), "must start at 0"),
+        ("packed_user_keys", _raw_column([0, 5, 3], b"abcde"), "must not decrease: item #1"),
+        ("packed_values", _raw_column([0, 3, 9], b"abcde"), "past the end of the 5 data bytes"),
+        ("packed_values", _raw_column([0, 1, 2], b"abcde"), "before the end of the 5 data bytes"),
+        ("packed_user_keys", tm_pb.PackedBytes(offsets=b"", data=b"x"), "no offsets"),
+        ("packed_values", _packed([b"a"]), "1 items for 2 keys"),
+        ("packed_user_keys", _packed([b"a", b"b", b"c"]), "3 items for 2 keys"),
+        ("packed_namespaces", _packed([b"n1", b"n2", b"n3"]), "3 items for 2 keys"),
+    ],
+)
+def test_malformed_packed_columns_are_invalid_argument_naming_the_field(
+    serving: Serving, field: str, column: tm_pb.PackedBytes, fragment: str
+) -> None:
+    s = serving
+    keys = [s.key0, key_of_subtask(s.routing, 0, prefix="second")]
+    fields = {
+        "packed_keys": _packed(keys),
+        "packed_user_keys": _packed([b"u0", b"u1"]),
+        "packed_values": _packed([b"v0", b"v1"]),
+        field: column,
+    }
+    err = rpc_error(lambda: s.call("MapPut", "attrs", **fields))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", field, fragment)
+    # Nothing of the refused call was written.
+    got = s.call("MapGet", "attrs", keys=keys, user_keys=[b"u0", b"u1"])
+    assert list(got.found) == [False, False]
+    s.assert_still_serving()
+
+
+def test_a_request_mixing_packed_and_repeated_columns_is_invalid_argument(serving: Serving) -> None:
+    s = serving
+    mixed = {"packed_keys": _packed([s.key0]), "values": [b"v"]}
+    err = rpc_error(lambda: s.call("ValuePut", "last", **mixed))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "packed_keys", "values", "not both")
+    err = rpc_error(lambda: s.call("ValuePut", "last", keys=[s.key0], packed_values=_packed([b"v"])))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "packed_values without packed_keys")
+    assert list(s.call("ValueGet", "last", keys=[s.key0]).found) == [False]
+    s.assert_still_serving()
+
+
+def test_packed_columns_keep_every_per_request_check(serving: Serving) -> None:
+    """Sizes, ownership and state kinds are checked on packed columns exactly as on repeated ones."""
+    s = serving
+    too_long = key_of_subtask(s.routing, 0, length=MAX_KEY + 1)
+    err = rpc_error(lambda: s.call("ValuePut", "last", packed_keys=_packed([too_long]), packed_values=_packed([b"v"])))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-key-bytes")
+    big = b"x" * (MAX_VALUE + 1)
+    err = rpc_error(lambda: s.call("ValuePut", "last", packed_keys=_packed([s.key0]), packed_values=_packed([big])))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "SIZE_LIMIT", "state.limits.max-value-bytes")
+    err = rpc_error(
+        lambda: s.call("ValuePut", "last", packed_keys=_packed([s.key0, s.key1]), packed_values=_packed([b"a", b"b"]))
+    )
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "STALE_ROUTING", "does not own")
+    err = rpc_error(lambda: s.call("ValuePut", "events", packed_keys=_packed([s.key0]), packed_values=_packed([b"v"])))
+    _assert_refused(err, grpc.StatusCode.FAILED_PRECONDITION, "WRONG_STATE_KIND", "ListAppend")
+    err = rpc_error(lambda: s.call("Reduce", "totals", packed_keys=_packed([s.key0]), packed_values=_packed([b"\x01"])))
+    _assert_refused(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "int64/float64")
+    assert list(s.call("ValueGet", "last", keys=[s.key0, too_long[:MAX_KEY]]).found) == [False, False]
+    s.assert_still_serving()
+
+
+def test_packed_and_repeated_requests_are_served_alike_and_answered_in_their_own_version(serving: Serving) -> None:
+    """An old client (repeated fields) and a new one (packed) read and write the same state; answers
+    advertise the columnar version, and a found empty value is told apart from a missing one."""
+    s = serving
+    keys = [s.key0, key_of_subtask(s.routing, 0, prefix="empty"), key_of_subtask(s.routing, 0, prefix="absent")]
+    put = s.call("ValuePut", "last", packed_keys=_packed(keys[:2]), packed_values=_packed([b"one", b""]))
+    assert put.applied == 2 and put.wire_version == tm_pb.WIRE_VERSION_COLUMNAR
+    old = s.call("ValueGet", "last", keys=keys)
+    assert old.wire_version == tm_pb.WIRE_VERSION_COLUMNAR and not old.HasField("packed_values")
+    assert list(old.values) == [b"one", b"", b""] and list(old.found) == [True, True, False]
+    new = s.call("ValueGet", "last", packed_keys=_packed(keys))
+    assert not new.values and not new.found
+    assert unpack(new.packed_values.offsets, new.packed_values.data, "answer") == [b"one", b"", b""]
+    assert new.found_mask == b"\x01\x01\x00"
+    s.call("ValuePut", "last", keys=[keys[2]], values=[b"three"])
+    again = s.call("ValueGet", "last", packed_keys=_packed(keys), namespace=b"")
+    assert again.found_mask == b"\x01\x01\x01"
+    contains = s.call("MapContains", "attrs", packed_keys=_packed(keys[:1]), packed_user_keys=_packed([b"u"]))
+    assert contains.found_mask == b"\x00"
+    s.call(
+        "ListAppend",
+        "events",
+        packed_keys=_packed([keys[0], keys[2], keys[0]]),
+        packed_values=_packed([b"a", b"", b"c"]),
+    )
+    lists = s.call("ListGet", "events", packed_keys=_packed(keys))
+    assert not lists.lists and lists.wire_version == tm_pb.WIRE_VERSION_COLUMNAR
+    assert unpack(lists.packed_elements.offsets, lists.packed_elements.data, "answer") == [b"a", b"c", b""]
+    assert struct.unpack("<3i", lists.list_lengths) == (2, 0, 1)
+    assert [list(v.elements) for v in s.call("ListGet", "events", keys=keys).lists] == [[b"a", b"c"], [], [b""]]
+    s.assert_still_serving()
+
+
+def test_the_client_sends_packed_columns_once_a_taskmanager_advertised_them(serving: Serving) -> None:
+    s = serving
+    state = ValueState[str, bytes](s.client, JOB, OPERATOR, "last", value_serializer="bytes")
+    keys = keys_of_subtask(s.routing, 0, 50)
+    address = s.routing.operator(OPERATOR).addresses[0]
+    version = s.client.routing(JOB).version
+    state.put_many(keys[:1], [b"first"])
+    assert s.client._wire.columnar(address, version)  # learned from the first answer
+    assert not s.client._wire.columnar(address, version + 1)  # a new routing version asks again
+    values = [bytes([i]) * i for i in range(50)]
+    state.put_many(keys, values)
+    assert state.get_many([*keys, "absent"]) == [*values, None]
     s.assert_still_serving()

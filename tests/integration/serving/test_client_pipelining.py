@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from keyedstate.common.client import ListState, ReducingState, ValueState
+from keyedstate.common.client import ListState, MapState, ReducingState, ValueState
 from tests.integration.serving._support import JOB, OPERATOR, keys_of_subtask, operators
 
 
@@ -65,3 +65,29 @@ def test_reduce_returns_values_aligned_with_their_keys(handles: tuple[Any, int])
     assert first == [(i,) for i in range(len(keys))]
     again = totals.add_many(keys + keys[:5], [(1,)] * (len(keys) + 5), return_values=True)
     assert again == [(i + 1,) for i in range(len(keys))] + [(i + 2,) for i in range(5)]
+
+
+def test_every_bulk_call_reads_back_the_same_over_both_wire_versions(handles: tuple[Any, int]) -> None:
+    """The first requests of a routing version go out as repeated fields, the rest packed (the TaskManager
+    advertised the columnar wire): every kind of bulk call must give the same answers across the switch."""
+    client, _ = handles
+    attrs: MapState[str, str, int] = MapState(client, JOB, OPERATOR, "attrs", value_serializer="int")
+    totals: ReducingState[str] = ReducingState(client, JOB, OPERATOR, "totals")
+    last: ValueState[str, bytes] = ValueState(client, JOB, OPERATOR, "last", value_serializer="bytes", namespace=b"w1")
+    keys = [f"m{i}" for i in range(60)]
+    attrs.put_many(keys, [f"u{i % 3}" for i in range(60)], list(range(60)))
+    assert attrs.get_many(keys, [f"u{i % 3}" for i in range(60)]) == list(range(60))
+    assert attrs.contains_many(keys, ["u0"] * 60) == [i % 3 == 0 for i in range(60)]
+    attrs.remove_many(keys[:30], [f"u{i % 3}" for i in range(30)])
+    assert attrs.get_many(keys, [f"u{i % 3}" for i in range(60)]) == [None] * 30 + list(range(30, 60))
+    out = totals.add_many(keys * 2, [(1,)] * 120, return_values=True)
+    assert out == [(1,)] * 60 + [(2,)] * 60
+    assert totals.get_many([*keys, "none"]) == [(2,)] * 60 + [None]
+    values = [b"", *(bytes([i]) * i for i in range(1, 60))]  # an empty value is found, not missing
+    last.put_many(keys, values)
+    assert last.get_many([*keys, "none"]) == [*values, None]
+    last.clear_many(keys[::2])
+    assert last.get_many(keys) == [None if i % 2 == 0 else v for i, v in enumerate(values)]
+    routing = client.routing(JOB)
+    for address in set(routing.operator(OPERATOR).addresses):
+        assert client._wire.columnar(address, routing.version)

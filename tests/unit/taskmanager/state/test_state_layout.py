@@ -137,3 +137,41 @@ def test_bulk_builder_matches_key_prefix(max_key: int) -> None:
     namespaces = [b"", b"x", b"n" * 20_000, b"y"]
     per_key = layout.build_prefixes(groups, keys, namespaces, max(map(len, keys)))
     assert per_key == [layout.key_prefix(g, k, n) for g, k, n in zip(groups, keys, namespaces)]
+
+
+@pytest.mark.parametrize("key_len", [0, 1, 16, 127, 128, 300])
+@pytest.mark.parametrize("namespace", [b"", b"ns", b"n" * 200])
+def test_uniform_builder_matches_key_prefix_and_sorts_stably(key_len: int, namespace: bytes) -> None:
+    rng = random.Random(key_len)
+    n = 500
+    keys = [rng.randbytes(key_len) for _ in range(n)]
+    keys[10] = keys[20] = keys[30]  # a key three times: its positions must stay in order
+    groups = [rng.randrange(1 << 15) for _ in range(n)]
+    expected = [layout.key_prefix(g, k, namespace) for g, k in zip(groups, keys)]
+    unsorted = layout.uniform_stored_keys(groups, keys, namespace, key_len, sort=False)
+    assert unsorted == (expected, None)
+    built = layout.uniform_stored_keys(groups, keys, namespace, key_len, sort=True)
+    assert built is not None
+    stored, order = built
+    assert order is not None and sorted(order) == list(range(n))
+    assert stored == [expected[i] for i in order]
+    assert stored == sorted(stored)  # byte order, as RocksDB compares
+    repeated = [i for i in order if keys[i] == keys[30] and groups[i] == groups[30]]
+    assert repeated == sorted(repeated)
+
+
+def test_uniform_builder_declines_other_shapes() -> None:
+    keys = [b"k%03d" % i for i in range(100)]
+    groups = [1] * 100
+    assert layout.uniform_stored_keys(groups, keys[:10], b"", 4, sort=True) is None  # too few to pay off
+    assert layout.uniform_stored_keys(groups, [*keys[:99], b"longer"], b"", 6, sort=True) is None  # lengths differ
+    assert layout.uniform_stored_keys(groups, keys, [b""] * 100, 4, sort=True) is None  # a namespace per key
+
+
+@pytest.mark.parametrize("widths", ["equal", "mixed"])
+def test_prefixed_in_order_gathers_payloads_behind_the_header(widths: str) -> None:
+    rng = random.Random(3)
+    payloads = [rng.randbytes(100 if widths == "equal" else rng.randrange(0, 200)) for _ in range(300)]
+    order = list(range(300))
+    rng.shuffle(order)
+    assert layout.prefixed_in_order(b"\x01hdr", payloads, order) == [b"\x01hdr" + payloads[i] for i in order]
