@@ -301,7 +301,7 @@ def _ours_breakdown(runs: list[sparkjobs.OursRun]) -> list[str]:
     outside = best.seconds - sum(whole)
     return [
         f"ours, per micro-batch (median of {len(whole)}, best run): {ms(whole)} in foreachBatch = Spark job (read, "
-        f"shuffle by key group, Arrow pre-aggregation, pipelined reduce calls staged on the TaskManagers) "
+        f"shuffle-free mode: no shuffle, Arrow pre-aggregation per input partition, pipelined reduce calls staged on the TaskManagers) "
         f"{ms([t.tasks_s for t in best.timings])} + epoch commit {ms([t.commit_s - t.checkpoint_s for t in best.timings])} "
         f"+ checkpoint {ms([t.checkpoint_s for t in best.timings])}; Spark's streaming engine outside foreachBatch "
         f"(planning, offset and commit logs) {outside / len(whole) * 1000:.0f} ms per batch",
