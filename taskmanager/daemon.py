@@ -41,6 +41,8 @@ from keyedstate.taskmanager.rpc.wire import slot_reports
 from keyedstate.taskmanager.settings import TaskManagerSettings, working_dir
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.snapshot.manager import SnapshotManager
+from keyedstate.taskmanager.snapshot.mover import FileMover, InProcessMover
+from keyedstate.taskmanager.snapshot.transfer_process import TransferProcessPool
 from keyedstate.taskmanager.state import RocksDBResources, StateLimits
 
 logger = logging.getLogger(__name__)
@@ -85,11 +87,14 @@ class TaskManager:
         resources = RocksDBResources.from_config(conf) if s.backend == "rocksdb" else None
         self.backends = BackendFactory(s.backend, working_dir(s), StateLimits.from_config(conf), resources, clock)
         self.connection = self._jobmanager_connection()
+        storages = StorageCache(conf, self._stop)
+        self.transfers = self._file_mover(storages)
         self.checkpoints = SnapshotManager(
             self.slots,
             self.backends,
             self.connection,
-            StorageCache(conf, self._stop),
+            storages,
+            self.transfers,
             self.metrics,
             clock,
             transfer_threads=s.transfer_threads,
@@ -99,6 +104,13 @@ class TaskManager:
         self.epochs = EpochManager(self.slots, self.backends.instance_dir)
         self._keyed_state = KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs)
         self._task_executor = TaskExecutorServicer(self.deployer, self.lease, self.checkpoints, self.epochs)
+
+    def _file_mover(self, storages: StorageCache) -> FileMover:
+        """Checkpoint transfers: low-priority transfer processes, or this process's threads with 0 processes."""
+        s = self.settings
+        if s.transfer_processes == 0:
+            return InProcessMover(storages, s.transfer_nice)
+        return TransferProcessPool(self.conf, s.transfer_processes, s.transfer_nice, self.clock)
 
     def _jobmanager_connection(self) -> JobManagerConnection:
         """The connection to the JobManager: registration, heartbeats, and checkpoint reports."""
@@ -136,6 +148,7 @@ class TaskManager:
 
     def _start(self, work: Path) -> None:
         s = self.settings
+        self.transfers.start()  # transfer processes load their storage clients while the servers start
         server, internal = self._bind_servers()
         self._serve(server, internal)
         self.metrics.slots_total.set(s.num_slots)
@@ -227,6 +240,7 @@ class TaskManager:
             event.wait(grace_s + 1)
         self._server = self._internal_server = None
         self.checkpoints.close()
+        self.transfers.close()  # after the uploads in flight were cancelled and answered
         self.epochs.close()
         self.deployer.close_all()
         self.connection.deregister()
