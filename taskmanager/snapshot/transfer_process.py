@@ -95,6 +95,12 @@ class _TransferProcess:
         finally:
             theirs.close()  # only the child holds it now: its death closes the socket for us
         self.pid = self._proc.pid
+        # Lowered from here at once, not only by the process itself once it has read its settings:
+        # its interpreter start and imports then run niced too (threads inherit the main thread's).
+        try:
+            os.setpriority(os.PRIO_PROCESS, self.pid, max(os.getpriority(os.PRIO_PROCESS, self.pid), settings.nice))
+        except OSError:  # not permitted here: the process lowers its own priority
+            pass
         # The socket object stays ours so close() can shut it down, which wakes the reader's
         # recv() on the duplicate descriptor (closing a descriptor another thread reads does not).
         self._sock = ours

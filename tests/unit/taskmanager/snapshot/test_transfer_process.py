@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -191,3 +192,36 @@ def test_close_stops_every_transfer_process(tmp_path: Path) -> None:
     assert all(_gone(pid) for pid in pids)
     with pytest.raises(CheckpointError, match="stopping"):
         pool.upload((tmp_path / "r").as_uri(), [], 1)
+
+
+_OWNER = """
+import os, sys, threading, time
+from keyedstate.common.clock import SYSTEM_CLOCK
+from keyedstate.common.config import Configuration
+from keyedstate.taskmanager.snapshot.transfer_process import TransferProcessPool
+
+root = sys.argv[1]
+os.mkfifo(f"{root}/stuck.sst")
+pool = TransferProcessPool(Configuration(), 1, 5, SYSTEM_CLOCK)
+pool.start()
+remote = "file://" + root + "/remote"
+threading.Thread(target=pool.upload, args=(remote, [(f"{root}/stuck.sst", remote + "/x")], 1), daemon=True).start()
+print(pool.pids()[0], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_transfer_process_does_not_outlive_its_owner_killed_mid_upload(tmp_path: Path) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        pid = int(owner.stdout.readline())
+        # Mid-upload: the transfer process has a request thread blocked hashing the named pipe.
+        _wait(lambda: len(os.listdir(f"/proc/{pid}/task")) >= 3, "the upload to start in the transfer process")
+        assert not _gone(pid)
+        owner.kill()  # SIGKILL: no clean-up code of the owner runs
+        owner.wait(10)
+        _wait(lambda: _gone(pid), "the transfer process to exit after its owner died", timeout_s=10)
+    finally:
+        owner.kill()
+        owner.wait(10)
