@@ -7,6 +7,10 @@ signing and the sha256 of every file all need the GIL that serving needs (py-spy
 (:mod:`~keyedstate.taskmanager.snapshot.transfer_worker`) at niceness
 ``taskmanager.checkpoint.transfer.nice``; each builds its own storage clients from the
 TaskManager's configuration and moves files with the same ``upload_files``/``download_files``.
+A transfer process stays in the TaskManager's session and cgroup: the scheduler weighs niceness
+only against threads of the same autogroup (``kernel.sched_autogroup_enabled``) or cgroup, so
+that is where a niced process yields to the serving threads (in a session of its own it would
+get a full session's share of the CPU, niced or not).
 
 What stays true:
 
