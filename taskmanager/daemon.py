@@ -88,13 +88,17 @@ class TaskManager:
         self.backends = BackendFactory(s.backend, working_dir(s), StateLimits.from_config(conf), resources, clock)
         self.connection = self._jobmanager_connection()
         storages = StorageCache(conf, self._stop)
-        self.transfers = self._file_mover(storages)
+        self.transfers = self._file_mover(storages, s.transfer_processes, s.transfer_nice, "checkpoint")
+        # Restores are on the recovery's critical path (the slot serves nothing until it is
+        # restored): their downloads run at the TaskManager's own priority, in a process of their own.
+        self.restore_transfers = self._file_mover(storages, min(1, s.transfer_processes), 0, "restore")
         self.checkpoints = SnapshotManager(
             self.slots,
             self.backends,
             self.connection,
             storages,
             self.transfers,
+            self.restore_transfers,
             self.metrics,
             clock,
             transfer_threads=s.transfer_threads,
@@ -105,12 +109,11 @@ class TaskManager:
         self._keyed_state = KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs)
         self._task_executor = TaskExecutorServicer(self.deployer, self.lease, self.checkpoints, self.epochs)
 
-    def _file_mover(self, storages: StorageCache) -> FileMover:
-        """Checkpoint transfers: low-priority transfer processes, or this process's threads with 0 processes."""
-        s = self.settings
-        if s.transfer_processes == 0:
-            return InProcessMover(storages, s.transfer_nice)
-        return TransferProcessPool(self.conf, s.transfer_processes, s.transfer_nice, self.clock)
+    def _file_mover(self, storages: StorageCache, processes: int, nice: int, role: str) -> FileMover:
+        """File transfers in ``processes`` transfer processes at ``nice``, or on this process's threads with 0."""
+        if processes == 0:
+            return InProcessMover(storages, nice)
+        return TransferProcessPool(self.conf, processes, nice, self.clock, role=role)
 
     def _jobmanager_connection(self) -> JobManagerConnection:
         """The connection to the JobManager: registration, heartbeats, and checkpoint reports."""
@@ -148,7 +151,8 @@ class TaskManager:
 
     def _start(self, work: Path) -> None:
         s = self.settings
-        self.transfers.start()  # transfer processes load their storage clients while the servers start
+        for transfers in (self.transfers, self.restore_transfers):
+            transfers.start()  # transfer processes load their storage clients while the servers start
         server, internal = self._bind_servers()
         self._serve(server, internal)
         self.metrics.slots_total.set(s.num_slots)
@@ -241,6 +245,7 @@ class TaskManager:
         self._server = self._internal_server = None
         self.checkpoints.close()
         self.transfers.close()  # after the uploads in flight were cancelled and answered
+        self.restore_transfers.close()
         self.epochs.close()
         self.deployer.close_all()
         self.connection.deregister()

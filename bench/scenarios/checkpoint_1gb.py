@@ -178,6 +178,7 @@ def _serving_during_uploads(
 
 
 def _median_pair(pairs: list[_ServingPair]) -> _ServingPair:
+    """The lower median by ratio (of two pairs, the worse one)."""
     return sorted(pairs, key=lambda p: p.ratio)[(len(pairs) - 1) // 2]
 
 
@@ -323,7 +324,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             fair.ratio,
             0.7,
             ">=",
-            f"moto at nice {MOTO_NICE}; median of {len(headline)} pairs: {_ratios(headline)}",
+            f"moto at nice {MOTO_NICE}; lower median of {len(headline)} pairs: {_ratios(headline)}",
         ),
         Ratio(
             "serving during upload / without, moto at nice 0",

@@ -3,9 +3,10 @@
 On a barrier each slot of the job takes the synchronous part of its snapshot (a RocksDB native
 checkpoint of hard links, or a consistent copy of a HashMap) and hands the rest to a worker:
 upload, then acknowledge to the JobManager (or decline with the reason). Serving continues
-while the upload runs. The bytes are moved by a :class:`FileMover` the TaskManager's assembly
-chooses: by default its low-priority transfer processes (``transfer_process.py``), so an
-upload does not share the serving process's GIL.
+while the upload runs. The bytes are moved by :class:`FileMover` objects the TaskManager's assembly
+chooses: by default its low-priority transfer processes (``transfer_process.py``) for
+checkpoints, so an upload does not share the serving process's GIL, and a transfer process at
+the TaskManager's own priority for restores, which are on the recovery's critical path.
 
 Where files go (``base`` = ``<state.checkpoints.dir>/<job-id>``, ``target`` = ``base/chk-<n>``):
 
@@ -105,6 +106,7 @@ class SnapshotManager:
         reporter: CheckpointReporter,
         storages: StorageCache,
         transfers: FileMover,
+        restore_transfers: FileMover,
         metrics: TaskManagerMetrics,
         clock: Clock,
         *,
@@ -116,6 +118,7 @@ class SnapshotManager:
         self._reporter = reporter
         self._storages = storages
         self._transfers = transfers
+        self._restore_transfers = restore_transfers
         self._metrics = metrics
         self._clock = clock
         self._threads = transfer_threads
@@ -433,7 +436,7 @@ class SnapshotManager:
                     continue
                 items.append((f.path, str(target / name), f.size, f.sha256))
             if items:
-                downloaded += self._transfers.download(items[0][0], items, self._threads, stats=self.stats)
+                downloaded += self._restore_transfers.download(items[0][0], items, self._threads, stats=self.stats)
                 downloaded_files += len(items)
             snapshot_dirs.append(target)
         shutil.rmtree(instance_dir, ignore_errors=True)

@@ -82,13 +82,13 @@ def _describe_exit(code: int | None) -> str:
 class _TransferProcess:
     """One transfer process, the socket to it, and the requests it runs."""
 
-    def __init__(self, index: int, settings: WorkerSettings, ids: Callable[[], int]) -> None:
+    def __init__(self, index: int, settings: WorkerSettings, ids: Callable[[], int], role: str) -> None:
         self.index = index
         self._ids = ids
         ours, theirs = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", _WORKER_MODULE, str(theirs.fileno())],
+                [sys.executable, "-m", _WORKER_MODULE, str(theirs.fileno()), role],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
@@ -115,7 +115,7 @@ class _TransferProcess:
         self._lost: str | None = None
         self._closing = False
         self._send(settings)  # a process that died at once fails its first request through the reader
-        self._reader = threading.Thread(target=self._read, name=f"transfer-process-{index}", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"{role}-transfer-process-{index}", daemon=True)
         self._reader.start()
 
     @property
@@ -214,13 +214,22 @@ class TransferProcessPool:
     """
 
     def __init__(
-        self, conf: Configuration, processes: int, nice: int, clock: Clock, *, cancel_grace_ms: int = 10_000
+        self,
+        conf: Configuration,
+        processes: int,
+        nice: int,
+        clock: Clock,
+        *,
+        role: str = "checkpoint",
+        cancel_grace_ms: int = 10_000,
     ) -> None:
+        """``role`` names the processes' work on their command line (``ps``): checkpoint, restore."""
         if processes < 1:
             raise CheckpointError(f"a transfer process pool needs at least one process, got {processes}")
         self._settings = WorkerSettings(conf.to_dict(), nice)
         self._clock = clock
         self._cancel_grace_ms = cancel_grace_ms
+        self._role = role
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
@@ -320,12 +329,12 @@ class TransferProcessPool:
             if current is not None and current.alive:
                 return current
             try:
-                started = _TransferProcess(index, self._settings, lambda: next(self._counter))
+                started = _TransferProcess(index, self._settings, lambda: next(self._counter), self._role)
             except OSError as exc:
                 raise CheckpointError(f"cannot start a checkpoint transfer process: {exc}") from exc
             self._processes[index] = started
         if current is not None:
-            logger.warning("checkpoint transfer process %d replaced by %d", current.pid, started.pid)
+            logger.warning("%s transfer process %d replaced by %d", self._role, current.pid, started.pid)
         else:
-            logger.info("checkpoint transfer process %d started (nice %d)", started.pid, self._settings.nice)
+            logger.info("%s transfer process %d started (nice %d)", self._role, started.pid, self._settings.nice)
         return started

@@ -1,8 +1,8 @@
 """The transfer process: moves checkpoint files for its TaskManager, at low CPU priority.
 
 Started by :class:`~keyedstate.taskmanager.snapshot.transfer_process.TransferProcessPool` as
-``python -m keyedstate.taskmanager.snapshot.transfer_worker <fd>``, where ``<fd>`` is its end of
-a socket pair. The first message is :class:`WorkerSettings`; then each upload or download
+``python -m keyedstate.taskmanager.snapshot.transfer_worker <fd> <role>``, where ``<fd>`` is its
+end of a socket pair and ``<role>`` (checkpoint, restore) only shows what it is for in ``ps``. The first message is :class:`WorkerSettings`; then each upload or download
 request runs on a thread of its own (``upload_files`` / ``download_files``, the same code as
 in-process transfers, against this process's own storage clients) and its reply goes back on
 the socket. Nothing here shares a GIL with serving.
@@ -110,10 +110,10 @@ def _preload_storage_clients() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``transfer_worker <socket fd>``."""
+    """Entry point: ``transfer_worker <socket fd> [<role>]``."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m keyedstate.taskmanager.snapshot.transfer_worker <socket fd>", file=sys.stderr)
+    if not 1 <= len(args) <= 2 or not args[0].isdigit():
+        print("usage: python -m keyedstate.taskmanager.snapshot.transfer_worker <socket fd> [<role>]", file=sys.stderr)
         return 2
     conn = Connection(int(args[0]))
     try:

@@ -4,12 +4,14 @@
   gated TCP proxy, so the upload is really in flight): the checkpoint is declined with the cause,
   no ``_metadata`` and no file of it remains, the next checkpoint (on a new transfer process)
   completes and restores to exactly the reference state.
-* A TaskManager process SIGKILLed leaves no transfer process behind, and the transfer process
-  of a running TaskManager runs at the configured niceness while the TaskManager does not.
+* A TaskManager process SIGKILLed leaves no transfer process behind; the checkpoint transfer
+  process of a running TaskManager runs at the configured niceness, the TaskManager and its
+  restore transfer process at normal priority.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -132,10 +134,18 @@ def test_a_killed_taskmanager_leaves_no_transfer_process_and_transfers_run_niced
     daemon = cluster.taskmanagers[0]
     assert daemon.process is not None
     tm_pid = daemon.process.pid
-    wait_until(lambda: len(_transfer_children(tm_pid)) == 1, "the TaskManager's transfer process", timeout_s=30)
-    (worker,) = _transfer_children(tm_pid)
+    wait_until(lambda: len(_transfer_children(tm_pid)) == 2, "the TaskManager's transfer processes", timeout_s=30)
+    workers = {p.cmdline()[-1]: p for p in _transfer_children(tm_pid)}
+    assert set(workers) == {"checkpoint", "restore"}, workers
     assert psutil.Process(tm_pid).nice() == 0
-    assert all(os.getpriority(os.PRIO_PROCESS, t.id) >= 10 for t in worker.threads()), "default niceness is 10"
+    checkpoint_threads = workers["checkpoint"].threads()
+    assert all(os.getpriority(os.PRIO_PROCESS, t.id) >= 10 for t in checkpoint_threads), "default niceness is 10"
+    # Restores are on the recovery's critical path: their process keeps the TaskManager's priority.
+    assert all(os.getpriority(os.PRIO_PROCESS, t.id) == 0 for t in workers["restore"].threads())
 
     daemon.kill()
-    wait_until(lambda: not _running(worker.pid), "the transfer process to exit after its TaskManager died")
+    for role, worker in workers.items():
+        wait_until(
+            functools.partial(lambda pid: not _running(pid), worker.pid),
+            f"the {role} transfer process to exit after its TaskManager died",
+        )
