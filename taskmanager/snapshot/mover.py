@@ -2,10 +2,11 @@
 
 The snapshot manager asks a :class:`FileMover` to upload a checkpoint's files or download a
 restore's; it does not know where the bytes are moved. The TaskManager's assembly picks the
-mover: by default a pool of low-priority transfer processes
+movers: by default a pool of low-priority transfer processes for checkpoints and one transfer
+process at normal priority for restores
 (:class:`~keyedstate.taskmanager.snapshot.transfer_process.TransferProcessPool`), or, with
 ``taskmanager.checkpoint.transfer.processes: 0``, :class:`InProcessMover`, which moves files on
-low-priority threads of the TaskManager process itself.
+threads of the TaskManager process itself.
 """
 
 from __future__ import annotations
