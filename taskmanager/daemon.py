@@ -41,6 +41,8 @@ from keyedstate.taskmanager.rpc.wire import slot_reports
 from keyedstate.taskmanager.settings import TaskManagerSettings, working_dir
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.snapshot.manager import SnapshotManager
+from keyedstate.taskmanager.snapshot.mover import FileMover, InProcessMover
+from keyedstate.taskmanager.snapshot.transfer_process import TransferProcessPool
 from keyedstate.taskmanager.state import RocksDBResources, StateLimits
 
 logger = logging.getLogger(__name__)
@@ -85,11 +87,18 @@ class TaskManager:
         resources = RocksDBResources.from_config(conf) if s.backend == "rocksdb" else None
         self.backends = BackendFactory(s.backend, working_dir(s), StateLimits.from_config(conf), resources, clock)
         self.connection = self._jobmanager_connection()
+        storages = StorageCache(conf, self._stop)
+        self.transfers = self._file_mover(storages, s.transfer_processes, s.transfer_nice, "checkpoint")
+        # Restores are on the recovery's critical path (the slot serves nothing until it is
+        # restored): their downloads run at the TaskManager's own priority, in a process of their own.
+        self.restore_transfers = self._file_mover(storages, min(1, s.transfer_processes), 0, "restore")
         self.checkpoints = SnapshotManager(
             self.slots,
             self.backends,
             self.connection,
-            StorageCache(conf, self._stop),
+            storages,
+            self.transfers,
+            self.restore_transfers,
             self.metrics,
             clock,
             transfer_threads=s.transfer_threads,
@@ -99,6 +108,12 @@ class TaskManager:
         self.epochs = EpochManager(self.slots, self.backends.instance_dir)
         self._keyed_state = KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs)
         self._task_executor = TaskExecutorServicer(self.deployer, self.lease, self.checkpoints, self.epochs)
+
+    def _file_mover(self, storages: StorageCache, processes: int, nice: int, role: str) -> FileMover:
+        """File transfers in ``processes`` transfer processes at ``nice``, or on this process's threads with 0."""
+        if processes == 0:
+            return InProcessMover(storages, nice)
+        return TransferProcessPool(self.conf, processes, nice, self.clock, role=role)
 
     def _jobmanager_connection(self) -> JobManagerConnection:
         """The connection to the JobManager: registration, heartbeats, and checkpoint reports."""
@@ -136,6 +151,8 @@ class TaskManager:
 
     def _start(self, work: Path) -> None:
         s = self.settings
+        for transfers in (self.transfers, self.restore_transfers):
+            transfers.start()  # transfer processes load their storage clients while the servers start
         server, internal = self._bind_servers()
         self._serve(server, internal)
         self.metrics.slots_total.set(s.num_slots)
@@ -227,6 +244,8 @@ class TaskManager:
             event.wait(grace_s + 1)
         self._server = self._internal_server = None
         self.checkpoints.close()
+        self.transfers.close()  # after the uploads in flight were cancelled and answered
+        self.restore_transfers.close()
         self.epochs.close()
         self.deployer.close_all()
         self.connection.deregister()

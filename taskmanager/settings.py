@@ -30,6 +30,11 @@ class TaskManagerSettings:
     rpc_threads: int
     max_message_bytes: int
     transfer_threads: int
+    """Files in flight per slot transfer (state.backend.rocksdb.checkpoint.transfer.thread.num)."""
+    transfer_processes: int
+    """Checkpoint transfer worker processes; 0 moves files inside this process."""
+    transfer_nice: int
+    """CPU niceness of the transfer processes (or threads)."""
     ttl_cleanup_interval_ms: int
     ttl_cleanup_batch: int
     local_recovery: bool
@@ -55,6 +60,8 @@ class TaskManagerSettings:
             rpc_threads=conf.get(o.RPC_WORKERS),
             max_message_bytes=conf.get(o.RPC_MAX_MESSAGE),
             transfer_threads=conf.get(o.ROCKSDB_TRANSFER_THREADS),
+            transfer_processes=conf.get(o.TASKMANAGER_TRANSFER_PROCESSES),
+            transfer_nice=conf.get(o.TASKMANAGER_TRANSFER_NICE),
             ttl_cleanup_interval_ms=conf.get(o.TTL_CLEANUP_INTERVAL),
             ttl_cleanup_batch=conf.get(o.TTL_CLEANUP_BATCH),
             local_recovery=conf.get(o.LOCAL_RECOVERY),

@@ -13,13 +13,17 @@ Figures, all from this run:
 * after restoring into an incremental job and rewriting 1 % of the keys, the bytes the
   incremental checkpoint uploads against the full checkpoint's bytes;
 * serving throughput (batched multi-get plus multi-put from this process) while a checkpoint
-  uploads everything, against the same load with no checkpoint running.
+  uploads everything (in the TaskManager's low-priority transfer process), against the same
+  load with no checkpoint running before and after; alternating pairs with moto at nice 10 (its
+  threads and its autogroup: the headline, since a real S3 costs the host no CPU) and at nice 0.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,8 @@ TRANSFER_THREADS = 4
 CHANGED_FRACTION = 0.01
 SYNC_TARGET_MS = 50.0
 MB = 1 << 20
+MOTO_NICE = 10
+"""moto's niceness for the headline serving ratio: a real S3 costs the TaskManager's host no CPU."""
 
 
 def _sync_ms_sum(metrics: TaskManagerMetrics) -> tuple[float, float]:
@@ -98,6 +104,106 @@ def _plain_upload(s3: Any, files: list[Path], prefix: str) -> float:
     return elapsed
 
 
+@dataclass(frozen=True)
+class _ServingPair:
+    """Serving throughput around one full checkpoint taken under load."""
+
+    moto_nice: int
+    before: float
+    during: float
+    after: float
+    checkpoint: dict[str, float]
+
+    @property
+    def idle(self) -> float:
+        return max(self.before, self.after)
+
+    @property
+    def ratio(self) -> float:
+        return self.during / self.idle
+
+
+def _renice(pid: int, nice: int) -> None:
+    """Give process ``pid`` the CPU priority of niceness ``nice`` against the system under test.
+
+    Every thread's niceness (Linux niceness is per thread), and its autogroup's: moto runs in a
+    session of its own, and with ``kernel.sched_autogroup_enabled`` the scheduler first shares
+    the CPU between sessions (autogroups) equally, whatever the niceness of the threads inside,
+    so a niced moto in its own session would still take a full session's share from serving.
+    Raising a priority needs root; where that is refused the priority stays as it is.
+    """
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except (ProcessLookupError, PermissionError):  # a thread that just ended; or not root
+            pass
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # no autogroups in this kernel, or not permitted
+        pass
+
+
+def _serving_during_uploads(
+    client: Any, state: Any, filler: StateFiller, metrics: TaskManagerMetrics, moto_pid: int, load_s: float, quick: bool
+) -> list[_ServingPair]:
+    """Serving rate before, during and after a full checkpoint, moto at nice 10 and 0 alternately."""
+    nices = [MOTO_NICE, 0] if quick else [MOTO_NICE, 0, MOTO_NICE, 0]
+    pairs: list[_ServingPair] = []
+    load = ServingLoad(state, filler, CHANGED_FRACTION).start()
+    try:
+        for nice in nices:
+            _renice(moto_pid, nice)
+            before = load.rate_during(load_s)
+            k0, t0 = load.keys_done, time.perf_counter()
+            checkpoint = _checkpoint(client, "full", metrics)
+            during = (load.keys_done - k0) / (time.perf_counter() - t0)
+            after = load.rate_during(load_s)
+            pairs.append(_ServingPair(nice, before, during, after, checkpoint))
+            logger.info(
+                "moto nice %d: serving %.0f keys/s before, %.0f during a %.1f s checkpoint, %.0f after (ratio %.3f)",
+                nice,
+                before,
+                during,
+                checkpoint["duration_s"],
+                after,
+                pairs[-1].ratio,
+            )
+    finally:
+        load.stop()
+        _renice(moto_pid, MOTO_NICE)
+    if load.errors:
+        raise RuntimeError(f"the serving load failed: {load.errors[0]!r}")
+    return pairs
+
+
+def _median_pair(pairs: list[_ServingPair]) -> _ServingPair:
+    """The lower median by ratio (of two pairs, the worse one)."""
+    return sorted(pairs, key=lambda p: p.ratio)[(len(pairs) - 1) // 2]
+
+
+def _ratios(pairs: list[_ServingPair], nice: int | None = None) -> str:
+    return ", ".join(f"{p.ratio:.3f} (nice {p.moto_nice})" for p in pairs if nice is None or p.moto_nice == nice)
+
+
+def _serving_measurements(pair: _ServingPair, label: str) -> list[Measurement]:
+    c = pair.checkpoint
+    return [
+        Measurement(
+            f"serving without checkpoint, {label}",
+            pair.idle,
+            "keys/s",
+            f"before {pair.before:.0f}, after {pair.after:.0f} (median pair)",
+        ),
+        Measurement(
+            f"serving during checkpoint upload, {label}",
+            pair.during,
+            "keys/s",
+            f"full checkpoint of {c['full_size'] / MB:.0f} MB took {c['duration_s']:.1f} s (sync {c['sync_ms']:.1f} ms)",
+        ),
+    ]
+
+
 def run(ctx: BenchContext) -> ScenarioResult:
     sizes_mb = [16, 32, 64] if ctx.quick else [128, 512, 1024]
     load_seconds = 1.5 if ctx.quick else 5.0
@@ -105,7 +211,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
     ratios: list[Ratio] = []
     notes: list[str] = []
     first_port, port_range = TaskManagerMetrics.port_range()
-    with moto_s3(ctx.workdir / "moto") as s3:
+    with moto_s3(ctx.workdir / "moto", nice=MOTO_NICE) as s3:
         config = {
             **s3.config,
             "state.checkpoints.dir": f"s3://{s3.bucket}/checkpoints",
@@ -158,17 +264,11 @@ def run(ctx: BenchContext) -> ScenarioResult:
                         full = again
                 full_bytes = full["full_size"]
 
-                # Serving throughput while a full checkpoint uploads, against the same load without one.
-                load = ServingLoad(state, filler, CHANGED_FRACTION).start()
-                try:
-                    rate_before = load.rate_during(load_seconds)
-                    k0, t0 = load.keys_done, time.perf_counter()
-                    under_load = _checkpoint(client, "full", metrics)
-                    rate_during = (load.keys_done - k0) / (time.perf_counter() - t0)
-                    rate_after = load.rate_during(load_seconds)
-                finally:
-                    load.stop()
-                syncs.append(under_load["sync_ms"])
+                # Serving throughput while a full checkpoint uploads, against the same load without one,
+                # in alternating pairs with moto at nice 10 (the stand-in for a remote S3) and at nice 0.
+                serving = _serving_during_uploads(client, state, filler, metrics, s3.pid, load_seconds, ctx.quick)
+                under_load = serving[-1].checkpoint
+                syncs += [r.checkpoint["sync_ms"] for r in serving]
                 client.cancel_job("full")
 
                 # Incremental: restore the full checkpoint into a job with incremental checkpoints
@@ -189,7 +289,9 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 tm_rss.stop()
                 client.close()
 
-    rate_idle = max(rate_before, rate_after)
+    headline = [r for r in serving if r.moto_nice == MOTO_NICE]
+    fair = _median_pair(headline)
+    unfair = _median_pair([r for r in serving if r.moto_nice == 0])
     sync_worst = max(syncs)
     measurements += [
         Measurement("state keys", filler.keys_written, "keys", f"16 B keys, {VALUE_BYTES} B random values"),
@@ -209,23 +311,28 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "MB",
             f"{changed} keys rewritten; full checkpoint {full_bytes / MB:.0f} MB",
         ),
-        Measurement(
-            "serving without checkpoint", rate_idle, "keys/s", f"before {rate_before:.0f}, after {rate_after:.0f}"
-        ),
-        Measurement(
-            "serving during checkpoint upload",
-            rate_during,
-            "keys/s",
-            f"full checkpoint of {under_load['full_size'] / MB:.0f} MB took {under_load['duration_s']:.1f} s "
-            f"(sync {under_load['sync_ms']:.1f} ms)",
-        ),
+        *_serving_measurements(fair, "moto at nice 10"),
+        *_serving_measurements(unfair, "moto at nice 0"),
         Measurement("TaskManager peak RSS", tm_rss.peak / MB, "MB"),
     ]
     ratios += [
         Ratio("sync phase / 50 ms", sync_worst / SYNC_TARGET_MS, 1.0, "<=", "worst of all checkpoints of the run"),
         Ratio("full checkpoint / plain s3fs upload", min(full_s) / min(plain_s), 1.25, "<="),
         Ratio("incremental bytes / full bytes (1% changed)", second_incr["incremental_size"] / full_bytes, 0.05, "<="),
-        Ratio("serving during upload / without", rate_during / rate_idle, 0.7, ">="),
+        Ratio(
+            "serving during upload / without",
+            fair.ratio,
+            0.7,
+            ">=",
+            f"moto at nice {MOTO_NICE}; lower median of {len(headline)} pairs: {_ratios(headline)}",
+        ),
+        Ratio(
+            "serving during upload / without, moto at nice 0",
+            unfair.ratio,
+            None,
+            ">=",
+            f"moto competing with serving at normal priority; pairs: {_ratios(serving, 0)}",
+        ),
     ]
     series = [
         Series("checkpoint_duration", "full checkpoint to S3", sizes, durations, "state size (MB of SST)", "seconds"),
@@ -240,20 +347,27 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "part (trigger, acknowledgement, _metadata) is a few ms. What would close it: a cheaper digest (xxh3), or "
             "hashing inside the upload's own read of each file."
         )
-    if rate_during / rate_idle < 0.7:
+    if fair.ratio < 0.7:
         notes.append(
-            "Serving during the upload: a py-spy profile of the TaskManager during a full checkpoint under this load "
-            "(200 MB, 536 active samples) put 33% of its samples in fsspec's event-loop thread uploading "
-            "(s3fs _put_file, aiohttp copying the payload, botocore SigV4 hashing every part again because moto is "
-            "plain HTTP, CRC32 checksums) and 20% in our sha256 of the files, against 28% serving (ValueGet, gRPC). "
-            "The upload competes for the GIL and the two cores with serving; the transfer threads now run at nice 10. "
-            "What would close it: upload from a separate low-priority process (no GIL shared with serving), a cheaper "
-            "file digest than sha256 (xxh3: 12 GB/s here against 0.7 GB/s; a checkpoint format change), and HTTPS "
-            "endpoints (S3 then skips payload signing)."
+            "Serving during the upload, below target: the upload no longer runs in the serving process, so what is "
+            "left is CPU. Serving (this client plus the TaskManager) keeps both cores busy; the transfer process "
+            "(s3fs, SigV4 hashing of every part over plain HTTP, sha256 of each file) and moto still get a niced "
+            "share of them, and moto also writes every uploaded byte to the local disk, which a remote S3 does not. "
+            "On this shared machine other processes' load moves the before/after rates as much as the upload "
+            "does (see the pairs). What would close it further: a cheaper file digest than sha256 (xxh3: 12 GB/s "
+            "here against 0.7 GB/s; a checkpoint format change), HTTPS endpoints (S3 then skips payload signing), "
+            "or a higher taskmanager.checkpoint.transfer.nice (slower uploads)."
         )
     notes.append(
-        "moto_server runs as its own process at nice 10: a real S3 uses none of the TaskManager host's CPU, "
-        "but here it shares the same two cores with the TaskManager and the client."
+        "Serving during an upload: the TaskManager moves checkpoint files in its transfer process "
+        "(taskmanager.checkpoint.transfer.processes: 1, at taskmanager.checkpoint.transfer.nice: 10), so the "
+        "upload, its request signing and the sha256 of every file hold no GIL that serving needs, and yield "
+        "the CPU to it. moto_server runs as its own process at nice 10 for the headline ratio: a real S3 uses "
+        "none of the TaskManager host's CPU, but here it shares the same two cores with the TaskManager and "
+        "the client, and at normal priority it takes CPU from serving that no real deployment would lose. "
+        "moto runs in a session (autogroup) of its own, so the harness sets the autogroup's niceness as well: "
+        "the scheduler shares the CPU between autogroups before it looks at threads' niceness. "
+        f"The same measurement with moto at nice 0 is reported too (alternating pairs: {_ratios(serving)})."
     )
     return ScenarioResult(
         NAME,
@@ -266,6 +380,8 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "changed_fraction": CHANGED_FRACTION,
             "managed_memory": "512mb",
             "load_window_s": load_seconds,
+            "transfer_processes": "1 at nice 10 (default)",
+            "moto_nice": f"{MOTO_NICE} (headline), 0 (also reported); alternating pairs",
         },
         measurements=measurements,
         ratios=ratios,

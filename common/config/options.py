@@ -219,6 +219,23 @@ ROCKSDB_TRANSFER_THREADS = _opt(
     "int",
     "Parallel file uploads and downloads per slot during checkpoints and restores.",
 )
+TASKMANAGER_TRANSFER_PROCESSES = _opt(
+    "taskmanager.checkpoint.transfer.processes",
+    int_parser(0, 64),
+    1,
+    "int",
+    "Worker processes that upload checkpoint files, so transfers never share the serving process's "
+    "GIL; each runs its own file system client. Restores download through one more process at the "
+    "TaskManager's priority. 0 runs all transfers inside the TaskManager process.",
+)
+TASKMANAGER_TRANSFER_NICE = _opt(
+    "taskmanager.checkpoint.transfer.nice",
+    int_parser(0, 19),
+    10,
+    "int",
+    "CPU niceness of the checkpoint transfer processes (of the upload threads when they run "
+    "in-process): checkpoint uploads yield a contended CPU to serving. Restores keep normal priority.",
+)
 
 # --- Limits (this runtime's own keys; Flink has none) -----------------------------------------
 MAX_KEY_BYTES = _opt(

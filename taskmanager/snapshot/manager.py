@@ -3,7 +3,10 @@
 On a barrier each slot of the job takes the synchronous part of its snapshot (a RocksDB native
 checkpoint of hard links, or a consistent copy of a HashMap) and hands the rest to a worker:
 upload, then acknowledge to the JobManager (or decline with the reason). Serving continues
-while the upload runs.
+while the upload runs. The bytes are moved by :class:`FileMover` objects the TaskManager's assembly
+chooses: by default its low-priority transfer processes (``transfer_process.py``) for
+checkpoints, so an upload does not share the serving process's GIL, and a transfer process at
+the TaskManager's own priority for restores, which are on the recovery's critical path.
 
 Where files go (``base`` = ``<state.checkpoints.dir>/<job-id>``, ``target`` = ``base/chk-<n>``):
 
@@ -39,7 +42,8 @@ from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
 from keyedstate.taskmanager.slots import Slot, SlotTable
-from keyedstate.taskmanager.snapshot.transfer import TransferStats, download_files, sha256_file, upload_files
+from keyedstate.taskmanager.snapshot.mover import FileMover
+from keyedstate.taskmanager.snapshot.transfer import TransferStats, sha256_file
 from keyedstate.taskmanager.state import KeyedStateBackend, LocalSnapshot
 
 logger = logging.getLogger(__name__)
@@ -101,6 +105,8 @@ class SnapshotManager:
         backends: BackendFactory,
         reporter: CheckpointReporter,
         storages: StorageCache,
+        transfers: FileMover,
+        restore_transfers: FileMover,
         metrics: TaskManagerMetrics,
         clock: Clock,
         *,
@@ -111,6 +117,8 @@ class SnapshotManager:
         self._backends = backends
         self._reporter = reporter
         self._storages = storages
+        self._transfers = transfers
+        self._restore_transfers = restore_transfers
         self._metrics = metrics
         self._clock = clock
         self._threads = transfer_threads
@@ -282,7 +290,6 @@ class SnapshotManager:
     def _upload(self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier) -> SubtaskStateHandle:
         slot = work.slot
         files = snapshot.materialize()
-        storage = self._storages.for_url(barrier.target_path)
         plan, handles, full_size = self._plan_uploads(work, files, barrier)
         # Recorded before uploading: when one file fails or the checkpoint is cancelled, the files
         # that did arrive are not reported back, and a discard must still delete every one of them.
@@ -294,7 +301,9 @@ class SnapshotManager:
             len(plan),
             sum(os.path.getsize(p[0]) for p in plan),
         )
-        uploaded = upload_files(storage, [(p[0], p[1]) for p in plan], self._threads, work.cancel, stats=self.stats)
+        uploaded = self._transfers.upload(
+            barrier.target_path, [(p[0], p[1]) for p in plan], self._threads, work.cancel, self.stats
+        )
         incremental_size = 0
         for (local, _remote, relative, shared), up in zip(plan, uploaded):
             name = Path(local).name
@@ -427,8 +436,7 @@ class SnapshotManager:
                     continue
                 items.append((f.path, str(target / name), f.size, f.sha256))
             if items:
-                storage = self._storages.for_url(items[0][0])
-                downloaded += download_files(storage, items, self._threads, stats=self.stats)
+                downloaded += self._restore_transfers.download(items[0][0], items, self._threads, stats=self.stats)
                 downloaded_files += len(items)
             snapshot_dirs.append(target)
         shutil.rmtree(instance_dir, ignore_errors=True)

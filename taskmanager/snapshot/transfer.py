@@ -31,19 +31,20 @@ R = TypeVar("R")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
 _OVERLAP_HASH_BYTES = 8 << 20
-_BACKGROUND_NICE = 10
-"""Niceness of the transfer and hashing threads: checkpoint transfers yield the CPU to serving."""
+BACKGROUND_NICE = 10
+"""Default niceness of the transfer and hashing threads: checkpoint transfers yield the CPU to serving."""
 
 
-def _background_priority() -> None:
-    """Lower this thread's CPU priority (Linux: per-thread niceness); a no-op where not allowed.
+def lower_priority(nice: int) -> None:
+    """Lower the calling thread's CPU priority to at least ``nice``; a no-op where not allowed.
 
+    On Linux niceness is per thread, and threads started afterwards by this thread inherit it.
     Hashing releases the GIL, so a low-priority hashing thread never holds the serving threads
     back; it only gets less of a contended CPU. On an idle machine it costs nothing.
     """
     try:
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), _BACKGROUND_NICE))
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
     except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
         pass
 
@@ -87,6 +88,19 @@ class TransferStats:
             self.files_downloaded += 1
             self.bytes_downloaded += size
 
+    def add(self, counts: tuple[int, int, int, int]) -> None:
+        """Add ``(files uploaded, bytes uploaded, files downloaded, bytes downloaded)`` (thread-safe)."""
+        with self._lock:
+            self.files_uploaded += counts[0]
+            self.bytes_uploaded += counts[1]
+            self.files_downloaded += counts[2]
+            self.bytes_downloaded += counts[3]
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """``(files uploaded, bytes uploaded, files downloaded, bytes downloaded)``, read together."""
+        with self._lock:
+            return (self.files_uploaded, self.bytes_uploaded, self.files_downloaded, self.bytes_downloaded)
+
     def __repr__(self) -> str:
         return (
             f"TransferStats(uploaded={self.files_uploaded} files/{self.bytes_uploaded} B, "
@@ -114,20 +128,25 @@ def upload_files(
     cancel: threading.Event | None = None,
     *,
     stats: TransferStats | None = None,
+    nice: int = BACKGROUND_NICE,
 ) -> list[UploadedFile]:
     """Upload ``(local_path, remote_path)`` pairs with at most ``threads`` in flight.
 
     Returns one :class:`UploadedFile` per pair, in input order. No partial object is ever
     visible under a remote name (the storage writes atomically). The first failure stops the
     files not yet started and is raised once the running ones finish; ``cancel`` does the
-    same and raises :class:`TransferCancelledError`.
+    same and raises :class:`TransferCancelledError`. The transfer threads run at niceness
+    ``nice`` or above.
     """
     _check_threads("upload", threads)
     items = [(os.fspath(local), remote) for local, remote in files]
     _check_unique("remote path", (remote for _, remote in items))
 
     with ThreadPoolExecutor(
-        max_workers=max(1, min(threads, len(items))), thread_name_prefix="ks-sha256", initializer=_background_priority
+        max_workers=max(1, min(threads, len(items))),
+        thread_name_prefix="ks-sha256",
+        initializer=lower_priority,
+        initargs=(nice,),
     ) as hashers:
 
         def upload(item: tuple[str, str]) -> UploadedFile:
@@ -136,7 +155,7 @@ def upload_files(
                 stats.record_upload(uploaded.size)
             return uploaded
 
-        return _run_parallel("upload", items, upload, threads, cancel, name=lambda item: item[1])
+        return _run_parallel("upload", items, upload, threads, cancel, name=lambda item: item[1], nice=nice)
 
 
 def download_files(
@@ -146,6 +165,7 @@ def download_files(
     cancel: threading.Event | None = None,
     *,
     stats: TransferStats | None = None,
+    nice: int = BACKGROUND_NICE,
 ) -> int:
     """Download ``(remote_path, local_path, expected_size, expected_sha256)`` entries; return bytes.
 
@@ -168,7 +188,9 @@ def download_files(
     def download(item: DownloadFile) -> int:
         return _download_one(storage, item, stats)
 
-    return sum(_run_parallel("download", items, download, threads, cancel, name=lambda item: item.remote_path))
+    return sum(
+        _run_parallel("download", items, download, threads, cancel, name=lambda item: item.remote_path, nice=nice)
+    )
 
 
 def sha256_file(path: str) -> tuple[int, str]:
@@ -258,6 +280,7 @@ def _run_parallel(
     cancel: threading.Event | None,
     *,
     name: Callable[[T], str],
+    nice: int,
 ) -> list[R]:
     if not items:
         return []
@@ -276,7 +299,10 @@ def _run_parallel(
     errors: list[tuple[int, BaseException]] = []
     skipped = 0
     with ThreadPoolExecutor(
-        max_workers=min(threads, len(items)), thread_name_prefix=f"ks-{kind}", initializer=_background_priority
+        max_workers=min(threads, len(items)),
+        thread_name_prefix=f"ks-{kind}",
+        initializer=lower_priority,
+        initargs=(nice,),
     ) as pool:
         futures: dict[Future[R], int] = {pool.submit(guarded, item): i for i, item in enumerate(items)}
         for future in as_completed(futures):
