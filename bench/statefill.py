@@ -227,7 +227,10 @@ class StateFiller:
 
 @dataclass
 class RssSampler:
-    """Samples one process's RSS every ``interval_s`` on a daemon thread; keeps peak and series."""
+    """Samples the RSS of one process and its descendants every ``interval_s`` on a daemon thread; keeps peak and series.
+
+    Descendants count: a TaskManager's checkpoint transfer processes are part of its footprint.
+    """
 
     pid: int
     interval_s: float = 0.05
@@ -239,7 +242,13 @@ class RssSampler:
     def sample(self) -> int:
         import psutil
 
-        rss: int = psutil.Process(self.pid).memory_info().rss  # psutil publishes no types
+        proc = psutil.Process(self.pid)
+        rss: int = proc.memory_info().rss  # psutil publishes no types
+        for child in proc.children(recursive=True):
+            try:
+                rss += child.memory_info().rss
+            except psutil.NoSuchProcess:  # a transfer process replaced between the listing and the read
+                pass
         self.peak = max(self.peak, rss)
         self.samples.append((time.monotonic(), rss))
         return rss
