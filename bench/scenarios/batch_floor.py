@@ -27,15 +27,12 @@ both; the runtime's foreachBatch timing is reported beside it.
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import itertools
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.result import BenchContext, Measurement, Ratio, ScenarioResult, Series
@@ -43,7 +40,7 @@ from bench.w1 import data as w1data
 from bench.w1 import sparkjobs
 
 if TYPE_CHECKING:
-    from keyedstate.common.minicluster import MiniCluster
+    pass
 
 NAME = "batch_floor"
 TITLE = "Per-micro-batch floor: 1,000-event micro-batches, ours (committed + checkpointed) vs Spark native"
@@ -146,22 +143,6 @@ def _params(sizes: FloorSizes, settings: sparkjobs.SparkSettings, seed: int) -> 
     }
 
 
-def _cluster(work: Path) -> MiniCluster:
-    """W1's cluster for ours: 1 JobManager + 2 TaskManager processes x 1 slot, RocksDB, incremental checkpoints."""
-    from keyedstate.common.minicluster import MiniCluster
-
-    return MiniCluster(
-        work / "cluster",
-        num_taskmanagers=PARALLELISM,
-        slots_per_taskmanager=1,
-        backend="rocksdb",
-        config={
-            "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
-            "execution.checkpointing.incremental": "true",
-        },
-    )
-
-
 def run(ctx: BenchContext) -> ScenarioResult:
     sizes = FloorSizes.for_ctx(ctx)
     settings = sparkjobs.SparkSettings(shuffle_partitions=PARALLELISM)
@@ -172,14 +153,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
     ours: list[OursBatch] = []
     native: list[sparkjobs.BatchProgress] = []
     no_state: list[sparkjobs.BatchProgress] = []
-    with contextlib.ExitStack() as stack:
-        cluster = _cluster(work)
-        stack.callback(cluster.stop)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the daemons start while the JVM does
-            started = pool.submit(cluster.start)
-            spark = sparkjobs.start_session(work, settings)
-            stack.callback(spark.stop)
-            started.result()
+    with sparkjobs.cluster_and_spark(work, PARALLELISM, settings) as (cluster, spark):
         jobs = itertools.count()
 
         def run_ours(d: w1data.W1Data, tag: str) -> list[OursBatch]:

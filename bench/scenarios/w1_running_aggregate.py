@@ -23,7 +23,6 @@ scenario). Variants, all in this run:
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -141,26 +140,9 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
     # -- Spark variants ----------------------------------------------------------------------
     from bench._redis import RedisUnavailable, redis_server
-    from keyedstate.common.minicluster import MiniCluster
 
     with contextlib.ExitStack() as stack:
-        cluster = MiniCluster(
-            work / "cluster",
-            num_taskmanagers=PARALLELISM,
-            slots_per_taskmanager=1,
-            backend="rocksdb",
-            config={
-                "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
-                "execution.checkpointing.incremental": "true",
-            },
-        )
-        stack.callback(cluster.stop)
-        # The daemons start while the JVM does (both take seconds, and neither is timed).
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            started = pool.submit(cluster.start)
-            spark = sparkjobs.start_session(work, settings)
-            stack.callback(spark.stop)
-            started.result()
+        cluster, spark = stack.enter_context(sparkjobs.cluster_and_spark(work, PARALLELISM, settings))
         redis_port: int | None = None
         try:
             redis_port = stack.enter_context(redis_server(work / "redis"))

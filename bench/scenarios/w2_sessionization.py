@@ -20,7 +20,6 @@ Every variant's emitted sessions and open sessions must equal the plain-Python r
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import itertools
 import statistics
@@ -171,28 +170,9 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
 @contextlib.contextmanager
 def _cluster_and_spark(work: Path) -> Any:
-    from keyedstate.common.minicluster import MiniCluster
-
-    with contextlib.ExitStack() as stack:
-        cluster = MiniCluster(
-            work / "cluster",
-            num_taskmanagers=PARALLELISM,
-            slots_per_taskmanager=1,
-            backend="rocksdb",
-            config={
-                "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
-                "execution.checkpointing.incremental": "true",
-            },
-        )
-        stack.callback(cluster.stop)
-        # The daemons start while the JVM does (both take seconds, and neither is timed).
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            started = pool.submit(cluster.start)
-            spark = w1jobs.start_session(work, w1jobs.SparkSettings(shuffle_partitions=PARALLELISM))
-            stack.callback(spark.stop)
-            started.result()
+    with w1jobs.cluster_and_spark(work, PARALLELISM, w1jobs.SparkSettings(shuffle_partitions=PARALLELISM)) as both:
         sparkjobs.ship_executor_code()
-        yield cluster, spark
+        yield both
 
 
 def _checked(label: str, data: w2data.W2Data, run_: sparkjobs.W2Run) -> sparkjobs.W2Run:

@@ -7,11 +7,13 @@ by itself; the timed span is ``start()`` to ``awaitTermination()``.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -42,6 +44,33 @@ class SparkSettings:
             "spark.driver.memory": self.driver_memory,
             "trigger": "availableNow (maxFilesPerTrigger files per micro-batch)",
         }
+
+
+@contextlib.contextmanager
+def cluster_and_spark(work: Path, parallelism: int, settings: SparkSettings) -> Iterator[tuple[Any, Any]]:
+    """The Spark scenarios' cluster and session: 1 JobManager + ``parallelism`` TaskManager processes x 1
+    slot (RocksDB, incremental file:// checkpoints under ``work``) and a Spark session, started side by side
+    (both take seconds, and neither is timed); both stopped on exit."""
+    from keyedstate.common.minicluster import MiniCluster
+
+    with contextlib.ExitStack() as stack:
+        cluster = MiniCluster(
+            work / "cluster",
+            num_taskmanagers=parallelism,
+            slots_per_taskmanager=1,
+            backend="rocksdb",
+            config={
+                "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
+                "execution.checkpointing.incremental": "true",
+            },
+        )
+        stack.callback(cluster.stop)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            started = pool.submit(cluster.start)
+            spark = start_session(work, settings)
+            stack.callback(spark.stop)
+            started.result()
+        yield cluster, spark
 
 
 def start_session(workdir: Path, settings: SparkSettings) -> Any:
