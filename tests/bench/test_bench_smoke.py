@@ -1,4 +1,11 @@
-"""CI smoke run of the benchmark suite: ``python -m bench --quick`` must still work end to end."""
+"""Smoke runs of the benchmark suite: ``python -m bench --quick`` must still work end to end.
+
+The default suite runs the scenarios that need no Spark (about 35 s); the three Spark workloads
+(W1, W2, batch_floor: about two minutes more) run with ``-m slow`` (``make test-all``). Their
+pipelines' correctness is in the default suite all the same: tests/bench/test_w2_pipeline.py runs
+W2's three variants against the reference, and tests/integration/spark the modes W1 and
+batch_floor use.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +19,41 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+SPARK_SCENARIOS = ("w1", "w2", "batch_floor")
+NO_SPARK_SCENARIOS = (
+    "client_path",
+    "client_path_tls",
+    "redis_compare",
+    "coordinator_scale",
+    "memory",
+    "checkpoint",
+    "restore",
+)
+
+
+def test_the_two_smoke_runs_cover_every_scenario() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "bench", "--list"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
+    names = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+    assert names == set(SPARK_SCENARIOS) | set(NO_SPARK_SCENARIOS), "a new scenario must join one of the smoke runs"
+
+
 @pytest.mark.timeout(480)
 def test_quick_run_produces_results_and_charts(tmp_path: Path) -> None:
+    _quick_run(tmp_path, NO_SPARK_SCENARIOS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_run_of_the_spark_workloads(tmp_path: Path) -> None:
+    _quick_run(tmp_path, SPARK_SCENARIOS)
+
+
+def _quick_run(tmp_path: Path, scenarios: tuple[str, ...]) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench", "--quick", "--only", ",".join(scenarios), "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -26,7 +63,7 @@ def test_quick_run_produces_results_and_charts(tmp_path: Path) -> None:
     doc = json.loads((out / "results.json").read_text())
     assert doc["machine"]["cores"] and doc["machine"]["versions"]["rocksdict"]
     names = [s["name"] for s in doc["scenarios"]]
-    assert {"client_path", "redis_compare", "coordinator_scale"} <= set(names)
+    assert set(names) == set(scenarios)
     for s in doc["scenarios"]:
         assert s["error"] is None, f"{s['name']}: {s['error']}"
         assert s["measurements"], f"{s['name']} measured nothing"
