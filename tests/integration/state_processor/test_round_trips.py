@@ -12,6 +12,8 @@ writes is what a job restores.
 
 from __future__ import annotations
 
+import io
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from keyedstate.cli.inspect import run
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import MapState, ReducingState, ValueState
 from keyedstate.common.descriptors import OperatorSpec
@@ -264,3 +267,36 @@ def test_transformed_savepoint_restores_and_reads_back(
     with Savepoint.open(target) as sp:
         assert sp.metadata.checkpoint_id == info.checkpoint_id
         assert_state_equals(read_reference(sp, "sessions-v2", ("last", "attrs", "totals")), expected)
+
+
+def test_inspect_a_real_checkpoint_and_its_damaged_files(
+    checkpoint_cluster: Callable[..., CheckpointCluster], tmp_path: Path
+) -> None:
+    cc = checkpoint_cluster("file", "rocksdb")
+    client = cc.client()
+    client.submit_job(JOB, operators(2), max_parallelism=MAX_P, config={"execution.checkpointing.incremental": "true"})
+    work = Workload(client)
+    work.write(key_names(300), "a")
+    info = _checkpoint(client)
+    client.cancel_job(JOB)
+    out, err = io.StringIO(), io.StringIO()
+    assert run(info.path, out, err, as_json=True) == 0, err.getvalue()
+    states = {s["name"]: s["keys"] for s in json.loads(out.getvalue())["operators"][0]["states"]}
+    assert states == {
+        "last": len(work.reference.last),
+        "events": 300,
+        "attrs": len(work.reference.attrs),
+        "totals": 300,
+    }
+
+    with Savepoint.open(info.path) as sp:
+        shared = [f for _, _, f in sp.metadata.files() if f.shared and f.path.endswith(".sst")]
+    victim = Path((cc.checkpoints_dir + f"/{JOB}/" + shared[0].path.removeprefix("../")).removeprefix("file://"))
+    victim.write_bytes(victim.read_bytes()[:-10])  # truncated
+    err = io.StringIO()
+    assert run(info.path, io.StringIO(), err) == 1
+    assert f"checkpoint file {victim.as_uri()} has {shared[0].size - 10} bytes but" in err.getvalue()
+    victim.unlink()
+    err = io.StringIO()
+    assert run(info.path, io.StringIO(), err) == 1
+    assert f"checkpoint file {victim.as_uri()} is missing" in err.getvalue() and "Traceback" not in err.getvalue()
