@@ -73,3 +73,24 @@ def test_spark_options_are_checked(spark: Any, tmp_path: Any) -> None:
     register(spark)
     with pytest.raises(Exception, match=r'needs .option\("state", ...\)'):
         spark.read.format("keyedstate").option("operator", "x").load(tmp_path.as_uri()).schema  # noqa: B018
+
+
+def test_bootstrap_from_a_spark_dataframe(spark: Any, tmp_path: Any) -> None:
+    from keyedstate.common.descriptors import StateDescriptor, StateKind
+    from keyedstate.state_processor import (
+        BootstrapOperator,
+        BootstrapState,
+        Savepoint,
+        StateSerializers,
+        bootstrap_savepoint,
+        read_columns,
+    )
+
+    rows = [(f"user-{i}", i * 3) for i in range(200)]
+    df = spark.createDataFrame(rows, "key string, value bigint").repartition(3)
+    state = BootstrapState(StateDescriptor("total", StateKind.VALUE), df, StateSerializers("str", "int"))
+    target = (tmp_path / "from-spark").as_uri()
+    bootstrap_savepoint(target, [BootstrapOperator("counts", 2, (state,))], max_parallelism=MAX_P)
+    with Savepoint.open(target) as sp:
+        cols = read_columns(sp, "counts", "total", StateSerializers("str", "int"))
+    assert dict(zip(cols["key"], cols["value"])) == dict(rows)
