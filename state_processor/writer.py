@@ -89,13 +89,18 @@ def write_savepoint(
     directory = directory.rstrip("/")
     check_target(storage, directory)
     snapshots: list[OperatorSnapshot] = []
-    with tempfile.TemporaryDirectory(prefix="keyedstate-spa-write-") as scratch:
-        for op in operators:
-            subtasks = tuple(
-                _write_subtask(storage, directory, header, op.spec, sub, Path(scratch), clock.now_ms())
-                for sub in op.subtasks
-            )
-            snapshots.append(OperatorSnapshot(op.spec.operator_id, op.spec.parallelism, op.spec.states, subtasks))
+    try:
+        with tempfile.TemporaryDirectory(prefix="keyedstate-spa-write-") as scratch:
+            for op in operators:
+                subtasks = tuple(
+                    _write_subtask(storage, directory, header, op.spec, sub, Path(scratch), clock.now_ms())
+                    for sub in op.subtasks
+                )
+                snapshots.append(OperatorSnapshot(op.spec.operator_id, op.spec.parallelism, op.spec.states, subtasks))
+    except BaseException:
+        # No _metadata was written, so this is no savepoint: remove its files (the target was empty).
+        _remove_quietly(storage, directory)
+        raise
     metadata = CheckpointMetadata(
         job_id=header.job_id,
         checkpoint_id=header.checkpoint_id,
@@ -108,6 +113,7 @@ def write_savepoint(
     )
     problems = metadata.problems()
     if problems:
+        _remove_quietly(storage, directory)
         raise InvalidArgumentError(f"the savepoint for {directory} would not restore: {'; '.join(problems[:3])}")
     target = storage.join(directory, METADATA_FILE)
     try:
@@ -164,6 +170,13 @@ def _write_subtask(
         incremental_size=total,
         files=tuple(refs),
     )
+
+
+def _remove_quietly(storage: CheckpointStorage, directory: str) -> None:
+    try:
+        storage.delete_dir(directory)
+    except Exception as exc:  # the original error matters more; this one is only logged
+        logger.warning("could not remove the unfinished savepoint %s: %s", directory, exc)
 
 
 def _sha256(path: Path) -> tuple[int, str]:

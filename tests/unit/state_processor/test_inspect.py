@@ -24,12 +24,16 @@ from keyedstate.common.keygroups import key_group
 from keyedstate.state_processor import (
     BootstrapOperator,
     BootstrapState,
+    DropOperator,
+    MapValues,
+    RenameOperator,
     Savepoint,
     StateSerializers,
     bootstrap_savepoint,
     read_arrow,
     read_pandas,
     summarize,
+    transform_savepoint,
 )
 
 MAX_P = 16
@@ -254,3 +258,34 @@ def test_bootstrap_refuses_bad_tables(tmp_path: Path) -> None:
     (tmp_path / "bad" / "stray").write_text("x")
     with pytest.raises(AlreadyExistsError, match="is not empty"):
         write(BootstrapState(COUNTS, pa.table({"key": [b"a"], "value": [b"1"]})))
+
+
+def test_transform_refusals_leave_no_savepoint(tmp_path: Path) -> None:
+    source = _savepoint(tmp_path)
+    target = tmp_path / "out"
+    with Savepoint.open(source) as sp:
+        with pytest.raises(InvalidArgumentError, match="has no operator 'ghost'"):
+            transform_savepoint(sp, target.as_uri(), [RenameOperator("ghost", "x")])
+        with pytest.raises(InvalidArgumentError, match="operator id"):
+            transform_savepoint(sp, target.as_uri(), [RenameOperator("counts", "a/b")])
+        with pytest.raises(InvalidArgumentError, match="the function returned 'ten', which does not encode"):
+            transform_savepoint(
+                sp, target.as_uri(), [MapValues("counts", "total", lambda k, v: "ten", StateSerializers("str", "int"))]
+            )
+        assert not target.exists(), "a failed transform removes what it uploaded: no half savepoint"
+        transform_savepoint(sp, target.as_uri(), [DropOperator("counts")])
+    with Savepoint.open(target.as_uri()) as out:
+        assert out.operators == () and out.metadata.savepoint
+
+
+def test_a_savepoint_that_would_not_restore_is_not_left_behind(tmp_path: Path) -> None:
+    from keyedstate.common.descriptors import OperatorSpec
+    from keyedstate.common.ids import KeyGroupRange
+    from keyedstate.common.storage import open_storage
+    from keyedstate.state_processor.writer import OperatorContent, SavepointHeader, SubtaskContent, write_savepoint
+
+    target = (tmp_path / "wrong").as_uri()
+    wrong = OperatorContent(OperatorSpec("op", 1, (COUNTS,)), (SubtaskContent(0, KeyGroupRange(0, 3), {}),))
+    with pytest.raises(InvalidArgumentError, match=r"would not restore: .*key groups 0-3|would not restore"):
+        write_savepoint(open_storage(target), target, SavepointHeader("job", MAX_P), [wrong])
+    assert not (tmp_path / "wrong").exists(), "files uploaded before the refusal are removed"
