@@ -189,20 +189,25 @@ def _bootstrap_states(ref: Reference) -> tuple[BootstrapState, ...]:
     )
 
 
-@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+@pytest.mark.parametrize(
+    "storage,backend",
+    [("file", "rocksdb"), ("file", "hashmap"), pytest.param("s3", "rocksdb", marks=pytest.mark.s3)],
+)
 def test_bootstrapped_savepoint_restores_and_reads_back(
-    checkpoint_cluster: Callable[..., CheckpointCluster], backend: str, tmp_path: Path
+    checkpoint_cluster: Callable[..., CheckpointCluster], storage: str, backend: str, tmp_path: Path
 ) -> None:
+    cc = checkpoint_cluster(storage, backend)
+    base = cc.checkpoints_dir.rsplit("/", 1)[0] if storage == "s3" else tmp_path.as_uri()
+    target = f"{base}/backfill"
     ref = _random_reference(600, seed=7)
-    target = (tmp_path / "backfill").as_uri()
-    meta = bootstrap_savepoint(target, [BootstrapOperator(OPERATOR, 3, _bootstrap_states(ref))], max_parallelism=MAX_P)
+    operator = BootstrapOperator(OPERATOR, 3, _bootstrap_states(ref))
+    meta = bootstrap_savepoint(target, [operator], max_parallelism=MAX_P, config=cc.config)
     assert meta.savepoint and [op.parallelism for op in meta.operators] == [3]
-    with Savepoint.open(target) as sp:
+    with Savepoint.open(target, cc.config) as sp:
         assert_state_equals(read_reference(sp), ref)
     with pytest.raises(AlreadyExistsError, match="already holds a savepoint"):
-        bootstrap_savepoint(target, [BootstrapOperator(OPERATOR, 3, _bootstrap_states(ref))], max_parallelism=MAX_P)
+        bootstrap_savepoint(target, [operator], max_parallelism=MAX_P, config=cc.config)
 
-    cc = checkpoint_cluster("file", backend)
     client = cc.client()
     client.submit_job(JOB, operators(2), max_parallelism=MAX_P, restore_path=target)  # rescaled 3 -> 2 on restore
     work = Workload(client)
@@ -211,7 +216,7 @@ def test_bootstrapped_savepoint_restores_and_reads_back(
     work.reference = ref.copy()
     work.write(key_names(50, "live"), "live")
     info = _checkpoint(client)
-    with Savepoint.open(info.path) as sp:
+    with Savepoint.open(info.path, cc.config) as sp:
         assert_state_equals(read_reference(sp), work.reference)
 
 
