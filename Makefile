@@ -28,7 +28,7 @@ check: $(STAMP) typecheck-tree
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cd build/typecheck && MYPYPATH=. ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
-		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.cli -p keyedstate.examples \
+		-p keyedstate.common -p keyedstate.jobmanager -p keyedstate.taskmanager -p keyedstate.state_processor -p keyedstate.cli -p keyedstate.examples \
 		-p bench -p tests
 	PYTHONPATH=build/typecheck $(VENV)/bin/lint-imports pyproject.toml
 
@@ -36,7 +36,7 @@ check: $(STAMP) typecheck-tree
 ## as the installed package does; a tree of symlinks gives them that view without moving a file.
 typecheck-tree:
 	@mkdir -p build/typecheck/keyedstate
-	@for f in common jobmanager taskmanager cli examples; do ln -sfn ../../../$$f build/typecheck/keyedstate/$$f; done
+	@for f in common jobmanager taskmanager state_processor cli examples; do ln -sfn ../../../$$f build/typecheck/keyedstate/$$f; done
 	@for f in bench tests; do ln -sfn ../../$$f build/typecheck/$$f; done
 
 ## Rewrites the code in the house format and applies the safe lint fixes.

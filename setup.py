@@ -5,7 +5,7 @@
 
 from setuptools import find_namespace_packages, setup
 
-FOLDERS = ("common", "jobmanager", "taskmanager", "cli", "examples")
+FOLDERS = ("common", "jobmanager", "taskmanager", "state_processor", "cli", "examples")
 
 setup(
     packages=[
