@@ -40,6 +40,7 @@ from keyedstate.common.config import options as o
 from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
 from keyedstate.common.keygroups import past_max_parallelism
 from keyedstate.common.rpc.enums import message_to_dict, name_of
+from keyedstate.common.version import version_line
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -352,6 +353,7 @@ def _apply_common_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statectl", description="Operate a keyedstate cluster.")
+    parser.add_argument("--version", action="version", version=version_line("statectl"))
     _add_common_options(parser, "global_overrides")
     common = argparse.ArgumentParser(add_help=False)
     _add_common_options(common, "overrides")
