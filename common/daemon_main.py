@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keyedstate.common import gc_policy
-from keyedstate.common.config import Configuration, secret_overrides
-from keyedstate.common.config._secrets import SAFER_WAYS
+from keyedstate.common.config import SAFER_WAYS, Configuration, secret_overrides
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.logs import setup_logging
 from keyedstate.common.sd_notify import SystemdNotifier
