@@ -6,6 +6,7 @@ package that PySpark executors import stays free of it (tests/unit/cli checks th
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -27,11 +28,18 @@ CLOSED_PIPE_EXIT = 141
 _PIPE_WIDTH = 10_000
 
 
+class _Console(Console):
+    """rich's console, leaving a closed pipe to statectl's main (rich would exit 1 by itself)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "stdout's reader went away")
+
+
 def _stdout() -> Console:
     # Made per call: sys.stdout may have been replaced since (pytest's capsys, a redirection).
-    console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    console = _Console(file=sys.stdout, highlight=False, soft_wrap=True)
     if not console.is_terminal:
-        console = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
+        console = _Console(file=sys.stdout, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
     return console
 
 
@@ -52,7 +60,11 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         table.add_column(header, no_wrap=True)
     for row in rows:
         table.add_row(*(Text(str(cell)) for cell in row))
-    _stdout().print(table)
+    console = _stdout()
+    with console.capture() as captured:
+        console.print(table)
+    # rich pads the last column too: trailing blanks would end up in every script's last field.
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def print_line(text: str) -> None:

@@ -219,7 +219,8 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
 
 def _report_checkpoint(info: Any, args: argparse.Namespace, waited: bool = True) -> int:
     """Print the outcome; exit 0 only for a completed one (or, without waiting, one that started)."""
-    kind = "savepoint" if info.savepoint else "checkpoint"
+    # A savepoint refused before it started comes back without the flag: the command says what it was.
+    kind = "savepoint" if info.savepoint or args.command == "savepoint" else "checkpoint"
     if args.json:
         print_json(info)
     elif info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED:
@@ -236,7 +237,8 @@ def _report_checkpoint(info: Any, args: argparse.Namespace, waited: bool = True)
         print(f"{kind} {info.checkpoint_id} triggered: {info.path}")
     else:
         print(
-            f"statectl: {kind} {info.checkpoint_id or ''} {name_of(jm_pb.CheckpointStatus, info.status)}: {info.failure_reason or info.path}",
+            f"statectl: {kind}{f' {info.checkpoint_id}' if info.checkpoint_id else ''} "
+            f"{name_of(jm_pb.CheckpointStatus, info.status)}: {info.failure_reason or info.path}",
             file=sys.stderr,
         )
     if info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED or (
