@@ -374,6 +374,56 @@ EXTRA_COMMANDS: tuple[Registrar, ...] = ()
 """Commands kept in modules of their own; ``statectl inspect`` (cli/inspect.py) registers here."""
 
 
+def _actions(parser: argparse.ArgumentParser) -> Subcommands:
+    """The second word of a command (``job restore``): each action has its own options and --help.
+
+    The common options go before the command or after the action, not between the two.
+    """
+    return parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+
+def _add_job_commands(sub: Subcommands, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("job", help="list, inspect, cancel, restore or rescale jobs")
+    p.set_defaults(fn=cmd_job)
+    actions = _actions(p)
+    actions.add_parser("list", parents=[common], help="every job with its status and latest checkpoint")
+    # JOB is checked by cmd_job, so that a missing one is named with the command (exit 2).
+    for name, text in (("info", "the job's status, operators, states and restarts (JSON)"), ("cancel", "cancel it")):
+        actions.add_parser(name, parents=[common], help=text).add_argument("job", nargs="?")
+    a = actions.add_parser(
+        "restore",
+        parents=[common],
+        help="replace the job's state with a checkpoint or savepoint (verified first)",
+        description="The JobManager verifies the source in full before it touches the job; a failed restore "
+        "leaves the job as it was.",
+    )
+    a.add_argument("job", nargs="?")
+    a.add_argument("--from", dest="source", metavar="PATH", help="a chk-<n> or savepoint directory (any fsspec URL)")
+    a = actions.add_parser("rescale", parents=[common], help="run every operator at a new parallelism")
+    a.add_argument("job", nargs="?")
+    a.add_argument("--parallelism", type=int, metavar="N", help="the new parallelism of every operator")
+
+
+def _add_checkpoint_commands(sub: Subcommands, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("checkpoint", help="trigger, list or garbage-collect checkpoints")
+    p.set_defaults(fn=cmd_checkpoint)
+    actions = _actions(p)
+    a = actions.add_parser("trigger", parents=[common], help="take a checkpoint now; exit 0 once it completed")
+    a.add_argument("job")
+    a.add_argument("--no-wait", action="store_true", help="return once triggered")
+    a = actions.add_parser("list", parents=[common], help="completed, failed and running checkpoints and savepoints")
+    a.add_argument("job")
+    a = actions.add_parser(
+        "gc",
+        parents=[common],
+        help="remove orphaned checkpoint files",
+        description="Removes the files of JOB's checkpoint directory that no retained checkpoint references.",
+    )
+    a.add_argument("job")
+    a.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    a.add_argument("--dir", help="the checkpoint directory (default state.checkpoints.dir)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statectl", description="Operate a keyedstate cluster.")
     parser.add_argument("--version", action="version", version=version_line("statectl"))
@@ -392,20 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(fn=cmd_cluster)
 
-    p = sub.add_parser("job", parents=[common], help="list, inspect, cancel, restore or rescale jobs")
-    p.add_argument("action", choices=["list", "info", "cancel", "restore", "rescale"])
-    p.add_argument("job", nargs="?")
-    p.add_argument("--from", dest="source", metavar="PATH", help="restore: checkpoint or savepoint directory")
-    p.add_argument("--parallelism", type=int, help="rescale: new parallelism of every operator")
-    p.set_defaults(fn=cmd_job)
-
-    p = sub.add_parser("checkpoint", parents=[common], help="trigger, list or garbage-collect checkpoints")
-    p.add_argument("action", choices=["trigger", "list", "gc"])
-    p.add_argument("job")
-    p.add_argument("--no-wait", action="store_true", help="trigger: return once triggered")
-    p.add_argument("--dry-run", action="store_true", help="gc: print what would be removed, remove nothing")
-    p.add_argument("--dir", help="gc: the checkpoint directory (default state.checkpoints.dir)")
-    p.set_defaults(fn=cmd_checkpoint)
+    _add_job_commands(sub, common)
+    _add_checkpoint_commands(sub, common)
 
     p = sub.add_parser("savepoint", parents=[common], help="write a self-contained, relocatable savepoint")
     p.add_argument("job")
