@@ -12,14 +12,12 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
-
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from keyedstate.common.rpc.enums import message_to_dict
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 CLOSED_PIPE_EXIT = 141
 """The exit code after stdout's reader went away (``statectl cluster | head``): 128 + SIGPIPE, as a shell reports it."""
@@ -28,18 +26,20 @@ CLOSED_PIPE_EXIT = 141
 _PIPE_WIDTH = 10_000
 
 
-class _Console(Console):
-    """rich's console, leaving a closed pipe to statectl's main (rich would exit 1 by itself)."""
-
-    def on_broken_pipe(self) -> None:
-        raise BrokenPipeError(errno.EPIPE, "stdout's reader went away")
-
-
 def _stdout() -> Console:
-    # Made per call: sys.stdout may have been replaced since (pytest's capsys, a redirection).
-    console = _Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    # rich is imported when something is drawn: `statectl health`, run by probes every few
+    # seconds, draws nothing. Made per call: sys.stdout may have been replaced since (capsys).
+    from rich.console import Console
+
+    class PipeAwareConsole(Console):
+        """rich's console, leaving a closed pipe to statectl's main (rich would exit 1 by itself)."""
+
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError(errno.EPIPE, "stdout's reader went away")
+
+    console = PipeAwareConsole(file=sys.stdout, highlight=False, soft_wrap=True)
     if not console.is_terminal:
-        console = _Console(file=sys.stdout, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
+        console = PipeAwareConsole(file=sys.stdout, highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
     return console
 
 
@@ -55,6 +55,9 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
     Cells are shown as text, never as rich markup (a failure reason may hold brackets).
     """
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold", padding=(0, 1))
     for header in headers:
         table.add_column(header, no_wrap=True)
@@ -79,6 +82,9 @@ def progress(description: str, enabled: bool = True) -> Iterator[None]:
     Nothing is drawn when stderr is not a terminal (scripts, CI, pipes): their stderr keeps only
     the messages that matter.
     """
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     console = Console(file=sys.stderr)
     if not (enabled and console.is_terminal):
         yield

@@ -250,11 +250,15 @@ def _report_checkpoint(info: Any, args: argparse.Namespace, waited: bool = True)
 
 def cmd_health(args: argparse.Namespace) -> int:
     """One grpc.health.v1 check of a daemon's port (what the Kubernetes probes and the image's HEALTHCHECK run)."""
-    from keyedstate.common.client import check_health, client_security
+    # Not through keyedstate.common.client: a probe every few seconds should not load numpy and pyarrow.
+    from keyedstate.common.rpc.health import check_health
+    from keyedstate.common.security.tls import REST
+    from keyedstate.common.security.transport import TransportSecurity
 
     conf = Configuration.load(args.config, args.overrides)
     address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
-    status = check_health(address, service=args.service, security=client_security(conf), timeout_s=args.timeout)
+    security = TransportSecurity.from_config(conf, role="client").channel_security(REST)
+    status = check_health(address, service=args.service, security=security, timeout_s=args.timeout)
     if args.json:
         print_json({"address": address, "service": args.service, "status": status})
     else:

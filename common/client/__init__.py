@@ -9,10 +9,10 @@ counts.put_many(["a", "b"], [1, 2])
 from keyedstate.common.client._batch import BatchStart, CheckpointSummary, EpochCommitted, JobProgress, status_name
 from keyedstate.common.client._client import ClientSettings, StateClient, client_security
 from keyedstate.common.client._epoch import EpochScope
-from keyedstate.common.client._health import check_health
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.client._states import ListState, MapState, ReducingState, ValueState
 from keyedstate.common.lifecycle import BatchAction, CheckpointStatus, JobStatus
+from keyedstate.common.rpc.health import check_health
 from keyedstate.common.security.tls import ChannelSecurity
 
 __all__ = [

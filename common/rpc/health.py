@@ -1,4 +1,8 @@
-"""One grpc.health.v1 check of a daemon's port: what probes and `statectl health` ask."""
+"""One grpc.health.v1 check of a daemon's port: what probes and `statectl health` ask.
+
+Here, not in the client package, so that a probe run every few seconds imports gRPC and the TLS
+settings only (the client package loads numpy and pyarrow for its columnar wire).
+"""
 
 from __future__ import annotations
 
