@@ -154,3 +154,14 @@ def test_every_path_the_daemon_writes_is_writable_under_protect_system_strict(un
         assert any(path.is_relative_to(w) for w in writable), f"{unit}: {key}={value} is read-only under {writable}"
         checked += 1
     assert checked, f"{unit}: no local path checked"
+
+
+def test_the_taskmanager_may_wait_for_its_jobmanager_as_long_as_it_is_configured_to() -> None:
+    """READY=1 comes after the registration, so systemd must not give up on the start before the TaskManager does."""
+    from keyedstate.common.config import Configuration
+    from keyedstate.common.config import options as o
+
+    service = _service("keyedstate-taskmanager@.service")
+    [start] = service["TimeoutStartSec"]
+    conf = Configuration(yaml.safe_load((CONF / "taskmanager.yaml").read_text()))
+    assert int(start) * 1000 > conf.get(o.TASKMANAGER_REGISTRATION_TIMEOUT)
