@@ -49,9 +49,12 @@ test-all: $(STAMP) test-deps bench-deps
 	$(PY) -m pytest -q -m ''
 
 ## iptables makes the network partitions of the netns tests (tests/fixtures/netns.py); Debian's package.
+## systemd-analyze and systemd-sysusers check deploy/systemd (tests/integration/deploy); Debian's systemd.
 test-deps:
 	@command -v iptables >/dev/null 2>&1 || (apt-get install -y -qq iptables >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq iptables)) \
 		|| echo "test-deps: iptables could not be installed; the netns partition tests will be skipped"
+	@command -v systemd-analyze >/dev/null 2>&1 || (apt-get install -y -qq systemd >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq systemd)) \
+		|| echo "test-deps: systemd-analyze could not be installed; tests/integration/deploy will fail"
 
 ## Redis is a baseline in the benchmarks; Debian's package, started by the benchmark itself.
 bench-deps:

@@ -10,26 +10,27 @@ every state (kind, TTL, keys, entries, bytes), keys and bytes per key group, and
 A dump writes one row per stored entry with the columns of :mod:`keyedstate.state_processor.records`;
 binary values (keys read with the ``bytes`` serializer, namespaces) are written as base64.
 
-:func:`run` is the command's logic (a stream in, an exit code out); :data:`inspect_command` is the
-click command statectl registers. Exit codes: 0 success, 1 the checkpoint cannot be read (missing,
+:func:`run` is the command's logic (a stream in, an exit code out); :func:`register` adds it to
+statectl's commands. Exit codes: 0 success, 1 the checkpoint cannot be read (missing,
 damaged), 2 bad arguments (an unknown operator, state or serializer).
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import csv
 import json
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
-
-import click
+from typing import TYPE_CHECKING, Any, TextIO
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import CheckpointError, ConfigError, InvalidArgumentError, KeyedStateError
-from keyedstate.state_processor import Savepoint, StateSerializers, Summary, read_columns, summarize
+
+if TYPE_CHECKING:
+    from keyedstate.state_processor import Savepoint, StateSerializers, Summary
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,10 @@ def run(
     progress: bool = False,
 ) -> int:
     """Inspect ``path``: a summary (text or ``as_json``), or ``dump`` one state as JSON lines or CSV."""
+    # Imported here: statectl registers this command at every start, and the readers pull in
+    # RocksDB and both daemons' snapshot code, which the other commands never need.
+    from keyedstate.state_processor import Savepoint, StateSerializers, read_columns, summarize
+
     err = err or sys.stderr
     try:
         if dump is not None:
@@ -234,66 +239,53 @@ def _write_csv(cols: Mapping[str, list[Any]], out: TextIO) -> None:
         writer.writerow([json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v for v in values])
 
 
-# -- the click command ----------------------------------------------------------------------------
+# -- the statectl command ------------------------------------------------------------------------
 
 
-@click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path")
-@click.option(
-    "--dump", type=click.Choice(DUMP_FORMATS), help="Dump one state (--operator, --state) instead of the summary."
-)
-@click.option("--operator", help="The operator of the state to dump.")
-@click.option("--state", help="The state to dump.")
-@click.option("--key-serializer", default="bytes", show_default=True, help="How the job serialized keys.")
-@click.option("--value-serializer", default="bytes", show_default=True, help="How the job serialized values.")
-@click.option(
-    "--user-key-serializer", default="bytes", show_default=True, help="Map state: how user keys were serialized."
-)
-@click.option(
-    "--largest", default=10, show_default=True, type=click.IntRange(min=0), help="How many of the largest keys to list."
-)
-@click.option("--json", "as_json", is_flag=True, help="The summary as JSON.")
-@click.option("--include-expired", is_flag=True, help="Dump values whose TTL expired too.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="A YAML config file (s3.* keys).")
-@click.option(
-    "-D", "overrides", multiple=True, metavar="KEY=VALUE", help="A config key, e.g. -D s3.endpoint=http://..."
-)
-@click.option("--progress/--quiet", default=True, help="Say on stderr what is being read.")
-@click.pass_context
-def inspect_command(
-    ctx: click.Context,
-    path: str,
-    dump: str | None,
-    operator: str | None,
-    state: str | None,
-    key_serializer: str,
-    value_serializer: str,
-    user_key_serializer: str,
-    largest: int,
-    as_json: bool,
-    include_expired: bool,
-    config_file: str | None,
-    overrides: tuple[str, ...],
-    progress: bool,
-) -> None:
-    """Show what the checkpoint or savepoint at PATH holds, read offline; or dump one state."""
-    try:
-        conf = Configuration.load(config_file, overrides)
-    except ConfigError as exc:
-        click.echo(f"statectl inspect: error: {exc.message}", err=True)
-        ctx.exit(2)
-    code = run(
-        path,
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``inspect`` to statectl's commands (``sub``: its subparsers; ``common``: --config, -D, --json)."""
+    p = sub.add_parser(
+        "inspect",
+        parents=[common],
+        help="what a checkpoint or savepoint holds, read offline (no cluster needed); or dump one state",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("path", metavar="PATH", help="a chk-<n>/ or savepoint directory, or its _metadata (any fsspec URL)")
+    p.add_argument("--dump", choices=DUMP_FORMATS, help="dump one state (--operator, --state) instead of the summary")
+    p.add_argument("--operator", help="the operator of the state to dump")
+    p.add_argument("--state", help="the state to dump")
+    p.add_argument("--key-serializer", default="bytes", help="how the job serialized keys (default: bytes)")
+    p.add_argument("--value-serializer", default="bytes", help="how the job serialized values (default: bytes)")
+    p.add_argument("--user-key-serializer", default="bytes", help="map state: how user keys were serialized")
+    p.add_argument("--largest", type=_count, default=10, help="how many of the largest keys to list (default: 10)")
+    p.add_argument("--include-expired", action="store_true", help="dump values whose TTL expired too")
+    p.add_argument("--quiet", action="store_true", help="say nothing on stderr about what is being read")
+    p.set_defaults(fn=_command)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
+    return value
+
+
+def _command(args: argparse.Namespace) -> int:
+    """statectl's entry: a bad --config or -D raises ConfigError, which statectl turns into exit 2."""
+    from keyedstate.state_processor import StateSerializers
+
+    conf = Configuration.load(args.config, args.overrides)
+    return run(
+        args.path,
         sys.stdout,
         sys.stderr,
         config=conf,
-        dump=dump,
-        operator=operator,
-        state=state,
-        serializers=StateSerializers(key_serializer, value_serializer, user_key_serializer),
-        largest=largest,
-        as_json=as_json,
-        include_expired=include_expired,
-        progress=progress,
+        dump=args.dump,
+        operator=args.operator,
+        state=args.state,
+        serializers=StateSerializers(args.key_serializer, args.value_serializer, args.user_key_serializer),
+        largest=args.largest,
+        as_json=args.json,
+        include_expired=args.include_expired,
+        progress=not args.quiet,
     )
-    ctx.exit(code)

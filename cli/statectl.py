@@ -7,6 +7,7 @@
     statectl checkpoint trigger|list JOB
     statectl checkpoint gc JOB [--dry-run]          remove orphaned checkpoint files
     statectl savepoint JOB [--dir PATH]
+    statectl health [--service S]                   grpc.health.v1 status of the port given with -m (exit 0: SERVING)
     statectl config docs                            the configuration reference (Markdown)
     statectl config show                            the effective configuration (secrets shown as ******)
     statectl auth token NAME --role R [--jobs J,..] --out FILE
@@ -20,32 +21,37 @@ every user of the host can read a command line.
 Every command takes --jobmanager/-m HOST:PORT (default from --config / -D jobmanager.rpc.*), --config,
 -D, --json and --timeout, before the command (statectl -m HOST:PORT cluster) or after it.
 Exit codes: 0 success, 1 the operation failed (a checkpoint or savepoint that did not complete, or
-is still running when --timeout passes, is a failure), 2 bad arguments or configuration.
+is still running when --timeout passes, is a failure), 2 bad arguments or configuration, 141 the
+reader of stdout went away (`statectl cluster | head`). `statectl --version` prints the version.
+
+Tables are drawn by rich; long operations (savepoint, checkpoint trigger, job restore and rescale,
+checkpoint gc) show a spinner with the elapsed time on stderr when it is a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import json_format
 
+from keyedstate.cli import inspect
+from keyedstate.cli.output import end_closed_pipe, print_json, print_table, progress
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
 from keyedstate.common.keygroups import past_max_parallelism
-from keyedstate.common.rpc.enums import message_to_dict, name_of
+from keyedstate.common.rpc.enums import name_of
+from keyedstate.common.version import version_line
 
 
 def _client(args: argparse.Namespace) -> Any:
     from keyedstate.common.auth import token_from_config
-    from keyedstate.common.client import ClientSettings, StateClient
-    from keyedstate.common.client._client import client_security
+    from keyedstate.common.client import ClientSettings, StateClient, client_security
 
     conf = Configuration.load(args.config, args.overrides)
     address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
@@ -59,21 +65,6 @@ def _client(args: argparse.Namespace) -> Any:
         max_in_flight=settings.max_in_flight,
     )
     return StateClient(address, settings, client_security(conf), token=token_from_config(conf))
-
-
-def _print_json(message: Any) -> None:
-    if hasattr(message, "DESCRIPTOR"):
-        message = message_to_dict(message)
-    print(json.dumps(message, indent=2, sort_keys=True))
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
-    return "\n".join(out)
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -91,7 +82,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         else:
             overview = client.cluster()
     if args.json:
-        _print_json(overview)
+        print_json(overview)
         return 0
     print(f"TaskManagers: {len(overview.taskmanagers)}   slots: {overview.total_slots}   free: {overview.free_slots}")
     print()
@@ -109,7 +100,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                 ", ".join(used) or "-",
             ]
         )
-    print(_table(["TASKMANAGER", "ADDRESS", "STATUS", "SLOTS", "FREE", "HEARTBEAT", "ASSIGNED"], rows))
+    print_table(["TASKMANAGER", "ADDRESS", "STATUS", "SLOTS", "FREE", "HEARTBEAT", "ASSIGNED"], rows)
     print()
     jobs = [
         [
@@ -123,7 +114,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         ]
         for j in overview.jobs
     ]
-    print(_table(["JOB", "STATUS", "OPERATORS", "MAX-PAR", "CHECKPOINT", "EPOCH", "FAILURE"], jobs))
+    print_table(["JOB", "STATUS", "OPERATORS", "MAX-PAR", "CHECKPOINT", "EPOCH", "FAILURE"], jobs)
     return 0
 
 
@@ -132,24 +123,19 @@ def cmd_job(args: argparse.Namespace) -> int:
         if args.action == "list":
             overview = client.cluster()
             if args.json:
-                _print_json(
+                print_json(
                     {"jobs": [json_format.MessageToDict(j, preserving_proto_field_name=True) for j in overview.jobs]}
                 )
             else:
-                print(
-                    _table(
-                        ["JOB", "STATUS", "CHECKPOINT"],
-                        [
-                            [j.job_id, name_of(pb.JobStatus, j.status), j.latest_checkpoint_id or "-"]
-                            for j in overview.jobs
-                        ],
-                    )
+                print_table(
+                    ["JOB", "STATUS", "CHECKPOINT"],
+                    [[j.job_id, name_of(pb.JobStatus, j.status), j.latest_checkpoint_id or "-"] for j in overview.jobs],
                 )
             return 0
         if not args.job:
             raise InvalidArgumentError(f"statectl job {args.action} needs a JOB id")
         if args.action == "info":
-            _print_json(client.job_info(args.job))
+            print_json(client.job_info(args.job))
         elif args.action == "cancel":
             info = client.cancel_job(args.job)
             print(f"job {info.job_id} {name_of(pb.JobStatus, info.status)}")
@@ -157,13 +143,15 @@ def cmd_job(args: argparse.Namespace) -> int:
             if not args.source:
                 raise InvalidArgumentError("statectl job restore needs --from PATH (a chk-<n> or savepoint directory)")
             # One call: the JobManager verifies the source before it touches the job (never cancel-then-submit).
-            routing = client.restore_job(args.job, args.source)
+            with progress(f"restoring job {args.job} from {args.source}", not args.json):
+                routing = client.restore_job(args.job, args.source)
             print(f"job {args.job} restored from {args.source} (routing v{routing.version})")
         elif args.action == "rescale":
             if not args.parallelism:
                 raise InvalidArgumentError("statectl job rescale needs --parallelism N")
             _check_rescale_capacity(client, args.job, args.parallelism)
-            routing = client.rescale_job(args.job, args.parallelism, timeout_s=args.timeout)
+            with progress(f"rescaling job {args.job} to parallelism {args.parallelism}", not args.json):
+                routing = client.rescale_job(args.job, args.parallelism, timeout_s=args.timeout)
             print(f"job {args.job} rescaled to parallelism {args.parallelism} (routing v{routing.version})")
     return 0
 
@@ -191,63 +179,67 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     if args.action == "gc":
         from keyedstate.jobmanager.checkpoint_gc_cli import run_gc
 
-        return run_gc(args)
+        with progress(f"collecting orphaned checkpoint files of job {args.job}", not args.json):
+            return run_gc(args)
     with _client(args) as client:
         if args.action == "trigger":
-            info = client.trigger_checkpoint(args.job, wait=not args.no_wait, timeout_s=args.timeout)
-            return _report_checkpoint(info, args.json, waited=not args.no_wait)
+            with progress(f"checkpoint of job {args.job}", not (args.json or args.no_wait)):
+                info = client.trigger_checkpoint(args.job, wait=not args.no_wait, timeout_s=args.timeout)
+            return _report_checkpoint(info, args, waited=not args.no_wait)
         if args.action == "list":
             listing = client.list_checkpoints(args.job)
             if args.json:
-                _print_json(listing)
+                print_json(listing)
             else:
-                print(
-                    _table(
-                        ["ID", "STATUS", "KIND", "EPOCH", "DURATION", "FULL", "INCREMENTAL", "PATH/REASON"],
+                print_table(
+                    ["ID", "STATUS", "KIND", "EPOCH", "DURATION", "FULL", "INCREMENTAL", "PATH/REASON"],
+                    [
                         [
-                            [
-                                c.checkpoint_id,
-                                name_of(jm_pb.CheckpointStatus, c.status),
-                                "savepoint" if c.savepoint else "checkpoint",
-                                c.epoch,
-                                f"{c.duration_ms} ms",
-                                c.full_size,
-                                c.incremental_size,
-                                c.path or c.failure_reason,
-                            ]
-                            for c in listing.checkpoints
-                        ],
-                    )
+                            c.checkpoint_id,
+                            name_of(jm_pb.CheckpointStatus, c.status),
+                            "savepoint" if c.savepoint else "checkpoint",
+                            c.epoch,
+                            f"{c.duration_ms} ms",
+                            c.full_size,
+                            c.incremental_size,
+                            c.path or c.failure_reason,
+                        ]
+                        for c in listing.checkpoints
+                    ],
                 )
     return 0
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with _client(args) as client, progress(f"savepoint of job {args.job}", not args.json):
         info = client.trigger_checkpoint(
             args.job, savepoint=True, target_directory=args.dir or "", timeout_s=args.timeout
         )
-    return _report_checkpoint(info, args.json)
+    return _report_checkpoint(info, args)
 
 
-def _report_checkpoint(info: Any, as_json: bool, waited: bool = True) -> int:
+def _report_checkpoint(info: Any, args: argparse.Namespace, waited: bool = True) -> int:
     """Print the outcome; exit 0 only for a completed one (or, without waiting, one that started)."""
-    kind = "savepoint" if info.savepoint else "checkpoint"
-    if as_json:
-        _print_json(info)
+    # A savepoint refused before it started comes back without the flag: the command says what it was.
+    kind = "savepoint" if info.savepoint or args.command == "savepoint" else "checkpoint"
+    if args.json:
+        print_json(info)
     elif info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED:
         print(f"{kind} {info.checkpoint_id} completed in {info.duration_ms} ms: {info.path}")
     elif info.status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS and waited:
+        # Not a success: a script must not go on (cancel the job, move the savepoint) as if it were.
         print(
-            f"statectl: {kind} {info.checkpoint_id} did not complete within --timeout; it may still complete "
-            f"(statectl checkpoint list shows it): {info.failure_reason or info.path}",
+            f"statectl: {kind} {info.checkpoint_id} did not complete within --timeout {args.timeout:g} s; it may "
+            f"still complete: `statectl checkpoint list {args.job}` shows when it does, or run it again with a "
+            f"larger --timeout: {info.failure_reason or info.path}",
             file=sys.stderr,
         )
     elif info.status == jm_pb.CHECKPOINT_STATUS_IN_PROGRESS:
         print(f"{kind} {info.checkpoint_id} triggered: {info.path}")
     else:
         print(
-            f"statectl: {kind} {info.checkpoint_id or ''} {name_of(jm_pb.CheckpointStatus, info.status)}: {info.failure_reason or info.path}",
+            f"statectl: {kind}{f' {info.checkpoint_id}' if info.checkpoint_id else ''} "
+            f"{name_of(jm_pb.CheckpointStatus, info.status)}: {info.failure_reason or info.path}",
             file=sys.stderr,
         )
     if info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED or (
@@ -257,6 +249,24 @@ def _report_checkpoint(info: Any, as_json: bool, waited: bool = True) -> int:
     return 1
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """One grpc.health.v1 check of a daemon's port (what the Kubernetes probes and the image's HEALTHCHECK run)."""
+    # Not through keyedstate.common.client: a probe every few seconds should not load numpy and pyarrow.
+    from keyedstate.common.rpc.health import check_health
+    from keyedstate.common.security.tls import REST
+    from keyedstate.common.security.transport import TransportSecurity
+
+    conf = Configuration.load(args.config, args.overrides)
+    address = args.jobmanager or f"{conf.get(o.JOBMANAGER_ADDRESS)}:{conf.get(o.JOBMANAGER_PORT)}"
+    security = TransportSecurity.from_config(conf, role="client").channel_security(REST)
+    status = check_health(address, service=args.service, security=security, timeout_s=args.timeout)
+    if args.json:
+        print_json({"address": address, "service": args.service, "status": status})
+    else:
+        print(f"{address}{' ' + args.service if args.service else ''}: {status}")
+    return 0 if status == "SERVING" else 1
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "docs":
         print(o.docs_markdown(), end="")
@@ -264,7 +274,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     conf = Configuration.load(args.config, args.overrides)
     shown = conf.redacted()
     if args.json:
-        _print_json(shown)
+        print_json(shown)
     else:
         for key in sorted(shown):
             print(f"{key}: {shown[key]}")
@@ -284,7 +294,7 @@ def cmd_auth(args: argparse.Namespace) -> int:
     except ValueError:
         raise InvalidArgumentError(f"--role {args.role!r} is not one of {', '.join(r.value for r in Role)}") from None
     jobs = [j.strip() for j in (args.jobs or ALL_JOBS).split(",") if j.strip()]
-    from keyedstate.common.auth._tokens import parse_entry
+    from keyedstate.common.auth import parse_entry
 
     token = new_token()
     entry: TokenEntry = parse_entry(
@@ -310,7 +320,8 @@ def cmd_auth(args: argparse.Namespace) -> int:
 
 
 _DEFAULT_TIMEOUT_S = 30.0
-_COMMAND_TIMEOUT_S = {"savepoint": 600.0}  # a savepoint copies the whole state
+# A savepoint copies the whole state; a health check answers at once or the daemon is unwell.
+_COMMAND_TIMEOUT_S = {"savepoint": 600.0, "health": 5.0}
 
 
 def _add_common_options(parser: argparse.ArgumentParser, overrides_dest: str) -> None:
@@ -330,8 +341,9 @@ def _add_common_options(parser: argparse.ArgumentParser, overrides_dest: str) ->
         "--timeout",
         type=float,
         default=s,
-        help=f"seconds to wait for the JobManager (default {_DEFAULT_TIMEOUT_S:g}; savepoint: "
-        f"{_COMMAND_TIMEOUT_S['savepoint']:g})",
+        help=f"seconds to wait for the JobManager (default {_DEFAULT_TIMEOUT_S:g}; "
+        + "; ".join(f"{name}: {seconds:g}" for name, seconds in _COMMAND_TIMEOUT_S.items())
+        + ")",
     )
     # Accepted only to refuse it with the safer way (see main).
     parser.add_argument("--token", dest="token_on_command_line", default=s, help=argparse.SUPPRESS)
@@ -350,8 +362,76 @@ def _apply_common_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+class Subcommands(Protocol):
+    """What ``add_subparsers()`` returns, as far as a registrar uses it."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+Registrar = Callable[[Subcommands, argparse.ArgumentParser], None]
+"""Adds one command: ``register(sub, common)`` calls ``sub.add_parser(NAME, parents=[common], help=...)``
+(``common`` carries --jobmanager, --config, -D, --json and --timeout), adds the command's own
+options, and ``set_defaults(fn=...)`` with a function of the parsed arguments returning the exit
+code. Inside it, keyedstate.cli.output prints tables, JSON and progress; errors are raised as
+KeyedStateError subclasses (ConfigError/InvalidArgumentError exit 2, the others exit 1)."""
+
+EXTRA_COMMANDS: tuple[Registrar, ...] = (inspect.register,)
+"""Commands kept in modules of their own; ``statectl inspect`` (cli/inspect.py) registers here."""
+
+
+def _actions(parser: argparse.ArgumentParser) -> Subcommands:
+    """The second word of a command (``job restore``): each action has its own options and --help.
+
+    The common options go before the command or after the action, not between the two.
+    """
+    return parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+
+def _add_job_commands(sub: Subcommands, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("job", help="list, inspect, cancel, restore or rescale jobs")
+    p.set_defaults(fn=cmd_job)
+    actions = _actions(p)
+    actions.add_parser("list", parents=[common], help="every job with its status and latest checkpoint")
+    # JOB is checked by cmd_job, so that a missing one is named with the command (exit 2).
+    for name, text in (("info", "the job's status, operators, states and restarts (JSON)"), ("cancel", "cancel it")):
+        actions.add_parser(name, parents=[common], help=text).add_argument("job", nargs="?")
+    a = actions.add_parser(
+        "restore",
+        parents=[common],
+        help="replace the job's state with a checkpoint or savepoint (verified first)",
+        description="The JobManager verifies the source in full before it touches the job; a failed restore "
+        "leaves the job as it was.",
+    )
+    a.add_argument("job", nargs="?")
+    a.add_argument("--from", dest="source", metavar="PATH", help="a chk-<n> or savepoint directory (any fsspec URL)")
+    a = actions.add_parser("rescale", parents=[common], help="run every operator at a new parallelism")
+    a.add_argument("job", nargs="?")
+    a.add_argument("--parallelism", type=int, metavar="N", help="the new parallelism of every operator")
+
+
+def _add_checkpoint_commands(sub: Subcommands, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("checkpoint", help="trigger, list or garbage-collect checkpoints")
+    p.set_defaults(fn=cmd_checkpoint)
+    actions = _actions(p)
+    a = actions.add_parser("trigger", parents=[common], help="take a checkpoint now; exit 0 once it completed")
+    a.add_argument("job")
+    a.add_argument("--no-wait", action="store_true", help="return once triggered")
+    a = actions.add_parser("list", parents=[common], help="completed, failed and running checkpoints and savepoints")
+    a.add_argument("job")
+    a = actions.add_parser(
+        "gc",
+        parents=[common],
+        help="remove orphaned checkpoint files",
+        description="Removes the files of JOB's checkpoint directory that no retained checkpoint references.",
+    )
+    a.add_argument("job")
+    a.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    a.add_argument("--dir", help="the checkpoint directory (default state.checkpoints.dir)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statectl", description="Operate a keyedstate cluster.")
+    parser.add_argument("--version", action="version", version=version_line("statectl"))
     _add_common_options(parser, "global_overrides")
     common = argparse.ArgumentParser(add_help=False)
     _add_common_options(common, "overrides")
@@ -367,25 +447,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(fn=cmd_cluster)
 
-    p = sub.add_parser("job", parents=[common], help="list, inspect, cancel, restore or rescale jobs")
-    p.add_argument("action", choices=["list", "info", "cancel", "restore", "rescale"])
-    p.add_argument("job", nargs="?")
-    p.add_argument("--from", dest="source", metavar="PATH", help="restore: checkpoint or savepoint directory")
-    p.add_argument("--parallelism", type=int, help="rescale: new parallelism of every operator")
-    p.set_defaults(fn=cmd_job)
-
-    p = sub.add_parser("checkpoint", parents=[common], help="trigger, list or garbage-collect checkpoints")
-    p.add_argument("action", choices=["trigger", "list", "gc"])
-    p.add_argument("job")
-    p.add_argument("--no-wait", action="store_true", help="trigger: return once triggered")
-    p.add_argument("--dry-run", action="store_true", help="gc: print what would be removed, remove nothing")
-    p.add_argument("--dir", help="gc: the checkpoint directory (default state.checkpoints.dir)")
-    p.set_defaults(fn=cmd_checkpoint)
+    _add_job_commands(sub, common)
+    _add_checkpoint_commands(sub, common)
 
     p = sub.add_parser("savepoint", parents=[common], help="write a self-contained, relocatable savepoint")
     p.add_argument("job")
     p.add_argument("--dir", help="target directory (default state.savepoints.dir)")
     p.set_defaults(fn=cmd_savepoint)
+
+    p = sub.add_parser(
+        "health",
+        parents=[common],
+        help="ask a daemon's port for its grpc.health.v1 status (exit 0 only when SERVING)",
+        description="One health check of the port given with --jobmanager/-m (a JobManager's or a TaskManager's). "
+        "With TLS, --config names security.ssl.rest.ca (and security.ssl.rest.server-name when the certificate "
+        "does not name the address dialled). Needs no token.",
+    )
+    p.add_argument("--service", default="", help="a service name (default: the whole daemon)")
+    p.set_defaults(fn=cmd_health)
 
     p = sub.add_parser("config", parents=[common], help="configuration reference, or the effective configuration")
     p.add_argument("action", choices=["docs", "show"])
@@ -398,6 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", help="comma-separated job ids it may touch (default: * = all)")
     p.add_argument("--out", required=True, help="new file to write the token to (mode 600)")
     p.set_defaults(fn=cmd_auth)
+
+    for register in EXTRA_COMMANDS:
+        register(sub, common)
     return parser
 
 
@@ -408,8 +490,7 @@ _TOKEN_REFUSAL = (
 
 
 def _refuse_secrets_on_command_line(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from keyedstate.common.config import secret_overrides
-    from keyedstate.common.config._secrets import SAFER_WAYS
+    from keyedstate.common.config import SAFER_WAYS, secret_overrides
 
     if getattr(args, "token_on_command_line", None) is not None:
         parser.error(f"--token is refused: {_TOKEN_REFUSAL}")
@@ -436,7 +517,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     fn: Callable[[argparse.Namespace], int] = args.fn
     try:
-        return fn(args)
+        code = fn(args)
+        sys.stdout.flush()  # here, so that a closed pipe is reported below and not at exit
+        return code
+    except BrokenPipeError:
+        # `statectl cluster | head`: the reader has what it wanted; no traceback for that.
+        return end_closed_pipe()
     except (ConfigError, InvalidArgumentError) as exc:
         print(f"statectl: {exc}", file=sys.stderr)
         return 2

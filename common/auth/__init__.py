@@ -19,7 +19,15 @@ from keyedstate.common.auth._credentials import (
 from keyedstate.common.auth._interceptor import AuthInterceptor, AuthMetrics, certificate_name
 from keyedstate.common.auth._methods import RULES, SERVICE_RULES, MethodRule
 from keyedstate.common.auth._roles import ALL_JOBS, ROLE_PERMISSIONS, Permission, Principal, Role, roles_granting
-from keyedstate.common.auth._tokens import TokenEntry, TokenStore, fingerprint, hash_token, new_token, parse_tokens
+from keyedstate.common.auth._tokens import (
+    TokenEntry,
+    TokenStore,
+    fingerprint,
+    hash_token,
+    new_token,
+    parse_entry,
+    parse_tokens,
+)
 from keyedstate.common.rpc.bearer import BearerTokenInterceptor
 
 
@@ -89,6 +97,7 @@ __all__ = [
     "hash_token",
     "internal_token",
     "new_token",
+    "parse_entry",
     "parse_tokens",
     "read_token_file",
     "resolve_token",

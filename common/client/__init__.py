@@ -12,6 +12,7 @@ from keyedstate.common.client._epoch import EpochScope
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.client._states import ListState, MapState, ReducingState, ValueState
 from keyedstate.common.lifecycle import BatchAction, CheckpointStatus, JobStatus
+from keyedstate.common.rpc.health import check_health
 from keyedstate.common.security.tls import ChannelSecurity
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Routing",
     "StateClient",
     "ValueState",
+    "check_health",
     "client_security",
     "status_name",
 ]

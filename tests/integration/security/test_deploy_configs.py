@@ -10,7 +10,6 @@ security (TLS on both planes, authentication, the cluster id, protected mode) is
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.errors import AuthenticationError, PermissionDeniedError
 from tests.fixtures.tls import Pki
 from tests.integration.security._tokens import make_tokens
-from tests.integration.serving._support import OPERATOR, operators
+from tests.integration.serving._support import OPERATOR, free_port, operators, run_module
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 JOB = "deployed"
@@ -47,14 +46,35 @@ def _yaml_config(name: str) -> dict[str, Any]:
     return dict(yaml.safe_load((DEPLOY / "conf" / name).read_text()))
 
 
-def _k8s_config(name: str, container: str) -> dict[str, Any]:
+def _k8s_container(name: str, container: str) -> dict[str, Any]:
     for doc in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()):
         if doc and doc.get("kind") in ("Deployment", "StatefulSet"):
             (spec,) = [c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == container]
-            command = spec["command"]
-            words = shlex.split(command[-1]) if command[0] == "sh" else command
-            return dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "-D")
+            return dict(spec)
     raise AssertionError(f"no workload in {name}")
+
+
+def _configmap_file(mounted: str) -> dict[str, Any]:
+    """A file of the ConfigMap keyedstate-config, by the path the pods mount it at (/etc/keyedstate/conf/...)."""
+    [configmap] = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text()) if d]
+    assert mounted.startswith("/etc/keyedstate/conf/"), mounted
+    return dict(yaml.safe_load(configmap["data"][mounted.removeprefix("/etc/keyedstate/conf/")]))
+
+
+def _k8s_config(name: str, container: str) -> dict[str, Any]:
+    """The container's configuration: its --config file from the ConfigMap, then its -D overrides."""
+    words = _k8s_container(name, container)["command"]
+    conf = _configmap_file(words[words.index("--config") + 1])
+    conf.update(dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "-D"))
+    return conf
+
+
+def _probe(name: str, container: str) -> list[str]:
+    """The readiness probe's command; the liveness and startup probes run the same one."""
+    spec = _k8s_container(name, container)
+    command: list[str] = spec["readinessProbe"]["exec"]["command"]
+    assert spec["livenessProbe"]["exec"]["command"] == command == spec["startupProbe"]["exec"]["command"]
+    return command
 
 
 def _localize(conf: dict[str, Any], files: dict[str, Path], tmp: Path) -> dict[str, Any]:
@@ -81,7 +101,9 @@ def test_the_shipped_deployment_runs_secured(inprocess_cluster: Any, tmp_path: P
     else:
         jm_raw, tm_raw = _k8s_config("jobmanager.yaml", "jobmanager"), _k8s_config("taskmanager.yaml", "taskmanager")
     pki = Pki(tmp_path / "pki")
-    internal, rest = pki.leaf(pki.cluster_ca, "internal"), pki.leaf(pki.rest_ca, "rest")
+    # rest.crt names the JobManager's Service, as deploy/k8s/secrets.yaml asks (the probes check that name).
+    internal = pki.leaf(pki.cluster_ca, "internal")
+    rest = pki.leaf(pki.rest_ca, "rest", "keyedstate-jobmanager", "127.0.0.1", "localhost")
     tokens = make_tokens(tmp_path / "auth", {"ops": ("admin", ["*"]), "pipeline": ("writer", [JOB])})
     files = {
         "tls/internal.crt": internal.cert,
@@ -89,6 +111,7 @@ def test_the_shipped_deployment_runs_secured(inprocess_cluster: Any, tmp_path: P
         "tls/internal-ca.crt": pki.cluster_ca_file,
         "tls/rest.crt": rest.cert,
         "tls/rest.key": rest.key,
+        "tls/rest-ca.crt": pki.rest_ca_file,
         "auth/tokens.yaml": tokens.tokens_file,
     }
     jm_conf, tm_conf = _localize(jm_raw, files, tmp_path), _localize(tm_raw, files, tmp_path)
@@ -116,3 +139,30 @@ def test_the_shipped_deployment_runs_secured(inprocess_cluster: Any, tmp_path: P
         assert checkpoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, checkpoint.failure_reason
     with StateClient(cluster.address, SETTINGS, trust) as anonymous, pytest.raises(AuthenticationError):
         anonymous.job_info(JOB)
+    if source == "k8s":
+        _the_probes_pass_on_the_secured_ports(cluster, files, tmp_path)
+
+
+def _the_probes_pass_on_the_secured_ports(cluster: Any, files: dict[str, Path], tmp: Path) -> None:
+    """Each pod's probe command, run as the kubelet would: TLS, no token, exit 0 only while the port serves."""
+    for name, container in (("jobmanager.yaml", "jobmanager"), ("taskmanager.yaml", "taskmanager")):
+        command = _probe(name, container)
+        assert command[:2] == ["statectl", "health"]
+        config = tmp / f"probe-{container}.yaml"
+        config.write_text(
+            yaml.safe_dump(_localize(_configmap_file(command[command.index("--config") + 1]), files, tmp))
+        )
+        daemon = cluster.address if container == "jobmanager" else cluster.taskmanagers[0].address
+        args = ["health", "-m", daemon, "--config", str(config)]
+        result = run_module("keyedstate.cli.statectl", *args)
+        assert result.returncode == 0 and result.stdout.strip() == f"{daemon}: SERVING", result.stderr
+        # The same probe fails when the certificate it trusts is not the port's.
+        untrusted = tmp / "untrusted.yaml"
+        untrusted.write_text(
+            yaml.safe_dump(
+                {**yaml.safe_load(config.read_text()), "security.ssl.rest.ca": str(files["tls/internal-ca.crt"])}
+            )
+        )
+        assert run_module("keyedstate.cli.statectl", "health", "-m", daemon, "--config", str(untrusted)).returncode == 1
+    result = run_module("keyedstate.cli.statectl", "health", "-m", f"127.0.0.1:{free_port()}", "--timeout", "2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr

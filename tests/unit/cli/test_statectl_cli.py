@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,30 @@ def test_an_option_after_the_command_wins_and_defaults_follow_the_command() -> N
     assert (args.jobmanager, args.timeout, args.overrides, args.config) == ("b:2", 5.0, [], None)
     assert statectl._apply_common_defaults(parser.parse_args(["savepoint", "j"])).timeout == 600.0
     assert statectl._apply_common_defaults(parser.parse_args(["--timeout", "9", "savepoint", "j"])).timeout == 9.0
+
+
+def test_a_command_registered_from_its_own_module_gets_the_common_options_and_error_handling(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The contract EXTRA_COMMANDS offers (statectl inspect, cli/inspect.py, is wired through it)."""
+    from keyedstate.common.errors import InvalidArgumentError
+
+    seen: list[Any] = []
+
+    def demo(args: Any) -> int:
+        seen.append(args)
+        if args.path == "bad":
+            raise InvalidArgumentError("demo: PATH 'bad' is not a checkpoint")
+        return 0
+
+    def register(sub: statectl.Subcommands, common: Any) -> None:
+        p = sub.add_parser("demo", parents=[common], help="a demo command")
+        p.add_argument("path")
+        p.set_defaults(fn=demo)
+
+    monkeypatch.setattr(statectl, "EXTRA_COMMANDS", (register,))
+    assert statectl.main(["demo", "chk-1", "--json", "-D", "a=b"]) == 0
+    assert (seen[0].path, seen[0].json, seen[0].overrides, seen[0].timeout) == ("chk-1", True, ["a=b"], 30.0)
+    assert statectl.main(["demo", "bad"]) == 2
+    assert capsys.readouterr().err == "statectl: demo: PATH 'bad' is not a checkpoint\n"
+    assert "demo" in statectl.build_parser().format_help()

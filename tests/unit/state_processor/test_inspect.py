@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pytest
-from click.testing import CliRunner
 
-from keyedstate.cli.inspect import inspect_command, run
+from keyedstate.cli import statectl
+from keyedstate.cli.inspect import run
 from keyedstate.common.descriptors import ReduceField, StateDescriptor, StateKind, TtlConfig
 from keyedstate.common.errors import AlreadyExistsError, InvalidArgumentError
 from keyedstate.common.keygroups import key_group
@@ -174,36 +174,25 @@ def test_missing_path_and_damaged_files_exit_1_naming_the_file(tmp_path: Path) -
     assert f"{target}/_metadata is unusable: missing field 'job_id'" in err.getvalue()
 
 
-def test_click_command(tmp_path: Path) -> None:
+def test_statectl_inspect_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = _savepoint(tmp_path)
-    runner = CliRunner()
-    result = runner.invoke(inspect_command, [target, "--json", "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["checkpoint_id"] == 1
-    result = runner.invoke(
-        inspect_command,
-        [
-            target,
-            "--dump",
-            "jsonl",
-            "--operator",
-            "counts",
-            "--state",
-            "total",
-            "--key-serializer",
-            "str",
-            "--value-serializer",
-            "int",
-        ],
-    )
-    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 40
-    assert "reading counts/total" in result.stderr
-    result = runner.invoke(inspect_command, [target, "-D", "nokey"])
-    assert result.exit_code == 2 and "expected key=value" in result.stderr
-    result = runner.invoke(inspect_command, [(tmp_path / "gone").as_uri()])
-    assert result.exit_code == 1 and "nothing exists there" in result.stderr and result.exception is not None
-    result = runner.invoke(inspect_command, ["--help"])
-    assert result.exit_code == 0 and "--dump [jsonl|csv]" in result.stdout
+    assert statectl.main(["inspect", target, "--json", "--quiet"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["checkpoint_id"] == 1 and out.err == ""
+    dump = ["--dump", "jsonl", "--operator", "counts", "--state", "total"]
+    assert statectl.main(["inspect", target, *dump, "--key-serializer", "str", "--value-serializer", "int"]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.splitlines()) == 40 and "reading counts/total" in out.err
+    assert statectl.main(["inspect", target, "-D", "nokey"]) == 2
+    assert "expected key=value" in capsys.readouterr().err
+    assert statectl.main(["inspect", (tmp_path / "gone").as_uri()]) == 1
+    assert "nothing exists there" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        statectl.main(["inspect", target, "--largest", "-1"])
+    assert exited.value.code == 2 and "negative" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        statectl.main(["inspect", "--help"])
+    assert exited.value.code == 0 and "{jsonl,csv}" in capsys.readouterr().out
 
 
 def test_reader_ttl_pandas_and_reducing(tmp_path: Path) -> None:
