@@ -30,6 +30,20 @@ FAILED = CheckpointStatus.FAILED
 
 
 @dataclass(frozen=True)
+class SubtaskAckStats:
+    """One subtask's acknowledgement of a checkpoint, as the web UI's per-subtask table shows it."""
+
+    operator_id: str
+    subtask_index: int
+    ack_timestamp_ms: int
+    """Wall-clock time the JobManager received the ack."""
+    sync_duration_ms: int
+    async_duration_ms: int
+    full_size: int
+    incremental_size: int
+
+
+@dataclass(frozen=True)
 class CheckpointStatsEntry:
     """One checkpoint as ``statectl checkpoint list`` and the web UI show it."""
 
@@ -46,6 +60,8 @@ class CheckpointStatsEntry:
     epoch: int = -1
     failure_reason: str = ""
     failure_message: str = ""
+    acks: tuple[SubtaskAckStats, ...] = ()
+    """The acknowledgements received so far, in arrival order."""
 
     def summary(self) -> CheckpointSummary:
         """The entry as a trigger's answer reads (the RPC edge sends it as ``CheckpointInfo``)."""
@@ -173,12 +189,13 @@ class CheckpointStatsTracker:
             self._put(entry)
             self._export()
 
-    def report_ack(self, checkpoint_id: CheckpointId) -> None:
-        """One more subtask acknowledged (shown as progress in the history)."""
+    def report_ack(self, checkpoint_id: CheckpointId, ack: SubtaskAckStats | None = None) -> None:
+        """One more subtask acknowledged (shown as progress in the history, with its timings when given)."""
         with self._lock:
             entry = self._history.get(checkpoint_id)
             if entry is not None and entry.status == IN_PROGRESS:
-                self._history[checkpoint_id] = replace(entry, num_acknowledged=entry.num_acknowledged + 1)
+                acks = entry.acks if ack is None else (*entry.acks, ack)
+                self._history[checkpoint_id] = replace(entry, num_acknowledged=entry.num_acknowledged + 1, acks=acks)
 
     def report_completed(
         self,
