@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import mimetypes
+import re
 from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import Any
@@ -59,6 +60,25 @@ _RULES = Map(
 # Only reads: werkzeug answers any other method with 405 and the Allow header.
 for _rule in _RULES.iter_rules():
     _rule.methods = {"GET", "HEAD"}
+
+
+def rest_paths() -> list[str]:
+    """The JSON endpoints' paths in OpenAPI's notation (``/jobs/{jobid}``), for the document's tests."""
+    names = {
+        "job_id": "jobid",
+        "checkpoint_id": "checkpointid",
+        "operator_id": "vertexid",
+        "taskmanager_id": "taskmanagerid",
+    }
+    paths = []
+    for rule in _RULES.iter_rules():
+        if rule.endpoint in ("page", "static", "openapi"):
+            continue
+        path = rule.rule
+        for arg in rule.arguments:
+            path = re.sub(r"<(?:[^:>]+:)?" + arg + ">", "{" + names[arg] + "}", path)
+        paths.append(path)
+    return paths
 
 
 def _package_file(name: str) -> bytes:
