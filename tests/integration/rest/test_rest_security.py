@@ -32,8 +32,9 @@ def _tls_rest_cluster(
     *,
     authentication: bool = False,
     token: str | None = None,
-    **jm: Any,
+    jm: dict[str, Any] | None = None,
 ) -> RestCluster:
+    jm = jm or {}
     cluster = inprocess_cluster(
         taskmanagers=0,
         slots=4,
@@ -116,7 +117,7 @@ def test_with_auth_on_tokens_roles_and_job_scopes_apply(
         },
     )
     auth = {"security.auth.enabled": "true", "security.auth.tokens-file": str(tokens.tokens_file)}
-    rc = _tls_rest_cluster(inprocess_cluster, pki, token=tokens.tokens["ops"], **auth)
+    rc = _tls_rest_cluster(inprocess_cluster, pki, token=tokens.tokens["ops"], jm=auth)
     rc.client.submit_job(JOB, OPERATORS, max_parallelism=128)
     rc.client.submit_job("billing", OPERATORS[:1], max_parallelism=128)
     ctx = _trusting(pki.rest_ca_file)
