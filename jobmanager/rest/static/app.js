@@ -89,7 +89,7 @@ function renderJobs(jobs) {
 
 function renderChart(history) {
   const chart = $("#chk-chart");
-  const W = 800, H = 220, L = 60, R = 60, T = 14, B = 30;
+  const W = 800, H = 220, L = 60, R = 70, T = 22, B = 30;
   const points = history.slice().reverse().filter((c) => c.status !== "IN_PROGRESS");
   chart.replaceChildren();
   chart.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
@@ -108,9 +108,14 @@ function renderChart(history) {
   chart.append(svg("text", { x: L - 4, y: H - B, "text-anchor": "end" }, "0"));
   chart.append(svg("text", { x: W - R + 4, y: T + 8 }, bytes(maxSize)));
   chart.append(svg("text", { x: W - R + 4, y: H - B }, "0"));
+  chart.append(svg("text", { x: L - 4, y: T - 4, "text-anchor": "end" }, "duration"));
+  chart.append(svg("text", { x: W - R + 4, y: T - 4 }, "size"));
   const line = (cls, f) => svg("polyline", { class: cls, points: points.map((c, i) => x(i) + "," + f(c)).join(" ") });
-  chart.append(line("line-size", (c) => ySize(c.state_size)));
-  chart.append(line("line-incr", (c) => ySize(c.checkpointed_size)));
+  // Sizes only for completed checkpoints: a failed one has no size, not a size of zero.
+  const sizeLine = (cls, f) => svg("polyline", { class: cls,
+    points: points.map((c, i) => [c, i]).filter(([c]) => c.status === "COMPLETED").map(([c, i]) => x(i) + "," + f(c)).join(" ") });
+  chart.append(sizeLine("line-size", (c) => ySize(c.state_size)));
+  chart.append(sizeLine("line-incr", (c) => ySize(c.checkpointed_size)));
   chart.append(line("line-duration", (c) => yDur(c.end_to_end_duration)));
   points.forEach((c, i) => {
     chart.append(svg("text", { x: x(i), y: H - B + 14, "text-anchor": "middle" }, "#" + c.id));
