@@ -101,7 +101,9 @@ class JobManager:
         # the same tokens as the gRPC interceptors (security.auth.*).
         self._rest_api = (
             RestApi(
-                ClusterView(self.dispatcher.overview, self.dispatcher.jobs, conf, clock), RestAccess.from_config(conf)
+                ClusterView(self.dispatcher.overview, self.dispatcher.jobs, conf, clock),
+                RestAccess.from_config(conf),
+                refresh_interval_ms=s.web_refresh_interval_ms,
             )
             if s.rest_port >= 0
             else None

@@ -134,10 +134,15 @@ def test_checkpoint_config_reads_the_jobs_settings(rest_cluster: RestCluster) ->
     assert default["checkpoints_dir"].endswith(f"/{JOB}")
 
 
-def test_jobmanager_config_lists_keys_with_secrets_redacted(inprocess_cluster: object) -> None:
+def test_config_documents_read_the_configuration_with_secrets_redacted(inprocess_cluster: object) -> None:
     from tests.integration.rest.conftest import start_rest_cluster
 
-    rc = start_rest_cluster(inprocess_cluster, jm={"s3.secret-key": "very-secret-value"})  # type: ignore[arg-type]
+    rc = start_rest_cluster(
+        inprocess_cluster,  # type: ignore[arg-type]
+        jm={"s3.secret-key": "very-secret-value", "web.refresh-interval": "1500 ms"},
+    )
+    assert rc.get("/config").body["refresh-interval"] == 1500
+    assert rc.get("/overview").body["taskmanagers"] == 2
     entries = {e["key"]: e["value"] for e in rc.get("/jobmanager/config").body}
     assert entries["rest.port"] == "0"
     assert entries["s3.secret-key"] != "very-secret-value" and "very-secret-value" not in str(entries)
