@@ -287,6 +287,10 @@ def checkpoints(stats: JobCheckpoints) -> Json:
             "checkpointed_size": _stats([e.incremental_size for e in completed]),
             "state_size": _stats([e.full_size for e in completed]),
             "end_to_end_duration": _stats([e.duration_ms for e in completed]),
+            # No stream alignment here (keyed state has no channels): Flink's fields, always 0.
+            "alignment_buffered": _stats([]),
+            "processed_data": _stats([]),
+            "persisted_data": _stats([]),
         },
         "latest": {
             "completed": None if stats.latest_completed is None else checkpoint(stats.latest_completed),
