@@ -194,15 +194,7 @@ async function refresh() {
   }
 }
 
-async function start() {
-  $("#job-select").addEventListener("change", (e) => { state.job = e.target.value; state.checkpoint = null; refresh(); });
-  $("#login").addEventListener("submit", (e) => {
-    e.preventDefault();
-    state.token = $("#token").value.trim();
-    sessionStorage.setItem("keyedstate-token", state.token);
-    $("#login").hidden = true;
-    start();
-  });
+async function load() {
   try {
     const config = await api("/config");
     state.refreshMs = Math.max(500, config["refresh-interval"]);
@@ -213,4 +205,16 @@ async function start() {
   if (!state.timer) state.timer = setInterval(refresh, state.refreshMs);
 }
 
-start();
+function init() {
+  $("#job-select").addEventListener("change", (e) => { state.job = e.target.value; state.checkpoint = null; refresh(); });
+  $("#login").addEventListener("submit", (e) => {
+    e.preventDefault();
+    state.token = $("#token").value.trim();
+    sessionStorage.setItem("keyedstate-token", state.token);
+    $("#login").hidden = true;
+    load();
+  });
+  load();
+}
+
+init();

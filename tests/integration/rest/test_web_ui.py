@@ -156,7 +156,7 @@ def test_the_page_shows_the_cluster_jobs_and_checkpoints_and_refreshes_by_itself
     assert sorted((r[0], int(r[1])) for r in acks) == sorted(
         (op.operator_id, i) for op in OPERATORS for i in range(op.parallelism)
     )
-    assert all((r[2] == "completed" and r[5].endswith("ms")) or r[5].endswith(" s") for r in acks)
+    assert all(r[2] == "completed" and (r[5].endswith(" ms") or r[5].endswith(" s")) for r in acks)
     assert all(r[6] != "–" and r[8] != "–" for r in acks)
 
     # It refreshes by itself: a checkpoint taken now appears without a reload.
