@@ -320,9 +320,16 @@ def _task(entry: CheckpointStatsEntry, operator_id: str, parallelism: int) -> Js
 
 
 def checkpoint_details(entry: CheckpointStatsEntry, job: JobView) -> Json:
-    """``/jobs/{id}/checkpoints/details/{chk}``: the checkpoint with one summary per operator (Flink's task)."""
+    """``/jobs/{id}/checkpoints/details/{chk}``: the checkpoint with one summary per operator (Flink's task),
+    each with its subtasks' acks (sync and async times, sizes)."""
     doc = checkpoint(entry)
-    doc["tasks"] = {op.operator_id: _task(entry, op.operator_id, op.parallelism) for op in job.info.operators}
+    doc["tasks"] = {}
+    for op in job.info.operators:
+        task = _task(entry, op.operator_id, op.parallelism)
+        # Beyond Flink (which has them at .../subtasks/{vertex}): every subtask's ack in one request.
+        acks = {a.subtask_index: a for a in entry.acks if a.operator_id == op.operator_id}
+        task["subtasks"] = [_subtask(entry, i, acks.get(i)) for i in range(op.parallelism)]
+        doc["tasks"][op.operator_id] = task
     return doc
 
 

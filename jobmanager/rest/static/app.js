@@ -157,8 +157,7 @@ async function renderAcks(job) {
   const details = await api(base);
   const rows = [];
   for (const op of Object.keys(details.tasks)) {
-    const sub = await api(base + "/subtasks/" + encodeURIComponent(op));
-    for (const s of sub.subtasks) {
+    for (const s of details.tasks[op].subtasks) {
       const done = s.status === "completed";
       rows.push(el("tr", { "data-operator": op, "data-subtask": s.index },
         el("td", {}, op), el("td", {}, s.index), el("td", { class: "status" }, status(s.status)),

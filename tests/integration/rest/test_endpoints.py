@@ -104,6 +104,10 @@ def test_checkpoint_details_show_every_subtasks_ack_with_sync_and_async_times(re
     details = rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}").body
     assert sorted(details["tasks"]) == sorted(op.operator_id for op in OPERATORS)
     assert sum(t["state_size"] for t in details["tasks"].values()) == latest["state_size"]
+    # The details carry every subtask's ack too, equal to the per-operator endpoint's.
+    for op in OPERATORS:
+        same = rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}/subtasks/{op.operator_id}").body
+        assert details["tasks"][op.operator_id]["subtasks"] == same["subtasks"]
     for op in OPERATORS:
         sub = rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}/subtasks/{op.operator_id}").body
         assert [s["index"] for s in sub["subtasks"]] == list(range(op.parallelism))
