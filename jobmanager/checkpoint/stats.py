@@ -164,6 +164,9 @@ class CheckpointStatsTracker:
         self.latest_completed: CheckpointStatsEntry | None = None
         self.latest_failed: CheckpointStatsEntry | None = None
         self.latest_restore_timestamp_ms = -1
+        self.latest_restore_checkpoint_id = CheckpointId(0)
+        """The checkpoint the job last restored from (0: none)."""
+        self.num_restored = 0
         for g in (self._m.completed, self._m.failed, self._m.in_progress, self._m.total):
             g.labels(job_id).set(0)
         self._m.restore_ts.labels(job_id).set(-1)
@@ -263,6 +266,8 @@ class CheckpointStatsTracker:
         """The job (re)started from ``checkpoint_id``; sets ``lastCheckpointRestoreTimestamp``."""
         with self._lock:
             self.latest_restore_timestamp_ms = timestamp_ms
+            self.latest_restore_checkpoint_id = checkpoint_id
+            self.num_restored += 1
             self._m.restore_ts.labels(self.job_id).set(timestamp_ms)
         logger.info("job=%s restored from checkpoint %d", self.job_id, checkpoint_id)
 

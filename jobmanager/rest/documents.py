@@ -277,7 +277,7 @@ def checkpoints(stats: JobCheckpoints) -> Json:
     c = stats.counts
     return {
         "counts": {
-            "restored": 1 if c.restore_timestamp_ms >= 0 else 0,
+            "restored": c.restored,
             "total": c.total,
             "in_progress": c.in_progress,
             "completed": c.completed,
@@ -296,7 +296,9 @@ def checkpoints(stats: JobCheckpoints) -> Json:
             "completed": None if stats.latest_completed is None else checkpoint(stats.latest_completed),
             "savepoint": None if latest_savepoint is None else checkpoint(latest_savepoint),
             "failed": None if stats.latest_failed is None else checkpoint(stats.latest_failed),
-            "restored": None if c.restore_timestamp_ms < 0 else {"restore_timestamp": c.restore_timestamp_ms},
+            "restored": None
+            if c.restore_timestamp_ms < 0
+            else {"id": c.restore_checkpoint_id, "restore_timestamp": c.restore_timestamp_ms},
         },
         "history": [checkpoint(e) for e in stats.history],
     }

@@ -32,8 +32,12 @@ class CheckpointCounts:
     in_progress: int
     completed: int
     failed: int
+    restored: int
+    """How often the job restored from a checkpoint or savepoint on this JobManager."""
     restore_timestamp_ms: int
     """-1: the job never restored."""
+    restore_checkpoint_id: int
+    """The checkpoint of the latest restore (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,9 @@ class ClusterView:
             in_progress=stats.num_in_progress,
             completed=stats.num_completed,
             failed=stats.num_failed,
+            restored=stats.num_restored,
             restore_timestamp_ms=stats.latest_restore_timestamp_ms,
+            restore_checkpoint_id=stats.latest_restore_checkpoint_id,
         )
         return JobCheckpoints(
             counts=counts,

@@ -216,3 +216,17 @@ def test_a_stalled_client_does_not_stall_checkpoints_or_other_requests(rest_clus
         for sock in (*stalled, reader):
             sock.close()
     assert rest_cluster.get("/jobs").body == {"jobs": [{"id": JOB, "status": "RUNNING"}]}
+
+
+def test_a_restore_shows_in_counts_latest_and_the_jobs_routing(rest_cluster: RestCluster) -> None:
+    before = rest_cluster.get(f"/jobs/{JOB}").body
+    latest = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["latest"]["completed"]
+    rest_cluster.client.restore_job(JOB, latest["external_path"])
+    doc = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body
+    assert doc["counts"]["restored"] == 1
+    assert doc["latest"]["restored"]["id"] == latest["id"]
+    assert doc["latest"]["restored"]["restore_timestamp"] >= latest["trigger_timestamp"]
+    after = rest_cluster.get(f"/jobs/{JOB}").body
+    assert after["state"] == "RUNNING"
+    assert after["routing-version"] > before["routing-version"]  # redeployed under a new routing version
+    assert after["routing"]["version"] == after["routing-version"]
