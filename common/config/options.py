@@ -70,6 +70,13 @@ WEB_REFRESH_INTERVAL = _opt(
     "duration",
     "How often the JobManager's web page (on rest.port) reloads what it shows.",
 )
+WEB_CHECKPOINTS_HISTORY = _opt(
+    "web.checkpoints.history",
+    int_parser(1, 10_000),
+    10,
+    "int",
+    "How many recent checkpoints each job's history keeps for the web UI, the REST API and statectl checkpoint list.",
+)
 
 # --- TaskManager ------------------------------------------------------------------------------
 TASKMANAGER_HOST = _opt(

@@ -230,3 +230,14 @@ def test_a_restore_shows_in_counts_latest_and_the_jobs_routing(rest_cluster: Res
     assert after["state"] == "RUNNING"
     assert after["routing-version"] > before["routing-version"]  # redeployed under a new routing version
     assert after["routing"]["version"] == after["routing-version"]
+
+
+def test_the_history_keeps_web_checkpoints_history_entries(rest_cluster: RestCluster) -> None:
+    short = [OperatorSpec("sessions", 1, OPERATORS[0].states)]
+    rest_cluster.client.submit_job("short", short, max_parallelism=16, config={"web.checkpoints.history": "2"})
+    ids = [complete_checkpoint(rest_cluster.client, "short") for _ in range(3)]
+    doc = rest_cluster.get("/jobs/short/checkpoints").body
+    assert [c["id"] for c in doc["history"]] == ids[:0:-1]  # the two newest
+    assert doc["counts"]["completed"] == 3  # counts cover the whole life, not just the history
+    gone = rest_cluster.get(f"/jobs/short/checkpoints/details/{ids[0]}")
+    assert gone.status == 404 and f"it holds {ids[2]}, {ids[1]}" in gone.body["errors"][0]
