@@ -207,7 +207,7 @@ def test_a_stalled_client_does_not_stall_checkpoints_or_other_requests(rest_clus
         worker = threading.Thread(target=checkpoints)
         worker.start()
         while not done.wait(0.2):
-            assert rest_cluster.get("/overview", timeout=10).status == 200
+            assert rest_cluster.get("/overview", timeout=30).status == 200
         worker.join()
         assert len(ids) == 3
         history = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["history"]
