@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-all test-deps check typecheck-tree format bench bench-quick bench-deps proto clean
+.PHONY: setup run test test-all test-deps browser-deps check typecheck-tree format bench bench-quick bench-deps proto clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(PY) -m keyedstate.examples.main_job
 
 ## The default test suite (what CI runs): the house checks first, then pytest.
-test: check test-deps bench-deps
+test: check test-deps bench-deps browser-deps
 	$(PY) -m pytest -q
 
 ## The house checks: lint, format, types (mypy --strict) and the import-layer contracts.
@@ -45,7 +45,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 ## Everything, including soak runs marked slow.
-test-all: $(STAMP) test-deps bench-deps
+test-all: $(STAMP) test-deps bench-deps browser-deps
 	$(PY) -m pytest -q -m ''
 
 ## iptables makes the network partitions of the netns tests (tests/fixtures/netns.py); Debian's package.
@@ -55,6 +55,12 @@ test-deps:
 		|| echo "test-deps: iptables could not be installed; the netns partition tests will be skipped"
 	@command -v systemd-analyze >/dev/null 2>&1 || (apt-get install -y -qq systemd >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq systemd)) \
 		|| echo "test-deps: systemd-analyze could not be installed; tests/integration/deploy will fail"
+
+## Headless Chromium for the web UI test (tests/integration/rest/test_web_ui.py), Debian's packages;
+## playwright drives /usr/bin/chromium (never `playwright install`). Under make the test fails without it.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)) \
+		|| echo "browser-deps: chromium could not be installed; the web UI test will fail under make test"
 
 ## Redis is a baseline in the benchmarks; Debian's package, started by the benchmark itself.
 bench-deps:

@@ -14,5 +14,9 @@ setup(
         if "__pycache__" not in name
     ],
     package_dir={f"keyedstate.{f}": f for f in FOLDERS},
-    package_data={"keyedstate.common": ["py.typed"]},
+    package_data={
+        "keyedstate.common": ["py.typed"],
+        # The REST API's OpenAPI document and the web page (jobmanager/rest/).
+        "keyedstate.jobmanager": ["rest/openapi.json", "rest/static/*"],
+    },
 )

@@ -231,7 +231,9 @@ class Checkpointing:
             self._scheduler,
             id_counter=id_counter,
             store=store,
-            stats=CheckpointStatsTracker(JobId(job.job_id), self._metrics_registry),
+            stats=CheckpointStatsTracker(
+                JobId(job.job_id), self._metrics_registry, history_size=job.config.get(o.WEB_CHECKPOINTS_HISTORY)
+            ),
         )
         job.coordinator = CheckpointCoordinator(
             config,

@@ -29,6 +29,7 @@ from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCoordinator
 from keyedstate.jobmanager.registry import TaskManagerRegistry
+from keyedstate.jobmanager.rest import ClusterView, RestAccess, RestApi, RestServer
 from keyedstate.jobmanager.rpc.internal import CheckpointCoordinatorGatewayServicer, ResourceManagerServicer
 from keyedstate.jobmanager.rpc.servicer import JobManagerServicer
 from keyedstate.jobmanager.settings import JobManagerSettings
@@ -96,12 +97,26 @@ class JobManager:
         self._resource_manager_servicer = ResourceManagerServicer(self.dispatcher)
         self._checkpoint_gateway_servicer = CheckpointCoordinatorGatewayServicer(self.dispatcher, self.checkpointing)
         self._health = health.HealthServicer()
+        # The REST API reads through a view of the Dispatcher's public queries; its access checks
+        # the same tokens as the gRPC interceptors (security.auth.*).
+        self._rest_api = (
+            RestApi(
+                ClusterView(self.dispatcher.overview, self.dispatcher.jobs, conf, clock),
+                RestAccess.from_config(conf),
+                refresh_interval_ms=s.web_refresh_interval_ms,
+            )
+            if s.rest_port >= 0
+            else None
+        )
         self.port = 0
+        self.rest_port: int | None = None
+        """The bound REST port (None: ``rest.port`` is -1, or not started)."""
         self.internal_port = 0
         """The port TaskManagers register at (the client port when the planes share a server)."""
         self._server: grpc.Server | None = None
         self._internal_server: grpc.Server | None = None
         self._metrics_server: MetricsServer | None = None
+        self._rest_server: RestServer | None = None
         self._stopped = threading.Event()
 
     @property
@@ -129,6 +144,7 @@ class JobManager:
         self._metrics_server = MetricsServer(
             self.metrics_registry, s.metrics_ports, host=s.bind_host, tls=self.security.http_context()
         )
+        self._start_rest()
         self.registry.start()
         for job in recovered:
             if not job.status.terminal:
@@ -141,6 +157,19 @@ class JobManager:
                 " with mutual TLS" if self.security.enabled(INTERNAL) else "",
             )
         logger.info("jobmanager: serving on %s", self.address)
+
+    def _start_rest(self) -> None:
+        """Serve the REST API and web UI on ``rest.port`` (HTTPS with the rest plane's TLS), unless it is -1."""
+        if self._rest_api is None:
+            return
+        s = self.settings
+        self.security.check_protected_mode("JobManager's REST API", s.bind_host, REST, "rest.port")
+        self._rest_server = RestServer(self._rest_api, s.bind_host, s.rest_port, tls=self.security.http_context())
+        self._rest_server.start()
+        self.rest_port = self._rest_server.port
+        logger.info(
+            "jobmanager: web UI and REST API on %s://%s:%d/", self._rest_server.scheme, s.address, self.rest_port
+        )
 
     def _create_servers(self) -> tuple[grpc.Server, grpc.Server]:
         """The client-facing server and the internal one (the same server unless the internal plane is separate).
@@ -225,6 +254,8 @@ class JobManager:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self._rest_server is not None:
+            self._rest_server.close()
         self.registry.stop()
         servers = [srv for srv in (self._server, self._internal_server) if srv is not None]
         events = [srv.stop(grace_s) for srv in servers]

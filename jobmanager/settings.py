@@ -34,6 +34,8 @@ class JobManagerSettings:
     """How long after a heartbeat the JobManager waits before that TaskManager's lease is certainly over."""
     epoch_commit_timeout_ms: int = 600_000
     """How long a CommitEpoch call waits for a checkpoint holding the epoch when the caller names no timeout."""
+    web_refresh_interval_ms: int = 3_000
+    """web.refresh-interval: how often the web page refreshes."""
     cluster_id: str = "default"
     """high-availability.cluster-id: TaskManagers registering with another id are refused."""
 
@@ -73,5 +75,6 @@ class JobManagerSettings:
             connection_loss_detection=conf.get(o.HEARTBEAT_CONNECTION_LOSS),
             lease_duration_ms=lease,
             lease_bound_ms=lease_bound_ms(lease),
+            web_refresh_interval_ms=conf.get(o.WEB_REFRESH_INTERVAL),
             cluster_id=o.cluster_id(conf),
         )

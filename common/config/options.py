@@ -63,6 +63,20 @@ REST_PORT = _opt(
     "int",
     "HTTP port of the JobManager's web UI and REST API; -1 disables it, 0 picks a free port.",
 )
+WEB_REFRESH_INTERVAL = _opt(
+    "web.refresh-interval",
+    duration_parser,
+    3_000,
+    "duration",
+    "How often the JobManager's web page (on rest.port) reloads what it shows.",
+)
+WEB_CHECKPOINTS_HISTORY = _opt(
+    "web.checkpoints.history",
+    int_parser(1, 10_000),
+    10,
+    "int",
+    "How many recent checkpoints each job's history keeps for the web UI, the REST API and statectl checkpoint list.",
+)
 
 # --- TaskManager ------------------------------------------------------------------------------
 TASKMANAGER_HOST = _opt(

@@ -41,7 +41,7 @@ from keyedstate.jobmanager.checkpoint.restore import (
 )
 from keyedstate.jobmanager.checkpoint.settings import CheckpointingSettings
 from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
-from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsEntry, CheckpointStatsTracker
+from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsEntry, CheckpointStatsTracker, SubtaskAckStats
 from keyedstate.jobmanager.checkpoint.summary import CheckpointSummary
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "SharedStateRegistry",
     "StandaloneCheckpointIDCounter",
     "StandaloneCompletedCheckpointStore",
+    "SubtaskAckStats",
     "SubtaskSnapshot",
     "checkpoint_dir_of",
     "execute",

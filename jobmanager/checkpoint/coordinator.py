@@ -67,7 +67,7 @@ from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
 from keyedstate.jobmanager.checkpoint.settings import CheckpointingSettings
 from keyedstate.jobmanager.checkpoint.shared_registry import SharedStateRegistry
-from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsTracker
+from keyedstate.jobmanager.checkpoint.stats import CheckpointStatsTracker, SubtaskAckStats
 
 logger = logging.getLogger(__name__)
 
@@ -557,7 +557,7 @@ class CheckpointCoordinator:
             return outcome
         if outcome is AckOutcome.SUCCESS:
             crash_point("jobmanager.checkpoint.acknowledged")
-            self.stats.report_ack(checkpoint_id)
+            self.stats.report_ack(checkpoint_id, self._ack_stats(handle))
         elif late is not None:
             logger.info(
                 "job=%s checkpoint=%d late ack from %s for an aborted checkpoint; deleting its files",
@@ -579,6 +579,18 @@ class CheckpointCoordinator:
         if finalize is not None:
             self._finalize(finalize)
         return outcome
+
+    def _ack_stats(self, handle: SubtaskStateHandle) -> SubtaskAckStats:
+        """What the history keeps of one ack: who, when, its sync and async phases and its sizes."""
+        return SubtaskAckStats(
+            operator_id=handle.operator_id,
+            subtask_index=handle.subtask_index,
+            ack_timestamp_ms=self._clock.now_ms(),
+            sync_duration_ms=handle.sync_duration_ms,
+            async_duration_ms=handle.async_duration_ms,
+            full_size=handle.full_size,
+            incremental_size=handle.incremental_size,
+        )
 
     def decline(
         self,

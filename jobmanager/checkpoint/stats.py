@@ -30,6 +30,20 @@ FAILED = CheckpointStatus.FAILED
 
 
 @dataclass(frozen=True)
+class SubtaskAckStats:
+    """One subtask's acknowledgement of a checkpoint, as the web UI's per-subtask table shows it."""
+
+    operator_id: str
+    subtask_index: int
+    ack_timestamp_ms: int
+    """Wall-clock time the JobManager received the ack."""
+    sync_duration_ms: int
+    async_duration_ms: int
+    full_size: int
+    incremental_size: int
+
+
+@dataclass(frozen=True)
 class CheckpointStatsEntry:
     """One checkpoint as ``statectl checkpoint list`` and the web UI show it."""
 
@@ -46,6 +60,8 @@ class CheckpointStatsEntry:
     epoch: int = -1
     failure_reason: str = ""
     failure_message: str = ""
+    acks: tuple[SubtaskAckStats, ...] = ()
+    """The acknowledgements received so far, in arrival order."""
 
     def summary(self) -> CheckpointSummary:
         """The entry as a trigger's answer reads (the RPC edge sends it as ``CheckpointInfo``)."""
@@ -148,6 +164,9 @@ class CheckpointStatsTracker:
         self.latest_completed: CheckpointStatsEntry | None = None
         self.latest_failed: CheckpointStatsEntry | None = None
         self.latest_restore_timestamp_ms = -1
+        self.latest_restore_checkpoint_id = CheckpointId(0)
+        """The checkpoint the job last restored from (0: none)."""
+        self.num_restored = 0
         for g in (self._m.completed, self._m.failed, self._m.in_progress, self._m.total):
             g.labels(job_id).set(0)
         self._m.restore_ts.labels(job_id).set(-1)
@@ -173,12 +192,13 @@ class CheckpointStatsTracker:
             self._put(entry)
             self._export()
 
-    def report_ack(self, checkpoint_id: CheckpointId) -> None:
-        """One more subtask acknowledged (shown as progress in the history)."""
+    def report_ack(self, checkpoint_id: CheckpointId, ack: SubtaskAckStats | None = None) -> None:
+        """One more subtask acknowledged (shown as progress in the history, with its timings when given)."""
         with self._lock:
             entry = self._history.get(checkpoint_id)
             if entry is not None and entry.status == IN_PROGRESS:
-                self._history[checkpoint_id] = replace(entry, num_acknowledged=entry.num_acknowledged + 1)
+                acks = entry.acks if ack is None else (*entry.acks, ack)
+                self._history[checkpoint_id] = replace(entry, num_acknowledged=entry.num_acknowledged + 1, acks=acks)
 
     def report_completed(
         self,
@@ -246,6 +266,8 @@ class CheckpointStatsTracker:
         """The job (re)started from ``checkpoint_id``; sets ``lastCheckpointRestoreTimestamp``."""
         with self._lock:
             self.latest_restore_timestamp_ms = timestamp_ms
+            self.latest_restore_checkpoint_id = checkpoint_id
+            self.num_restored += 1
             self._m.restore_ts.labels(self.job_id).set(timestamp_ms)
         logger.info("job=%s restored from checkpoint %d", self.job_id, checkpoint_id)
 

@@ -39,6 +39,7 @@ HOST_KEYS = {
     "taskmanager.internal.port",
     "taskmanager.resource-id",
     "metrics.reporter.prom.port",
+    "rest.port",
 }
 
 

@@ -314,7 +314,12 @@ def test_metrics_over_https_with_client_certificates(pki: Pki, tmp_path: Path) -
 
 
 def test_protected_mode_refuses_an_open_plaintext_daemon_and_can_be_turned_off(pki: Pki) -> None:
-    open_conf = {"jobmanager.rpc.port": 0, "jobmanager.bind-host": "0.0.0.0", "metrics.reporter.prom.port": "-1"}
+    open_conf = {
+        "jobmanager.rpc.port": 0,
+        "jobmanager.bind-host": "0.0.0.0",
+        "metrics.reporter.prom.port": "-1",
+        "rest.port": -1,
+    }
     jm = JobManager(Configuration(open_conf))
     with pytest.raises(ConfigError) as info:
         jm.start()

@@ -196,9 +196,13 @@ def test_failed_jobmanager_start_frees_its_rpc_port() -> None:
         taken.listen()
         metrics_port = taken.getsockname()[1]
         port = free_port()
-        failed = JobManager(Configuration({"jobmanager.rpc.port": port, "metrics.reporter.prom.port": metrics_port}))
+        failed = JobManager(
+            Configuration({"jobmanager.rpc.port": port, "metrics.reporter.prom.port": metrics_port, "rest.port": -1})
+        )
         with pytest.raises(ConfigError, match="metrics.reporter.prom.port"):
             failed.start()
-    again = JobManager(Configuration({"jobmanager.rpc.port": port, "metrics.reporter.prom.port": "-1"}))
+    again = JobManager(
+        Configuration({"jobmanager.rpc.port": port, "metrics.reporter.prom.port": "-1", "rest.port": -1})
+    )
     again.start()
     again.stop(grace_s=0)
