@@ -57,7 +57,7 @@ def _restore(client: Any, job_id: str, path: str, metrics: TaskManagerMetrics) -
     t0 = time.perf_counter()
     state = submit(client, job_id=job_id, restore_path=path, config={"execution.checkpointing.incremental": "false"})
     wall = time.perf_counter() - t0
-    restore_ms = metrics.scrape().get("keyedstate_taskmanager_restore_duration_ms", 0.0)
+    restore_ms = 1000.0 * metrics.scrape().get("keyedstate_taskmanager_job_task_operator_restore_duration_seconds", 0.0)
     if restore_ms <= 0:
         raise RuntimeError(f"the TaskManager reported no restore for job {job_id}")
     return restore_ms, wall, state
