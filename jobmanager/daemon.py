@@ -116,6 +116,11 @@ class JobManager:
         self._stopped = threading.Event()
 
     @property
+    def metrics_port(self) -> int | None:
+        """The port the Prometheus endpoint serves on (None: not serving, or metrics.reporter.prom.port -1)."""
+        return self._metrics_server.port if self._metrics_server is not None else None
+
+    @property
     def address(self) -> str:
         """Where clients reach this JobManager (``jobmanager.rpc.address`` and the bound port)."""
         return f"{self.settings.address}:{self.port}"

@@ -141,6 +141,11 @@ class TaskManager:
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the Prometheus endpoint serves on (None: not serving, or metrics.reporter.prom.port -1)."""
+        return self._metrics_server.port if self._metrics_server is not None else None
+
     def start(self) -> None:
         """Bind both planes, serve, then register with the JobManager (which grants the lease)."""
         work = self._prepare_work_dir()
