@@ -167,5 +167,8 @@ def test_every_dashboard_panel_and_alert_expression_returns_data(
         # The figures behind the panels are the cluster's own.
         restarts = server.query(f'flink_jobmanager_job_numRestarts{{job_id="{JOB}"}}')
         assert [float(r["value"][1]) for r in restarts] == [1.0]
+        for name in ("restartingTime", "uptime"):  # the failover took time, and the job runs again since
+            value = server.query(f'flink_jobmanager_job_{name}{{job_id="{JOB}"}}')
+            assert float(value[0]["value"][1]) > 0, name
         failures = server.query(f'keyedstate_jobmanager_job_checkpoint_failures_total{{job_id="{JOB}"}}')
         assert [r["metric"]["reason"] for r in failures] == ["CHECKPOINT_DECLINED"]
