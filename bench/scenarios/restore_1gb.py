@@ -2,7 +2,7 @@
 
 A real JobManager and one real TaskManager (no local recovery, so every byte comes from S3)
 restore a full checkpoint: the TaskManager downloads every file, verifies its size and
-sha256, and opens the RocksDB. Its ``restore_duration_ms`` (download, verification, open) is
+sha256, and opens the RocksDB. Its ``restore_duration_seconds`` (download, verification, open) is
 compared with a plain ``s3fs.get`` of the very same objects with the same parallelism, best of
 two each, alternating. The restored state is checked against the keys and values written.
 """
@@ -137,7 +137,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 "restore (download, verify, open)",
                 best_ours,
                 "s",
-                f"TaskManager restore_duration_ms, best of {len(ours)}",
+                f"TaskManager restore_duration_seconds, best of {len(ours)}",
             ),
             Measurement("job submit with restore, end to end", min(walls), "s", "client's SubmitJob call"),
             Measurement(
