@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-all test-deps browser-deps check typecheck-tree format bench bench-quick bench-deps proto clean
+.PHONY: setup run test test-all test-deps browser-deps metrics-deps metrics-doc check typecheck-tree format bench bench-quick bench-deps proto clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(PY) -m keyedstate.examples.main_job
 
 ## The default test suite (what CI runs): the house checks first, then pytest.
-test: check test-deps bench-deps browser-deps
+test: check test-deps bench-deps browser-deps metrics-deps
 	$(PY) -m pytest -q
 
 ## The house checks: lint, format, types (mypy --strict) and the import-layer contracts.
@@ -45,7 +45,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 ## Everything, including soak runs marked slow.
-test-all: $(STAMP) test-deps bench-deps browser-deps
+test-all: $(STAMP) test-deps bench-deps browser-deps metrics-deps
 	$(PY) -m pytest -q -m ''
 
 ## iptables makes the network partitions of the netns tests (tests/fixtures/netns.py); Debian's package.
@@ -61,6 +61,17 @@ test-deps:
 browser-deps:
 	@command -v chromium >/dev/null 2>&1 || (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)) \
 		|| echo "browser-deps: chromium could not be installed; the web UI test will fail under make test"
+
+## Prometheus (with promtool) proves deploy/prometheus and deploy/grafana against a live cluster
+## (tests/integration/observability); Debian's package, started by the test itself.
+metrics-deps:
+	@command -v prometheus >/dev/null 2>&1 || (apt-get install -y -qq prometheus >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq prometheus)) \
+		|| echo "metrics-deps: prometheus could not be installed; the Prometheus tests will fail"
+	@systemctl disable --now prometheus >/dev/null 2>&1 || true
+
+## Regenerate docs/metrics.md from the metric declarations (a test fails when it is stale).
+metrics-doc: $(STAMP)
+	$(PY) -m keyedstate.cli.metrics_doc > docs/metrics.md
 
 ## Redis is a baseline in the benchmarks; Debian's package, started by the benchmark itself.
 bench-deps:

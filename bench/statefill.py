@@ -374,7 +374,7 @@ class TaskManagerMetrics:
                     text = self._fetch(port)
                 except OSError:
                     continue
-                if "flink_taskmanager_Status_taskSlotsTotal" in text:
+                if "keyedstate_taskmanager_slots " in text:
                     self._port = port
                     break
             else:
@@ -388,7 +388,7 @@ class TaskManagerMetrics:
 
     def wait_quiet(self, timeout_s: float = 600.0, settle: int = 2) -> float:
         """Wait until RocksDB runs no flush or compaction for ``settle`` polls; returns seconds waited."""
-        prefix = "flink_taskmanager_job_task_operator_rocksdb_"
+        prefix = "flink_taskmanager_job_task_operator_column_family_rocksdb_"
         t0 = time.monotonic()
         quiet = 0
         while quiet < settle:

@@ -53,6 +53,7 @@ from keyedstate.jobmanager.checkpoint import (
 from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
 from keyedstate.jobmanager.ha.job_store import JobRecord
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, RestorePlan
+from keyedstate.jobmanager.status_times import JobStatusTimes
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
 
 FailOver = Callable[[str, str], None]
@@ -460,7 +461,7 @@ class Checkpointing:
 
     def _recover_job(self, record: JobRecord, fail_over: FailOver) -> Job:
         spec = JobSpec.from_dict(record.spec)
-        job = Job(spec, self._conf.with_values(dict(spec.config)))
+        job = Job(spec, self._conf.with_values(dict(spec.config)), times=JobStatusTimes(self._clock))
         job.restore_path = record.restore_path
         job.checkpoints_from = record.checkpoints_from
         job.restarts = record.restarts

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
 from keyedstate.common.auth import AuthMetrics, Role, internal_token, server_interceptors
@@ -23,11 +23,13 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.rpc.server_metrics import RpcLatencyInterceptor
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.common.security.transport import DEFAULT_JOBMANAGER_INTERNAL_PORT
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.dispatcher import Dispatcher
 from keyedstate.jobmanager.epochs.coordinator import EpochCoordinator
+from keyedstate.jobmanager.metrics import JobManagerMetrics
 from keyedstate.jobmanager.registry import TaskManagerRegistry
 from keyedstate.jobmanager.rest import ClusterView, RestAccess, RestApi, RestServer
 from keyedstate.jobmanager.rpc.internal import CheckpointCoordinatorGatewayServicer, ResourceManagerServicer
@@ -93,6 +95,15 @@ class JobManager:
             closed=self.dispatcher.closed,
             default_timeout_ms=s.epoch_commit_timeout_ms,
         )
+        self.metrics = JobManagerMetrics(
+            self.metrics_registry,
+            taskmanagers=lambda: len(self.registry.all()),
+            total_slots=self.registry.total_slot_count,
+            free_slots=self.registry.free_slot_count,
+            jobs=self.dispatcher.jobs,
+        )
+        self.registry.add_lost_listener(lambda record, cause: self.metrics.taskmanager_lost())
+        self.rpc_latency = RpcLatencyInterceptor(self.metrics_registry, "jobmanager")
         self._jobmanager_servicer = JobManagerServicer(self.dispatcher, self.checkpointing, self.epochs)
         self._resource_manager_servicer = ResourceManagerServicer(self.dispatcher)
         self._checkpoint_gateway_servicer = CheckpointCoordinatorGatewayServicer(self.dispatcher, self.checkpointing)
@@ -120,6 +131,11 @@ class JobManager:
         self._stopped = threading.Event()
 
     @property
+    def metrics_port(self) -> int | None:
+        """The port the Prometheus endpoint serves on (None: not serving, or metrics.reporter.prom.port -1)."""
+        return self._metrics_server.port if self._metrics_server is not None else None
+
+    @property
     def address(self) -> str:
         """Where clients reach this JobManager (``jobmanager.rpc.address`` and the bound port)."""
         return f"{self.settings.address}:{self.port}"
@@ -140,7 +156,6 @@ class JobManager:
         # driver resubmitting its job after the restart finds it instead of creating it anew.
         recovered = self.dispatcher.recover(f"{s.address}:{self.port}", self._leadership_lost)
         self._serve(server, internal)
-        self._register_metrics()
         self._metrics_server = MetricsServer(
             self.metrics_registry, s.metrics_ports, host=s.bind_host, tls=self.security.http_context()
         )
@@ -191,7 +206,7 @@ class JobManager:
             what="JobManager",
             port_key="jobmanager.rpc.port",
             credentials=security.server_credentials(REST),
-            interceptors=server_interceptors(self.conf, self.auth_metrics, "JobManager"),
+            interceptors=[self.rpc_latency, *server_interceptors(self.conf, self.auth_metrics, "JobManager")],
         )
         self._server = server
         self.internal_port = self.port
@@ -206,12 +221,15 @@ class JobManager:
             what="JobManager-internal",
             port_key="jobmanager.internal.port",
             credentials=security.server_credentials(INTERNAL),
-            interceptors=server_interceptors(
-                self.conf,
-                self.auth_metrics,
-                "JobManager",
-                certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
-            ),
+            interceptors=[
+                self.rpc_latency,
+                *server_interceptors(
+                    self.conf,
+                    self.auth_metrics,
+                    "JobManager",
+                    certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
+                ),
+            ],
         )
         self._internal_server = internal
         return server, internal
@@ -233,21 +251,6 @@ class JobManager:
         # process exits and its supervisor (systemd, Kubernetes) decides what happens next.
         logger.critical("jobmanager: stopping: %s", message)
         threading.Thread(target=self.stop, kwargs={"grace_s": 0}, name="jm-fenced", daemon=True).start()
-
-    def _register_metrics(self) -> None:
-        r = self.metrics_registry
-        Gauge("flink_jobmanager_numRegisteredTaskManagers", "Registered TaskManagers.", registry=r).set_function(
-            lambda: len(self.registry.all())
-        )
-        Gauge("flink_jobmanager_taskSlotsTotal", "Slots of all TaskManagers.", registry=r).set_function(
-            self.registry.total_slot_count
-        )
-        Gauge("flink_jobmanager_taskSlotsAvailable", "Free slots.", registry=r).set_function(
-            self.registry.free_slot_count
-        )
-        Gauge("flink_jobmanager_numRunningJobs", "Jobs in RUNNING.", registry=r).set_function(
-            lambda: sum(1 for j in self.dispatcher.jobs() if j.status.value == "RUNNING")
-        )
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop serving (waiting up to ``grace_s`` for calls under way) and shut every collaborator down."""

@@ -47,6 +47,7 @@ from keyedstate.jobmanager.registry import (
 )
 from keyedstate.jobmanager.scheduling import SlotAssignment, allocate_slots, plan_subtasks, release_assignments
 from keyedstate.jobmanager.settings import JobManagerSettings
+from keyedstate.jobmanager.status_times import JobStatusTimes
 from keyedstate.jobmanager.taskmanager_gateway import DeployedSlot, SlotDeployment, TaskManagerGateways
 
 logger = logging.getLogger(__name__)
@@ -382,7 +383,7 @@ class Dispatcher:
 
     def _register_job(self, spec: JobSpec, job_conf: Configuration, restore_path: str, existing: Job | None) -> Job:
         """The new job, registered in place of a stopped one under its id if any (caller holds ``_lock``)."""
-        job = Job(spec, job_conf, restore_path=restore_path)
+        job = Job(spec, job_conf, restore_path=restore_path, times=JobStatusTimes(self.clock))
         # Clients keep the newest routing version they saw and ignore older ones, and
         # TaskManagers refuse deploys below their floor, so a job resubmitted under the same
         # id continues the numbering instead of restarting at 1.

@@ -19,6 +19,7 @@ from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
 from keyedstate.jobmanager.registry import ReportedLimits
 from keyedstate.jobmanager.scheduling import SlotAssignment
+from keyedstate.jobmanager.status_times import JobStatusTimes
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,17 @@ class Job:
     reading the epoch to sending its barrier, so no barrier meets half an epoch. It is separate
     from ``lock`` so that a call hanging on an unreachable TaskManager never holds up a failover.
     """
+    times: JobStatusTimes = field(default_factory=JobStatusTimes)
+    """When the job entered its statuses (Flink's uptime, downtime and restartingTime read it)."""
+
+    def __post_init__(self) -> None:
+        self.times.enter(self.status)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Every status change is timed wherever it is made; ``times`` exists once construction has set it.
+        if name == "status" and "times" in self.__dict__:
+            self.times.enter(value)
+        super().__setattr__(name, value)
 
     def set_epochs(self, epoch: int, lineage: EpochLineage) -> None:
         """What the job's state holds now (after a restore, or a commit)."""

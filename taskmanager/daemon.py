@@ -28,12 +28,13 @@ from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
+from keyedstate.common.rpc.server_metrics import RpcLatencyInterceptor
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
 from keyedstate.common.storage import StorageCache
 from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
-from keyedstate.taskmanager.metrics import TaskManagerMetrics
+from keyedstate.taskmanager.metrics import RocksDBNativeMetricOptions, TaskManagerMetrics
 from keyedstate.taskmanager.rpc.jobmanager_connection import JobManagerConnection
 from keyedstate.taskmanager.rpc.keyed_state import KeyedStateServicer
 from keyedstate.taskmanager.rpc.task_executor import TaskExecutorServicer
@@ -44,6 +45,7 @@ from keyedstate.taskmanager.snapshot.manager import SnapshotManager
 from keyedstate.taskmanager.snapshot.mover import FileMover, InProcessMover
 from keyedstate.taskmanager.snapshot.transfer_process import TransferProcessPool
 from keyedstate.taskmanager.state import RocksDBResources, StateLimits
+from keyedstate.taskmanager.state.backend import KeyedStateBackend
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,8 @@ class TaskManager:
         self.clock = clock
         self.id = TaskManagerId(s.resource_id)
         self.registry = CollectorRegistry()
-        self.metrics = TaskManagerMetrics(self.registry, self.id)
+        self.metrics = TaskManagerMetrics(self.registry, self.id, RocksDBNativeMetricOptions.from_config(conf))
+        self.rpc_latency = RpcLatencyInterceptor(self.registry, "taskmanager")
         self.port = 0
         self.address = ""
         self.internal_address = ""
@@ -138,6 +141,11 @@ class TaskManager:
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the Prometheus endpoint serves on (None: not serving, or metrics.reporter.prom.port -1)."""
+        return self._metrics_server.port if self._metrics_server is not None else None
+
     def start(self) -> None:
         """Bind both planes, serve, then register with the JobManager (which grants the lease)."""
         work = self._prepare_work_dir()
@@ -157,7 +165,8 @@ class TaskManager:
         self._serve(server, internal)
         self.metrics.slots_total.set(s.num_slots)
         self.metrics.slots_available.set_function(self.slots.free_count)
-        self.metrics.watch_slots(self._slot_stats)
+        self.metrics.watch_slots(self._slot_backends)
+        self.metrics.watch_local_dir(work)
         self._metrics_server = MetricsServer(
             self.registry, s.metrics_ports, host=s.bind_host, tls=self.security.http_context()
         )
@@ -196,7 +205,7 @@ class TaskManager:
             what="TaskManager",
             port_key="taskmanager.rpc.port",
             credentials=security.server_credentials(REST),
-            interceptors=server_interceptors(self.conf, auth_metrics, "TaskManager"),
+            interceptors=[self.rpc_latency, *server_interceptors(self.conf, auth_metrics, "TaskManager")],
         )
         self._server = server
         internal, internal_port = server, self.port
@@ -209,12 +218,15 @@ class TaskManager:
                 what="TaskManager-internal",
                 port_key="taskmanager.internal.port",
                 credentials=security.server_credentials(INTERNAL),
-                interceptors=server_interceptors(
-                    self.conf,
-                    auth_metrics,
-                    "TaskManager",
-                    certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
-                ),
+                interceptors=[
+                    self.rpc_latency,
+                    *server_interceptors(
+                        self.conf,
+                        auth_metrics,
+                        "TaskManager",
+                        certificate_role=(Role.INTERNAL if security.enabled(INTERNAL) else None),
+                    ),
+                ],
             )
             self._internal_server = internal
         self.address = f"{s.host}:{self.port}"
@@ -295,11 +307,10 @@ class TaskManager:
         if self.deployer.retain(kept):
             self.epochs.sweep()
 
-    def _slot_stats(self) -> Iterator[tuple[tuple[str, str, str], dict[str, int]]]:
+    def _slot_backends(self) -> Iterator[tuple[tuple[str, str, str], KeyedStateBackend]]:
         for slot in self.slots.all():
             if slot.backend is not None:
-                labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
-                yield labels, slot.backend.stats()
+                yield _slot_labels(slot.subtask), slot.backend
 
     def _ttl_sweep_loop(self) -> None:
         interval = self.settings.ttl_cleanup_interval_ms / 1000.0
@@ -308,9 +319,16 @@ class TaskManager:
                 backend = slot.backend
                 if backend is None or not any(d.ttl for d in slot.operator.states):
                     continue
+                removed: int | None = None
                 try:
                     removed = backend.ttl_sweep(self.settings.ttl_cleanup_batch)
                     if removed:
                         logger.debug("ttl sweep: %s removed %d expired entries", slot.subtask, removed)
                 except Exception:
                     logger.exception("ttl sweep of %s failed", slot.subtask)
+                self.metrics.record_ttl_sweep(_slot_labels(slot.subtask), removed)
+
+
+def _slot_labels(subtask: SubtaskId) -> tuple[str, str, str]:
+    """A slot's metric labels: job_id, operator_id, subtask_index."""
+    return subtask.job_id, subtask.operator_id, str(subtask.subtask_index)

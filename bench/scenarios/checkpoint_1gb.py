@@ -58,8 +58,8 @@ MOTO_NICE = 10
 def _sync_ms_sum(metrics: TaskManagerMetrics) -> tuple[float, float]:
     m = metrics.scrape()
     return (
-        m.get("keyedstate_taskmanager_checkpoint_sync_duration_ms_sum", 0.0),
-        m.get("keyedstate_taskmanager_checkpoint_sync_duration_ms_count", 0.0),
+        m.get("keyedstate_taskmanager_job_task_operator_checkpoint_sync_duration_seconds_sum", 0.0),
+        m.get("keyedstate_taskmanager_job_task_operator_checkpoint_sync_duration_seconds_count", 0.0),
     )
 
 
@@ -82,7 +82,7 @@ def _checkpoint(client: Any, job: str, metrics: TaskManagerMetrics) -> dict[str,
         "wall_s": wall,
         "full_size": info.full_size,
         "incremental_size": info.incremental_size,
-        "sync_ms": (after[0] - before[0]) / (after[1] - before[1]),
+        "sync_ms": 1000.0 * (after[0] - before[0]) / (after[1] - before[1]),  # the histogram is in seconds
     }
 
 
@@ -279,7 +279,9 @@ def run(ctx: BenchContext) -> ScenarioResult:
                     restore_path=str(under_load["path"]),
                     config={"execution.checkpointing.incremental": "true"},
                 )
-                restore_ms = metrics.scrape().get("keyedstate_taskmanager_restore_duration_ms", 0.0)
+                restore_ms = 1000.0 * metrics.scrape().get(
+                    "keyedstate_taskmanager_job_task_operator_restore_duration_seconds", 0.0
+                )
                 metrics.wait_quiet()
                 first_incr = _checkpoint(client, "incr", metrics)
                 changed = filler.rewrite_fraction(state, CHANGED_FRACTION, version=1)

@@ -16,7 +16,7 @@ from keyedstate.common.auth._credentials import (
     resolve_token,
     token_from_config,
 )
-from keyedstate.common.auth._interceptor import AuthInterceptor, AuthMetrics, certificate_name
+from keyedstate.common.auth._interceptor import AuthInterceptor, AuthMetrics, auth_refused_spec, certificate_name
 from keyedstate.common.auth._methods import RULES, SERVICE_RULES, MethodRule
 from keyedstate.common.auth._roles import ALL_JOBS, ROLE_PERMISSIONS, Permission, Principal, Role, roles_granting
 from keyedstate.common.auth._tokens import (
@@ -92,6 +92,7 @@ __all__ = [
     "Role",
     "TokenEntry",
     "TokenStore",
+    "auth_refused_spec",
     "certificate_name",
     "fingerprint",
     "hash_token",

@@ -15,12 +15,13 @@ import logging
 from typing import Any, NoReturn
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from keyedstate.common.auth._methods import RULES, MethodRule
 from keyedstate.common.auth._roles import Principal, Role, roles_granting
 from keyedstate.common.auth._tokens import TokenStore, fingerprint
 from keyedstate.common.errors import AuthenticationError, KeyedStateError, PermissionDeniedError
+from keyedstate.common.metrics import MetricKind, MetricSpec, Unit
 from keyedstate.common.rpc.bearer import AUTHORIZATION, BEARER
 from keyedstate.common.rpc.interceptors import HandlerWrappingInterceptor
 from keyedstate.common.rpc.status import abort_with
@@ -33,16 +34,22 @@ _HOW_TO_AUTHENTICATE = (
 )
 
 
+def auth_refused_spec(component: str) -> MetricSpec:
+    """The refusal counter of ``component`` (``jobmanager`` or ``taskmanager``), as docs/metrics.md lists it."""
+    return MetricSpec(
+        f"keyedstate_{component}_auth_refused",
+        MetricKind.COUNTER,
+        Unit.COUNT,
+        "Calls refused by authentication (UNAUTHENTICATED) or authorization (PERMISSION_DENIED), by method.",
+        ("method", "code"),
+    )
+
+
 class AuthMetrics:
     """Refused calls by method and status code (the caller's name is in the log, not a label)."""
 
     def __init__(self, registry: CollectorRegistry, component: str) -> None:
-        self.refused = Counter(
-            f"keyedstate_{component}_auth_refused",
-            "Calls refused by authentication (UNAUTHENTICATED) or authorization (PERMISSION_DENIED), by method.",
-            ["method", "code"],
-            registry=registry,
-        )
+        self.refused = auth_refused_spec(component).counter(registry)
 
     def count(self, method: str, code: grpc.StatusCode) -> None:
         """Count one refused call; methods missing from the rule table share the label ``unknown``."""

@@ -542,6 +542,58 @@ PROM_PORT = _opt(
     "Port or range (9250-9260) of the Prometheus HTTP endpoint; the first free port is used. 0 picks any free port; -1 disables.",
 )
 
+# RocksDB native metrics, switched per property as in Flink (state.backend.rocksdb.metrics.<property>).
+# Flink switches them all off by default; here the ones deploy/'s dashboards and alerts use are on,
+# since a property is read only when scraped and costs microseconds.
+_ROCKSDB_METRICS_ON = [
+    "num-immutable-mem-table",
+    "mem-table-flush-pending",
+    "compaction-pending",
+    "background-errors",
+    "cur-size-all-mem-tables",
+    "estimate-num-keys",
+    "estimate-live-data-size",
+    "total-sst-files-size",
+    "estimate-pending-compaction-bytes",
+    "num-running-compactions",
+    "num-running-flushes",
+    "actual-delayed-write-rate",
+    "is-write-stopped",
+    "block-cache-capacity",
+    "block-cache-usage",
+    "block-cache-pinned-usage",
+]
+_ROCKSDB_METRICS_OFF = [
+    "cur-size-active-mem-table",
+    "size-all-mem-tables",
+    "num-entries-active-mem-table",
+    "num-entries-imm-mem-tables",
+    "num-deletes-active-mem-table",
+    "num-deletes-imm-mem-tables",
+    "estimate-table-readers-mem",
+    "num-snapshots",
+    "num-live-versions",
+    "live-sst-files-size",
+]
+ROCKSDB_METRICS: dict[str, ConfigOption[Any]] = {
+    prop: _opt(
+        f"state.backend.rocksdb.metrics.{prop}",
+        bool_parser,
+        prop in _ROCKSDB_METRICS_ON,
+        "bool",
+        f"Export RocksDB's rocksdb.{prop} of every column family of every slot (docs/metrics.md).",
+    )
+    for prop in sorted(_ROCKSDB_METRICS_ON + _ROCKSDB_METRICS_OFF)
+}
+ROCKSDB_METRICS_COLUMN_FAMILY_AS_VARIABLE = _opt(
+    "state.backend.rocksdb.metrics.column-family-as-variable",
+    bool_parser,
+    True,
+    "bool",
+    "RocksDB native metrics carry the column family (the state name) as the label column_family, so one "
+    "dashboard query covers every state; false puts it into the metric's name, as Flink's default does.",
+)
+
 # --- Security: transport (docs/security.md) ---------------------------------------------------
 # Two planes, as in Flink: "internal" (JobManager <-> TaskManager, always mutual TLS) and "rest"
 # (clients, statectl, the PySpark helpers, and the HTTP endpoints). Certificates are PEM files,

@@ -2,7 +2,9 @@
 
 Gauge names follow what Flink's Prometheus reporter exports for a job
 (``flink_jobmanager_job_lastCheckpointDuration{job_id=…}``), so existing Flink dashboards and
-alerts work unchanged. Failures are also counted per :class:`CheckpointFailureReason`.
+alerts work unchanged; their values are in Flink's units (milliseconds). Failures are also counted
+per :class:`CheckpointFailureReason`, a keyedstate-only metric
+(``keyedstate_jobmanager_job_checkpoint_failures_total{job_id, reason}``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import threading
 import weakref
 from dataclasses import dataclass, replace
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from keyedstate.common.ids import CheckpointId, JobId
 from keyedstate.common.lifecycle import CheckpointStatus
+from keyedstate.common.metrics import MetricKind, MetricSpec, Unit
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.checkpoint.summary import CheckpointSummary
 
@@ -79,32 +82,86 @@ class CheckpointStatsEntry:
         )
 
 
+_G = MetricKind.GAUGE
+LAST_DURATION = MetricSpec(
+    PREFIX + "lastCheckpointDuration", _G, Unit.MILLISECONDS, "Duration of the last completed checkpoint.", ("job_id",)
+)
+LAST_SIZE = MetricSpec(
+    PREFIX + "lastCheckpointSize",
+    _G,
+    Unit.BYTES,
+    "Bytes uploaded by the last completed checkpoint (its incremental size).",
+    ("job_id",),
+)
+LAST_FULL_SIZE = MetricSpec(
+    PREFIX + "lastCheckpointFullSize", _G, Unit.BYTES, "Full size of the last completed checkpoint.", ("job_id",)
+)
+LAST_ID = MetricSpec(
+    PREFIX + "lastCompletedCheckpointId", _G, Unit.ID, "Id of the last completed checkpoint.", ("job_id",)
+)
+COMPLETED_COUNT = MetricSpec(
+    PREFIX + "numberOfCompletedCheckpoints", _G, Unit.COUNT, "Completed checkpoints.", ("job_id",)
+)
+FAILED_COUNT = MetricSpec(
+    PREFIX + "numberOfFailedCheckpoints",
+    _G,
+    Unit.COUNT,
+    "Failed checkpoints (triggers refused before a checkpoint existed included, as in Flink).",
+    ("job_id",),
+)
+IN_PROGRESS_COUNT = MetricSpec(
+    PREFIX + "numberOfInProgressCheckpoints", _G, Unit.COUNT, "Checkpoints in progress.", ("job_id",)
+)
+TOTAL_COUNT = MetricSpec(
+    PREFIX + "totalNumberOfCheckpoints",
+    _G,
+    Unit.COUNT,
+    "Triggered checkpoints (in progress, completed and failed).",
+    ("job_id",),
+)
+RESTORE_TIMESTAMP = MetricSpec(
+    PREFIX + "lastCheckpointRestoreTimestamp",
+    _G,
+    Unit.TIMESTAMP_MS,
+    "When the job was last restored from a checkpoint; -1 if never.",
+    ("job_id",),
+)
+FAILURES = MetricSpec(
+    "keyedstate_jobmanager_job_checkpoint_failures",
+    MetricKind.COUNTER,
+    Unit.COUNT,
+    "Failed checkpoints by CheckpointFailureReason (Flink has no such metric; its reasons are Flink's).",
+    ("job_id", "reason"),
+)
+SPECS: tuple[MetricSpec, ...] = (
+    LAST_DURATION,
+    LAST_SIZE,
+    LAST_FULL_SIZE,
+    LAST_ID,
+    COMPLETED_COUNT,
+    FAILED_COUNT,
+    IN_PROGRESS_COUNT,
+    TOTAL_COUNT,
+    RESTORE_TIMESTAMP,
+    FAILURES,
+)
+"""Every checkpoint metric of a job."""
+
+
 class _Metrics:
     """The metric families of one CollectorRegistry, shared by every job's tracker."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, ["job_id"], registry=registry)
-
-        self.last_duration = gauge("lastCheckpointDuration", "Duration of the last completed checkpoint in ms.")
-        self.last_size = gauge(
-            "lastCheckpointSize", "Bytes uploaded by the last completed checkpoint (incremental size)."
-        )
-        self.last_full_size = gauge("lastCheckpointFullSize", "Full size in bytes of the last completed checkpoint.")
-        self.last_id = gauge("lastCompletedCheckpointId", "Id of the last completed checkpoint.")
-        self.completed = gauge("numberOfCompletedCheckpoints", "Completed checkpoints.")
-        self.failed = gauge("numberOfFailedCheckpoints", "Failed checkpoints.")
-        self.in_progress = gauge("numberOfInProgressCheckpoints", "Checkpoints in progress.")
-        self.total = gauge("totalNumberOfCheckpoints", "Triggered checkpoints (in progress, completed and failed).")
-        self.restore_ts = gauge(
-            "lastCheckpointRestoreTimestamp", "Time (ms since epoch) of the last restore, -1 if none."
-        )
-        self.failures = Counter(
-            PREFIX + "checkpointFailuresByReason",
-            "Failed checkpoints by CheckpointFailureReason.",
-            ["job_id", "reason"],
-            registry=registry,
-        )
+        self.last_duration = LAST_DURATION.gauge(registry)
+        self.last_size = LAST_SIZE.gauge(registry)
+        self.last_full_size = LAST_FULL_SIZE.gauge(registry)
+        self.last_id = LAST_ID.gauge(registry)
+        self.completed = COMPLETED_COUNT.gauge(registry)
+        self.failed = FAILED_COUNT.gauge(registry)
+        self.in_progress = IN_PROGRESS_COUNT.gauge(registry)
+        self.total = TOTAL_COUNT.gauge(registry)
+        self.restore_ts = RESTORE_TIMESTAMP.gauge(registry)
+        self.failures = FAILURES.counter(registry)
 
     def remove(self, job_id: str) -> None:
         for g in (

@@ -234,11 +234,11 @@ class SnapshotManager:
                     snapshot.blocked_ms,
                 )
                 sync_ms = snapshot.blocked_ms
-            self._metrics.checkpoint_sync_ms.labels(*labels).observe(sync_ms)
+            self._metrics.checkpoint_sync_seconds.labels(*labels).observe(sync_ms / 1000.0)
             handle = self._upload(work, snapshot, barrier)
             handle.sync_duration_ms = int(sync_ms)
             handle.async_duration_ms = self._clock.monotonic_ms() - t0
-            self._metrics.checkpoint_async_ms.labels(*labels).observe(handle.async_duration_ms)
+            self._metrics.checkpoint_async_seconds.labels(*labels).observe(handle.async_duration_ms / 1000.0)
             self._metrics.checkpoint_bytes.labels(*labels).inc(handle.incremental_size)
             return handle
         except Exception as exc:  # every failure becomes a decline with its cause
@@ -448,7 +448,7 @@ class SnapshotManager:
         # another subtask's shared files would tie their lifetimes together.
         ms = self._clock.monotonic_ms() - t0
         labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
-        self._metrics.restore_ms.labels(*labels).set(ms)
+        self._metrics.restore_seconds.labels(*labels).set(ms / 1000.0)
         self._metrics.record_restore(labels, downloaded_files, downloaded, local_files, local_bytes)
         logger.info(
             "restored %s from checkpoint %d: %d snapshot(s), %d files (%d bytes) downloaded, %d files (%d bytes) "

@@ -670,6 +670,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             out["write-buffer-manager-usage"] = self._resources.shared().write_buffer_manager.get_usage()
         return out
 
+    def native_metrics(self, properties: Sequence[str]) -> list[tuple[str, str, int]]:
+        """``(column family, property, value)`` of each RocksDB ``property`` (without ``rocksdb.``) of each column family.
+
+        What Flink's RocksDB native metrics read: every property per column family (a DB-wide
+        one, such as ``is-write-stopped``, shows the same value in each).
+        """
+        out: list[tuple[str, str, int]] = []
+        with self._op:
+            assert self._db is not None and self._meta is not None
+            for name, store in [(h.name, h.store) for h in self._all_handles()] + [(META_CF, self._meta)]:
+                for prop in properties:
+                    out.append((name, prop, store.property_int_value(f"rocksdb.{prop}") or 0))
+        return out
+
     # -- snapshot / restore -----------------------------------------------------------------
     def snapshot(self, target_dir: Path) -> LocalSnapshot:
         """A RocksDB checkpoint (memtables flushed, SST files hard-linked) plus the manifest; ready on return.

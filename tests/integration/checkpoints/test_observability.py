@@ -130,13 +130,39 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     for tm in cc.cluster.taskmanagers:
         for slot in tm.slots.all():
             labels = {"job_id": JOB, "operator_id": "sessions", "subtask_index": str(slot.subtask.subtask_index)}
-            assert _value(tm.registry, "keyedstate_taskmanager_checkpoint_sync_duration_ms_count", **labels) == 3
-            assert _value(tm.registry, "keyedstate_taskmanager_checkpoint_async_duration_ms_count", **labels) == 3
-            assert _sample(tm.registry, "keyedstate_taskmanager_checkpoint_sync_duration_ms_sum", **labels) >= 0
-            uploaded += _value(tm.registry, "keyedstate_taskmanager_checkpoint_uploaded_bytes_total", **labels) or 0
+            assert (
+                _value(
+                    tm.registry,
+                    "keyedstate_taskmanager_job_task_operator_checkpoint_sync_duration_seconds_count",
+                    **labels,
+                )
+                == 3
+            )
+            assert (
+                _value(
+                    tm.registry,
+                    "keyedstate_taskmanager_job_task_operator_checkpoint_async_duration_seconds_count",
+                    **labels,
+                )
+                == 3
+            )
+            assert (
+                _sample(
+                    tm.registry,
+                    "keyedstate_taskmanager_job_task_operator_checkpoint_sync_duration_seconds_sum",
+                    **labels,
+                )
+                >= 0
+            )
+            uploaded += (
+                _value(
+                    tm.registry, "keyedstate_taskmanager_job_task_operator_checkpoint_uploaded_bytes_total", **labels
+                )
+                or 0
+            )
             slots += 1
         text = generate_latest(tm.registry).decode()
-        assert "keyedstate_taskmanager_checkpoint_uploaded_bytes_total{" in text
+        assert "keyedstate_taskmanager_job_task_operator_checkpoint_uploaded_bytes_total{" in text
     assert slots == 3
     assert uploaded == sum(i.incremental_size for i in infos)
 
@@ -147,8 +173,7 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     assert client.trigger_checkpoint(JOB, timeout_s=60).status == jm_pb.CHECKPOINT_STATUS_FAILED
     assert _value(jm, "flink_jobmanager_job_numberOfFailedCheckpoints", job_id=JOB) == 1
     assert (
-        _value(jm, "flink_jobmanager_job_checkpointFailuresByReason_total", job_id=JOB, reason="CHECKPOINT_DECLINED")
-        == 1
+        _value(jm, "keyedstate_jobmanager_job_checkpoint_failures_total", job_id=JOB, reason="CHECKPOINT_DECLINED") == 1
     )
     assert _value(jm, "flink_jobmanager_job_lastCompletedCheckpointId", job_id=JOB) == last.checkpoint_id
     client.cancel_job(JOB)
@@ -157,7 +182,7 @@ def test_checkpoint_metrics_on_the_jobmanager_and_taskmanagers(
     restore_ms = [
         _value(
             tm.registry,
-            "keyedstate_taskmanager_restore_duration_ms",
+            "keyedstate_taskmanager_job_task_operator_restore_duration_seconds",
             job_id=JOB,
             operator_id="sessions",
             subtask_index=str(s.subtask.subtask_index),

@@ -4,7 +4,7 @@ checkpoint and reads nothing from checkpoint storage; a local file that is missi
 verify is downloaded instead (and named in the log), and the state is the same either way.
 
 Reads are counted twice: by the TaskManagers' own Prometheus counters
-(``keyedstate_taskmanager_restore_{downloaded,local}_{files,bytes}_total``) and by the S3 proxy
+(``keyedstate_taskmanager_job_task_operator_restore_{downloaded,local}_{files,bytes}_total``) and by the S3 proxy
 in front of each TaskManager, which sees every GET that reaches the S3 server.
 """
 
@@ -32,9 +32,9 @@ from tests.integration.failover.conftest import FailoverCluster
 
 pytestmark = pytest.mark.s3
 
-DOWNLOADED_FILES = "keyedstate_taskmanager_restore_downloaded_files_total"
-DOWNLOADED_BYTES = "keyedstate_taskmanager_restore_downloaded_bytes_total"
-LOCAL_FILES = "keyedstate_taskmanager_restore_local_files_total"
+DOWNLOADED_FILES = "keyedstate_taskmanager_job_task_operator_restore_downloaded_files_total"
+DOWNLOADED_BYTES = "keyedstate_taskmanager_job_task_operator_restore_downloaded_bytes_total"
+LOCAL_FILES = "keyedstate_taskmanager_job_task_operator_restore_local_files_total"
 
 
 def _object_gets(cluster: FailoverCluster, since: float) -> list[str]:

@@ -185,7 +185,7 @@ def test_timeout_aborts_through_the_scheduler_without_sleeping(make_harness: Any
     assert (entry.status, entry.failure_reason, entry.duration_ms) == ("FAILED", "CHECKPOINT_EXPIRED", 60_000)
     assert (
         h.registry.get_sample_value(
-            "flink_jobmanager_job_checkpointFailuresByReason_total", {"job_id": JOB, "reason": "CHECKPOINT_EXPIRED"}
+            "keyedstate_jobmanager_job_checkpoint_failures_total", {"job_id": JOB, "reason": "CHECKPOINT_EXPIRED"}
         )
         == 1
     )

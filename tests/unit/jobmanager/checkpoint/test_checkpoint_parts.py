@@ -312,7 +312,7 @@ def test_stats_gauges_are_flink_named_and_shared_across_jobs() -> None:
     assert value("numberOfCompletedCheckpoints", "b") == 0 and value("lastCheckpointRestoreTimestamp", "b") == -1
     assert (
         registry.get_sample_value(
-            "flink_jobmanager_job_checkpointFailuresByReason_total", {"job_id": "a", "reason": "CHECKPOINT_EXPIRED"}
+            "keyedstate_jobmanager_job_checkpoint_failures_total", {"job_id": "a", "reason": "CHECKPOINT_EXPIRED"}
         )
         == 1
     )
