@@ -480,7 +480,7 @@ class Checkpointing:
                 job.coordinator.recover(self._completed_checkpoints(job))
                 self.detach(job)  # no checkpoints of a finished job; the store still answers
             return job
-        job.status = JobStatus.RESTARTING
+        job.move_to(JobStatus.RESTARTING)
         job.failure_cause = "the JobManager restarted; the job resumes from its latest completed checkpoint"
         self.attach(job, fail_over, recovering=True)
         if job.coordinator is not None:

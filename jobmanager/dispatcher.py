@@ -400,7 +400,7 @@ class Dispatcher:
         self.checkpointing.attach(job, self._fail_over_later)
         plan = self.checkpointing.plan_restore(job, restore_path) if restore_path else EMPTY_PLAN
         self.deploy(job, plan)
-        job.status = JobStatus.RUNNING
+        job.move_to(JobStatus.RUNNING)
         self.checkpointing.persist(job, strict=True)
         self.checkpointing.job_running(job)
         logger.info(
@@ -618,7 +618,7 @@ class Dispatcher:
             self.checkpointing.detach(job)
             self.release_slots(job, list(job.assignments.values()), discard_local=True)
             job.assignments = {}
-            job.status = JobStatus.CANCELED
+            job.move_to(JobStatus.CANCELED)
             job.routing_version += 1
             self.checkpointing.persist(job)
             logger.info("job %s canceled", job_id)
@@ -695,7 +695,7 @@ class Dispatcher:
                     f"v{job.routing_version}: a failover, rescale or another restore); nothing was restored, try again"
                 )
             previous = list(job.assignments.values())
-            job.status = JobStatus.RESTARTING
+            job.move_to(JobStatus.RESTARTING)
             self.release_slots(job, previous, discard_local=False)
             job.assignments = {}
             try:
@@ -717,7 +717,7 @@ class Dispatcher:
             job.restarts = 0
             job.failure_cause = ""
             job.predecessor = ""  # its state is the source's now, not a cancelled run's
-            job.status = JobStatus.RUNNING
+            job.move_to(JobStatus.RUNNING)
             self.checkpointing.persist(job)
             self.checkpointing.job_running(job)
             logger.info(
@@ -744,7 +744,7 @@ class Dispatcher:
                 f"was failed too ({again.message}), so it fails over from {before}, the checkpoint taken "
                 f"just before the restore (statectl job info {job.job_id} shows its progress)"
             )
-        job.status = JobStatus.RUNNING
+        job.move_to(JobStatus.RUNNING)
         self.checkpointing.persist(job)
         self.checkpointing.job_running(job)
         logger.warning(
@@ -778,7 +778,7 @@ class Dispatcher:
             self._check_rescalable(job, new_spec)
             old_spec = job.spec
             previous = list(job.assignments.values())
-            job.status = JobStatus.RESTARTING
+            job.move_to(JobStatus.RESTARTING)
             self.release_slots(job, previous, discard_local=False)
             job.assignments = {}
             job.spec = new_spec
@@ -798,7 +798,7 @@ class Dispatcher:
                     f"rescaling job {job_id!r} failed ({exc.message}); it restarts at its previous "
                     "parallelism from its latest checkpoint"
                 ) from exc
-            job.status = JobStatus.RUNNING
+            job.move_to(JobStatus.RUNNING)
             self.checkpointing.persist(job)
             self.checkpointing.job_running(job)
             logger.info(
@@ -850,7 +850,7 @@ class Dispatcher:
         if job.coordinator is None:
             with job.lock:
                 if not job.status.terminal:
-                    job.status = JobStatus.FAILED
+                    job.move_to(JobStatus.FAILED)
                     job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
             return
         failover.fail_over(self, self.checkpointing, job_id, cause, seen_version)
@@ -858,7 +858,7 @@ class Dispatcher:
     def fail_over_now(self, job: Job, cause: str) -> None:
         """Start a failover before the caller (holding ``job.lock``) releases the lock (see failover.fail_over_now)."""
         if job.coordinator is None:
-            job.status = JobStatus.FAILED
+            job.move_to(JobStatus.FAILED)
             job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
             return
         failover.fail_over_now(self, self.checkpointing, job, cause)

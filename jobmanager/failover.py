@@ -133,7 +133,7 @@ def begin_failover(checkpointing: Checkpointing, job: Job, cause: str, seen_vers
         return False
     logger.warning("job %s: failing over: %s", job.job_id, cause)
     job.failing_over = True
-    job.status = JobStatus.RESTARTING
+    job.move_to(JobStatus.RESTARTING)
     job.failure_cause = cause
     job.routing_version += 1
     if job.coordinator is not None:
@@ -151,7 +151,7 @@ def run_restarts(dispatcher: Deployments, checkpointing: Checkpointing, job: Job
                 if job.status is not JobStatus.RESTARTING:
                     return  # cancelled, or resubmitted, meanwhile
                 if job.restarts >= strategy.attempts:
-                    job.status = JobStatus.FAILED
+                    job.move_to(JobStatus.FAILED)
                     job.failure_cause = (
                         f"{job.failure_cause} (restart strategy {strategy.kind}: {job.restarts} of "
                         f"{strategy.attempts} restarts used)"
@@ -210,7 +210,7 @@ def restart(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> 
             return False
         plan = checkpointing.plan_latest(job)
         dispatcher.deploy(job, plan, prefer=prefer)
-        job.status = JobStatus.RUNNING
+        job.move_to(JobStatus.RUNNING)
         job.failing_over = False
         checkpointing.persist(job)
         checkpointing.job_running(job)

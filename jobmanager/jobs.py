@@ -143,11 +143,10 @@ class Job:
     def __post_init__(self) -> None:
         self.times.enter(self.status)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Every status change is timed wherever it is made; ``times`` exists once construction has set it.
-        if name == "status" and "times" in self.__dict__:
-            self.times.enter(value)
-        super().__setattr__(name, value)
+    def move_to(self, status: JobStatus) -> None:
+        """The job is in ``status`` from now on; the one way a status changes, so that every change is timed."""
+        self.status = status
+        self.times.enter(status)
 
     def set_epochs(self, epoch: int, lineage: EpochLineage) -> None:
         """What the job's state holds now (after a restore, or a commit)."""

@@ -25,6 +25,8 @@ class JobStatusTimes:
         self._outage_since = -1  # when the job last left RUNNING for RESTARTING (the outage's start)
         self._restart_since = -1  # when the current restart began (-1: none under way)
         self._last_restart_ms = 0
+        self._started_wall_ms = -1  # wall clock: Flink's start-time and end-time are timestamps
+        self._ended_wall_ms = -1
 
     def enter(self, status: JobStatus) -> None:
         """The job is in ``status`` from now on (a repeat of the current status changes nothing)."""
@@ -33,6 +35,10 @@ class JobStatusTimes:
             if status is self._status:
                 return
             self._status = status
+            if self._started_wall_ms < 0:
+                self._started_wall_ms = self._clock.now_ms()
+            # A terminal status ends the job; a resubmission under the same id is a new record.
+            self._ended_wall_ms = self._clock.now_ms() if status.terminal else -1
             if status is JobStatus.RUNNING:
                 self._running_since = now
                 self._outage_since = -1
@@ -66,3 +72,8 @@ class JobStatusTimes:
             if self._restart_since >= 0 and self._status is JobStatus.RESTARTING:
                 return self._clock.monotonic_ms() - self._restart_since
             return self._last_restart_ms
+
+    def wall_span_ms(self) -> tuple[int, int]:
+        """When this JobManager first knew the job, and when it ended (-1: not ended), in ms since the epoch."""
+        with self._lock:
+            return self._started_wall_ms, self._ended_wall_ms

@@ -132,6 +132,13 @@ def _tasks(job: JobView) -> Json:
     }
 
 
+def _duration(job: JobView, now_ms: int) -> int:
+    """Flink's job duration: start to end, or to now while the job has not ended (-1: not started)."""
+    if job.start_time_ms < 0:
+        return -1
+    return (job.end_time_ms if job.end_time_ms >= 0 else now_ms) - job.start_time_ms
+
+
 def job_overview(job: JobView, now_ms: int) -> Json:
     """One entry of ``/jobs/overview``: Flink's fields plus restarts and routing version."""
     info = job.info
@@ -139,9 +146,9 @@ def job_overview(job: JobView, now_ms: int) -> Json:
         "jid": info.job_id,
         "name": info.job_id,
         "state": info.status.value,
-        "start-time": -1,
-        "end-time": -1,
-        "duration": -1,
+        "start-time": job.start_time_ms,
+        "end-time": job.end_time_ms,
+        "duration": _duration(job, now_ms),
         "last-modification": now_ms,
         "tasks": _tasks(job),
         "restarts": info.restarts,

@@ -61,6 +61,10 @@ class JobView:
     routing: RoutingTable
     checkpoints: JobCheckpoints | None
     """None: the job has no checkpoint storage."""
+    start_time_ms: int
+    """When this JobManager submitted or recovered the job (ms since the epoch), as Flink's start-time."""
+    end_time_ms: int
+    """When it reached a terminal status (-1: it has not)."""
 
 
 class ClusterView:
@@ -113,7 +117,9 @@ class ClusterView:
             info = job.info()
             routing = job.routing_table()
             coordinator = job.coordinator
-        return JobView(info, routing, None if coordinator is None else self._checkpoints(job, coordinator))
+        start, end = job.times.wall_span_ms()
+        checkpoints = None if coordinator is None else self._checkpoints(job, coordinator)
+        return JobView(info, routing, checkpoints, start, end)
 
     def jobs(self) -> list[JobView]:
         """Every job, sorted by id."""

@@ -35,12 +35,12 @@ def test_uptime_downtime_and_restarting_time_follow_the_status_changes() -> None
     registry = _metrics(job)
     assert (_get(registry, "uptime"), _get(registry, "downtime"), _get(registry, "restartingTime")) == (0, 0, 0)
 
-    job.status = JobStatus.RUNNING  # a plain assignment, as the Dispatcher and failover make it
+    job.move_to(JobStatus.RUNNING)
     clock.advance(5_000)
     assert _get(registry, "uptime") == 5_000
     assert registry.get_sample_value("flink_jobmanager_numRunningJobs") == 1
 
-    job.status = JobStatus.RESTARTING
+    job.move_to(JobStatus.RESTARTING)
     job.restarts += 1
     clock.advance(700)
     assert _get(registry, "uptime") == 0
@@ -48,17 +48,17 @@ def test_uptime_downtime_and_restarting_time_follow_the_status_changes() -> None
     assert _get(registry, "restartingTime") == 700
     assert _get(registry, "numRestarts") == 1 and _get(registry, "fullRestarts") == 1
 
-    job.status = JobStatus.RUNNING
+    job.move_to(JobStatus.RUNNING)
     clock.advance(300)
     assert _get(registry, "uptime") == 300  # counted from the restart, not the submission
     assert _get(registry, "downtime") == 0
     assert _get(registry, "restartingTime") == 700  # the last restart's duration
 
-    job.status = JobStatus.RUNNING  # the same status again changes nothing
+    job.move_to(JobStatus.RUNNING)  # the same status again changes nothing
     clock.advance(100)
     assert _get(registry, "uptime") == 400
 
-    job.status = JobStatus.CANCELED
+    job.move_to(JobStatus.CANCELED)
     assert (_get(registry, "uptime"), _get(registry, "downtime")) == (-1, -1)
     assert registry.get_sample_value("flink_jobmanager_numRunningJobs") == 0
 
@@ -66,10 +66,10 @@ def test_uptime_downtime_and_restarting_time_follow_the_status_changes() -> None
 def test_an_outage_spanning_two_restarts_is_one_downtime() -> None:
     clock = ManualClock()
     job = _job(clock)
-    job.status = JobStatus.RUNNING
-    job.status = JobStatus.RESTARTING
+    job.move_to(JobStatus.RUNNING)
+    job.move_to(JobStatus.RESTARTING)
     clock.advance(1_000)
-    job.status = JobStatus.RESTARTING  # a second attempt of the same failover
+    job.move_to(JobStatus.RESTARTING)  # a second attempt of the same failover
     clock.advance(1_000)
     assert job.times.downtime_ms() == 2_000
 

@@ -190,7 +190,7 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
 
         def fail_over_now(j: Job, cause: str) -> None:
             failovers.append((cause, j.lock._is_owned(), j.epoch_lock.locked()))  # type: ignore[attr-defined]
-            j.status = JobStatus.RESTARTING
+            j.move_to(JobStatus.RESTARTING)
             j.routing_version += 1
             j.failure_cause = cause
             assert j.coordinator is not None
@@ -397,7 +397,7 @@ def test_a_redeploy_during_the_prepare_round_stops_the_commit(make: Callable[...
     def redeploy() -> None:
         with h.job.lock:
             h.job.routing_version += 1
-            h.job.status = JobStatus.RESTARTING
+            h.job.move_to(JobStatus.RESTARTING)
             h.job.failure_cause = "TaskManager tm-1 lost"
 
     h.tms.during[(TM_B, "prepare")] = redeploy
