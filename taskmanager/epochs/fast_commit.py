@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from keyedstate.common.descriptors import StateKind
 from keyedstate.taskmanager.epochs import records as r
@@ -55,19 +55,21 @@ class _Unexpected(Exception):
     """A staged record the fast path does not expect; the general path reports it."""
 
 
-@dataclass
 class _Group:
     """The staged records of one list or map entry of one attempt: its header, then its entries."""
 
-    st: StateHandle
-    prefix: bytes
-    """The stored-key prefix of (key group, key, namespace)."""
-    head: int = -1
-    """List: APPEND_TAG or REPLACE_TAG; map: CLEAR_TAG when the committed map was cleared; -1: no header."""
-    elements: list[bytes] = field(default_factory=list)
-    """List: the staged elements in order; map: the staged user keys, in order."""
-    values: list[bytes | None] = field(default_factory=list)
-    """Map: the staged value of each user key (None: removed)."""
+    __slots__ = ("elements", "head", "prefix", "st", "values")
+
+    def __init__(self, st: StateHandle, prefix: bytes) -> None:
+        self.st = st
+        self.prefix = prefix
+        """The stored-key prefix of (key group, key, namespace)."""
+        self.head = -1
+        """List: APPEND_TAG or REPLACE_TAG; map: CLEAR_TAG when the committed map was cleared; -1: no header."""
+        self.elements: list[bytes] = []
+        """List: the staged elements in order; map: the staged user keys, in order."""
+        self.values: list[bytes | None] = []
+        """Map: the staged value of each user key (None: removed)."""
 
 
 # One parsed record, in application order: (state, stored key, tagged staged value) for value and
@@ -80,6 +82,8 @@ _Item = _Single | _Group
 class Parsed:
     """The winners' staged records, parsed once: in application order, and the reducing keys to read."""
 
+    states: list[StateHandle]
+    """The states of the slot (state id order)."""
     items: list[_Item]
     reduce_keys: dict[str, tuple[StateHandle, list[bytes]]]
     applied: int
@@ -107,12 +111,12 @@ def _prefix_length(staged_key: bytes) -> int:
 
 
 def parse(
-    handles: Sequence[StateHandle], staged: Sequence[Sequence[tuple[bytes, bytes]]], reducer_sizes: dict[int, int]
+    handles: Sequence[StateHandle], staged: Sequence[Sequence[tuple[bytes, bytes]]], reducer_sizes: dict[str, int]
 ) -> Parsed | None:
     """Parse the staged records of the winners (one list per winner, partitions ascending); None if unexpected.
 
     ``handles[i]`` is the state of state id ``i``; ``reducer_sizes`` the length of a staged
-    DELTA/REPLACE value of each reducing state id.
+    DELTA/REPLACE value of each reducing state, by name.
     """
     try:
         return _parse(handles, staged, reducer_sizes)
@@ -121,26 +125,30 @@ def parse(
 
 
 def _parse(
-    handles: Sequence[StateHandle], staged: Sequence[Sequence[tuple[bytes, bytes]]], reducer_sizes: dict[int, int]
+    handles: Sequence[StateHandle], staged: Sequence[Sequence[tuple[bytes, bytes]]], reducer_sizes: dict[str, int]
 ) -> Parsed:
     items: list[_Item] = []
     append = items.append
     reduce_keys: dict[str, tuple[StateHandle, list[bytes]]] = {}
     applied = 0
-    n_states = len(handles)
+    by_sid = {i.to_bytes(r.STATE_ID_BYTES, "big"): st for i, st in enumerate(handles)}
     for attempt_records in staged:
         group: _Group | None = None
         entries = b""  # staged-key prefix of the entries of ``group``
+        elements: list[bytes] | None = None  # the elements of ``group`` when it is a list with its header
         for staged_key, value in attempt_records:
             if group is not None and staged_key.startswith(entries):
-                _add_entry(group, staged_key[len(entries) :], value)
+                if elements is not None:  # a list element (the bulk of a list-heavy epoch): inline
+                    elements.append(value)
+                else:
+                    _add_entry(group, staged_key[len(entries) :], value)
                 continue
-            sid = int.from_bytes(staged_key[r.ATTEMPT_PREFIX_LEN : _SKIP], "big")
-            if sid >= n_states or not value:
+            sid = staged_key[r.ATTEMPT_PREFIX_LEN : _SKIP]
+            st = by_sid.get(sid)
+            if st is None or not value:
                 raise _Unexpected
-            st = handles[sid]
             if st.kind in _SINGLE_KINDS:
-                group = None
+                group = elements = None
                 tag = value[0]
                 stored_key = staged_key[_SKIP:]
                 if tag == r.CLEAR_TAG:
@@ -150,7 +158,7 @@ def _parse(
                         raise _Unexpected
                     applied += 1
                 else:
-                    if tag not in (r.DELTA_TAG, r.REPLACE_TAG) or len(value) != reducer_sizes[sid]:
+                    if tag not in (r.DELTA_TAG, r.REPLACE_TAG) or len(value) != reducer_sizes[st.name]:
                         raise _Unexpected
                     applied += 1 if tag == r.DELTA_TAG else 2  # REPLACE folds into a CLEAR and a REDUCE
                     reduce_keys.setdefault(st.name, (st, []))[1].append(stored_key)
@@ -160,8 +168,11 @@ def _parse(
             group = _Group(st, staged_key[_SKIP:end])
             entries = staged_key[:end] + r.ENTRY
             suffix = staged_key[end:]
+            elements = None
             if suffix == r.HEAD:
                 _set_head(group, value)
+                if st.kind is StateKind.LIST:
+                    elements = group.elements
             elif suffix[:1] == r.ENTRY:
                 _add_entry(group, suffix[1:], value)
             else:
@@ -170,7 +181,7 @@ def _parse(
     for item in items:
         if isinstance(item, _Group):
             applied += _group_count(item)
-    return Parsed(items, reduce_keys, applied)
+    return Parsed(list(handles), items, reduce_keys, applied)
 
 
 def _set_head(group: _Group, value: bytes) -> None:
@@ -220,7 +231,7 @@ def commit_fast(
     when a record is not what staging writes.
     """
     handles = [backend.validation.lookup(name) for name, _ in states]
-    sizes = {sid: st.reducer.size + 1 for sid, st in enumerate(handles) if st.reducer is not None}
+    sizes = {st.name: st.reducer.size + 1 for st in handles if st.reducer is not None}
     parsed = parse(handles, staged, sizes)
     if parsed is None:
         return None
@@ -242,19 +253,17 @@ def _write_rocksdb(backend: RocksDBKeyedStateBackend, write: StoredWrite, parsed
         committed = backend.stored_get(st, keys)
         decode = st.codec.decode
         current[name] = {k: decode(c, now) for k, c in zip(keys, committed)}
-    headers: dict[str, bytes] = {}
+    headers = {st.name: st.codec.header(now) for st in parsed.states}
     for item in parsed.items:
         if isinstance(item, _Group):
             if item.st.kind is StateKind.LIST:
-                _write_list(backend, write, item)
+                _write_list(backend, write, item, headers[item.st.name])
             else:
-                _write_map(write, item)
+                _write_map(write, item, headers[item.st.name])
             continue
         st, key, value = item
         tag = value[0]
-        header = headers.get(st.name)
-        if header is None:
-            header = headers[st.name] = st.codec.header(now)
+        header = headers[st.name]
         if tag == r.CLEAR_TAG:
             batch.delete(key, st.handle)
             cleared = current.get(st.name)
@@ -270,7 +279,7 @@ def _write_rocksdb(backend: RocksDBKeyedStateBackend, write: StoredWrite, parsed
             batch.put(key, header + new, st.handle)
 
 
-def _write_list(backend: RocksDBKeyedStateBackend, write: StoredWrite, group: _Group) -> None:
+def _write_list(backend: RocksDBKeyedStateBackend, write: StoredWrite, group: _Group, header: bytes) -> None:
     st, prefix, elements = group.st, group.prefix, group.elements
     limit = backend.limits.max_list_elements
     if group.head == r.REPLACE_TAG:
@@ -284,19 +293,18 @@ def _write_list(backend: RocksDBKeyedStateBackend, write: StoredWrite, group: _G
         first, nxt = write.list_bounds(st, prefix)
         if nxt - first + len(elements) > limit:
             backend.validation.list_length(nxt - first, len(elements), layout.decode_key(prefix).key)
-    header, put, handle = st.codec.header(write.now_ms), write.batch.put, st.handle
+    put, handle = write.batch.put, st.handle
     for element in elements:
         put(prefix + nxt.to_bytes(layout.SEQ_BYTES, "big"), header + element, handle)
         nxt += 1
     write.set_list_bounds(st, prefix, (first, nxt))
 
 
-def _write_map(write: StoredWrite, group: _Group) -> None:
+def _write_map(write: StoredWrite, group: _Group, header: bytes) -> None:
     st, prefix, batch = group.st, group.prefix, write.batch
     cleared = group.head == r.CLEAR_TAG
     if cleared:
         batch.delete_range(prefix, layout.key_prefix_end(prefix), st.handle)
-    header = st.codec.header(write.now_ms)
     for user_key, value in zip(group.elements, group.values):
         if value is not None:
             batch.put(prefix + user_key, header + value, st.handle)

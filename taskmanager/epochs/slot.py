@@ -281,7 +281,7 @@ class SlotEpochs:
         if store is None:
             return []
         return [
-            list(store.scan(*records.attempt_data_range(epoch, partition, winners[partition].attempt)))
+            store.read_range(*records.attempt_data_range(epoch, partition, winners[partition].attempt))
             for partition in sorted(winners)
         ]
 
