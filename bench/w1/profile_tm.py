@@ -252,7 +252,7 @@ def compare_w2(users: int, events_per_user: int, pairs: int = 2) -> list[CommitT
 
 
 def _main_w2(users: int) -> None:
-    runs = compare_w2(users, events_per_user=2)
+    runs = compare_w2(users, events_per_user=4)
     for t in runs:
         print(
             f"{'fast   ' if t.fast else 'general'} commit: {t.commit_us_per_event:.2f} us/event (thread CPU) "

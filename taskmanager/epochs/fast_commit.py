@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from marshal import loads
 
 from keyedstate.common.descriptors import StateKind
 from keyedstate.taskmanager.epochs import records as r
@@ -120,7 +121,7 @@ def parse(
     """
     try:
         return _parse(handles, staged, reducer_sizes)
-    except _Unexpected:
+    except (_Unexpected, EOFError, ValueError, TypeError):  # the last three: packed list elements unreadable
         return None
 
 
@@ -138,8 +139,11 @@ def _parse(
         elements: list[bytes] | None = None  # the elements of ``group`` when it is a list with its header
         for staged_key, value in attempt_records:
             if group is not None and staged_key.startswith(entries):
-                if elements is not None:  # a list element (the bulk of a list-heavy epoch): inline
-                    elements.append(value)
+                if elements is not None:  # a list's packed elements (the bulk of a list-heavy epoch): inline
+                    packed = loads(value)
+                    if packed.__class__ is not list:
+                        raise _Unexpected
+                    elements += packed
                 else:
                     _add_entry(group, staged_key[len(entries) :], value)
                 continue
@@ -198,10 +202,7 @@ def _set_head(group: _Group, value: bytes) -> None:
 def _add_entry(group: _Group, rest: bytes, value: bytes) -> None:
     """``rest``: the staged key after ``prefix + ENTRY`` (a list sequence number or a map user key)."""
     if group.st.kind is StateKind.LIST:
-        if group.head < 0:
-            raise _Unexpected  # elements without a header
-        group.elements.append(value)
-        return
+        raise _Unexpected  # elements without a header
     group.elements.append(rest)
     if value[:1] == r.PUT:
         group.values.append(value[1:])
