@@ -201,7 +201,7 @@ def _stage(gen: Gen, slots: tuple[Slot, ...], epoch: int) -> dict[int, Winner]:
     """Random requests of several attempts of several partitions, staged in every slot; the winners."""
     rng = gen.rng
     winners: dict[int, Winner] = {}
-    plan = []
+    plan: list[tuple[int, int]] = []
     for partition in rng.sample(range(6), rng.randint(1, 4)):
         attempts = rng.sample(range(1, 5), rng.randint(1, 3))
         plan.extend((partition, a) for a in attempts for _ in range(rng.randint(0, 4)))
