@@ -245,6 +245,7 @@ def _commit(slot: Slot, epoch: int, winners: dict[int, Winner]) -> tuple[int, in
         return exc.reason.value, exc.message
 
 
+@pytest.mark.timeout(900)  # 1000 rounds take ~40 s alone, several minutes on a shared, loaded machine
 def test_fast_and_general_commits_leave_the_same_state(
     pair: tuple[Slot, Slot, ManualClock], caplog: pytest.LogCaptureFixture
 ) -> None:
