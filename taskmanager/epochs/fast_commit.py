@@ -49,7 +49,13 @@ logger = logging.getLogger(__name__)
 _SKIP = r.ATTEMPT_PREFIX_LEN + r.STATE_ID_BYTES
 _ENTRY = r.ENTRY[0]
 _HEAD = r.HEAD[0]
-_SINGLE_KINDS = (StateKind.VALUE, StateKind.REDUCING)
+_VALUE, _REDUCING, _GROUPED = 0, 1, 2
+_KIND_CODES = {
+    StateKind.VALUE: _VALUE,
+    StateKind.REDUCING: _REDUCING,
+    StateKind.LIST: _GROUPED,
+    StateKind.MAP: _GROUPED,
+}
 
 
 class _Unexpected(Exception):
@@ -73,20 +79,18 @@ class _Group:
         """Map: the staged value of each user key (None: removed)."""
 
 
-# One parsed record, in application order: (state, stored key, tagged staged value) for value and
-# reducing state, or a _Group for a list or a map.
-_Single = tuple[StateHandle, bytes, bytes]
-_Item = _Single | _Group
-
-
 @dataclass
 class Parsed:
-    """The winners' staged records, parsed once: in application order, and the reducing keys to read."""
+    """The winners' staged records, parsed once, per state (states are independent of each other).
 
-    states: list[StateHandle]
-    """The states of the slot (state id order)."""
-    items: list[_Item]
-    reduce_keys: dict[str, tuple[StateHandle, list[bytes]]]
+    Per state the records keep their application order (partitions ascending, then staging
+    order), which is all the general path's order decides: two records of one key meet in it.
+    """
+
+    singles: list[tuple[StateHandle, list[bytes], list[bytes]]]
+    """Per value or reducing state with records: (state, stored keys, tagged staged values)."""
+    groups: list[_Group]
+    """The lists and maps, in application order."""
     applied: int
     """How many mutations the general path would count for these records."""
 
@@ -128,11 +132,14 @@ def parse(
 def _parse(
     handles: Sequence[StateHandle], staged: Sequence[Sequence[tuple[bytes, bytes]]], reducer_sizes: dict[str, int]
 ) -> Parsed:
-    items: list[_Item] = []
-    append = items.append
-    reduce_keys: dict[str, tuple[StateHandle, list[bytes]]] = {}
+    singles: list[tuple[StateHandle, list[bytes], list[bytes]]] = [(st, [], []) for st in handles]  # per state id
+    groups: list[_Group] = []
     applied = 0
-    by_sid = {i.to_bytes(r.STATE_ID_BYTES, "big"): st for i, st in enumerate(handles)}
+    # state id (as staged) -> (state, its kind's code, staged DELTA/REPLACE size, its keys, its values)
+    by_sid = {
+        i.to_bytes(r.STATE_ID_BYTES, "big"): (st, _KIND_CODES[st.kind], reducer_sizes.get(st.name, 0), keys, values)
+        for i, (st, keys, values) in enumerate(singles)
+    }
     for attempt_records in staged:
         group: _Group | None = None
         entries = b""  # staged-key prefix of the entries of ``group``
@@ -147,26 +154,29 @@ def _parse(
                 else:
                     _add_entry(group, staged_key[len(entries) :], value)
                 continue
-            sid = staged_key[r.ATTEMPT_PREFIX_LEN : _SKIP]
-            st = by_sid.get(sid)
-            if st is None or not value:
+            entry = by_sid.get(staged_key[r.ATTEMPT_PREFIX_LEN : _SKIP])
+            if entry is None or not value:
                 raise _Unexpected
-            if st.kind in _SINGLE_KINDS:
+            st, code, size, keys, values = entry
+            if code != _GROUPED:
                 group = elements = None
                 tag = value[0]
-                stored_key = staged_key[_SKIP:]
                 if tag == r.CLEAR_TAG:
                     applied += 1
-                elif st.kind is StateKind.VALUE:
+                elif code == _VALUE:
                     if tag != r.PUT_TAG:
                         raise _Unexpected
                     applied += 1
+                elif len(value) != size:
+                    raise _Unexpected
+                elif tag == r.DELTA_TAG:
+                    applied += 1
+                elif tag == r.REPLACE_TAG:
+                    applied += 2  # the general path folds it into a CLEAR and a REDUCE
                 else:
-                    if tag not in (r.DELTA_TAG, r.REPLACE_TAG) or len(value) != reducer_sizes[st.name]:
-                        raise _Unexpected
-                    applied += 1 if tag == r.DELTA_TAG else 2  # REPLACE folds into a CLEAR and a REDUCE
-                    reduce_keys.setdefault(st.name, (st, []))[1].append(stored_key)
-                append((st, stored_key, value))
+                    raise _Unexpected
+                keys.append(staged_key[_SKIP:])
+                values.append(value)
                 continue
             end = _SKIP + _prefix_length(staged_key)
             group = _Group(st, staged_key[_SKIP:end])
@@ -181,11 +191,9 @@ def _parse(
                 _add_entry(group, suffix[1:], value)
             else:
                 raise _Unexpected
-            append(group)
-    for item in items:
-        if isinstance(item, _Group):
-            applied += _group_count(item)
-    return Parsed(list(handles), items, reduce_keys, applied)
+            groups.append(group)
+    applied += sum(_group_count(g) for g in groups)
+    return Parsed([single for single in singles if single[1]], groups, applied)
 
 
 def _set_head(group: _Group, value: bytes) -> None:
@@ -246,38 +254,43 @@ def commit_fast(
 
 
 def _write_rocksdb(backend: RocksDBKeyedStateBackend, write: StoredWrite, parsed: Parsed) -> None:
-    """Every parsed record into ``write.batch``, stored keys as staged, in application order."""
+    """Every parsed record into ``write.batch``, stored keys as staged, in application order per state."""
     now, batch = write.now_ms, write.batch
-    # The payload each reduced key holds so far in this batch (None: cleared), per state.
-    current: dict[str, dict[bytes, bytes | None]] = {}
-    for name, (st, keys) in parsed.reduce_keys.items():
-        committed = backend.stored_get(st, keys)
-        decode = st.codec.decode
-        current[name] = {k: decode(c, now) for k, c in zip(keys, committed)}
-    headers = {st.name: st.codec.header(now) for st in parsed.states}
-    for item in parsed.items:
-        if isinstance(item, _Group):
-            if item.st.kind is StateKind.LIST:
-                _write_list(backend, write, item, headers[item.st.name])
-            else:
-                _write_map(write, item, headers[item.st.name])
+    for st, keys, values in parsed.singles:
+        header, handle, put, delete = st.codec.header(now), st.handle, batch.put, batch.delete
+        reducer = st.reducer
+        if reducer is None:  # value state: PUT or CLEAR, nothing to read
+            for key, value in zip(keys, values):
+                if value[0] == r.PUT_TAG:
+                    put(key, header + value[1:], handle)
+                else:
+                    delete(key, handle)
             continue
-        st, key, value = item
-        tag = value[0]
-        header = headers[st.name]
-        if tag == r.CLEAR_TAG:
-            batch.delete(key, st.handle)
-            cleared = current.get(st.name)
-            if cleared is not None:  # reducing state with reduces in this batch: a later one starts afresh
-                cleared[key] = None
-        elif tag == r.PUT_TAG:
-            batch.put(key, header + value[1:], st.handle)
-        else:
-            latest = current[st.name]  # DELTA/REPLACE keys were all read above
-            assert st.reducer is not None  # DELTA/REPLACE were parsed for reducing states only
-            new = st.reducer.combine(latest[key], value[1:]) if tag == r.DELTA_TAG else value[1:]
+        decode, combine = st.codec.decode, reducer.combine
+        # The payload each key holds so far in this batch (None: cleared); a later record continues from it.
+        latest: dict[bytes, bytes | None] = {}
+        for key, value, current in zip(keys, values, backend.stored_get(st, keys)):
+            tag = value[0]
+            if tag == r.CLEAR_TAG:
+                latest[key] = None
+                delete(key, handle)
+                continue
+            if tag == r.DELTA_TAG:
+                new = combine(latest[key] if key in latest else decode(current, now), value[1:])
+            else:  # REPLACE: cleared, then reduced to the operand
+                new = value[1:]
             latest[key] = new
-            batch.put(key, header + new, st.handle)
+            put(key, header + new, handle)
+    headers: dict[str, bytes] = {}
+    for group in parsed.groups:
+        st = group.st
+        header = headers.get(st.name)
+        if header is None:
+            header = headers[st.name] = st.codec.header(now)
+        if st.kind is StateKind.LIST:
+            _write_list(backend, write, group, header)
+        else:
+            _write_map(write, group, header)
 
 
 def _write_list(backend: RocksDBKeyedStateBackend, write: StoredWrite, group: _Group, header: bytes) -> None:
@@ -317,22 +330,21 @@ def _ops(parsed: Parsed) -> list[Op]:
     """The backend operations of the parsed records (the HashMap backend applies them in one call)."""
     ops: list[Op] = []
     append = ops.append
-    for item in parsed.items:
-        if isinstance(item, _Group):
-            _group_ops(item, ops)
-            continue
-        st, stored_key, value = item
-        d = layout.decode_key(stored_key)
-        kg, key, ns = d.key_group, d.key, d.namespace
-        tag = value[0]
-        if tag == r.CLEAR_TAG:
-            append((OP_CLEAR, st, kg, key, ns, b"", b"", ()))
-        elif tag == r.PUT_TAG:
-            append((OP_VALUE_PUT, st, kg, key, ns, b"", value[1:], ()))
-        else:
-            if tag == r.REPLACE_TAG:  # reducing into a cleared entry starts from the operand
+    for st, keys, values in parsed.singles:
+        for stored_key, value in zip(keys, values):
+            d = layout.decode_key(stored_key)
+            kg, key, ns = d.key_group, d.key, d.namespace
+            tag = value[0]
+            if tag == r.CLEAR_TAG:
                 append((OP_CLEAR, st, kg, key, ns, b"", b"", ()))
-            append((OP_REDUCE, st, kg, key, ns, b"", value[1:], ()))
+            elif tag == r.PUT_TAG:
+                append((OP_VALUE_PUT, st, kg, key, ns, b"", value[1:], ()))
+            else:
+                if tag == r.REPLACE_TAG:  # reducing into a cleared entry starts from the operand
+                    append((OP_CLEAR, st, kg, key, ns, b"", b"", ()))
+                append((OP_REDUCE, st, kg, key, ns, b"", value[1:], ()))
+    for group in parsed.groups:
+        _group_ops(group, ops)
     return ops
 
 

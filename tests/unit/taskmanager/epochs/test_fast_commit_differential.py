@@ -14,8 +14,9 @@ fail on both with the same reason and message and apply nothing, and is then abo
 The seed is printed and taken from ``FAST_COMMIT_SEED`` when set; ``FAST_COMMIT_EPOCHS`` sets
 how many rounds each backend runs. Checked to fail (seed 1, 300 rounds), each with one mistake
 planted in ``fast_commit.py``: RocksDB list appends started at sequence 0 instead of the list's
-next one (round 4), map removes skipped on RocksDB (round 13) or on HashMap (round 13), TTL
-headers not stamped with the commit time (round 1), a REPLACE folded like a DELTA (both backends).
+next one (round 4), map removes skipped on RocksDB (round 13) or on HashMap (round 13), value
+TTL headers not stamped with the commit time (round 0), a reducing REPLACE folded like a DELTA
+(round 78).
 """
 
 from __future__ import annotations
