@@ -284,13 +284,13 @@ def _write_rocksdb(backend: RocksDBKeyedStateBackend, write: StoredWrite, parsed
     headers: dict[str, bytes] = {}
     for group in parsed.groups:
         st = group.st
-        header = headers.get(st.name)
-        if header is None:
-            header = headers[st.name] = st.codec.header(now)
+        group_header = headers.get(st.name)
+        if group_header is None:
+            group_header = headers[st.name] = st.codec.header(now)
         if st.kind is StateKind.LIST:
-            _write_list(backend, write, group, header)
+            _write_list(backend, write, group, group_header)
         else:
-            _write_map(write, group, header)
+            _write_map(write, group, group_header)
 
 
 def _write_list(backend: RocksDBKeyedStateBackend, write: StoredWrite, group: _Group, header: bytes) -> None:
