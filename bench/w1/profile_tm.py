@@ -1,5 +1,8 @@
 """cProfile of one W1 micro-batch on one TaskManager slot, in-process: staged reduces, then the commit.
 
+``python -m bench.w1.profile_tm --w2 [users]`` times instead the commit of W2-shaped epochs
+(list clears and appends, value puts) with the general path and the fast path, alternating.
+
 ``python -m bench.w1.profile_tm [keys]`` prints where the slot's CPU goes for
 about ``keys`` distinct users per epoch (a W1 micro-batch puts about 63k on each of two slots).
 The classes are the real TaskManager ones (SlotTable, EpochManager, RocksDB backend in a
@@ -26,10 +29,12 @@ import numpy as np
 
 from keyedstate.common._proto.v1 import common_pb2
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
+from keyedstate.common.batches import Winner
 from keyedstate.common.clock import SystemClock
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.ids import KeyGroupRange, SubtaskId, TaskManagerId
-from keyedstate.taskmanager.epochs import EpochManager
+from keyedstate.taskmanager.epochs import EpochManager, EpochTransaction, SlotEpochs
+from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.rpc.task_executor import commit_epoch
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import StateLimits, create_backend
@@ -155,8 +160,113 @@ def _shares(prof: cProfile.Profile) -> list[tuple[str, float]]:
     return sorted(merged.items(), key=lambda kv: -kv[1])
 
 
+W2_STATES = (StateDescriptor("session", StateKind.VALUE), StateDescriptor("times", StateKind.LIST))
+
+
+@dataclass(frozen=True)
+class CommitTiming:
+    """Commit CPU of W2-shaped epochs (ListState appends and clears, ValueState puts) on one slot."""
+
+    fast: bool
+    events_per_epoch: int
+    users_per_epoch: int
+    stage_us_per_event: float
+    commit_us_per_event: float
+
+
+def measure_w2(users: int, events_per_user: int, fast: bool, epochs: int = 3, seed: int = 1) -> CommitTiming:
+    """Stage ``epochs`` W2-shaped micro-batches on one RocksDB slot and commit each, with the fast path or not.
+
+    Per epoch: the lists of a tenth of the users are cleared (their sessions closed), every user
+    gets ``events_per_user`` appended times and one session put, in requests of
+    ``REQUEST_KEYS`` keys, as ``bench/w2/executor.sessionize_partition`` sends them. The
+    committed state is checked against the staged writes. Times are the calling thread's CPU
+    time (staging and the commit run in it), which other processes on a shared machine barely move.
+    """
+    with tempfile.TemporaryDirectory(prefix="w2-tm-profile-") as tmp:
+        work = Path(tmp)
+        table = SlotTable(1, TaskManagerId("tm-profile"))
+        subtask = SubtaskId("w2", "w2", 0)
+        spec = OperatorSpec("w2", 1, W2_STATES)
+        slot = table.reserve(subtask, spec, KeyGroupRange(0, MP - 1), MP, 0, 1, "", False)
+        backend = create_backend(
+            "rocksdb",
+            subtask,
+            KeyGroupRange(0, MP - 1),
+            MP,
+            W2_STATES,
+            local_dir=work,
+            limits=StateLimits(),
+            clock=SystemClock(),
+        )
+        table.activate(slot, backend)
+        slot_epochs = SlotEpochs(slot, backend, work / "staging", fast_commit=fast)
+        rng = np.random.default_rng(seed)
+        keys = [int(u).to_bytes(8, "big") for u in range(users)]
+        expected: dict[bytes, list[bytes]] = {}
+        times = {"stage": 0.0, "commit": 0.0}
+        try:
+            for epoch in range(epochs):
+                closed = [keys[i] for i in rng.choice(users, size=users // 10, replace=False).tolist()]
+                append_keys = [k for k in keys for _ in range(events_per_user)]
+                stamps = rng.integers(0, 1 << 40, size=len(append_keys)).astype(">i8").tobytes()
+                append_values = [stamps[i : i + 8] for i in range(0, len(stamps), 8)]
+                for k in closed:
+                    expected[k] = []
+                for k, v in zip(append_keys, append_values):
+                    expected.setdefault(k, []).append(v)
+                view = EpochTransaction(slot_epochs, TaskAttempt(epoch, 0, 1))
+                t0 = time.thread_time()
+                for a in range(0, len(closed), REQUEST_KEYS):
+                    view.clear("times", closed[a : a + REQUEST_KEYS], b"")
+                for a in range(0, len(append_keys), REQUEST_KEYS):
+                    view.list_append(
+                        "times", append_keys[a : a + REQUEST_KEYS], append_values[a : a + REQUEST_KEYS], b""
+                    )
+                for a in range(0, users, REQUEST_KEYS):
+                    view.value_put(
+                        "session", keys[a : a + REQUEST_KEYS], [b"s%d" % epoch] * len(keys[a : a + REQUEST_KEYS]), b""
+                    )
+                t1 = time.thread_time()
+                slot_epochs.commit(epoch, {0: Winner(0, 1)}, routing_version=1)
+                times["stage"] += t1 - t0
+                times["commit"] += time.thread_time() - t1
+            if backend.list_get("times", keys, b"") != [expected[k] for k in keys]:
+                raise AssertionError("the committed lists differ from the staged appends")
+        finally:
+            slot_epochs.close()
+            backend.close()
+    events = users * events_per_user
+    return CommitTiming(
+        fast, events, users, times["stage"] / (events * epochs) * 1e6, times["commit"] / (events * epochs) * 1e6
+    )
+
+
+def compare_w2(users: int, events_per_user: int, pairs: int = 2) -> list[CommitTiming]:
+    """General and fast commits of W2-shaped epochs, alternating ``pairs`` times (the machine may be shared)."""
+    out: list[CommitTiming] = []
+    for _ in range(pairs):
+        out.append(measure_w2(users, events_per_user, fast=False))
+        out.append(measure_w2(users, events_per_user, fast=True))
+    return out
+
+
+def _main_w2(users: int) -> None:
+    runs = compare_w2(users, events_per_user=4)
+    for t in runs:
+        print(
+            f"{'fast   ' if t.fast else 'general'} commit: {t.commit_us_per_event:.2f} us/event (thread CPU) "
+            f"({t.events_per_epoch} events, {t.users_per_epoch} users per epoch); staging {t.stage_us_per_event:.2f} us/event"
+        )
+    ratios = [g.commit_us_per_event / f.commit_us_per_event for g, f in zip(runs[::2], runs[1::2])]
+    print("general / fast commit CPU per event, per pair: " + ", ".join(f"{x:.2f}" for x in ratios))
+
+
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--w2" in sys.argv:
+        _main_w2(int(args[0]) if args else 25_000)
+        sys.exit(0)
     keys = int(args[0]) if args else 63_000
     plain = measure(keys, profiled=False)
     print(

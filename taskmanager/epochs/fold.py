@@ -102,7 +102,7 @@ class _Group:
             self.head = value
         elif suffix and suffix[0] == _ENTRY:
             if self.kind is StateKind.LIST:
-                self.elements.append(value)
+                self.elements += r.unpack_elements(value)
             elif value[:1] == r.PUT:
                 self.puts.append((suffix[1:], value[1:]))
             elif value == r.REMOVED:

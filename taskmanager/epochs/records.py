@@ -14,8 +14,11 @@ Per state kind (the first byte of a staged value is its tag):
 * value: ``prefix`` -> ``PUT + value`` | ``CLEAR``
 * reducing: ``prefix`` -> ``DELTA + vector`` (fold into the committed value) |
   ``REPLACE + vector`` (cleared, then reduced to ``vector``) | ``CLEAR``
-* list: ``prefix + HEAD`` -> ``APPEND|REPLACE + count (8 bytes)``, and the staged elements at
-  ``prefix + ENTRY + seq (8 bytes)`` for seq in ``0..count-1``; ``REPLACE`` with count 0 clears
+* list: ``prefix + HEAD`` -> ``APPEND|REPLACE + count (8 bytes)``, and the staged elements, one
+  record per write request: ``prefix + ENTRY + seq (8 bytes)`` -> the request's elements of the
+  list packed (:func:`pack_elements`), where ``seq`` is the staged count before the request
+  (so records sort in request order); ``REPLACE`` with count 0 clears. One record per request
+  rather than per element: a bulk append stages, and a commit reads, one record per list.
 * map: ``prefix + HEAD`` -> ``CLEAR`` when the committed map was cleared first; entries at
   ``prefix + ENTRY + user key`` -> ``PUT + value`` | ``REMOVED``
 
@@ -32,6 +35,8 @@ winner's ledger.
 from __future__ import annotations
 
 import logging
+import marshal
+from typing import cast
 
 from keyedstate.common.errors import KeyedStateError, Reason
 
@@ -122,6 +127,27 @@ def parse_list_header(raw: bytes) -> tuple[int, int]:
 def element_key(list_entry_prefix: bytes, seq: int) -> bytes:
     """``list_entry_prefix`` is ``staged prefix + ENTRY``."""
     return list_entry_prefix + seq.to_bytes(SEQ_BYTES, "big")
+
+
+def pack_elements(elements: list[bytes]) -> bytes:
+    """One staged record holding a request's elements of one list, in order.
+
+    ``marshal`` packs and unpacks a list of bytes in C. Its format may change between Python
+    versions, which is harmless here: staging is never persisted beyond the process (it is
+    dropped when a slot opens, closes or the TaskManager restarts).
+    """
+    return marshal.dumps(elements)
+
+
+def unpack_elements(raw: bytes) -> list[bytes]:
+    """The elements of a staged list record (see :func:`pack_elements`)."""
+    try:
+        elements = marshal.loads(raw)
+    except (EOFError, ValueError, TypeError) as exc:
+        raise corrupt(f"list elements {raw[:16]!r}") from exc
+    if elements.__class__ is not list:
+        raise corrupt(f"list elements {raw[:16]!r}")
+    return cast("list[bytes]", elements)
 
 
 def corrupt(what: str) -> KeyedStateError:

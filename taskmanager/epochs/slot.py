@@ -21,7 +21,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.taskmanager.epochs import records
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
-from keyedstate.taskmanager.epochs.fast_commit import commit_reducing
+from keyedstate.taskmanager.epochs.fast_commit import commit_fast
 from keyedstate.taskmanager.epochs.fold import fold_attempt
 from keyedstate.taskmanager.epochs.locks import SharedExclusiveLock
 from keyedstate.taskmanager.epochs.staging import StagingOptions, StagingStore
@@ -74,9 +74,10 @@ class SlotEpochs:
     because some (reduce, list append) read what the attempt staged before writing; attempts
     stage different keys, so different attempts write in parallel.
 
-    ``fast_commit`` (on by default) lets a commit whose staged records are all reducing ones
-    take :func:`.fast_commit.commit_reducing`; off, every commit takes the general path (the
-    differential test compares the two).
+    ``fast_commit`` (on by default) applies a commit's staged records as staged
+    (:func:`.fast_commit.commit_fast`, every state kind, both backends); off, every commit takes
+    the general path that folds them into Mutations and validates them again (:mod:`.fold`, the
+    reference the differential test compares the fast path with).
     """
 
     def __init__(
@@ -267,7 +268,7 @@ class SlotEpochs:
         meta = {COMMITTED_EPOCH: str(epoch).encode("ascii")}
         staged = self._winning_records(epoch, winners)
         if self._fast_commit:
-            applied = commit_reducing(self.backend, self.states, staged, meta)
+            applied = commit_fast(self.backend, self.states, staged, meta)
             if applied is not None:
                 return applied
         mutations = [m for attempt_records in staged for m in fold_attempt(attempt_records, self.states)]
@@ -280,7 +281,7 @@ class SlotEpochs:
         if store is None:
             return []
         return [
-            list(store.scan(*records.attempt_data_range(epoch, partition, winners[partition].attempt)))
+            store.read_range(*records.attempt_data_range(epoch, partition, winners[partition].attempt))
             for partition in sorted(winners)
         ]
 

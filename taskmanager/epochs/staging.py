@@ -31,6 +31,9 @@ STAGING_DIR = "staging"
 SCAN_CHUNK = 1024
 """Entries per chunk of a staging scan."""
 
+COMMIT_CHUNK = 16_384
+"""Entries per chunk when a commit reads a winner's staged records (the commit holds them all anyway)."""
+
 
 @dataclass(frozen=True)
 class StagingOptions:
@@ -128,6 +131,17 @@ class StagingStore:
             if len(chunk) < SCAN_CHUNK:
                 return
             start = chunk[-1][0] + b"\x00"
+
+    def read_range(self, begin: bytes, end: bytes, chunk: int = COMMIT_CHUNK) -> list[tuple[bytes, bytes]]:
+        """Every entry of ``[begin, end)`` in key order, as one list (what a commit applies), read in chunks."""
+        out: list[tuple[bytes, bytes]] = []
+        start = begin
+        while True:
+            part = self.read_chunk(start, end, chunk)
+            out += part
+            if len(part) < chunk:
+                return out
+            start = part[-1][0] + b"\x00"
 
     def is_empty(self) -> bool:
         """Whether nothing is staged (the store can be dropped)."""

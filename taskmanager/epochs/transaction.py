@@ -228,22 +228,35 @@ class EpochTransaction:
             if stager is None:
                 return  # staged before (a retry whose answer was lost)
             store = stager.store
-            distinct = list(dict.fromkeys(sks))
+            # One staged record per list and request: the request's elements of that list, in order.
+            grouped: dict[bytes, list[bytes]] = {}
+            for sk, value in zip(sks, values):
+                elements = grouped.get(sk)
+                if elements is None:
+                    grouped[sk] = [value]
+                else:
+                    elements.append(value)
             heads = {
                 sk: r.parse_list_header(h) if h is not None else (r.APPEND_TAG, 0)
-                for sk, h in zip(distinct, store.get([sk + r.HEAD for sk in distinct]))
+                for sk, h in zip(grouped, store.get([sk + r.HEAD for sk in grouped]))
             }
+            limit = v.limits.max_list_elements
             wb = rocksdict.WriteBatch(raw_mode=True)
-            for sk, key, value in zip(sks, keys, values):
+            for sk, elements in grouped.items():
                 tag, count = heads[sk]
                 # Only the staged elements are checked here; committed + staged is checked by the commit.
-                v.list_length(count, 1, key)
-                wb.put(r.element_key(sk + r.ENTRY, count), value)
-                heads[sk] = (tag, count + 1)
-            for sk in distinct:
-                tag, count = heads[sk]
-                wb.put(sk + r.HEAD, r.list_header(bytes((tag,)), count))
+                if count + len(elements) > limit:
+                    self._refuse_append(sks, keys, heads)
+                wb.put(r.element_key(sk + r.ENTRY, count), r.pack_elements(elements))
+                wb.put(sk + r.HEAD, r.list_header(bytes((tag,)), count + len(elements)))
             stager.write(wb)
+
+    def _refuse_append(self, sks: list[bytes], keys: list[bytes], heads: dict[bytes, tuple[int, int]]) -> None:
+        """Raise the error of the first appended element, in request order, that passes the list limit."""
+        counts = {sk: count for sk, (_tag, count) in heads.items()}
+        for sk, key in zip(sks, keys):
+            self._v.list_length(counts[sk], 1, key)
+            counts[sk] += 1
 
     def list_update(self, state: str, keys: list[bytes], values: list[bytes], namespaces: bytes | list[bytes]) -> None:
         """Stage list replacements: each distinct (key, namespace) becomes the values given for it, in order."""
@@ -263,9 +276,7 @@ class EpochTransaction:
             v.list_length(0, len(vs), key)
             wb.delete_range(sk, layout.key_prefix_end(sk))
             wb.put(sk + r.HEAD, r.list_header(r.REPLACE, len(vs)))
-            entry_prefix = sk + r.ENTRY
-            for i, value in enumerate(vs):
-                wb.put(r.element_key(entry_prefix, i), value)
+            wb.put(r.element_key(sk + r.ENTRY, 0), r.pack_elements(vs))
         with self._se.writing(self.attempt, self.sequence) as stager:
             if stager is not None:
                 stager.write(wb)
@@ -291,11 +302,12 @@ class EpochTransaction:
             for i, h in enumerate(heads):
                 if h is None:
                     continue
-                for _k, element in store.scan(*_entries_range(sks[i])):
-                    total += len(element)
-                    if total > limit:
-                        raise self._v.list_too_large(state, limit)
-                    out[i].append(element)
+                for _k, packed in store.scan(*_entries_range(sks[i])):
+                    for element in r.unpack_elements(packed):
+                        total += len(element)
+                        if total > limit:
+                            raise self._v.list_too_large(state, limit)
+                        out[i].append(element)
             return out
 
     def list_scan(self, state: str, key: bytes, namespace: bytes) -> Iterator[bytes]:
@@ -309,8 +321,8 @@ class EpochTransaction:
         if head is None or r.parse_list_header(head)[0] == r.APPEND_TAG:
             yield from self._b.list_scan(state, key, namespace)
         if head is not None:
-            for _k, element in self._scan_staged(*_entries_range(sk)):
-                yield element
+            for _k, packed in self._scan_staged(*_entries_range(sk)):
+                yield from r.unpack_elements(packed)
 
     # -- map --------------------------------------------------------------------------------
     def map_put(

@@ -347,6 +347,17 @@ class KeyedStateBackend(ABC):
         self._run(ops, checked_meta)
         return len(ops)
 
+    def apply_validated(self, ops: list[Op], meta: dict[bytes, bytes] | None = None) -> int:
+        """Apply operations checked when they were staged (the epoch commit's fast path), atomically.
+
+        The caller vouches that every op passed this backend's ``validation`` (state, kind, sizes,
+        key groups); only the metadata and the list lengths, which depend on the stored data,
+        are checked here, as :meth:`apply` checks them. Returns how many ops were applied.
+        """
+        checked_meta = self._check_meta(meta)
+        self._run(ops, checked_meta)
+        return len(ops)
+
     def _mutation_op(self, m: Mutation) -> Op:
         if not isinstance(m, Mutation):
             raise InvalidArgumentError(f"expected a Mutation, got {type(m).__name__}")

@@ -21,7 +21,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
@@ -98,14 +97,34 @@ def _read_chunk(cf: rocksdict.Rdict, start: bytes, end: bytes | None, n: int) ->
         del it
 
 
-@dataclass(frozen=True)
 class StoredWrite:
     """One atomic write of already-encoded stored keys, open inside :meth:`RocksDBKeyedStateBackend.stored_write`."""
 
-    now_ms: int
-    """The one timestamp of the write (TTL headers and expiry), taken under the write lock as ``apply`` takes it."""
-    batch: rocksdict.WriteBatch
-    """Put and delete stored keys here, naming each state's column family (``StateHandle.handle``)."""
+    __slots__ = ("_bounds", "_load_bounds", "batch", "now_ms")
+
+    def __init__(
+        self, now_ms: int, batch: rocksdict.WriteBatch, load_bounds: Callable[[StateHandle, bytes], tuple[int, int]]
+    ) -> None:
+        self.now_ms = now_ms
+        """The one timestamp of the write (TTL headers and expiry), taken under the write lock as ``apply`` takes it."""
+        self.batch = batch
+        """Put and delete stored keys here, naming each state's column family (``StateHandle.handle``)."""
+        self._load_bounds = load_bounds
+        self._bounds: dict[tuple[str, bytes], tuple[int, int]] = {}
+
+    def list_bounds(self, st: StateHandle, prefix: bytes) -> tuple[int, int]:
+        """(first seq, next seq) of the list at ``prefix`` as this write leaves it so far."""
+        bounds = self._bounds.get((st.name, prefix))
+        return bounds if bounds is not None else self._load_bounds(st, prefix)
+
+    def set_list_bounds(self, st: StateHandle, prefix: bytes, bounds: tuple[int, int]) -> None:
+        """Record the list's bounds after the puts this write made to it."""
+        self._bounds[(st.name, prefix)] = bounds
+
+    @property
+    def new_list_bounds(self) -> dict[tuple[str, bytes], tuple[int, int]]:
+        """The bounds of every list this write changed (the backend caches them once it is written)."""
+        return self._bounds
 
 
 def check_local_dir(local_dir: Path, db_dir: Path) -> None:
@@ -343,10 +362,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         concurrent write, and nothing is written if the block raises.
         """
         checked = self._check_meta(meta)
+        iters: dict[str, Any] = {}
         with self._op, self._write_lock:
-            write = StoredWrite(self.clock.now_ms(), rocksdict.WriteBatch(raw_mode=True))
-            yield write
-            self._commit_batch(write.batch, checked, {})
+            write = StoredWrite(
+                self.clock.now_ms(),
+                rocksdict.WriteBatch(raw_mode=True),
+                lambda st, prefix: self._list_bounds_of(st, prefix, iters),
+            )
+            try:
+                yield write
+            finally:
+                iters.clear()  # no iterator may outlive the call (it would pin the DB)
+            self._commit_batch(write.batch, checked, write.new_list_bounds)
 
     def stored_get(self, st: StateHandle, stored_keys: list[bytes]) -> list[bytes | None]:
         """The stored values (format header included) of stored keys of one state, in one multi-get."""
