@@ -305,7 +305,7 @@ def _taskmanager_profile(data: w1data.W1Data, sizes: W1Sizes) -> list[str]:
         f"users per slot and micro-batch, as in the runs above): {now.stage_us_per_key:.1f} us/key to stage the reduces and "
         f"{now.commit_us_per_key:.1f} us/key to commit them (no profiler), i.e. ~{stage_ms:.0f} ms of staging and "
         f"~{commit_ms:.0f} ms of commit per slot and batch. Own time under the profiler: {profiled.summary(5)}",
-        "The commit takes the reducing-state fast path (taskmanager/epochs/fast_commit.py: the staged records, "
+        "The commit takes the fast path (taskmanager/epochs/fast_commit.py, every staged kind: the staged records, "
         "validated when staged and already holding the stored key, folded into one multi-get and one WriteBatch; "
         "before it, 11.6 us/key in the RESULTS.md run). What would close the rest of the gap (issue 13): staging "
         "(a multi-get and a WriteBatch of the staging DB per request, then Python per key; a merge operator, which "
