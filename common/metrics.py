@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import logging
 import re
-import socket
 import threading
 from dataclasses import dataclass
 from enum import Enum
@@ -29,9 +28,9 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from keyedstate.common.errors import ConfigError
+from keyedstate.common.http_server import wsgi_server_class
 from keyedstate.common.security.transport import HttpTls
 
 logger = logging.getLogger(__name__)
@@ -142,29 +141,6 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def _server_class(host: str, tls: HttpTls | None) -> type[ThreadingWSGIServer]:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    class Server(ThreadingWSGIServer):
-        address_family = family
-
-        def get_request(self) -> tuple[socket.socket, Any]:
-            """Accept a connection, wrapped in TLS when configured; the handshake runs later, in the request's thread."""
-            sock, addr = super().get_request()
-            if tls is None:
-                return sock, addr
-            # The handshake runs on first read, in the request's own thread: a slow or broken
-            # client cannot stall the accept loop.
-            return tls.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            """Log the failure at debug level instead of printing a traceback to stderr, as socketserver would."""
-            # A scraper without a valid client certificate fails its handshake: not a server error.
-            logger.debug("metrics: request from %s failed", client_address, exc_info=True)
-
-    return Server
-
-
 class MetricsServer:
     """Serves ``registry`` on the first free port of ``port_range`` (``(-1, -1)`` disables it)."""
 
@@ -189,7 +165,9 @@ class MetricsServer:
         last: OSError | None = None
         for port in range(low, high + 1):
             try:
-                self._server = make_server(host, port, app, _server_class(host, tls), handler_class=_QuietHandler)
+                self._server = make_server(
+                    host, port, app, wsgi_server_class(host, tls, "metrics"), handler_class=_QuietHandler
+                )
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from exc

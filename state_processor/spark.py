@@ -30,7 +30,7 @@ from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import KeyGroupRange
 from keyedstate.common.serializers import get_serializer
 from keyedstate.state_processor import records
-from keyedstate.state_processor.reader import read_columns
+from keyedstate.state_processor.reader import read_arrow
 from keyedstate.state_processor.records import StateSerializers
 from keyedstate.state_processor.savepoint import Savepoint
 
@@ -135,7 +135,7 @@ def partitions(sp: Savepoint, options: ReadOptions) -> list[KeyGroupRange]:
 def read_partition(options: ReadOptions, key_groups: KeyGroupRange) -> list[pa.RecordBatch]:
     """The rows of ``key_groups``, as Arrow batches in the schema's column order."""
     with Savepoint.open(options.path, dict(options.storage)) as sp:
-        cols = read_columns(
+        table = read_arrow(
             sp,
             options.operator,
             options.state,
@@ -143,7 +143,6 @@ def read_partition(options: ReadOptions, key_groups: KeyGroupRange) -> list[pa.R
             key_groups=key_groups,
             include_expired=options.include_expired,
         )
-        table = records.to_arrow(sp.state(options.operator, options.state), cols, options.serializers)
     batches: list[pa.RecordBatch] = table.to_batches()
     return batches
 

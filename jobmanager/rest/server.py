@@ -1,26 +1,21 @@
 """The HTTP(S) server of ``rest.port``: one thread per request, TLS of the rest plane when it is on.
 
-wsgiref's threading server with the WSGI application of :mod:`.routes` (the same server family
-as the metrics endpoint): every request runs on its own daemon thread, so a slow browser holds
-only its own thread and never a JobManager lock; the TLS handshake runs in that thread too,
-never in the accept loop. With ``security.ssl.rest.enabled`` each connection is wrapped with the
-context current at accept time, so a rotated certificate applies to the next connection, and
-with ``security.ssl.rest.authentication-enabled`` a client certificate is required, as on the
-gRPC client plane.
+The threaded, optionally TLS-wrapped server of :mod:`keyedstate.common.http_server` (the one the
+metrics endpoint uses) with the WSGI application of :mod:`.routes`: a slow browser holds only its
+own thread and never a JobManager lock. With ``security.ssl.rest.authentication-enabled`` a client
+certificate is required, as on the gRPC client plane.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import socket
 import threading
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from prometheus_client.exposition import ThreadingWSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from keyedstate.common.errors import ConfigError
+from keyedstate.common.http_server import wsgi_server_class
 from keyedstate.common.security.transport import HttpTls
 from keyedstate.jobmanager.rest.routes import RestApi
 
@@ -32,26 +27,6 @@ class _Handler(WSGIRequestHandler):
         logger.debug("rest: %s %s", self.address_string(), format % args)
 
 
-def _server_class(host: str, tls: HttpTls | None) -> type[WSGIServer]:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    class Server(ThreadingWSGIServer):
-        address_family = family
-
-        def get_request(self) -> tuple[socket.socket, Any]:
-            sock, addr = super().get_request()
-            if tls is None:
-                return sock, addr
-            return tls.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            # A plain-HTTP client on a TLS port, or one without the client certificate, fails its
-            # handshake: worth a debug line, not a traceback on stderr.
-            logger.debug("rest: request from %s failed", client_address, exc_info=True)
-
-    return Server
-
-
 class RestServer:
     """Serves the REST API and web page on ``host:port`` (0: a free port, read back from ``port``)."""
 
@@ -60,7 +35,7 @@ class RestServer:
         if tls is not None:
             tls.context()  # a certificate the ssl module cannot load fails the start, not the first request
         try:
-            self._server = make_server(host, port, api, _server_class(host, tls), handler_class=_Handler)
+            self._server = make_server(host, port, api, wsgi_server_class(host, tls, "rest"), handler_class=_Handler)
         except OSError as exc:
             hint = (
                 "choose another rest.port or 0 for a free one" if exc.errno == errno.EADDRINUSE else "check rest.port"

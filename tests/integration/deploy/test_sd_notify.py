@@ -8,6 +8,7 @@ READY=1 arrives asks the daemon's gRPC port for its health without waiting for i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -49,10 +50,10 @@ class NotifySocket:
                 return message
 
 
-@pytest.fixture
-def notify_socket(tmp_path: Path) -> Iterator[NotifySocket]:
+@contextlib.contextmanager
+def _bound_socket(tag: str) -> Iterator[NotifySocket]:
     # AF_UNIX paths are limited to 108 bytes: pytest's tmp_path can be longer.
-    path = Path(f"/tmp/ks-notify-{os.getpid()}-{len(str(tmp_path))}-{id(tmp_path)}.sock")
+    path = Path(f"/tmp/ks-notify-{tag}-{os.getpid()}-{time.monotonic_ns()}.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
     try:
@@ -60,6 +61,12 @@ def notify_socket(tmp_path: Path) -> Iterator[NotifySocket]:
     finally:
         sock.close()
         path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def notify_socket() -> Iterator[NotifySocket]:
+    with _bound_socket("jm") as notify:
+        yield notify
 
 
 def _start(module: str, args: list[str], notify: NotifySocket, tmp_path: Path, **env: str) -> subprocess.Popen[bytes]:
@@ -93,15 +100,9 @@ def _stop(process: subprocess.Popen[bytes]) -> int:
 
 
 @pytest.fixture
-def second_notify_socket(tmp_path: Path) -> Iterator[NotifySocket]:
-    path = Path(f"/tmp/ks-notify-tm-{os.getpid()}-{id(tmp_path)}.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    try:
-        yield NotifySocket(path, sock)
-    finally:
-        sock.close()
-        path.unlink(missing_ok=True)
+def second_notify_socket() -> Iterator[NotifySocket]:
+    with _bound_socket("tm") as notify:
+        yield notify
 
 
 def _wait_serving(address: str, service: str, timeout_s: float = 60.0) -> None:
