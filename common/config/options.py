@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common.claim_mode import RecoveryClaimMode, claim_mode_parser
 from keyedstate.common.config._option import ConfigOption
 from keyedstate.common.config._parsers import (
     bool_parser,
@@ -381,6 +382,17 @@ STATE_RECOVERY_PATH = _opt(
     None,
     "string",
     "Checkpoint or savepoint a submitted job restores from.",
+)
+CLAIM_MODE = _opt(
+    "execution.state-recovery.claim-mode",
+    claim_mode_parser,
+    RecoveryClaimMode.NO_CLAIM,
+    "enum",
+    "Who owns the files of the checkpoint a job is submitted or restored from: NO_CLAIM (the user: the job never "
+    "deletes them, and its first checkpoint after the restore is full) or CLAIM (the job: its first checkpoint "
+    "stays incremental, and the restored checkpoint is deleted once subsumed; only a checkpoint of the job's own "
+    "directory, not a savepoint). LEGACY was removed in Flink 2.0 and is refused.",
+    fallback_keys=("execution.savepoint-restore-mode",),
 )
 LOCAL_RECOVERY = _opt(
     "execution.state-recovery.from-local",

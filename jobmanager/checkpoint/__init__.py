@@ -29,6 +29,7 @@ from keyedstate.jobmanager.checkpoint.metadata import (
     OperatorSnapshot,
     SubtaskSnapshot,
 )
+from keyedstate.jobmanager.checkpoint.ownership import RestoreOwnership, decide_ownership
 from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
 from keyedstate.jobmanager.checkpoint.restore import (
     checkpoint_dir_of,
@@ -73,12 +74,14 @@ __all__ = [
     "OperatorSnapshot",
     "PendingCheckpoint",
     "PendingStatus",
+    "RestoreOwnership",
     "SharedStateRegistry",
     "StandaloneCheckpointIDCounter",
     "StandaloneCompletedCheckpointStore",
     "SubtaskAckStats",
     "SubtaskSnapshot",
     "checkpoint_dir_of",
+    "decide_ownership",
     "execute",
     "find_latest_checkpoint",
     "load_checkpoint",

@@ -142,6 +142,28 @@ STOP: BatchAction.ValueType  # 4
 """the job is FAILED or CANCELED: failure_cause says why"""
 Global___BatchAction: _TypeAlias = BatchAction  # noqa: Y015
 
+class _RecoveryClaimMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RecoveryClaimModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecoveryClaimMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RECOVERY_CLAIM_MODE_UNSPECIFIED: _RecoveryClaimMode.ValueType  # 0
+    RECOVERY_CLAIM_MODE_CLAIM: _RecoveryClaimMode.ValueType  # 1
+    """the job takes the checkpoint over: incremental from the start, deleted once subsumed"""
+    RECOVERY_CLAIM_MODE_NO_CLAIM: _RecoveryClaimMode.ValueType  # 2
+    """the user keeps it: never deleted, the first checkpoint after the restore is full"""
+
+class RecoveryClaimMode(_RecoveryClaimMode, metaclass=_RecoveryClaimModeEnumTypeWrapper):
+    """Flink's execution.state-recovery.claim-mode (LEGACY, removed in Flink 2.0, has no value here)."""
+
+RECOVERY_CLAIM_MODE_UNSPECIFIED: RecoveryClaimMode.ValueType  # 0
+RECOVERY_CLAIM_MODE_CLAIM: RecoveryClaimMode.ValueType  # 1
+"""the job takes the checkpoint over: incremental from the start, deleted once subsumed"""
+RECOVERY_CLAIM_MODE_NO_CLAIM: RecoveryClaimMode.ValueType  # 2
+"""the user keeps it: never deleted, the first checkpoint after the restore is full"""
+Global___RecoveryClaimMode: _TypeAlias = RecoveryClaimMode  # noqa: Y015
+
 @_typing.final
 class SlotReport(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -960,18 +982,22 @@ class RestoreJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     RESTORE_PATH_FIELD_NUMBER: _builtins.int
+    CLAIM_MODE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     restore_path: _builtins.str
     """a chk-<n> or savepoint directory, or its _metadata file"""
+    claim_mode: Global___RecoveryClaimMode.ValueType
+    """Who owns the source's files afterwards; unspecified: the job's execution.state-recovery.claim-mode."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         restore_path: _builtins.str = ...,
+        claim_mode: Global___RecoveryClaimMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "restore_path", b"restore_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_mode", b"claim_mode", "job_id", b"job_id", "restore_path", b"restore_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
