@@ -9,6 +9,8 @@ bytes the checkpoints after the restore uploaded and which files survive:
 * NO_CLAIM: the first checkpoint uploads the whole state again and references nothing of
   checkpoint 1, whose files all stay, even when the job's own checkpoints subsume it and a new
   JobManager sweeps the job directory.
+* After a TaskManager is killed or the JobManager replaced, the job recovers its own (or claimed)
+  checkpoint and the next checkpoint is incremental again, in either mode.
 
 The TaskManagers get memtables large enough that nothing flushes or compacts between checkpoints,
 so "referenced instead of uploaded" is decided by ownership alone.
@@ -194,6 +196,27 @@ def test_a_new_jobmanager_keeps_the_claim_mode_and_recovers_incrementally(run: R
         assert source_files <= run.files(), "NO_CLAIM: no JobManager of the job deletes the restored checkpoint"
     assert run.client.job_info(JOB).status == pb.JOB_STATUS_RUNNING
     run.assert_state()
+
+
+def test_a_failover_after_a_no_claim_restore_recovers_incrementally_from_the_jobs_own_checkpoint(run: Run) -> None:
+    first, source_files, source_shared = run.source()
+    run.client.restore_job(JOB, first.path)  # the job's default claim mode: NO_CLAIM
+    run.write(range(0, N_KEYS, 100))
+    own = run.checkpoint()
+    assert own.incremental_size > 0.95 * first.incremental_size
+    own_shared = _shared(run, own)  # read now: the next checkpoint subsumes it
+    before = run.client.job_info(JOB).restarts
+
+    run.cluster.taskmanagers[0].kill()  # SIGKILL: its slots and their RocksDB go with it
+    run.cluster.restart_taskmanager(0)
+    wait_until(lambda: run.client.job_info(JOB).restarts > before and run._running(), "the failover", 90)
+    run.assert_state()
+    run.write(range(2, N_KEYS, 100))
+    after = run.checkpoint()
+    assert after.incremental_size < 0.05 * first.full_size, (after.incremental_size, first.full_size)
+    assert own_shared & _shared(run, after), "the job's own checkpoint is referenced, not uploaded again"
+    assert not source_shared & _shared(run, after)
+    assert source_files <= run.files()
 
 
 def test_claim_refuses_a_savepoint_before_touching_the_job(run: Run, tmp_path: Path) -> None:
