@@ -42,6 +42,7 @@ from keyedstate.cli import inspect
 from keyedstate.cli.output import end_closed_pipe, print_json, print_table, progress
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
@@ -144,10 +145,11 @@ def cmd_job(args: argparse.Namespace) -> int:
             if not args.source:
                 raise InvalidArgumentError("statectl job restore needs --from PATH (a chk-<n> or savepoint directory)")
             # One call: the JobManager verifies the source before it touches the job (never cancel-then-submit).
+            mode = RecoveryClaimMode.parse(args.claim_mode, "--claim-mode") if args.claim_mode else None
             with progress(f"restoring job {args.job} from {args.source}", not args.json):
-                routing = client.restore_job(args.job, args.source, claim_mode=args.claim_mode)
-            mode = f", claim mode {args.claim_mode.upper()}" if args.claim_mode else ""
-            print(f"job {args.job} restored from {args.source}{mode} (routing v{routing.version})")
+                routing = client.restore_job(args.job, args.source, claim_mode=mode)
+            shown = f", claim mode {mode.value}" if mode is not None else ""
+            print(f"job {args.job} restored from {args.source}{shown} (routing v{routing.version})")
         elif args.action == "rescale":
             if not args.parallelism:
                 raise InvalidArgumentError("statectl job rescale needs --parallelism N")

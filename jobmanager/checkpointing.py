@@ -500,7 +500,7 @@ class Checkpointing:
         spec = JobSpec.from_dict(record.spec)
         job = Job(spec, self._conf.with_values(dict(spec.config)), times=JobStatusTimes(self._clock))
         job.restore_path = record.restore_path
-        job.claim_mode = RecoveryClaimMode(record.claim_mode)
+        job.claim_mode = RecoveryClaimMode.parse(record.claim_mode, f"the high-availability record of job {job.job_id}")
         job.checkpoints_from = record.checkpoints_from
         job.restarts = record.restarts
         job.last_taskmanagers = frozenset(TaskManagerId(t) for t in record.taskmanagers)
