@@ -412,8 +412,8 @@ def _add_job_commands(sub: Subcommands, common: argparse.ArgumentParser) -> None
         "--claim-mode",
         metavar="MODE",
         help="who owns the source's files afterwards: NO_CLAIM (the user: never deleted, the first checkpoint is "
-        "full) or CLAIM (the job: incremental from the start, deleted once subsumed; a checkpoint of the job's own "
-        "directory only). Default: the job's execution.state-recovery.claim-mode (NO_CLAIM)",
+        "full) or CLAIM (the job: deleted once subsumed; incremental from the start for a checkpoint of the job's "
+        "own directory). Default: the job's execution.state-recovery.claim-mode (NO_CLAIM)",
     )
     a = actions.add_parser("rescale", parents=[common], help="run every operator at a new parallelism")
     a.add_argument("job", nargs="?")

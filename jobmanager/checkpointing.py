@@ -50,6 +50,7 @@ from keyedstate.jobmanager.checkpoint import (
     find_latest_checkpoint,
     load_completed_checkpoint,
     plan_restore,
+    references_restored,
     verify_checksums,
     verify_files_exist,
 )
@@ -295,8 +296,8 @@ class Checkpointing:
     ) -> RestoreOwnership:
         """Who owns ``checkpoint``'s files once ``job`` restores from it (``mode``: the job's claim mode).
 
-        InvalidArgumentError when CLAIM cannot take it over. A job without checkpoint storage
-        never deletes nor references anything, so its restores leave the files to the user.
+        A job without checkpoint storage never deletes nor references anything, so its restores
+        leave the files to the user.
         """
         if job.coordinator is None:
             return RestoreOwnership.USER
@@ -338,12 +339,14 @@ class Checkpointing:
         # already; USER stays out of both, so nothing of it is ever deleted by this job.
         if job.coordinator is not None:
             job.coordinator.restore_from(checkpoint, claim=ownership is RestoreOwnership.CLAIMED)
+            referenced = ownership.job_owns_files and references_restored(checkpoint, self.job_dir(job))
             logger.info(
-                "job %s restored from %s: files %s (claim mode %s)",
+                "job %s restored from %s: files %s (claim mode %s); the next checkpoint %s",
                 job.job_id,
                 checkpoint.external_path,
                 ownership.value,
                 job.claim_mode.value,
+                "references its shared files" if referenced else "uploads the whole state",
             )
 
     def restore_plan(
@@ -543,9 +546,9 @@ class Checkpointing:
         loaded = []
         for pointer in self.ha.checkpoint_pointers(job.job_id):
             try:
-                loaded.append(
-                    load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path)
-                )
+                checkpoint = load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path)
+                # A savepoint the job claimed is one of its checkpoints: its pointer says so, its _metadata cannot.
+                loaded.append(checkpoint if pointer.savepoint else checkpoint.taken_over())
             except (CheckpointError, OSError) as exc:
                 logger.error(
                     "job %s: checkpoint %d (%s) cannot be loaded, falling back: %s",

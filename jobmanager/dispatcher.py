@@ -668,7 +668,7 @@ class Dispatcher:
             )
         checkpoint = self.checkpointing.verify_restore(job, path)
         mode = claim_mode or job.config.get(o.CLAIM_MODE)
-        ownership = self.checkpointing.ownership(job, checkpoint, mode)  # a CLAIM it cannot honour: refused here
+        ownership = self.checkpointing.ownership(job, checkpoint, mode)
         if status.terminal:
             # Nothing runs: a submission from the verified source, which leaves the stopped job as it was if it fails.
             return self.submit(spec, restore_path=checkpoint.external_path, claim_mode=mode)

@@ -630,9 +630,10 @@ class StateClient:
         as it was (see ``statectl job restore`` in the README). Not retried: the answer says what happened.
 
         ``claim_mode`` (``CLAIM`` or ``NO_CLAIM``; None: the job's ``execution.state-recovery.claim-mode``,
-        NO_CLAIM by default) says who owns the source's files afterwards: CLAIM lets the job reference
-        and, once subsumed, delete them (a checkpoint of the job's own directory only); NO_CLAIM
-        leaves them to the user, and the job's first checkpoint after the restore is a full one.
+        NO_CLAIM by default) says who owns the source's files afterwards: CLAIM lets the job delete
+        them once subsumed (and reference them, when the source is a checkpoint of the job's own
+        directory); NO_CLAIM leaves them to the user, and the job's first checkpoint after the
+        restore is a full one.
         """
         mode = RecoveryClaimMode.parse(claim_mode, "claim_mode") if claim_mode is not None else None
         table: pb.RoutingTable = self._jm_call(

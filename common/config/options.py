@@ -388,10 +388,10 @@ CLAIM_MODE = _opt(
     claim_mode_parser,
     RecoveryClaimMode.NO_CLAIM,
     "enum",
-    "Who owns the files of the checkpoint a job is submitted or restored from: NO_CLAIM (the user: the job never "
-    "deletes them, and its first checkpoint after the restore is full) or CLAIM (the job: its first checkpoint "
-    "stays incremental, and the restored checkpoint is deleted once subsumed; only a checkpoint of the job's own "
-    "directory, not a savepoint). LEGACY was removed in Flink 2.0 and is refused.",
+    "Who owns the files of the checkpoint or savepoint a job is submitted or restored from: NO_CLAIM (the user: the "
+    "job never deletes them, and its first checkpoint after the restore is full) or CLAIM (the job: it deletes the "
+    "snapshot once subsumed, and its first checkpoint stays incremental when the snapshot is a checkpoint of its own "
+    "directory). LEGACY was removed in Flink 2.0 and is refused.",
     fallback_keys=("execution.savepoint-restore-mode",),
 )
 LOCAL_RECOVERY = _opt(

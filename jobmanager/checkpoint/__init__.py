@@ -29,7 +29,7 @@ from keyedstate.jobmanager.checkpoint.metadata import (
     OperatorSnapshot,
     SubtaskSnapshot,
 )
-from keyedstate.jobmanager.checkpoint.ownership import RestoreOwnership, decide_ownership
+from keyedstate.jobmanager.checkpoint.ownership import RestoreOwnership, decide_ownership, references_restored
 from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
 from keyedstate.jobmanager.checkpoint.restore import (
     checkpoint_dir_of,
@@ -88,6 +88,7 @@ __all__ = [
     "load_completed_checkpoint",
     "plan_gc",
     "plan_restore",
+    "references_restored",
     "verify_checksums",
     "verify_files_exist",
 ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 
 from keyedstate.common.claim_mode import RecoveryClaimMode
-from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.jobmanager.checkpoint import _paths
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 
@@ -38,27 +37,22 @@ def decide_ownership(
     """Who owns ``checkpoint``'s files once the job in ``job_dir`` restores from it in ``mode``.
 
     ``recovery``: the job restores its own latest retained checkpoint (failover, a new leader),
-    whatever mode it was first restored in. CLAIM takes over only a checkpoint of the job's own
-    directory: new checkpoints name shared files as ``../shared/<name>``, so files elsewhere
-    cannot be referenced, and a savepoint (self-contained, with no ``shared/`` files) has
-    nothing to reference; both are refused with InvalidArgumentError instead of being taken
-    over without the saving CLAIM is for.
+    whatever mode it was first restored in. CLAIM takes over any snapshot, as Flink does: a
+    savepoint or another job's checkpoint too (its ``chk-<n>`` directory, not that job's
+    directory). Only files in this job's ``shared/`` can be referenced by its new checkpoints
+    (they name them ``../shared/<name>``), so after claiming a savepoint or a checkpoint of
+    another directory the first checkpoint uploads the state again, see :func:`references_restored`.
     """
     if recovery:
         return RestoreOwnership.OWNED
     if mode is RecoveryClaimMode.NO_CLAIM:
         return RestoreOwnership.USER
-    where = checkpoint.external_path
-    if checkpoint.savepoint:
-        raise InvalidArgumentError(
-            f"claim mode CLAIM cannot take over savepoint {where}: a savepoint is the user's and self-contained, so "
-            "new incremental checkpoints could not reference its files; restore it with claim mode NO_CLAIM (the "
-            "first checkpoint is then a full one)"
-        )
-    if _paths.relative_to(_paths.normalize(where), _paths.normalize(job_dir)) is None:
-        raise InvalidArgumentError(
-            f"claim mode CLAIM takes over only checkpoints of the job's own directory {job_dir}, and {where} lies "
-            "outside it (another job id or checkpoint dir); restore it with claim mode NO_CLAIM (the first "
-            "checkpoint is then a full one), or restore a checkpoint of this job"
-        )
     return RestoreOwnership.CLAIMED
+
+
+def references_restored(checkpoint: CompletedCheckpoint, job_dir: str) -> bool:
+    """Whether the job's new checkpoints can reference ``checkpoint``'s shared files: they lie in its ``shared/``."""
+    pool = _paths.join(_paths.normalize(job_dir), _paths.SHARED_DIR)
+    return bool(checkpoint.shared_files) and all(
+        _paths.relative_to(f, pool) is not None for f in checkpoint.shared_files
+    )

@@ -577,9 +577,9 @@ def owned_shared_files(slot: Slot, restore: SlotRestore) -> dict[str, StateFileH
             path=f"../shared/{f.path[len(pool) :]}", size=f.size, sha256=f.sha256, local_name=f.local_name, shared=True
         )
     if not owned and any(f.shared for f in handle.files):
-        logger.warning(
-            "restore of %s from checkpoint %d: the job owns it, but none of its shared files lies under %s; the next "
-            "checkpoint uploads them again",
+        logger.info(
+            "restore of %s from checkpoint %d: the job owns it, but its shared files lie outside %s (another job's "
+            "directory), so the next checkpoint uploads them again",
             slot.subtask,
             restore.checkpoint_id,
             pool,

@@ -9,6 +9,8 @@ bytes the checkpoints after the restore uploaded and which files survive:
 * NO_CLAIM: the first checkpoint uploads the whole state again and references nothing of
   checkpoint 1, whose files all stay, even when the job's own checkpoints subsume it and a new
   JobManager sweeps the job directory.
+* A savepoint restored under CLAIM is the job's: its first checkpoint uploads the state (a savepoint
+  has no shared/ files to reference), and the savepoint is deleted once subsumed; under NO_CLAIM it stays.
 * After a TaskManager is killed or the JobManager replaced, the job recovers its own (or claimed)
   checkpoint and the next checkpoint is incremental again, in either mode.
 
@@ -219,20 +221,42 @@ def test_a_failover_after_a_no_claim_restore_recovers_incrementally_from_the_job
     assert source_files <= run.files()
 
 
-def test_claim_refuses_a_savepoint_before_touching_the_job(run: Run, tmp_path: Path) -> None:
+def test_claim_takes_a_savepoint_over_and_deletes_it_once_subsumed(run: Run, tmp_path: Path) -> None:
     run.client.submit_job(JOB, OPS, max_parallelism=128)
-    run.write(range(1_000))
-    savepoint = run.client.trigger_checkpoint(
-        JOB, savepoint=True, target_directory=(tmp_path / "savepoints").as_uri(), timeout_s=60
-    )
+    run.write(range(N_KEYS))
+    target = (tmp_path / "savepoints").as_uri()
+    savepoint = run.client.trigger_checkpoint(JOB, savepoint=True, target_directory=target, timeout_s=60)
     assert savepoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, savepoint.failure_reason
-    version = run.client.job_info(JOB).routing_version
-    with pytest.raises(InvalidArgumentError) as err:
-        run.client.restore_job(JOB, savepoint.path, claim_mode="CLAIM")
-    assert "cannot take over savepoint" in err.value.message and "NO_CLAIM" in err.value.message
-    info = run.client.job_info(JOB)
-    assert info.status == pb.JOB_STATUS_RUNNING and info.routing_version == version
     with pytest.raises(InvalidArgumentError, match="removed in Flink 2.0"):
         run.client.restore_job(JOB, savepoint.path, claim_mode="LEGACY")
+    saved = relative_files(run.storage, savepoint.path)
+    assert saved
+
+    run.client.restore_job(JOB, savepoint.path, claim_mode="CLAIM")
+    run.assert_state()
+    run.write(range(0, N_KEYS, 100))
+    after = run.checkpoint()
+    # A savepoint is self-contained (no shared/ files): nothing of it can be referenced, so the first
+    # checkpoint uploads the state; but the job owns it now, and deletes it once subsumed.
+    assert after.incremental_size > 0.95 * savepoint.full_size, (after.incremental_size, savepoint.full_size)
+    wait_until(lambda: not relative_files(run.storage, savepoint.path), "the claimed savepoint deleted", 30)
+    run.write(range(1, N_KEYS, 100))
+    assert run.checkpoint().incremental_size < 0.05 * savepoint.full_size
+    run.assert_state()
+
+
+def test_no_claim_never_deletes_a_savepoint(run: Run, tmp_path: Path) -> None:
+    run.client.submit_job(JOB, OPS, max_parallelism=128)
+    run.write(range(N_KEYS))
+    target = (tmp_path / "savepoints").as_uri()
+    savepoint = run.client.trigger_checkpoint(JOB, savepoint=True, target_directory=target, timeout_s=60)
+    assert savepoint.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, savepoint.failure_reason
+    saved = relative_files(run.storage, savepoint.path)
+    assert saved
     run.client.restore_job(JOB, savepoint.path, claim_mode="NO_CLAIM")
-    assert run.client.job_info(JOB).status == pb.JOB_STATUS_RUNNING
+    for start in range(3):
+        run.write(range(start, N_KEYS, 100))
+        run.checkpoint()
+    time.sleep(1.0)  # a late deletion would show now
+    assert relative_files(run.storage, savepoint.path) == saved
+    run.assert_state()

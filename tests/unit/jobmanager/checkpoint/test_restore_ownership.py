@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from keyedstate.common.claim_mode import RecoveryClaimMode
-from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.jobmanager.checkpoint import (
     RestoreOwnership,
     decide_ownership,
     execute,
     load_completed_checkpoint,
     plan_gc,
+    references_restored,
 )
 
 CLAIM, NO_CLAIM = RecoveryClaimMode.CLAIM, RecoveryClaimMode.NO_CLAIM
@@ -50,21 +50,30 @@ def test_claim_takes_over_a_checkpoint_of_the_jobs_own_directory(snapshots: Any)
     assert ownership is RestoreOwnership.CLAIMED and ownership.job_owns_files
 
 
-def test_claim_refuses_a_savepoint_and_names_no_claim(snapshots: Any) -> None:
+def test_claim_takes_over_savepoints_and_other_jobs_checkpoints_too(snapshots: Any) -> None:
+    h, checkpoint, savepoint = snapshots
+    assert decide_ownership(CLAIM, savepoint, h.job_dir) is RestoreOwnership.CLAIMED
+    # A sibling whose name merely starts like the job's directory is another job's directory.
+    assert decide_ownership(CLAIM, checkpoint, h.job_dir + "x") is RestoreOwnership.CLAIMED
+
+
+def test_only_shared_files_of_the_jobs_own_directory_can_be_referenced(snapshots: Any) -> None:
+    h, checkpoint, savepoint = snapshots
+    assert references_restored(checkpoint, h.job_dir + "/")
+    assert not references_restored(checkpoint, h.job_dir + "x"), "../shared/ of the new job is another directory"
+    assert not references_restored(savepoint, h.job_dir), "a savepoint has no shared files"
+
+
+def test_a_claimed_savepoint_is_deleted_once_subsumed(snapshots: Any, make_harness: Any) -> None:
     h, _, savepoint = snapshots
-    with pytest.raises(InvalidArgumentError) as err:
-        decide_ownership(CLAIM, savepoint, h.job_dir)
-    assert f"cannot take over savepoint {savepoint.external_path}" in err.value.message
-    assert "restore it with claim mode NO_CLAIM" in err.value.message
-
-
-def test_claim_refuses_a_checkpoint_of_another_directory(snapshots: Any) -> None:
-    h, checkpoint, _ = snapshots
-    # A sibling whose name merely starts like the job's directory is still another directory.
-    with pytest.raises(InvalidArgumentError) as err:
-        decide_ownership(CLAIM, checkpoint, h.job_dir + "x")
-    assert "takes over only checkpoints of the job's own directory" in err.value.message
-    assert "NO_CLAIM" in err.value.message
+    root = savepoint.external_path
+    assert h.files(root), "the savepoint holds files"
+    owner = make_harness()  # a new run of the job, restored from the savepoint under CLAIM
+    owner.coordinator.restore_from(load_completed_checkpoint(h.storage, root), claim=True)
+    assert [c.checkpoint_id for c in owner.coordinator.store.all()] == [savepoint.checkpoint_id]
+    assert owner.coordinator.trigger().future.result(5).checkpoint_id == savepoint.checkpoint_id + 1
+    assert owner.coordinator.cleaner.flush(timeout=10)
+    assert not h.files(root), "CLAIM: a savepoint is deleted once subsumed, like a checkpoint"
 
 
 def _restored(make_harness: Any) -> tuple[Any, set[str]]:
