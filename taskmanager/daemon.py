@@ -42,6 +42,7 @@ from keyedstate.taskmanager.rpc.task_executor_forwarding import ForwardingTaskEx
 from keyedstate.taskmanager.rpc.wire import slot_reports
 from keyedstate.taskmanager.settings import TaskManagerSettings, working_dir
 from keyedstate.taskmanager.slot_host import SlotHost
+from keyedstate.taskmanager.slot_process import SLOT_PROCESS_EXIT_WAIT_S, wait_for_slot_processes_gone
 from keyedstate.taskmanager.slot_processes import MergedMetrics, SlotProcessGroup
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import StateLimits
@@ -313,6 +314,7 @@ class TaskManager:
             ) from exc
         os.write(lock, str(os.getpid()).encode())
         self._lock_file = lock
+        wait_for_slot_processes_gone(work, SLOT_PROCESS_EXIT_WAIT_S)
         return work
 
     def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[JobId, int]) -> None:

@@ -19,10 +19,12 @@ its backends and exits.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sys
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -36,6 +38,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from keyedstate.common.auth import AuthMetrics, internal_token, server_interceptors
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
+from keyedstate.common.errors import ConfigError
 from keyedstate.common.ids import TaskManagerId
 from keyedstate.common.lease import Lease, SharedLeaseCell
 from keyedstate.common.rpc.channels import create_server, server_options
@@ -79,6 +82,46 @@ class SlotProcessFailed:
     message: str
 
 
+SLOT_PROCESS_EXIT_WAIT_S = 60.0
+"""How long a starting TaskManager waits for the slot processes of its killed predecessor to close their RocksDB."""
+_SLOT_LOCK = "slot-processes.lock"
+
+
+def hold_slot_process_lock(work_dir: Path) -> int:
+    """Called by a slot process: a shared lock on the work directory's slot-process lock, held until it exits.
+
+    Returns the descriptor (the lock lives as long as it is open, so the kernel drops it when the
+    process dies in any way).
+    """
+    fd = os.open(work_dir / _SLOT_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def wait_for_slot_processes_gone(work_dir: Path, timeout_s: float) -> None:
+    """Wait until no slot process of an earlier TaskManager on ``work_dir`` lives (ConfigError after ``timeout_s``).
+
+    A TaskManager killed with -9 leaves its slot processes closing their RocksDB instances for a
+    moment; a successor that deployed meanwhile would find the databases locked.
+    """
+    fd = os.open(work_dir / _SLOT_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return  # closing the descriptor below releases it for this TaskManager's own slot processes
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"slot processes of an earlier TaskManager still use {work_dir} after {timeout_s:.0f} s; "
+                        "stop them (they exit once their TaskManager is gone) and start again"
+                    ) from None
+                time.sleep(0.1)
+    finally:
+        os.close(fd)
+
+
 class SlotProcess:
     """The slots of one slot process, its client-plane server and its private server."""
 
@@ -94,6 +137,12 @@ class SlotProcess:
         self.metrics = TaskManagerMetrics(self.registry, self.id, RocksDBNativeMetricOptions.from_config(conf))
         self.rpc_latency = RpcLatencyInterceptor(self.registry, "taskmanager")
         self._stop = threading.Event()
+        work = working_dir(s)
+        # Held while this process lives: a successor TaskManager waits for it before deploying here.
+        self._work_lock = hold_slot_process_lock(work)
+        work = working_dir(s)
+        # Held while this process lives: a successor TaskManager waits for it before deploying here.
+        self._work_lock = hold_slot_process_lock(work)
         self._cell = SharedLeaseCell(Path(spec.lease_path), create=False)
         self.lease = Lease.follow(clock.boottime_ms, self._cell)
         # Only its checkpoint reports use this connection: the TaskManager registers and heartbeats.
@@ -114,9 +163,7 @@ class SlotProcess:
             cluster_id=s.cluster_id,
             token=internal_token(conf, "TaskManager", "taskmanager", internal_tls=self.security.enabled(INTERNAL)),
         )
-        self.host = SlotHost(
-            conf, s, self.id, working_dir(s), self.lease, self.reporter, self.metrics, clock, self._stop
-        )
+        self.host = SlotHost(conf, s, self.id, work, self.lease, self.reporter, self.metrics, clock, self._stop)
         self._health = health.HealthServicer()
         self._server: grpc.Server | None = None
         self._control: grpc.Server | None = None
