@@ -200,6 +200,8 @@ class SlotProcessGroup:
         self._on_failed = on_failed
         # Unix socket paths are limited to 107 bytes: a short private directory, not the work dir.
         self._control_dir = Path(tempfile.mkdtemp(prefix="keyedstate-slots-"))
+        self.control_dir = self._control_dir
+        """The private directory of the lease page and the slot processes' Unix sockets."""
         self.lease_path = self._control_dir / "lease"
         """The page holding the TaskManager's lease (:class:`~keyedstate.common.lease.SharedLeaseCell`)."""
         self._processes: list[SlotProcessHandle | None] = [None] * count

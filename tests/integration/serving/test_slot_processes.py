@@ -212,3 +212,20 @@ def test_impossible_slot_process_settings_are_refused_naming_the_keys(
         TaskManager(Configuration(conf))
     for fragment in fragments:
         assert fragment in info.value.message
+
+
+def test_a_slot_process_that_cannot_be_replaced_stops_the_taskmanager(inprocess_cluster: Any) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=2, tm=SLOT_PROCESSES)
+    tm = cluster.taskmanagers[0]
+    assert tm.slot_processes is not None
+    control = tm.slot_processes.control_dir
+    # A file where the lease page and the sockets live: no new slot process can start.
+    control.rename(control.with_name(control.name + ".moved"))
+    control.write_bytes(b"")
+    try:
+        os.kill(tm.slot_processes.pids()[1], signal.SIGKILL)
+        assert tm.wait(60), "the TaskManager did not stop after its slot process could not be replaced"
+        assert tm.failure is not None and "slot process 1 died and could not be replaced" in tm.failure
+    finally:
+        control.unlink()
+        control.with_name(control.name + ".moved").rename(control)
