@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -41,6 +42,7 @@ from prometheus_client.registry import Collector
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
+from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.ids import JobId, SubtaskId
 from keyedstate.taskmanager.rpc.slot_process_control import SlotProcessChannel
 from keyedstate.taskmanager.slot_process import SlotProcessFailed, SlotProcessReady, SlotProcessSpec
@@ -90,15 +92,21 @@ def process_config(conf: Configuration, count: int, resource_id: str) -> Configu
 class SlotProcessHandle:
     """One running slot process: its pid, its client address and the channel to its Unix socket."""
 
-    def __init__(self, spec: SlotProcessSpec, host: str) -> None:
+    def __init__(self, spec: SlotProcessSpec, host: str, replacement: bool = False) -> None:
         self.index = spec.index
         ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        if replacement:
+            # A crash point armed for the TaskManager fires in the incarnation it was armed for:
+            # a replacement is a new incarnation, as a restarted TaskManager is.
+            env.pop(CRASH_AT, None)
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", _MODULE, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
+                env=env,
             )
         except BaseException:
             ours.close()
@@ -206,6 +214,7 @@ class SlotProcessGroup:
         """The page holding the TaskManager's lease (:class:`~keyedstate.common.lease.SharedLeaseCell`)."""
         self._processes: list[SlotProcessHandle | None] = [None] * count
         self._lock = threading.Lock()
+        self._replaced = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._calls = ThreadPoolExecutor(max_workers=count, thread_name_prefix="slot-process-call")
@@ -262,10 +271,23 @@ class SlotProcessGroup:
             raise UnavailableError(f"slot process {index} is being replaced; retry shortly")
         return process
 
-    def channel(self, index: int) -> SlotProcessChannel:
-        """The channel to running slot process ``index``; UnavailableError while it is replaced."""
+    def channel(self, index: int, wait_s: float = 0.0) -> SlotProcessChannel:
+        """The channel to running slot process ``index``, waiting up to ``wait_s`` while it is replaced.
+
+        A deploy waits (a slot restores for as long anyway) rather than fail the job's restart: a
+        fixed-delay restart strategy would otherwise spend its attempts while the process starts.
+        Raises UnavailableError when it is not back in time.
+        """
+        deadline = time.monotonic() + wait_s
         with self._lock:
-            return self._require(index).serving()
+            while True:
+                process = self._processes[index]
+                if process is not None and process.exit_code() is None:
+                    return process.serving()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop.is_set():
+                    return self._require(index).serving()
+                self._replaced.wait(min(remaining, _WATCH_INTERVAL_S))
 
     def channels(self) -> list[SlotProcessChannel]:
         """The channels to every slot process running now."""
@@ -333,7 +355,7 @@ class SlotProcessGroup:
             if self._stop.is_set():
                 return False
             try:
-                process = SlotProcessHandle(self._spec(index), self._host)
+                process = SlotProcessHandle(self._spec(index), self._host, replacement=True)
                 process.wait_ready()
             except Exception as exc:
                 last = exc
@@ -344,6 +366,7 @@ class SlotProcessGroup:
                     process.close()
                     return False
                 self._processes[index] = process
+                self._replaced.notify_all()
             self._on_replaced(index)
             return True
         self._on_failed(f"slot process {index} died and could not be replaced ({_REPLACE_ATTEMPTS} attempts): {last}")

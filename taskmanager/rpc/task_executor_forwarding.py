@@ -24,6 +24,8 @@ from keyedstate.common.rpc.status import from_rpc_error, rpc_method
 from keyedstate.taskmanager.rpc.slot_process_control import SlotProcessChannel
 
 R = TypeVar("R")
+_REPLACE_WAIT_S = 60.0
+"""How long a deploy waits at most for its slot process to be replaced (a start takes a few seconds)."""
 
 
 class SlotProcesses(Protocol):
@@ -31,7 +33,7 @@ class SlotProcesses(Protocol):
 
     def index_of(self, slot_index: int) -> int: ...
 
-    def channel(self, index: int) -> SlotProcessChannel: ...
+    def channel(self, index: int, wait_s: float = 0.0) -> SlotProcessChannel: ...
 
     def channels(self) -> list[SlotProcessChannel]: ...
 
@@ -57,7 +59,10 @@ class ForwardingTaskExecutorServicer(pb_grpc.TaskExecutorServicer):
     @rpc_method
     def DeploySlot(self, request: pb.DeploySlotRequest, context: grpc.ServicerContext) -> pb.DeploySlotResponse:
         """Deploy into the slot process that owns ``slot_index``."""
-        process = self._group.channel(self._group.index_of(request.slot_index))
+        timeout = _timeout(context)
+        # While its slot process is replaced, a deploy waits for the new one (as long as the call may).
+        wait_s = _REPLACE_WAIT_S if timeout is None else min(timeout, _REPLACE_WAIT_S)
+        process = self._group.channel(self._group.index_of(request.slot_index), wait_s)
         try:
             response: pb.DeploySlotResponse = process.executor.DeploySlot(request, timeout=_timeout(context))
         except grpc.RpcError as exc:
