@@ -20,7 +20,7 @@ import pytest
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
-from keyedstate.common.client import Routing, ValueState
+from keyedstate.common.client import Routing, StateClient, ValueState
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import ConfigError
@@ -229,3 +229,43 @@ def test_a_slot_process_that_cannot_be_replaced_stops_the_taskmanager(inprocess_
     finally:
         control.unlink()
         control.with_name(control.name + ".moved").rename(control)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie nobody reaped yet has)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_again(process_cluster: Any) -> None:
+    import psutil
+
+    cluster = process_cluster(taskmanagers=1, slots=2, config=SLOT_PROCESSES)
+    daemon = cluster.taskmanagers[0].process
+    assert daemon is not None
+    slot_pids = [
+        p.pid for p in psutil.Process(daemon.pid).children() if "keyedstate.taskmanager.slot_process" in p.cmdline()
+    ]
+    assert len(slot_pids) == 2
+    with StateClient(cluster.jobmanager_address) as client:
+        client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
+        state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
+        state.put_many([f"k{i}" for i in range(1000)], list(range(1000)))
+        client.trigger_checkpoint("j")
+        before = client.routing("j").version
+
+        cluster.taskmanagers[0].kill()
+        # Their socket to the TaskManager closed: they close their RocksDB instances and exit.
+        wait_for(lambda: not any(_running(p) for p in slot_pids), 30, "the slot processes to exit")
+        cluster.restart_taskmanager(0)
+
+        def running_again() -> bool:
+            routing = client.routing("j", refresh=True)
+            return routing.version > before and routing.job_status == "RUNNING"
+
+        wait_for(running_again, 90, "the job running again on the restarted TaskManager")
+        assert state.get_many([f"k{i}" for i in range(1000)]) == list(range(1000))
