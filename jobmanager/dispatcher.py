@@ -230,6 +230,7 @@ class Dispatcher:
             registration.backend,
             registration.metrics_port,
             limits=registration.limits,
+            slot_addresses=registration.slot_addresses,
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)
@@ -249,7 +250,11 @@ class Dispatcher:
                 for a in job.assignments.values():
                     if a.taskmanager_id != record.taskmanager_id:
                         continue
-                    if reported.get(a.subtask) == a.slot_index and a.address == record.address:
+                    if (
+                        reported.get(a.subtask) == a.slot_index
+                        and a.address == record.address
+                        and (a.slot_address or a.address) == record.slot_address(a.slot_index)
+                    ):
                         self.registry.occupy(record.taskmanager_id, a.slot_index, a.subtask)
                         kept.append(a.subtask)
                     else:

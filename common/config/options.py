@@ -252,6 +252,18 @@ TASKMANAGER_TRANSFER_NICE = _opt(
     "in-process): checkpoint uploads yield a contended CPU to serving. Restores keep normal priority.",
 )
 
+TASKMANAGER_SLOT_PROCESSES = _opt(
+    "taskmanager.slot-processes",
+    int_parser(1, 64),
+    1,
+    "int",
+    "Processes serving this TaskManager's slots. 1 serves every slot in the TaskManager process; "
+    "N > 1 starts N slot processes (slot i in process i mod N), each with its own GIL, its own "
+    "client port (the JobManager routes clients straight to it) and 1/N of "
+    "taskmanager.memory.managed.size; the TaskManager process keeps the JobManager connection "
+    "and the lease. Set it to about the host's cores per TaskManager.",
+)
+
 # --- Limits (this runtime's own keys; Flink has none) -----------------------------------------
 MAX_KEY_BYTES = _opt(
     "state.limits.max-key-bytes",

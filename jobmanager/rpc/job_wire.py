@@ -71,7 +71,7 @@ def routing_to_proto(table: RoutingTable) -> pb.RoutingTable:
                 subtask_index=a.subtask.subtask_index,
                 key_groups=pb.KeyGroupRange(start=a.key_groups.start, end=a.key_groups.end),
                 taskmanager_id=a.taskmanager_id,
-                address=a.address,
+                address=a.slot_address or a.address,
                 slot_index=a.slot_index,
             )
             for a in table.routes
@@ -162,6 +162,7 @@ def registration_from_proto(request: jm_pb.RegisterTaskManagerRequest) -> TaskMa
         internal_address=request.internal_address,
         cluster_id=request.cluster_id,
         slots=slot_reports_from_proto(request.slots),
+        slot_addresses=tuple(request.slot_addresses),
     )
 
 

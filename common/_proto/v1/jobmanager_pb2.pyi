@@ -207,6 +207,7 @@ class RegisterTaskManagerRequest(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     INTERNAL_ADDRESS_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    SLOT_ADDRESSES_FIELD_NUMBER: _builtins.int
     taskmanager_id: _builtins.str
     address: _builtins.str
     """host:port the TaskManager serves on"""
@@ -226,6 +227,12 @@ class RegisterTaskManagerRequest(_message.Message):
     def limits(self) -> _common_pb2.StateLimits:
         """what it enforces (state.limits.*), handed to clients in routing tables"""
 
+    @_builtins.property
+    def slot_addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """host:port serving each slot's KeyedState calls, indexed by slot (taskmanager.slot-processes > 1:
+        every slot process has its own port). Empty: every slot is served on address.
+        """
+
     def __init__(
         self,
         *,
@@ -239,10 +246,11 @@ class RegisterTaskManagerRequest(_message.Message):
         limits: _common_pb2.StateLimits | None = ...,
         internal_address: _builtins.str = ...,
         cluster_id: _builtins.str = ...,
+        slot_addresses: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "cluster_id", b"cluster_id", "host", b"host", "internal_address", b"internal_address", "limits", b"limits", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slots", b"slots", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "cluster_id", b"cluster_id", "host", b"host", "internal_address", b"internal_address", "limits", b"limits", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slot_addresses", b"slot_addresses", "slots", b"slots", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
