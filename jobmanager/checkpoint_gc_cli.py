@@ -1,8 +1,8 @@
 """``statectl checkpoint gc JOB [--dry-run] [--dir DIR]``: remove orphaned checkpoint files of one job.
 
 Orphans are what no valid ``_metadata`` under ``<dir>/<JOB>`` references: ``chk-<n>``
-directories without ``_metadata`` and ``shared/`` or ``taskowned/`` files no checkpoint uses
-(see :mod:`keyedstate.jobmanager.checkpoint.gc`). Every valid checkpoint is kept: which ones the
+directories without ``_metadata`` and ``shared/`` files no checkpoint uses (see
+:mod:`keyedstate.jobmanager.checkpoint.gc`); ``taskowned/`` belongs to the TaskManagers and is kept. Every valid checkpoint is kept: which ones the
 JobManager still retains is not known offline, and a kept checkpoint costs only space.
 
 When the JobManager answers, checkpoints it reports in progress are protected (with them, every

@@ -236,7 +236,7 @@ class Checkpointing:
                 JobId(job.job_id), self._metrics_registry, history_size=job.config.get(o.WEB_CHECKPOINTS_HISTORY)
             ),
         )
-        job.coordinator = CheckpointCoordinator(
+        coordinator = CheckpointCoordinator(
             config,
             services,
             operators=lambda: job.spec.operators,
@@ -245,6 +245,12 @@ class Checkpointing:
                 job.job_id, f"too many failed checkpoints ({reason.name}): {message}"
             ),
         )
+        try:
+            coordinator.initialize_locations()
+        except BaseException:
+            coordinator.shutdown()
+            raise
+        job.coordinator = coordinator
 
     def detach(self, job: Job) -> None:
         """Stop ``job``'s coordinator (cancel, failure, shutdown); its store still answers job info."""

@@ -167,15 +167,43 @@ HEARTBEAT_CONNECTION_LOSS = _opt(
 )
 
 # --- State backends ---------------------------------------------------------------------------
+_FORST_REFUSAL = (
+    "ForSt keeps the working state on remote storage, and this runtime's slots keep it on local "
+    "disk (rocksdb) or in memory (hashmap). For fast recovery of large state use "
+    "execution.state-recovery.from-local (local recovery) and changelog checkpoints "
+    "(state.changelog.enabled); set state.backend.type: rocksdb"
+)
 STATE_BACKEND = _opt(
     "state.backend.type",
-    enum_parser("rocksdb", "hashmap"),
+    enum_parser(
+        "rocksdb",
+        "hashmap",
+        refused=dict.fromkeys(
+            ("forst", "forststatebackend", "org.apache.flink.state.forst.forststatebackend"), _FORST_REFUSAL
+        ),
+    ),
     "rocksdb",
     "enum",
     "rocksdb (embedded RocksDB per slot, state may exceed memory) or hashmap (in memory, same "
-    "semantics). Unlike Flink, the default is rocksdb.",
+    "semantics). Unlike Flink, the default is rocksdb. forst (remote working state) is refused with "
+    "the alternatives. Flink's legacy values (jobmanager, filesystem) and class names (HashMapStateBackend, "
+    "EmbeddedRocksDBStateBackend, MemoryStateBackend, FsStateBackend, RocksDBStateBackend, with or "
+    "without their org.apache.flink package) are read as hashmap or rocksdb with a deprecation warning.",
     fallback_keys=("state.backend",),
-    legacy_values={"filesystem": "hashmap", "jobmanager": "hashmap", "rocksdb": "rocksdb", "hashmap": "hashmap"},
+    legacy_values={
+        "jobmanager": "hashmap",
+        "filesystem": "hashmap",
+        "hashmapstatebackend": "hashmap",
+        "hashmapstatebackendfactory": "hashmap",
+        "memorystatebackend": "hashmap",
+        "memorystatebackendfactory": "hashmap",
+        "fsstatebackend": "hashmap",
+        "fsstatebackendfactory": "hashmap",
+        "embeddedrocksdbstatebackend": "rocksdb",
+        "embeddedrocksdbstatebackendfactory": "rocksdb",
+        "rocksdbstatebackend": "rocksdb",
+        "rocksdbstatebackendfactory": "rocksdb",
+    },
 )
 ROCKSDB_LOCALDIR = _opt(
     "state.backend.rocksdb.localdir",
@@ -322,6 +350,33 @@ CHECKPOINTS_DIR = _opt(
     None,
     "string",
     "Where checkpoints go: file://, s3:// or hdfs:// (any fsspec URL). Layout: <dir>/<job-id>/chk-<n>/_metadata, shared/, taskowned/.",
+)
+_JOBMANAGER_STORAGE_REFUSAL = (
+    "Flink's JobManagerCheckpointStorage (snapshots sent inline in checkpoint acknowledgements and "
+    "kept in the JobManager's memory) is not implemented by this runtime; set "
+    "execution.checkpointing.storage: filesystem and state.checkpoints.dir (a local file:// "
+    "directory serves for tests and small setups)"
+)
+CHECKPOINT_STORAGE = _opt(
+    "execution.checkpointing.storage",
+    enum_parser(
+        "filesystem",
+        refused=dict.fromkeys(
+            (
+                "jobmanager",
+                "jobmanagercheckpointstorage",
+                "org.apache.flink.runtime.state.storage.jobmanagercheckpointstorage",
+            ),
+            _JOBMANAGER_STORAGE_REFUSAL,
+        ),
+    ),
+    "filesystem",
+    "enum",
+    "Where checkpoints are kept: filesystem (files under state.checkpoints.dir). Flink's jobmanager "
+    "storage is refused at start-up with what to set instead. Flink's class name FileSystemCheckpointStorage "
+    "(with or without its org.apache.flink package) is read as filesystem with a deprecation warning.",
+    fallback_keys=("state.checkpoint-storage",),
+    legacy_values={"filesystemcheckpointstorage": "filesystem", "filesystemcheckpointstoragefactory": "filesystem"},
 )
 SAVEPOINTS_DIR = _opt("state.savepoints.dir", string_parser, None, "string", "Default target directory of savepoints.")
 CHECKPOINT_INTERVAL = _opt(

@@ -11,7 +11,9 @@ Storage layout under ``job_dir`` (``<state.checkpoints.dir>/<job-id>``)::
     chk-<n>/_metadata   the commit record, written last with one create-only write
     chk-<n>/…           files only checkpoint n uses (deleted when it is subsumed or aborted)
     shared/…            incremental files, reference-counted across retained checkpoints
-    taskowned/…         files TaskManagers own; never deleted by the coordinator
+    taskowned/…         files TaskManagers own; never deleted by the coordinator, retention or gc
+
+Both directories are created when the job's checkpointing starts (:meth:`CheckpointCoordinator.initialize_locations`).
 
 A savepoint goes to ``<target dir>/savepoint-<job8>-<n>/``, holds all its files, and belongs to
 the user: retention never deletes it.
@@ -183,6 +185,15 @@ class CheckpointCoordinator:
         # Checkpoints no deletion may touch while a restore reads them: directory -> the files they reference.
         self._protected: dict[str, frozenset[str]] = {}
         self._protected_lock = threading.Lock()  # not _lock: deletions may run inline under it
+
+    def initialize_locations(self) -> None:
+        """Create ``shared/`` and ``taskowned/`` under the job directory (Flink's layout from the first checkpoint on).
+
+        Idempotent; on object stores, which have no directories, it does nothing. A storage
+        failure is raised: a job whose checkpoint directory cannot be written should not start.
+        """
+        for directory in (self.shared_dir, self.taskowned_dir):
+            self._storage.makedirs(directory)
 
     # -- queries -------------------------------------------------------------------------------
     @property

@@ -411,3 +411,86 @@ def test_per_job_values_are_layered_on_a_copy() -> None:
     job = base.with_values({"execution.checkpointing": {"timeout": "10 s"}})
     assert job.get(o.CHECKPOINT_TIMEOUT) == 10_000
     assert base.get(o.CHECKPOINT_TIMEOUT) == 60_000
+
+
+# -- Flink's state backend and checkpoint storage names -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value,backend",
+    [
+        ("HashMapStateBackend", "hashmap"),
+        ("org.apache.flink.runtime.state.hashmap.HashMapStateBackend", "hashmap"),
+        ("MemoryStateBackend", "hashmap"),
+        ("org.apache.flink.runtime.state.memory.MemoryStateBackend", "hashmap"),
+        ("FsStateBackend", "hashmap"),
+        ("org.apache.flink.runtime.state.filesystem.FsStateBackend", "hashmap"),
+        ("EmbeddedRocksDBStateBackend", "rocksdb"),
+        ("org.apache.flink.contrib.streaming.state.EmbeddedRocksDBStateBackend", "rocksdb"),
+        ("org.apache.flink.state.rocksdb.EmbeddedRocksDBStateBackend", "rocksdb"),
+        ("RocksDBStateBackend", "rocksdb"),
+        ("org.apache.flink.contrib.streaming.state.RocksDBStateBackendFactory", "rocksdb"),
+        ("jobmanager", "hashmap"),
+        ("filesystem", "hashmap"),
+    ],
+)
+@pytest.mark.parametrize("key", ["state.backend.type", "state.backend"])
+def test_flink_class_names_and_legacy_values_map_with_a_warning_naming_key_and_value(
+    caplog: pytest.LogCaptureFixture, key: str, value: str, backend: str
+) -> None:
+    conf = Configuration.load(overrides=[f"{key}={value}"])
+    with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
+        assert conf.get(o.STATE_BACKEND) == backend
+    warnings = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert repr(value) in warnings[0] and warnings[0].endswith(f"set state.backend.type: {backend}")
+
+
+@pytest.mark.parametrize("value", ["rocksdb", "hashmap", "RocksDB", " hashmap "])
+def test_current_backend_names_draw_no_warning(caplog: pytest.LogCaptureFixture, value: str) -> None:
+    with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
+        conf = Configuration.load(overrides=[f"state.backend.type={value}"])
+        assert conf.get(o.STATE_BACKEND) == value.strip().lower()
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("value", ["forst", "ForSt", "org.apache.flink.state.forst.ForStStateBackend"])
+@pytest.mark.parametrize("key", ["state.backend.type", "state.backend"])
+def test_forst_is_refused_naming_what_this_runtime_offers_instead(key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Configuration.load(overrides=[f"{key}={value}"])
+    message = info.value.message
+    assert message.startswith(f"{key}: {value!r} is not supported: ForSt keeps the working state on remote storage")
+    assert "execution.state-recovery.from-local" in message and "state.changelog.enabled" in message
+    assert message.endswith("set state.backend.type: rocksdb")
+
+
+def test_an_unknown_class_name_is_not_guessed() -> None:
+    with pytest.raises(
+        ConfigError, match="^state.backend.type: 'org.apache.flink.Other' is not one of rocksdb, hashmap"
+    ):
+        Configuration.load(overrides=["state.backend.type=org.apache.flink.Other"])
+
+
+@pytest.mark.parametrize("key", ["execution.checkpointing.storage", "state.checkpoint-storage"])
+def test_checkpoint_storage_filesystem_under_flinks_keys(caplog: pytest.LogCaptureFixture, key: str) -> None:
+    assert Configuration().get(o.CHECKPOINT_STORAGE) == "filesystem"
+    with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
+        for value in (
+            "filesystem",
+            "FileSystemCheckpointStorage",
+            "org.apache.flink.runtime.state.storage.FileSystemCheckpointStorage",
+        ):
+            caplog.clear()
+            assert Configuration.load(overrides=[f"{key}={value}"]).get(o.CHECKPOINT_STORAGE) == "filesystem"
+            deprecated = key != o.CHECKPOINT_STORAGE.key or value != "filesystem"
+            assert any("deprecated" in r.getMessage() for r in caplog.records) is deprecated
+
+
+@pytest.mark.parametrize("value", ["jobmanager", "JobManagerCheckpointStorage"])
+@pytest.mark.parametrize("key", ["execution.checkpointing.storage", "state.checkpoint-storage"])
+def test_jobmanager_checkpoint_storage_is_refused_with_the_fix(key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Configuration.load(overrides=[f"{key}={value}"])
+    assert info.value.message.startswith(f"{key}: {value!r} is not supported: Flink's JobManagerCheckpointStorage")
+    assert "set execution.checkpointing.storage: filesystem and state.checkpoints.dir" in info.value.message
