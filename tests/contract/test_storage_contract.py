@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,18 @@ class TestLocalPlainPathStorage(StorageContract):
     @pytest.fixture
     def root(self, tmp_path: Path) -> str:
         return str(tmp_path / "checkpoints")
+
+
+class TestJobManagerMemoryStorage(StorageContract):
+    @pytest.fixture
+    def storage(self) -> CheckpointStorage:
+        return open_storage("jobmanager://contract")
+
+    @pytest.fixture
+    def root(self, tmp_path: Path) -> Iterator[str]:
+        root = f"jobmanager://contract-{tmp_path.name}/checkpoints"
+        yield root
+        open_storage(root).delete_dir(root)
 
 
 @pytest.mark.s3

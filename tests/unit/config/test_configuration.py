@@ -473,24 +473,54 @@ def test_an_unknown_class_name_is_not_guessed() -> None:
 
 
 @pytest.mark.parametrize("key", ["execution.checkpointing.storage", "state.checkpoint-storage"])
-def test_checkpoint_storage_filesystem_under_flinks_keys(caplog: pytest.LogCaptureFixture, key: str) -> None:
-    assert Configuration().get(o.CHECKPOINT_STORAGE) == "filesystem"
+@pytest.mark.parametrize(
+    "value,storage",
+    [
+        ("filesystem", "filesystem"),
+        ("FileSystemCheckpointStorage", "filesystem"),
+        ("org.apache.flink.runtime.state.storage.FileSystemCheckpointStorage", "filesystem"),
+        ("jobmanager", "jobmanager"),
+        ("JobManagerCheckpointStorage", "jobmanager"),
+        ("org.apache.flink.runtime.state.storage.JobManagerCheckpointStorage", "jobmanager"),
+    ],
+)
+def test_checkpoint_storage_under_flinks_keys_names_and_class_names(
+    caplog: pytest.LogCaptureFixture, key: str, value: str, storage: str
+) -> None:
     with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
-        for value in (
-            "filesystem",
-            "FileSystemCheckpointStorage",
-            "org.apache.flink.runtime.state.storage.FileSystemCheckpointStorage",
-        ):
-            caplog.clear()
-            assert Configuration.load(overrides=[f"{key}={value}"]).get(o.CHECKPOINT_STORAGE) == "filesystem"
-            deprecated = key != o.CHECKPOINT_STORAGE.key or value != "filesystem"
-            assert any("deprecated" in r.getMessage() for r in caplog.records) is deprecated
+        assert Configuration.load(overrides=[f"{key}={value}"]).get(o.CHECKPOINT_STORAGE) == storage
+    warnings = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert len(warnings) == (key != o.CHECKPOINT_STORAGE.key or value != storage)
+    assert all(w.endswith(f"set execution.checkpointing.storage: {storage}") for w in warnings)
 
 
-@pytest.mark.parametrize("value", ["jobmanager", "JobManagerCheckpointStorage"])
-@pytest.mark.parametrize("key", ["execution.checkpointing.storage", "state.checkpoint-storage"])
-def test_jobmanager_checkpoint_storage_is_refused_with_the_fix(key: str, value: str) -> None:
+def test_checkpoint_storage_defaults_to_filesystem_and_refuses_other_names() -> None:
+    assert Configuration().get(o.CHECKPOINT_STORAGE) == "filesystem"
+    assert not o.checkpoints_in_jobmanager_memory(Configuration())
+    with pytest.raises(
+        ConfigError, match="^execution.checkpointing.storage: 'rocksdb' is not one of filesystem, jobmanager"
+    ):
+        Configuration.load(overrides=["execution.checkpointing.storage=rocksdb"])
+
+
+def test_jobmanager_storage_max_state_size_defaults_to_flinks_5_mb() -> None:
+    assert Configuration().get(o.JOBMANAGER_STORAGE_MAX_STATE_SIZE) == 5 << 20
+    key = o.JOBMANAGER_STORAGE_MAX_STATE_SIZE.key
+    assert Configuration.load(overrides=[f"{key}=64kb"]).get(o.JOBMANAGER_STORAGE_MAX_STATE_SIZE) == 64 << 10
+    with pytest.raises(ConfigError, match=f"^{key}: must be at least 1 byte"):
+        Configuration.load(overrides=[f"{key}=0"])
+
+
+def test_jobmanager_storage_is_refused_with_high_availability() -> None:
+    conf = Configuration.load(overrides=["execution.checkpointing.storage=jobmanager"])
+    assert o.checkpoints_in_jobmanager_memory(conf)
+    conf = Configuration.load(
+        overrides=["execution.checkpointing.storage=jobmanager", "high-availability.type=filesystem"]
+    )
     with pytest.raises(ConfigError) as info:
-        Configuration.load(overrides=[f"{key}={value}"])
-    assert info.value.message.startswith(f"{key}: {value!r} is not supported: Flink's JobManagerCheckpointStorage")
-    assert "set execution.checkpointing.storage: filesystem and state.checkpoints.dir" in info.value.message
+        o.checkpoints_in_jobmanager_memory(conf)
+    assert info.value.message == (
+        "execution.checkpointing.storage: jobmanager keeps checkpoints in the JobManager's memory, which a restarted "
+        "JobManager cannot find, so it cannot be combined with high-availability.type: filesystem; set "
+        "execution.checkpointing.storage: filesystem with state.checkpoints.dir, or high-availability.type: none"
+    )
