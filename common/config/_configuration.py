@@ -138,7 +138,8 @@ class Configuration:
                 else:
                     read_as = f" (value {shown_raw!r} read as {shown!r})" if mapped is not None else ""
                     message = f"config key {key!r} is deprecated{read_as}; use {option.key!r} instead"
-                logger.warning("%s; set %s: %s", message, option.key, shown)
+                note = "" if option.secret or mapped is None else option.legacy_note(raw)
+                logger.warning("%s; set %s: %s%s", message, option.key, shown, f" ({note})" if note else "")
         return option.parser(key, value)
 
     def get_raw(self, key: str, default: Any = None) -> Any:

@@ -204,6 +204,11 @@ STATE_BACKEND = _opt(
         "rocksdbstatebackend": "rocksdb",
         "rocksdbstatebackendfactory": "rocksdb",
     },
+    legacy_notes=dict.fromkeys(
+        ("jobmanager", "memorystatebackend", "memorystatebackendfactory"),
+        "Flink's MemoryStateBackend also kept checkpoints in the JobManager's memory; for that, "
+        "also set execution.checkpointing.storage: jobmanager",
+    ),
 )
 ROCKSDB_LOCALDIR = _opt(
     "state.backend.rocksdb.localdir",

@@ -443,7 +443,11 @@ def test_flink_class_names_and_legacy_values_map_with_a_warning_naming_key_and_v
         assert conf.get(o.STATE_BACKEND) == backend
     warnings = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
     assert len(warnings) == 1, warnings
-    assert repr(value) in warnings[0] and warnings[0].endswith(f"set state.backend.type: {backend}")
+    assert repr(value) in warnings[0] and f"; set state.backend.type: {backend}" in warnings[0]
+    memory = value in ("jobmanager", "MemoryStateBackend", "org.apache.flink.runtime.state.memory.MemoryStateBackend")
+    note = " (Flink's MemoryStateBackend also kept checkpoints in the JobManager's memory; for that, also set "
+    assert (note in warnings[0]) is memory, warnings[0]
+    assert warnings[0].endswith("execution.checkpointing.storage: jobmanager)" if memory else backend)
 
 
 @pytest.mark.parametrize("value", ["rocksdb", "hashmap", "RocksDB", " hashmap "])
