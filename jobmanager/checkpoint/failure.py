@@ -62,6 +62,8 @@ class CheckpointFailureReason(enum.Enum):
         "Checkpoint has been subsumed by a newer completed checkpoint.",
     )
     CHECKPOINT_DECLINED = ("CHECKPOINT_DECLINED", False, True, "Checkpoint was declined.")
+    # Not one of Flink's (there the declining task's exception says it): its own reason here, since
+    # the fix is a configuration change (filesystem storage), not a retry.
     STATE_SIZE_LIMIT_EXCEEDED = (
         "STATE_SIZE_LIMIT_EXCEEDED",
         False,
