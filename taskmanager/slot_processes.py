@@ -213,6 +213,7 @@ class SlotProcessGroup:
         self.lease_path = self._control_dir / "lease"
         """The page holding the TaskManager's lease (:class:`~keyedstate.common.lease.SharedLeaseCell`)."""
         self._processes: list[SlotProcessHandle | None] = [None] * count
+        self._addresses = [""] * count
         self._lock = threading.Lock()
         self._replaced = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -243,6 +244,7 @@ class SlotProcessGroup:
             raise failure
         with self._lock:
             self._processes = list(started)
+            self._addresses = [p.address for p in started]
         self._watcher = threading.Thread(target=self._watch, name="slot-process-watch", daemon=True)
         self._watcher.start()
 
@@ -256,9 +258,13 @@ class SlotProcessGroup:
         return slot_index % self.count
 
     def slot_addresses(self) -> list[str]:
-        """host:port serving each slot, in slot order (registrations carry it)."""
+        """host:port serving each slot, in slot order (registrations carry it).
+
+        A process being replaced keeps its last address until its successor serves (its slots
+        answer UNAVAILABLE there meanwhile); the registration after the replacement carries the new one.
+        """
         with self._lock:
-            return [self._require(i % self.count).address for i in range(self.num_slots)]
+            return [self._addresses[i % self.count] for i in range(self.num_slots)]
 
     def pids(self) -> list[int]:
         """The slot processes' pids, by process index (0: none running there right now)."""
@@ -332,22 +338,31 @@ class SlotProcessGroup:
     # -- supervision ----------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(_WATCH_INTERVAL_S):
-            for index in range(self.count):
-                with self._lock:
-                    process = self._processes[index]
-                if process is None or process.exit_code() is None:
-                    continue
-                logger.error(
-                    "slot process %d (pid %d) %s; replacing it (its slots' jobs fail over)",
-                    index,
-                    process.pid,
-                    _describe_exit(process.exit_code()),
-                )
-                with self._lock:
-                    self._processes[index] = None
-                process.close()
-                if not self._replace(index):
+            try:
+                if not self._replace_dead():
                     return
+            except Exception:  # the watch must outlive anything; the next round looks again
+                logger.exception("watching the slot processes failed")
+
+    def _replace_dead(self) -> bool:
+        """Replace every slot process that exited; False once one could not be (the TaskManager stops)."""
+        for index in range(self.count):
+            with self._lock:
+                process = self._processes[index]
+            if process is None or process.exit_code() is None:
+                continue
+            logger.error(
+                "slot process %d (pid %d) %s; replacing it (its slots' jobs fail over)",
+                index,
+                process.pid,
+                _describe_exit(process.exit_code()),
+            )
+            with self._lock:
+                self._processes[index] = None
+            process.close()
+            if not self._replace(index):
+                return False
+        return True
 
     def _replace(self, index: int) -> bool:
         last: BaseException | None = None
@@ -366,6 +381,7 @@ class SlotProcessGroup:
                     process.close()
                     return False
                 self._processes[index] = process
+                self._addresses[index] = process.address
                 self._replaced.notify_all()
             self._on_replaced(index)
             return True

@@ -112,6 +112,8 @@ class JobManagerConnection:
         self.registrations = 0
         self._asked_to_register = False
         self._slot_addresses: list[str] = []
+        self.registered_slot_addresses: list[str] = []
+        """The slot addresses the JobManager accepted with the last registration."""
         self._register_again = threading.Event()
 
     @property
@@ -236,6 +238,7 @@ class JobManagerConnection:
         # served here except the slots its answer lets us keep.
         self.lease.revoke("registering with the JobManager")
         self._asked_to_register = True
+        slot_addresses = list(self._slot_addresses)
         sent_at = self._clock.boottime_ms()
         response = self._stub.RegisterTaskManager(
             jm_pb.RegisterTaskManagerRequest(
@@ -249,7 +252,7 @@ class JobManagerConnection:
                 limits=self._limits,
                 internal_address=self._internal_address,
                 cluster_id=self._cluster_id,
-                slot_addresses=self._slot_addresses,
+                slot_addresses=slot_addresses,
             ),
             timeout=_RPC_TIMEOUT_S,
         )
@@ -259,6 +262,7 @@ class JobManagerConnection:
         self.heartbeat_interval_ms = max(10, response.heartbeat_interval_ms)
         self.lease_duration_ms = response.lease_duration_ms
         self.lease.renew(sent_at, self.lease_duration_ms)
+        self.registered_slot_addresses = slot_addresses
         self.registrations += 1
         logger.info(
             "taskmanager %s: registered with JobManager %s (session %s, lease %d ms, %d slots kept)",

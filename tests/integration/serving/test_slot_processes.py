@@ -269,3 +269,35 @@ def test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_aga
 
         wait_for(running_again, 90, "the job running again on the restarted TaskManager")
         assert state.get_many([f"k{i}" for i in range(1000)]) == list(range(1000))
+
+
+def test_slot_processes_killed_together_are_all_replaced(inprocess_cluster: Any) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=2, tm=SLOT_PROCESSES)
+    tm = cluster.taskmanagers[0]
+    assert tm.slot_processes is not None
+    old = tm.slot_processes.pids()
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+
+    def replaced() -> bool:
+        assert tm.slot_processes is not None
+        pids = tm.slot_processes.pids()
+        return all(p not in (0, *old) for p in pids) and len(tm.slot_processes.live()) == 2
+
+    wait_for(replaced, 60, "both slot processes replaced")
+    # The JobManager learns the new addresses from the registration that follows (next heartbeat).
+    wait_for(
+        lambda: (
+            tm.slot_processes is not None
+            and tm.connection.registered_slot_addresses == tm.slot_processes.slot_addresses()
+        ),
+        30,
+        "the TaskManager registering its new slot addresses",
+    )
+    client = cluster.client()
+    client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
+    assert list(client.routing("j").operator("op").addresses) == tm.slot_processes.slot_addresses()
+    state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
+    state.put_many([f"k{i}" for i in range(100)], list(range(100)))
+    assert state.get_many([f"k{i}" for i in range(100)]) == list(range(100))
+    assert tm.failure is None
