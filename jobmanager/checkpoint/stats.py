@@ -198,6 +198,21 @@ def _metrics_for(registry: CollectorRegistry) -> _Metrics:
         return metrics
 
 
+class _AckLog:
+    """The acknowledgements of one checkpoint in progress, appended in place.
+
+    A frozen history entry rebuilt per ack copied every earlier ack each time: quadratic in the
+    job's subtasks (at 10,000 slots it was the coordinator's largest cost). The entry takes the
+    acks once, when it is read or the checkpoint finishes.
+    """
+
+    __slots__ = ("acks", "count")
+
+    def __init__(self) -> None:
+        self.acks: list[SubtaskAckStats] = []
+        self.count = 0
+
+
 class CheckpointStatsTracker:
     """Counts and gauges of one job's checkpoints, exported with the label ``job_id``.
 
@@ -212,6 +227,8 @@ class CheckpointStatsTracker:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._m = _metrics_for(self.registry)
         self._history: dict[CheckpointId, CheckpointStatsEntry] = {}
+        self._ack_logs: dict[CheckpointId, _AckLog] = {}
+        """The acks of the history's checkpoints still in progress (their entries hold none yet)."""
         self._history_size = max(1, history_size)
         self._lock = threading.Lock()
         self.num_completed = 0
@@ -247,15 +264,17 @@ class CheckpointStatsTracker:
             self.num_in_progress += 1
             self.num_total += 1
             self._put(entry)
+            self._ack_logs[checkpoint_id] = _AckLog()
             self._export()
 
     def report_ack(self, checkpoint_id: CheckpointId, ack: SubtaskAckStats | None = None) -> None:
         """One more subtask acknowledged (shown as progress in the history, with its timings when given)."""
         with self._lock:
-            entry = self._history.get(checkpoint_id)
-            if entry is not None and entry.status == IN_PROGRESS:
-                acks = entry.acks if ack is None else (*entry.acks, ack)
-                self._history[checkpoint_id] = replace(entry, num_acknowledged=entry.num_acknowledged + 1, acks=acks)
+            log = self._ack_logs.get(checkpoint_id)
+            if log is not None:
+                log.count += 1
+                if ack is not None:
+                    log.acks.append(ack)
 
     def report_completed(
         self,
@@ -269,9 +288,7 @@ class CheckpointStatsTracker:
     ) -> None:
         """A checkpoint's ``_metadata`` is durable; sets the ``lastCheckpoint*`` gauges."""
         with self._lock:
-            entry = self._history.get(checkpoint_id)
-            if entry is None:
-                entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, False, 0, 0)
+            entry = self._finish(checkpoint_id)
             entry = replace(
                 entry,
                 status=COMPLETED,
@@ -297,9 +314,7 @@ class CheckpointStatsTracker:
     ) -> None:
         """A checkpoint that was in progress failed."""
         with self._lock:
-            entry = self._history.get(checkpoint_id)
-            if entry is None:
-                entry = CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, False, 0, 0)
+            entry = self._finish(checkpoint_id)
             entry = replace(
                 entry, status=FAILED, duration_ms=duration_ms, failure_reason=reason.name, failure_message=message
             )
@@ -332,23 +347,42 @@ class CheckpointStatsTracker:
     def history(self) -> list[CheckpointStatsEntry]:
         """The latest checkpoints, newest first."""
         with self._lock:
-            return sorted(self._history.values(), key=lambda e: e.checkpoint_id, reverse=True)
+            return [self._read(e) for e in sorted(self._history.values(), key=lambda e: e.checkpoint_id, reverse=True)]
 
     def entry(self, checkpoint_id: CheckpointId) -> CheckpointStatsEntry | None:
         """The history entry of one checkpoint, if it is still among the latest ones."""
         with self._lock:
-            return self._history.get(checkpoint_id)
+            entry = self._history.get(checkpoint_id)
+            return None if entry is None else self._read(entry)
 
     def close(self) -> None:
         """Drop this job's label values from every metric family (the job went away)."""
         self._m.remove(self.job_id)
 
     # -- internals -----------------------------------------------------------------------------
+    def _read(self, entry: CheckpointStatsEntry) -> CheckpointStatsEntry:
+        """``entry`` with the acks received so far, if it is still in progress."""
+        log = self._ack_logs.get(entry.checkpoint_id)
+        if log is None:
+            return entry
+        return replace(entry, num_acknowledged=log.count, acks=tuple(log.acks))
+
+    def _finish(self, checkpoint_id: CheckpointId) -> CheckpointStatsEntry:
+        """The entry of a checkpoint that just finished, holding its acks; later acks are not recorded."""
+        entry = self._history.get(checkpoint_id)
+        if entry is None:
+            return CheckpointStatsEntry(checkpoint_id, IN_PROGRESS, False, 0, 0)
+        entry = self._read(entry)
+        self._ack_logs.pop(checkpoint_id, None)
+        return entry
+
     def _put(self, entry: CheckpointStatsEntry) -> None:
         # The oldest ids leave first, even when an old checkpoint reports late.
         self._history[entry.checkpoint_id] = entry
         while len(self._history) > self._history_size:
-            del self._history[min(self._history)]
+            oldest = min(self._history)
+            del self._history[oldest]
+            self._ack_logs.pop(oldest, None)
 
     def _export(self) -> None:
         self._m.completed.labels(self.job_id).set(self.num_completed)

@@ -42,3 +42,28 @@ def test_acks_of_a_checkpoint_no_longer_in_progress_are_not_recorded() -> None:
     entry = stats.entry(CheckpointId(1))
     assert entry is not None and entry.acks == (ack,) and entry.num_acknowledged == 1
     stats.close()
+
+
+def test_acks_in_progress_read_in_arrival_order_and_reads_are_snapshots() -> None:
+    stats = CheckpointStatsTracker(JobId("job"), history_size=2)
+    stats.report_pending(CheckpointId(1), 0, savepoint=False, num_subtasks=3, path="p", epoch=0)
+    acks = [SubtaskAckStats("op", i, 10 + i, 1, 2, 3, 4) for i in range(3)]
+    stats.report_ack(CheckpointId(1), acks[0])
+    stats.report_ack(CheckpointId(1))  # counted, without timings
+    first = stats.entry(CheckpointId(1))
+    stats.report_ack(CheckpointId(1), acks[1])
+    assert first is not None and first.acks == (acks[0],) and first.num_acknowledged == 2
+    (listed,) = stats.history()
+    assert listed.acks == (acks[0], acks[1]) and listed.num_acknowledged == 3
+    stats.report_completed(CheckpointId(1), duration_ms=5, full_size=9, incremental_size=3, path="p", epoch=0)
+    stats.report_ack(CheckpointId(1), acks[2])
+    done = stats.entry(CheckpointId(1))
+    assert done is not None and done.acks == (acks[0], acks[1]) and done.num_acknowledged == 3
+    assert stats.latest_completed == done
+    # A checkpoint pushed out of the history while in progress records nothing more.
+    for cid in (2, 3):
+        stats.report_pending(CheckpointId(cid), 0, savepoint=False, num_subtasks=1, path="p", epoch=0)
+    assert stats.entry(CheckpointId(1)) is None
+    stats.report_ack(CheckpointId(1), acks[2])
+    assert stats.entry(CheckpointId(1)) is None and [e.checkpoint_id for e in stats.history()] == [3, 2]
+    stats.close()
