@@ -1,0 +1,147 @@
+"""Timers in foreach_batch on real Spark: sessions closed by event-time timers at the batch's watermark.
+
+The reference model replays Spark's rules: batch N's watermark is the largest event time of
+batches 0..N-1 (a zero delay), a task handles its rows first and then the timers due at that
+watermark, and a fired timer never fires again. One task attempt fails after firing timers,
+so Spark retries it: the retried task must fire the same timers, and the output holds them once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from keyedstate.common.client import TimeDomain, TimerService, timers_state
+from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.spark import KeyedStateRuntime
+
+pytestmark = pytest.mark.spark
+
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+GAP_MS = 10_000
+OPS = [OperatorSpec("sessions", 2, (StateDescriptor("last_seen", StateKind.VALUE), timers_state()))]
+MARKERS = ""
+"""A directory the failing task attempts leave a file in (set by the test; shipped with the function)."""
+OUT = pa.schema([("user", pa.string()), ("closed_at", pa.int64()), ("batch", pa.int64()), ("watermark", pa.int64())])
+
+
+def process(batches: Any, state: Any) -> None:
+    latest: dict[str, int] = {}
+    for b in batches:
+        micros = b.column("ts").cast(pa.int64()).to_pylist()  # Arrow timestamps count from the epoch in UTC
+        for user, us in zip(b.column("user").to_pylist(), micros):
+            latest[user] = max(latest.get(user, us // 1000), us // 1000)
+    if not latest:
+        return
+    users = sorted(latest)
+    last_seen = state.value("last_seen", value_serializer="int")
+    timers: TimerService[str] = state.timers()
+    old = last_seen.get_many(users)
+    known = [(u, o) for u, o in zip(users, old) if o is not None]
+    timers.delete_many(TimeDomain.EVENT_TIME, [u for u, _ in known], [o + GAP_MS for _, o in known])
+    new = [max(latest[u], o if o is not None else latest[u]) for u, o in zip(users, old)]
+    last_seen.put_many(users, new)
+    timers.register_many(TimeDomain.EVENT_TIME, users, [n + GAP_MS for n in new])
+
+
+def on_timer(timers: Any, state: Any) -> Any:
+    from pyspark import TaskContext
+
+    fired = list(timers)
+    state.value("last_seen", value_serializer="int").clear_many([t.key for t in fired])
+    ctx = TaskContext.get()
+    if state.batch_id == 2 and ctx is not None and ctx.attemptNumber() == 0:
+        Path(MARKERS, f"failed-{ctx.partitionId()}").touch()
+        raise RuntimeError("injected failure after firing timers")
+    yield pa.RecordBatch.from_pylist(
+        [
+            {"user": t.key, "closed_at": t.timestamp_ms, "batch": state.batch_id, "watermark": state.watermark_ms}
+            for t in fired
+        ],
+        schema=OUT,
+    )
+
+
+def _model(batches: list[list[tuple[str, int]]]) -> tuple[list[tuple[str, int, int]], set[tuple[str, int]]]:
+    """(user, timer, batch) of every firing, and the timers still registered after the last batch."""
+    last: dict[str, int] = {}
+    fired: list[tuple[str, int, int]] = []
+    max_ts = 0
+    for n, rows in enumerate(batches):
+        watermark = max_ts
+        for user, ms in rows:
+            last[user] = max(last.get(user, ms), ms)
+        for user in sorted(last):
+            if last[user] + GAP_MS <= watermark:
+                fired.append((user, last[user] + GAP_MS, n))
+                del last[user]
+        max_ts = max([max_ts] + [ms for _, ms in rows])
+    return fired, {(u, ms + GAP_MS) for u, ms in last.items()}
+
+
+def test_event_time_timers_fire_once_at_the_batch_watermark(spark: Any, inprocess_cluster: Any, tmp_path: Path) -> None:
+    cluster = inprocess_cluster(taskmanagers=2, slots=1)
+    source = tmp_path / "events"
+    source.mkdir()
+    t0 = 1_700_000_000_000
+    batches: list[list[tuple[str, int]]] = []
+    for n in range(6):
+        # Users 0-9 are active early, 10-19 late; gaps of up to 25 s close sessions on the way.
+        rows = [(f"u{(n * 3 + i) % 20}", t0 + n * 8_000 + i * 500) for i in range(12)]
+        batches.append(rows)
+        path = source / f"part-{n:02d}.parquet"
+        table = pa.table(
+            {
+                "user": [u for u, _ in rows],
+                "ts": pa.array([ms * 1000 for _, ms in rows], pa.timestamp("us", tz="UTC")),
+            }
+        )
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    global MARKERS
+    MARKERS = str(tmp_path)
+    runtime = KeyedStateRuntime(cluster.address, "timers", OPS)
+    outputs: dict[int, pa.Table] = {}
+
+    def sink(table: pa.Table, batch_id: int) -> None:
+        outputs[batch_id] = table  # idempotent per batch id, as foreachBatch asks
+
+    query = (
+        spark.readStream.schema("user string, ts timestamp")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(source))
+        .withWatermark("ts", "0 seconds")
+        .writeStream.foreachBatch(
+            runtime.foreach_batch(
+                process, key_col="user", operator="sessions", on_timer=on_timer, output_schema=OUT, sink=sink
+            )
+        )
+        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert runtime.last_batch_id == 5
+    out: list[dict[str, Any]] = [r for b in sorted(outputs) for r in outputs[b].to_pylist()]
+    expected, still_open = _model(batches)
+    assert len(expected) >= 5  # the schedule really closes sessions
+    assert any(b == 2 for _, _, b in expected)  # ... in the batch whose tasks fail once
+    assert list(tmp_path.glob("failed-*"))
+    assert sorted((r["user"], r["closed_at"], r["batch"]) for r in out) == sorted(expected)
+    # Each batch fired at the watermark Spark recorded for it (the largest event time before it).
+    for r in out:
+        assert r["watermark"] == max(ms for rows_ in batches[: r["batch"]] for _, ms in rows_)
+    # Fired timers are gone; the open sessions still have theirs.
+    timers: TimerService[str] = TimerService(cluster.client(), "timers", "sessions")
+    open_sessions = {(t.key, t.timestamp_ms) for t in timers.due(TimeDomain.EVENT_TIME, 1 << 62)}
+    assert open_sessions == still_open
