@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from keyedstate.common.client import TimeDomain, TimerService, timers_state
+from keyedstate.common.client import StateClient, TimeDomain, TimerService, timers_state
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.spark import KeyedStateRuntime
 
@@ -88,14 +89,13 @@ def _model(batches: list[list[tuple[str, int]]]) -> tuple[list[tuple[str, int, i
     return fired, {(u, ms + GAP_MS) for u, ms in last.items()}
 
 
-def test_event_time_timers_fire_once_at_the_batch_watermark(spark: Any, inprocess_cluster: Any, tmp_path: Path) -> None:
-    cluster = inprocess_cluster(taskmanagers=2, slots=1)
-    source = tmp_path / "events"
+def write_batches(source: Path) -> list[list[tuple[str, int]]]:
+    """Six Parquet files of (user, ts), one per micro-batch, in time order."""
     source.mkdir()
     t0 = 1_700_000_000_000
     batches: list[list[tuple[str, int]]] = []
     for n in range(6):
-        # Users 0-9 are active early, 10-19 late; gaps of up to 25 s close sessions on the way.
+        # Users come and go; gaps of up to 25 s close sessions on the way.
         rows = [(f"u{(n * 3 + i) % 20}", t0 + n * 8_000 + i * 500) for i in range(12)]
         batches.append(rows)
         path = source / f"part-{n:02d}.parquet"
@@ -106,25 +106,40 @@ def test_event_time_timers_fire_once_at_the_batch_watermark(spark: Any, inproces
             }
         )
         pq.write_table(table, path)
+        # One file per batch, in order (the file source orders by modification time).
         os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    return batches
+
+
+def run_sessions(
+    spark: Any,
+    address: str,
+    tmp_path: Path,
+    around: Callable[[Callable[[Any, int], None], Any, int], None] | None = None,
+) -> tuple[KeyedStateRuntime, list[list[tuple[str, int]]], list[dict[str, Any]]]:
+    """Run the sessions query to its end: (runtime, the batches' rows, the fired timers' output rows).
+
+    ``around(run, df, batch_id)`` wraps each foreachBatch call (to kill a TaskManager mid-run).
+    """
+    batches = write_batches(tmp_path / "events")
     global MARKERS
     MARKERS = str(tmp_path)
-    runtime = KeyedStateRuntime(cluster.address, "timers", OPS)
+    runtime = KeyedStateRuntime(address, "timers", OPS)
     outputs: dict[int, pa.Table] = {}
 
     def sink(table: pa.Table, batch_id: int) -> None:
         outputs[batch_id] = table  # idempotent per batch id, as foreachBatch asks
 
+    run = runtime.foreach_batch(
+        process, key_col="user", operator="sessions", on_timer=on_timer, output_schema=OUT, sink=sink
+    )
+    wrapped = run if around is None else (lambda df, batch_id: around(run, df, batch_id))
     query = (
         spark.readStream.schema("user string, ts timestamp")
         .option("maxFilesPerTrigger", 1)
-        .parquet(str(source))
+        .parquet(str(tmp_path / "events"))
         .withWatermark("ts", "0 seconds")
-        .writeStream.foreachBatch(
-            runtime.foreach_batch(
-                process, key_col="user", operator="sessions", on_timer=on_timer, output_schema=OUT, sink=sink
-            )
-        )
+        .writeStream.foreachBatch(wrapped)
         .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
         .trigger(availableNow=True)
         .start()
@@ -132,16 +147,28 @@ def test_event_time_timers_fire_once_at_the_batch_watermark(spark: Any, inproces
     query.awaitTermination(300)
     assert query.exception() is None
     assert runtime.last_batch_id == 5
-    out: list[dict[str, Any]] = [r for b in sorted(outputs) for r in outputs[b].to_pylist()]
+    return runtime, batches, [r for b in sorted(outputs) for r in outputs[b].to_pylist()]
+
+
+def check_firings(
+    client: StateClient, batches: list[list[tuple[str, int]]], out: list[dict[str, Any]]
+) -> list[tuple[str, int, int]]:
+    """Every timer fired once, in the batch the model says, at the batch's watermark; the rest still wait."""
     expected, still_open = _model(batches)
     assert len(expected) >= 5  # the schedule really closes sessions
-    assert any(b == 2 for _, _, b in expected)  # ... in the batch whose tasks fail once
-    assert list(tmp_path.glob("failed-*"))
     assert sorted((r["user"], r["closed_at"], r["batch"]) for r in out) == sorted(expected)
     # Each batch fired at the watermark Spark recorded for it (the largest event time before it).
     for r in out:
         assert r["watermark"] == max(ms for rows_ in batches[: r["batch"]] for _, ms in rows_)
     # Fired timers are gone; the open sessions still have theirs.
-    timers: TimerService[str] = TimerService(cluster.client(), "timers", "sessions")
-    open_sessions = {(t.key, t.timestamp_ms) for t in timers.due(TimeDomain.EVENT_TIME, 1 << 62)}
-    assert open_sessions == still_open
+    timers: TimerService[str] = TimerService(client, "timers", "sessions")
+    assert {(t.key, t.timestamp_ms) for t in timers.due(TimeDomain.EVENT_TIME, 1 << 62)} == still_open
+    return expected
+
+
+def test_event_time_timers_fire_once_at_the_batch_watermark(spark: Any, inprocess_cluster: Any, tmp_path: Path) -> None:
+    cluster = inprocess_cluster(taskmanagers=2, slots=1)
+    _, batches, out = run_sessions(spark, cluster.address, tmp_path)
+    expected = check_firings(cluster.client(), batches, out)
+    assert any(b == 2 for _, _, b in expected)  # timers fire in the batch whose tasks fail once ...
+    assert list(tmp_path.glob("failed-*"))  # ... and they did fail, after firing
