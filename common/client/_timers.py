@@ -1,6 +1,7 @@
 """Per-key timers (Flink's ``TimerService``, Spark's ``TimerValues``/``handleExpiredTimer``) over map state.
 
-Timers of an operator live in one map state (declare it with :func:`timers_state`). Every key
+Timers of an operator live in one TIMERS state (declare it with :func:`timers_state`), whose
+entries are stored exactly as map entries. Every key
 group has one *anchor* key, a fixed byte string that hashes into that key group; the timers of
 all keys of the group are entries of the anchor's map, one namespace per time domain, with the
 user key ``timestamp (8 bytes, big-endian, offset by 2**63) | serialized key``. The stored key
@@ -66,8 +67,14 @@ class Timer(Generic[K]):
 
 
 def timers_state(name: str = DEFAULT_TIMERS_STATE) -> StateDescriptor:
-    """The state an operator declares to hold its timers (a map state laid out by :class:`TimerService`)."""
-    return StateDescriptor(name, StateKind.MAP)
+    """The state an operator declares to hold its timers (kind TIMERS)."""
+    return StateDescriptor(name, StateKind.TIMERS)
+
+
+class _TimerEntries(MapState[bytes, bytes, bytes]):
+    """The map calls a TimerService makes on its TIMERS state (timers are stored as map entries)."""
+
+    kind = StateKind.TIMERS
 
 
 @functools.lru_cache(maxsize=8)
@@ -128,7 +135,7 @@ class TimerService(Generic[K]):
         self.key_serializer: Serializer[Any] = get_serializer(key_serializer)
         try:
             self._maps = {
-                d: MapState[bytes, bytes, bytes](
+                d: _TimerEntries(
                     client,
                     job_id,
                     operator_id,
@@ -143,8 +150,7 @@ class TimerService(Generic[K]):
             }
         except WrongStateKindError as exc:
             raise WrongStateKindError(
-                f"timers need state {name!r} of operator {operator_id!r} declared as timers_state({name!r}) "
-                f"(a map state): {exc.message}"
+                f"timers need state {name!r} of operator {operator_id!r} declared as timers_state({name!r}): {exc.message}"
             ) from exc
 
     def _anchors(self) -> tuple[bytes, ...]:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2
-from keyedstate.common.client import TimeDomain, TimerService, timers_state
+from keyedstate.common.client import MapState, TimeDomain, TimerService, timers_state
 from keyedstate.common.client._timers import anchor_keys
-from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind, TtlConfig
 from keyedstate.common.errors import InvalidArgumentError, WrongStateKindError
 from keyedstate.common.keygroups import key_group
 from tests.fakes.clock import ManualClock
@@ -110,6 +110,12 @@ def test_negative_and_extreme_timestamps_keep_their_order(inprocess_cluster: Any
         timers.register_many(TimeDomain.EVENT_TIME, ["a", "b"], [1])
     with pytest.raises(WrongStateKindError, match="timers_state"):
         TimerService(client, JOB, OP, name="plain")
+    # The timers state is its own kind: map handles are refused, and so is a TTL.
+    with pytest.raises(WrongStateKindError, match="use TimerService"):
+        MapState(client, JOB, OP, "timers")
+    with pytest.raises(InvalidArgumentError, match="cannot have a TTL"):
+        StateDescriptor("t", StateKind.TIMERS, TtlConfig(1000))
+    assert client.descriptor(JOB, OP, "timers").kind is StateKind.TIMERS
 
 
 @pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
@@ -140,8 +146,9 @@ def test_timers_are_staged_with_the_epoch_and_fire_once(inprocess_cluster: Any, 
     assert len(list(direct.due(TimeDomain.PROCESSING_TIME, 500))) == 1
 
 
-def test_timers_move_with_their_key_groups_on_rescale(inprocess_cluster: Any) -> None:
-    cluster = inprocess_cluster(taskmanagers=2, slots=4)
+@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+def test_timers_move_with_their_key_groups_on_rescale(inprocess_cluster: Any, backend: str) -> None:
+    cluster = inprocess_cluster(taskmanagers=2, slots=4, backend=backend)
     client = cluster.client()
     client.submit_job(JOB, OPERATORS, max_parallelism=MAX_PARALLELISM)
     timers: TimerService[str] = TimerService(client, JOB, OP)
