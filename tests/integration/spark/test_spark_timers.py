@@ -32,7 +32,16 @@ GAP_MS = 10_000
 OPS = [OperatorSpec("sessions", 2, (StateDescriptor("last_seen", StateKind.VALUE), timers_state()))]
 MARKERS = ""
 """A directory the failing task attempts leave a file in (set by the test; shipped with the function)."""
-OUT = pa.schema([("user", pa.string()), ("closed_at", pa.int64()), ("batch", pa.int64()), ("watermark", pa.int64())])
+OUT = pa.schema(
+    [
+        ("user", pa.string()),
+        ("closed_at", pa.int64()),
+        ("batch", pa.int64()),
+        ("watermark", pa.int64()),
+        ("domain", pa.string()),
+        ("batch_timestamp", pa.int64()),
+    ]
+)
 
 
 def process(batches: Any, state: Any) -> None:
@@ -52,20 +61,30 @@ def process(batches: Any, state: Any) -> None:
     new = [max(latest[u], o if o is not None else latest[u]) for u, o in zip(users, old)]
     last_seen.put_many(users, new)
     timers.register_many(TimeDomain.EVENT_TIME, users, [n + GAP_MS for n in new])
+    # A processing-time timer due at once: it fires in this batch, after the rows.
+    timers.register_processing_time_timer(users[0], state.batch_timestamp_ms)
 
 
 def on_timer(timers: Any, state: Any) -> Any:
     from pyspark import TaskContext
 
     fired = list(timers)
-    state.value("last_seen", value_serializer="int").clear_many([t.key for t in fired])
+    closed = [t.key for t in fired if t.domain is TimeDomain.EVENT_TIME]
+    state.value("last_seen", value_serializer="int").clear_many(closed)
     ctx = TaskContext.get()
     if state.batch_id == 2 and ctx is not None and ctx.attemptNumber() == 0:
         Path(MARKERS, f"failed-{ctx.partitionId()}").touch()
         raise RuntimeError("injected failure after firing timers")
     yield pa.RecordBatch.from_pylist(
         [
-            {"user": t.key, "closed_at": t.timestamp_ms, "batch": state.batch_id, "watermark": state.watermark_ms}
+            {
+                "user": t.key,
+                "closed_at": t.timestamp_ms,
+                "batch": state.batch_id,
+                "watermark": state.watermark_ms,
+                "domain": t.domain.name,
+                "batch_timestamp": state.batch_timestamp_ms,
+            }
             for t in fired
         ],
         schema=OUT,
@@ -154,6 +173,19 @@ def check_firings(
     client: StateClient, batches: list[list[tuple[str, int]]], out: list[dict[str, Any]]
 ) -> list[tuple[str, int, int]]:
     """Every timer fired once, in the batch the model says, at the batch's watermark; the rest still wait."""
+    # Processing-time timers: one per task and batch (its first user), due at the batch timestamp.
+    processing = [r for r in out if r["domain"] == "PROCESSING_TIME"]
+    out = [r for r in out if r["domain"] == "EVENT_TIME"]
+    routing = client.routing("timers", refresh=True)
+    first_users = set()
+    for n, rows_ in enumerate(batches):
+        by_task: dict[int, set[str]] = {}
+        for u, _ in rows_:
+            by_task.setdefault(client.subtask_of("timers", "sessions", u.encode()), set()).add(u)
+        first_users |= {(min(us), n) for us in by_task.values()}
+    assert routing.operator("sessions").parallelism == 2
+    assert sorted((r["user"], r["batch"]) for r in processing) == sorted(first_users)
+    assert all(r["closed_at"] == r["batch_timestamp"] > 0 for r in processing)
     expected, still_open = _model(batches)
     assert len(expected) >= 5  # the schedule really closes sessions
     assert sorted((r["user"], r["closed_at"], r["batch"]) for r in out) == sorted(expected)
