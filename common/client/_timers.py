@@ -22,6 +22,7 @@ import enum
 import functools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -30,7 +31,7 @@ from keyedstate.common.client._client import StateClient
 from keyedstate.common.client._epoch import EpochScope
 from keyedstate.common.client._states import MapState
 from keyedstate.common.descriptors import StateDescriptor, StateKind
-from keyedstate.common.errors import InvalidArgumentError, WrongStateKindError
+from keyedstate.common.errors import InvalidArgumentError, StaleRoutingError, WrongStateKindError
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group
 from keyedstate.common.serializers import Serializer, get_serializer
 
@@ -42,6 +43,8 @@ DEFAULT_TIMERS_STATE = "timers"
 _TS_OFFSET = 1 << 63
 _TS_BYTES = 8
 _ANCHOR_TAG = b"\x00keyedstate-timers\x00"
+SCAN_CONCURRENCY = 16
+"""How many key groups :meth:`TimerService.due` scans at once."""
 
 
 class TimeDomain(enum.Enum):
@@ -198,22 +201,47 @@ class TimerService(Generic[K]):
         """The timers of ``domain`` at or before ``up_to_ms``, key group by key group, each in time order.
 
         ``key_groups``: only these (a Spark task passes the key groups of its partition); all by
-        default. Each key group costs one bounded scan that stops at the first later timer.
+        default. Each key group costs one bounded scan that stops at the first later timer; up to
+        :data:`SCAN_CONCURRENCY` key groups are scanned at once (their round trips overlap).
         """
         anchors = self._anchors()
-        groups = range(len(anchors)) if key_groups is None else key_groups
-        limit = _encode_ts(up_to_ms)
-        loads = self.key_serializer.loads
-        state = self._maps[domain]
+        groups = list(range(len(anchors)) if key_groups is None else key_groups)
         for g in groups:
             if not 0 <= g < len(anchors):
                 raise InvalidArgumentError(
                     f"key group {g} is outside 0..{len(anchors) - 1} (the job's max parallelism)"
                 )
+        limit = _encode_ts(up_to_ms)
+        state = self._maps[domain]
+
+        def scan_once(g: int) -> list[bytes]:
+            out = []
             for entry in state.user_keys(anchors[g]):
                 if entry[:_TS_BYTES] > limit:
                     break
-                yield Timer(loads(entry[_TS_BYTES:]), _decode_ts(entry), domain)
+                out.append(entry)
+            return out
+
+        def scan(g: int) -> list[bytes]:
+            try:
+                return scan_once(g)
+            except StaleRoutingError:
+                # The scan picked its subtask from a routing table a rescale has replaced (concurrent
+                # scans all start from the cached one): refresh it once and ask the new owner.
+                self.client.routing(self.job_id, refresh=True)
+                return scan_once(g)
+
+        loads = self.key_serializer.loads
+        for start in range(0, len(groups), SCAN_CONCURRENCY):
+            window = groups[start : start + SCAN_CONCURRENCY]
+            if len(window) == 1:
+                found = [scan(window[0])]
+            else:
+                with ThreadPoolExecutor(max_workers=len(window), thread_name_prefix="timers-scan") as pool:
+                    found = list(pool.map(scan, window))
+            for entries in found:
+                for entry in entries:
+                    yield Timer(loads(entry[_TS_BYTES:]), _decode_ts(entry), domain)
 
     def pop_due(self, domain: TimeDomain, up_to_ms: int, key_groups: Iterable[int] | None = None) -> list[Timer[K]]:
         """:meth:`due`, then delete those timers (in the scope's epoch): the timers that fire now."""
