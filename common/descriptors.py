@@ -15,6 +15,14 @@ class StateKind(enum.Enum):
     LIST = "list"
     MAP = "map"
     REDUCING = "reducing"
+    TIMERS = "timers"
+    """Per-key timers (:class:`keyedstate.common.client.TimerService`), stored as map state
+    ordered by time within each key group."""
+
+    @property
+    def storage_kind(self) -> StateKind:
+        """The kind whose stored layout this kind uses (timers are map entries; the rest their own)."""
+        return StateKind.MAP if self is StateKind.TIMERS else self
 
 
 class TtlUpdateType(enum.Enum):
@@ -70,6 +78,10 @@ class StateDescriptor:
         validate_name("state name", self.name, max_length=STATE_NAME_LENGTH, letter_first=True)
         if self.kind is StateKind.REDUCING and not self.reduce_fields:
             raise InvalidArgumentError(f"reducing state {self.name!r} needs at least one reduce field")
+        if self.kind is StateKind.TIMERS and self.ttl is not None:
+            raise InvalidArgumentError(
+                f"timers state {self.name!r} cannot have a TTL: a timer must never expire unfired"
+            )
         if self.kind is not StateKind.REDUCING and self.reduce_fields:
             raise InvalidArgumentError(
                 f"state {self.name!r} is {self.kind.value}; only reducing state has reduce fields"

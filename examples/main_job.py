@@ -57,8 +57,17 @@ def _spark(base: Path) -> Any:
 
 
 def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) -> int:
+    from pyspark.sql import functions as F
+
     from keyedstate.common.spark import KeyedStateRuntime
-    from keyedstate.examples.sessions import OPERATORS, generate_events, process_partition, reference
+    from keyedstate.examples.sessions import (
+        OPERATORS,
+        WATERMARK_DELAY_MS,
+        generate_events,
+        on_timer,
+        process_partition,
+        reference,
+    )
 
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
@@ -93,7 +102,8 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
         )
         runtime = KeyedStateRuntime(cluster.jobmanager_address, "sessions-demo", OPERATORS)
         spark = _spark(base)
-        process = runtime.foreach_batch(process_partition, key_col="user", operator="sessions")
+        # Sessions close on an event-time timer once the watermark passes their end (see sessions.py).
+        process = runtime.foreach_batch(process_partition, key_col="user", operator="sessions", on_timer=on_timer)
         recovery: dict[str, float] = {}
 
         def on_batch(df: Any, batch_id: int) -> None:
@@ -119,6 +129,8 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
             spark.readStream.schema("user string, ts long, kind string, amount long")
             .option("maxFilesPerTrigger", 1)
             .parquet(str(base / "input"))
+            .withColumn("event_time", F.timestamp_millis("ts"))
+            .withWatermark("event_time", f"{WATERMARK_DELAY_MS // 1000} seconds")
         )
         query = (
             stream.writeStream.foreachBatch(on_batch)
@@ -133,7 +145,12 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
         query.stop()
 
         _say("verifying the state against a plain-Python reference")
-        mismatches = _verify(runtime, reference(events))
+        # The last batch fired timers at the watermark of the batches before it (Spark's rule).
+        before_last = events[: (files - 1) * events_per_file]
+        watermark = max(0, max(e["ts"] for e in before_last) - WATERMARK_DELAY_MS) if before_last else 0
+        expected = reference(events, watermark)
+        mismatches = _verify(runtime, expected)
+        closed_by_timer = sum(1 for exp in expected.values() if exp["session"] is None)
         info = runtime.client.job_info("sessions-demo")
         checkpoints_taken = len(runtime.client.list_checkpoints("sessions-demo").checkpoints)
         recovery_s = recovery.get("recovered_at", 0) - recovery.get("killed_at", 0)
@@ -145,6 +162,7 @@ def run(base: Path, files: int, events_per_file: int, users: int, kill_at: int) 
         print(f" checkpoints          {checkpoints_taken:>10}   latest: {info.latest_checkpoint_path}")
         print(f" TaskManager killed   {'batch ' + str(kill_at):>10}   job restarts: {info.restarts}")
         print(f" recovery time        {recovery_s:>9.1f}s   (kill -> job RUNNING again)")
+        print(f" closed by timers     {closed_by_timer:>10}   users whose last session the watermark closed")
         print(f" mismatches           {mismatches:>10}")
         print(" metrics              JobManager and TaskManagers serve Prometheus on ports 9249-9299 (/metrics)")
         print(f" logs                 {base / 'cluster' / 'log'}")
@@ -180,7 +198,8 @@ def _watch_recovery(runtime: Any, recovery: dict[str, float]) -> None:
 
 
 def _verify(runtime: Any, expected: dict[str, dict[str, Any]]) -> int:
-    from keyedstate.common.client import ListState, MapState, ReducingState, ValueState
+    from keyedstate.common.client import ListState, MapState, ReducingState, TimeDomain, TimerService, ValueState
+    from keyedstate.examples.sessions import GAP_MS
 
     c, job = runtime.client, runtime.job_id
     users = sorted(expected)
@@ -188,6 +207,9 @@ def _verify(runtime: Any, expected: dict[str, dict[str, Any]]) -> int:
     closed = ListState[str, Any](c, job, "sessions", "closed", value_serializer="json").get_many(users)
     totals = ReducingState[str](c, job, "sessions", "totals").get_many(users)
     kinds_state = MapState[str, str, int](c, job, "sessions", "kinds", value_serializer="int")
+    timers: dict[str, list[int]] = {}
+    for t in TimerService[str](c, job, "sessions").due(TimeDomain.EVENT_TIME, 1 << 62):
+        timers.setdefault(t.key, []).append(t.timestamp_ms)
     bad = 0
     for i, user in enumerate(users):
         exp = expected[user]
@@ -197,10 +219,14 @@ def _verify(runtime: Any, expected: dict[str, dict[str, Any]]) -> int:
             or closed[i] != exp["closed"]
             or tuple(totals[i] or ()) != exp["totals"]
             or kinds != exp["kinds"]
+            # An open session has exactly one timer, at its end; a closed one none.
+            or timers.get(user, []) != ([exp["session"]["last"] + GAP_MS] if exp["session"] else [])
         ):
             bad += 1
             if bad <= 3:
-                _say(f"mismatch for {user}: got {session[i]}, {closed[i]}, {totals[i]}, {kinds}; expected {exp}")
+                _say(
+                    f"mismatch for {user}: got {session[i]}, {closed[i]}, {totals[i]}, {kinds}, timers {timers.get(user)}; expected {exp}"
+                )
     return bad
 
 

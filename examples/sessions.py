@@ -6,8 +6,13 @@ Per user the pipeline keeps, in the ``sessions`` operator:
 * ``closed`` (list): every closed session ``{"start", "end", "events"}``
 * ``kinds`` (map): events per event kind
 * ``totals`` (reducing: count, amount): a server-side sum, one blind call per user and batch
+* ``timers``: one event-time timer per open session, at ``last + GAP_MS``
 
-A session closes when a user is idle for more than ``GAP_MS``.
+A session closes when a user is idle for more than ``GAP_MS``: when the event-time watermark
+passes ``last + GAP_MS`` its timer fires (:func:`on_timer`) and moves it to ``closed``, without
+waiting for the user's next event. An event that arrives more than ``GAP_MS`` after the last one
+while the watermark still lags behind closes the session on the spot, as before; either way the
+closed session is the same.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common.client import TimeDomain, Timer, timers_state
 from keyedstate.common.descriptors import (
     OperatorSpec,
     ReduceField,
@@ -27,6 +33,8 @@ from keyedstate.common.descriptors import (
 )
 
 GAP_MS = 30 * 60 * 1000
+WATERMARK_DELAY_MS = 60 * 1000
+"""How far the watermark trails the largest event time (``withWatermark(..., "1 minute")``)."""
 KINDS = ("view", "click", "cart", "buy")
 
 OPERATORS = [
@@ -38,6 +46,7 @@ OPERATORS = [
             StateDescriptor("closed", StateKind.LIST),
             StateDescriptor("kinds", StateKind.MAP),
             StateDescriptor("totals", StateKind.REDUCING, reduce_fields=(ReduceField("count"), ReduceField("amount"))),
+            timers_state(),
         ),
     ),
 ]
@@ -100,7 +109,12 @@ def process_partition(batches: Iterator[Any], state: Any) -> None:
     kinds = state.map("kinds", value_serializer="int")
     totals = state.reducing("totals")
 
+    timers = state.timers()
+
     current = session.get_many(users)
+    # The open sessions' timers move to their new ends below.
+    reopened = [(u, s["last"] + GAP_MS) for u, s in zip(users, current) if s is not None]
+    timers.delete_many(TimeDomain.EVENT_TIME, [u for u, _ in reopened], [t for _, t in reopened])
     new_sessions, closed_keys, closed_values = [], [], []
     kind_keys, kind_names, kind_deltas = [], [], []
     operands = []
@@ -119,6 +133,7 @@ def process_partition(batches: Iterator[Any], state: Any) -> None:
             kind_deltas.append(n)
         operands.append((len(events), sum(e["amount"] for e in events)))
     session.put_many(users, new_sessions)
+    timers.register_many(TimeDomain.EVENT_TIME, users, [s["last"] + GAP_MS for s in new_sessions])
     if closed_keys:
         closed_list.append_many(closed_keys, closed_values)
     existing = kinds.get_many(kind_keys, kind_names)
@@ -126,8 +141,28 @@ def process_partition(batches: Iterator[Any], state: Any) -> None:
     totals.add_many(users, operands)
 
 
-def reference(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The same aggregates computed in one pass of plain Python."""
+def on_timer(fired: Iterator[Timer[str]], state: Any) -> None:
+    """The watermark passed ``last + GAP_MS`` of these users' sessions: close them."""
+    timers = list(fired)
+    users = [t.key for t in timers]
+    session = state.value("session", value_serializer="json")
+    current = session.get_many(users)
+    closed_keys, closed_values = [], []
+    for timer, open_session in zip(timers, current):
+        # Every session change moves its timer, so a firing timer always belongs to the open session.
+        if open_session is None or open_session["last"] + GAP_MS != timer.timestamp_ms:
+            raise RuntimeError(f"timer {timer} fired for user {timer.key!r} whose open session is {open_session}")
+        closed_keys.append(timer.key)
+        closed_values.append(
+            {"start": open_session["start"], "end": open_session["last"], "events": open_session["events"]}
+        )
+    state.list("closed", value_serializer="json").append_many(closed_keys, closed_values)
+    session.clear_many(users)
+
+
+def reference(events: Iterable[dict[str, Any]], watermark_ms: int) -> dict[str, dict[str, Any]]:
+    """The same aggregates computed in one pass of plain Python; sessions whose timer the final
+    watermark ``watermark_ms`` passed are closed (``session`` None)."""
     by_user: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         by_user[e["user"]].append(e)
@@ -135,7 +170,11 @@ def reference(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for user, evs in by_user.items():
         evs.sort(key=lambda e: e["ts"])
         closed: list[dict[str, Any]] = []
-        session = _sessionize(None, evs, closed)
+        session: dict[str, Any] | None = _sessionize(None, evs, closed)
+        assert session is not None
+        if session["last"] + GAP_MS <= watermark_ms:
+            closed.append({"start": session["start"], "end": session["last"], "events": session["events"]})
+            session = None
         kinds: dict[str, int] = defaultdict(int)
         for e in evs:
             kinds[e["kind"]] += 1

@@ -124,6 +124,10 @@ def _need(cols: Mapping[str, list[Any]], names: Sequence[str], where: str, kind:
 def stored_records(state: BootstrapState, max_parallelism: int, now_ms: int, where: str) -> list[tuple[bytes, bytes]]:
     """The state's rows as stored (key, value) pairs, unsorted (see taskmanager/state/layout.py)."""
     d = state.descriptor
+    if d.kind is StateKind.TIMERS:
+        raise InvalidArgumentError(
+            f"{where}: timers state cannot be bootstrapped from a table; register timers at run time"
+        )
     cols = table_columns(state.data, where)
     _need(cols, ["key"], where, d.kind)
     keys = _encode(state.serializers.key, cols["key"], where, "key")

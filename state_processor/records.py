@@ -62,6 +62,7 @@ def columns(
 ) -> dict[str, list[Any]]:
     """The state's rows as Python columns; entries expired at ``now_ms`` are left out (None: keep all)."""
     kind = descriptor.kind
+    _refuse_timers(descriptor)
     codec = values.ValueCodec.for_descriptor(descriptor)
     key_groups: list[int] = []
     keys: list[bytes] = []
@@ -112,8 +113,17 @@ def columns(
     return out
 
 
+def _refuse_timers(descriptor: StateDescriptor) -> None:
+    if descriptor.kind is StateKind.TIMERS:
+        raise InvalidArgumentError(
+            f"state {descriptor.name!r} holds timers, which the State Processor API does not read or write as tables; "
+            "leave it out (transform() carries it over unchanged)"
+        )
+
+
 def schema(descriptor: StateDescriptor, serializers: StateSerializers) -> list[tuple[str, pa.DataType | None]]:
     """Column names and Arrow types (None: inferred) of a state's table, in order."""
+    _refuse_timers(descriptor)
     cols: list[tuple[str, pa.DataType | None]] = [
         ("key_group", pa.int32()),
         ("key", arrow_type(serializers.key)),

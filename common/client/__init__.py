@@ -12,6 +12,7 @@ from keyedstate.common.client._client import ClientSettings, StateClient, client
 from keyedstate.common.client._epoch import EpochScope
 from keyedstate.common.client._routing import Routing
 from keyedstate.common.client._states import ListState, MapState, ReducingState, ValueState
+from keyedstate.common.client._timers import TimeDomain, Timer, TimerService, timers_state
 from keyedstate.common.lifecycle import BatchAction, CheckpointStatus, JobStatus
 from keyedstate.common.rpc.health import check_health
 from keyedstate.common.security.tls import ChannelSecurity
@@ -33,8 +34,12 @@ __all__ = [
     "ReducingState",
     "Routing",
     "StateClient",
+    "TimeDomain",
+    "Timer",
+    "TimerService",
     "ValueState",
     "check_health",
     "client_security",
     "status_name",
+    "timers_state",
 ]

@@ -28,6 +28,7 @@ _HANDLE_NAMES = {
     StateKind.LIST: "ListState",
     StateKind.MAP: "MapState",
     StateKind.REDUCING: "ReducingState",
+    StateKind.TIMERS: "TimerService",
 }
 
 

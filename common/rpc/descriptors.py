@@ -38,7 +38,7 @@ def state_descriptor_to_proto(descriptor: StateDescriptor) -> pb.StateDescriptor
 def state_descriptor_from_proto(msg: pb.StateDescriptor) -> StateDescriptor:
     """The declaration a message carries; a message no valid declaration produces is INVALID_ARGUMENT."""
     if msg.kind not in _KIND_FROM_PB:
-        raise InvalidArgumentError(f"state {msg.name!r}: kind must be VALUE, LIST, MAP or REDUCING")
+        raise InvalidArgumentError(f"state {msg.name!r}: kind must be VALUE, LIST, MAP, REDUCING or TIMERS")
     ttl = None
     if msg.ttl_ms:
         if msg.ttl_ms < 0:
@@ -82,6 +82,7 @@ _KIND_TO_PB = {
     StateKind.LIST: pb.LIST,
     StateKind.MAP: pb.MAP,
     StateKind.REDUCING: pb.REDUCING,
+    StateKind.TIMERS: pb.TIMERS,
 }
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 _TTL_TO_PB = {

@@ -27,15 +27,18 @@ from keyedstate.common.spark._keygroups import (
 )
 from keyedstate.common.spark._modes import ROW_COUNT, BatchMode, ReduceInto
 from keyedstate.common.spark._shipping import package_zip, ship_package
+from keyedstate.common.spark._timers import BatchTimes, TimerFn
 
 __all__ = [
     "ROW_COUNT",
     "TOKEN_FILE_CONF",
     "BatchMode",
+    "BatchTimes",
     "BatchTiming",
     "KeyedStateRuntime",
     "PartitionState",
     "ReduceInto",
+    "TimerFn",
     "key_bytes_column",
     "key_group_column",
     "key_group_udf",

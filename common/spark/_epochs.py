@@ -61,6 +61,7 @@ from keyedstate.common.client import (
     ReducingState,
     Routing,
     StateClient,
+    TimerService,
     ValueState,
     status_name,
 )
@@ -76,11 +77,13 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
+from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.convert import winner_from_bytes, winner_to_bytes
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.spark._modes import BatchMode, ReduceInto
+from keyedstate.common.spark._timers import BatchTimes, TimerFn, batch_times, fire_due
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +125,7 @@ class PartitionState:
         operator_id: str,
         epoch: EpochScope | None,
         batch_id: int = -1,
+        times: BatchTimes | None = None,
     ) -> None:
         self.client = client
         self.job_id = job_id
@@ -129,6 +133,8 @@ class PartitionState:
         self.scope = epoch
         self.batch_id = batch_id
         """The Spark batch id this task runs for."""
+        self.times = times
+        """The batch's watermark and processing time (None: the batch fires no timers)."""
         self._handles: dict[tuple[Any, ...], Any] = {}
 
     @property
@@ -195,6 +201,25 @@ class PartitionState:
         handle: ReducingState[Any] = self._get(ReducingState, name, operator, key_serializer=key_serializer)
         return handle
 
+    def timers(
+        self, name: str = "timers", *, operator: str | None = None, key_serializer: str = "str"
+    ) -> TimerService[Any]:
+        """The TimerService on timers state ``name`` (declared with ``timers_state(name)``), bound to the
+        task's epoch: timers registered or deleted here commit with the batch.
+        """
+        handle: TimerService[Any] = self._get(TimerService, name, operator, key_serializer=key_serializer)
+        return handle
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The batch's event-time watermark (Spark's ``batchWatermarkMs``; None outside a streaming query)."""
+        return self.times.watermark_ms if self.times is not None else None
+
+    @property
+    def batch_timestamp_ms(self) -> int | None:
+        """The batch's processing time (Spark's ``batchTimestampMs``; None when the batch fires no timers)."""
+        return self.times.timestamp_ms if self.times is not None else None
+
 
 ProcessFn = Callable[[Iterator[Any], PartitionState], "Iterable[Any] | None"]
 """``process(batches, state)``: returns None, or (with ``output_schema``) an iterable of ``pyarrow.RecordBatch``."""
@@ -240,6 +265,9 @@ class BatchOptions:
     output_schema: Any = None
     """A ``pyarrow.Schema``: ``process`` returns record batches of it (None: it returns nothing)."""
     sink: OutputSink | None = None
+    on_timer: TimerFn | None = None
+    """Called per task with its fired timers, after ``process`` (None: the batches fire no timers)."""
+    timers_state: str = "timers"
 
 
 class KeyedStateRuntime:
@@ -341,6 +369,8 @@ class KeyedStateRuntime:
         checkpoint: bool = True,
         max_batch_attempts: int = 5,
         batch_timeout_s: float = 600.0,
+        on_timer: TimerFn | None = None,
+        timers_state: str = "timers",
     ) -> Callable[[Any, int], None]:
         """A ``foreachBatch`` function that runs ``process`` per partition, one epoch per batch.
 
@@ -362,6 +392,14 @@ class KeyedStateRuntime:
         the batch's Spark job runs (every failover under it costs one) and ``batch_timeout_s`` the
         whole call; past either, it raises with the last reason. Per-batch timings are appended to
         :attr:`timings`.
+
+        ``on_timer(timers, state)``: fire timers (see the README's "Timers"). After ``process`` has
+        consumed a task's rows, the task pops the timers of its key groups that are due (event
+        time at or before the batch's watermark, processing time at or before the batch's
+        timestamp; both as Spark recorded them for the batch) from the timers state
+        ``timers_state`` and hands them to ``on_timer``, which may output rows like ``process``.
+        Popping and the handler's writes commit with the batch's epoch, so each timer fires once.
+        Needs the keyed mode (a task owns its key groups).
         """
         if max_batch_attempts < 1 or batch_timeout_s <= 0:
             raise InvalidArgumentError("max_batch_attempts must be >= 1 and batch_timeout_s > 0")
@@ -375,6 +413,10 @@ class KeyedStateRuntime:
             raise InvalidArgumentError("foreach_batch: output_schema and sink go together (pass both or neither)")
         if output_schema is not None:
             _check_schema(output_schema)
+        if on_timer is not None and parsed is not BatchMode.KEYED:
+            raise InvalidArgumentError(
+                "foreach_batch: timers (on_timer) need the keyed mode, where each task owns the key groups it fires"
+            )
         options = BatchOptions(
             operator or self.operators[0].operator_id,
             key_col,
@@ -386,6 +428,8 @@ class KeyedStateRuntime:
             parsed,
             output_schema,
             sink,
+            on_timer,
+            timers_state,
         )
         return _BatchRunner(self, process, options)
 
@@ -476,9 +520,12 @@ class _BatchRunner:
         self._rt = runtime
         self._process = process
         self._o = options
+        self._times: BatchTimes | None = None
 
     def __call__(self, df: Any, batch_id: int) -> None:
         started = time.perf_counter()
+        # Read once per call: every run of the batch fires timers at the same times.
+        self._times = batch_times(df, batch_id, _query_id(df), self._rt.clock) if self._o.on_timer is not None else None
         if not self._o.exactly_once:
             self._rt.batch_attempts += 1
             routing = self._rt.client.routing(self._rt.job_id, refresh=True)
@@ -662,8 +709,12 @@ class _BatchRunner:
                 start.epoch if start is not None else -1,
                 start.routing.version if start is not None else 0,
                 o.output_schema,
+                self._times,
+                o.timers_state,
+                o.key_serializer,
             ),
             self._process,
+            o.on_timer,
         )
         schema = StructType(
             [
@@ -695,9 +746,15 @@ class _TaskPlan:
     """-1: direct mode (no epoch transaction)."""
     routing_version: int
     output_schema: Any
+    times: BatchTimes | None = None
+    """When the batch fires timers: its watermark and timestamp."""
+    timers_state: str = "timers"
+    key_serializer: str = "str"
 
 
-def _task_function(plan: _TaskPlan, process: ProcessFn) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def _task_function(
+    plan: _TaskPlan, process: ProcessFn, on_timer: TimerFn | None = None
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of one batch run: ``process`` under the task's epoch scope, then one
     row with the task's partition, attempt, winner (with its ledger) and output."""
 
@@ -713,9 +770,14 @@ def _task_function(plan: _TaskPlan, process: ProcessFn) -> Callable[[Iterable[An
         if plan.epoch >= 0:
             scope = EpochScope.for_task(plan.epoch, partition, attempt, routing_version=plan.routing_version)
         client = worker_client(plan.address, plan.security, plan.token_name)
-        state = PartitionState(client, plan.job_id, plan.operator_id, scope, batch_id=plan.batch_id)
+        state = PartitionState(client, plan.job_id, plan.operator_id, scope, batch_id=plan.batch_id, times=plan.times)
         # The output is drained before the winner is read: a generator ``process`` writes state as it yields.
-        output = _encode_output(process(iter(batches), state), plan.output_schema)
+        if on_timer is None or plan.times is None:
+            output = _encode_output(process(iter(batches), state), plan.output_schema)
+        else:
+            output = _encode_output(
+                _rows_then_timers(plan, process, on_timer, batches, state, partition), plan.output_schema
+            )
         winner = winner_to_bytes(scope.winner()) if scope is not None else b""
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "attempt": [attempt], "winner": [winner], "output": [output]},
@@ -725,6 +787,32 @@ def _task_function(plan: _TaskPlan, process: ProcessFn) -> Callable[[Iterable[An
         )
 
     return task
+
+
+def _rows_then_timers(
+    plan: _TaskPlan,
+    process: ProcessFn,
+    on_timer: TimerFn,
+    batches: Iterable[Any],
+    state: PartitionState,
+    partition: int,
+) -> Iterator[Any]:
+    """Spark's order: the task's input rows through ``process`` first, then its due timers through ``on_timer``."""
+    result = process(iter(batches), state)
+    if result is not None:
+        yield from result
+    assert plan.times is not None
+    routing = state.client.routing(plan.job_id)
+    # Partition i holds the keys of subtask i (keyed mode), so it fires the timers of that subtask's key groups.
+    groups = key_group_range_for_subtask(
+        routing.max_parallelism, routing.operator(plan.operator_id).parallelism, partition
+    )
+    timers = state.timers(plan.timers_state, key_serializer=plan.key_serializer)
+    fired = fire_due(timers, plan.times, range(groups.start, groups.end + 1))
+    if fired:
+        handled = on_timer(iter(fired), state)
+        if handled is not None:
+            yield from handled
 
 
 def _check_schema(schema: Any) -> None:

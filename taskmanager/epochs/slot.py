@@ -106,7 +106,7 @@ class SlotEpochs:
                 f"{self.subtask} declares {len(descriptors)} states; epoch transactions support at most {records.MAX_STATES}"
             )
         self.state_ids = {d.name: i for i, d in enumerate(descriptors)}
-        self.states = [(d.name, d.kind) for d in descriptors]
+        self.states = [(d.name, d.kind.storage_kind) for d in descriptors]
         self.committed_epoch = read_committed_epoch(backend)
 
     def __repr__(self) -> str:

@@ -42,6 +42,7 @@ _CALLS = {
     StateKind.LIST: "ListAppend/ListGet/ListUpdate/ListScan/Clear",
     StateKind.MAP: "MapPut/MapGet/MapRemove/MapContains/MapScan/Clear",
     StateKind.REDUCING: "Reduce (ValueGet reads the current value)/Clear",
+    StateKind.TIMERS: "the TimerService (MapPut/MapRemove/MapScan of its anchor keys)/Clear",
 }
 
 Namespaces = bytes | list[bytes]
@@ -59,7 +60,8 @@ class StateHandle:
     def __init__(self, descriptor: StateDescriptor) -> None:
         self.descriptor = descriptor
         self.name = descriptor.name
-        self.kind = descriptor.kind
+        # Backends, snapshots and epochs handle a state by its stored layout (timers are map entries).
+        self.kind = descriptor.kind.storage_kind
         self.codec = ValueCodec.for_descriptor(descriptor)
         self.reducer = Reducer(descriptor) if descriptor.kind is StateKind.REDUCING else None
         self.store: Any = None
@@ -139,7 +141,7 @@ class RequestValidator:
         handle = self.lookup(state)
         if handle.kind not in kinds:
             raise WrongStateKindError(
-                f"{call} does not apply to state {state!r}: it is {handle.kind.value} state; use {_CALLS[handle.kind]}"
+                f"{call} does not apply to state {state!r}: it is {handle.descriptor.kind.value} state; use {_CALLS[handle.descriptor.kind]}"
             )
         return handle
 

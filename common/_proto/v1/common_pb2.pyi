@@ -31,6 +31,8 @@ class _StateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StateKind.V
     MAP: _StateKind.ValueType  # 3
     REDUCING: _StateKind.ValueType  # 4
     """Server-side reduce over a fixed vector of int64/float64 fields (sum, min, max per field)."""
+    TIMERS: _StateKind.ValueType  # 5
+    """Per-key timers: stored as map entries under one anchor key per key group, ordered by time."""
 
 class StateKind(_StateKind, metaclass=_StateKindEnumTypeWrapper): ...
 
@@ -40,6 +42,8 @@ LIST: StateKind.ValueType  # 2
 MAP: StateKind.ValueType  # 3
 REDUCING: StateKind.ValueType  # 4
 """Server-side reduce over a fixed vector of int64/float64 fields (sum, min, max per field)."""
+TIMERS: StateKind.ValueType  # 5
+"""Per-key timers: stored as map entries under one anchor key per key group, ordered by time."""
 Global___StateKind: _TypeAlias = StateKind  # noqa: Y015
 
 class _TtlUpdateType:

@@ -102,7 +102,10 @@ def test_a_job_that_does_not_fit_is_resource_exhausted_and_takes_no_slots(
             {"job_id": "j", "operators": [_op(states=(pb.StateDescriptor(name="1st", kind=pb.VALUE),))]},
             ["invalid state name '1st'", "starting with a letter"],
         ),
-        ({"job_id": "j", "operators": [_op(states=(pb.StateDescriptor(name="x"),))]}, ["VALUE, LIST, MAP or REDUCING"]),
+        (
+            {"job_id": "j", "operators": [_op(states=(pb.StateDescriptor(name="x"),))]},
+            ["VALUE, LIST, MAP, REDUCING or TIMERS"],
+        ),
         ({"job_id": "j", "operators": [_op(), _op()]}, ["declares an operator id twice"]),
         ({"job_id": "j", "operators": [_op(states=(VALUE, VALUE))]}, ["declares state 'v' twice"]),
         ({"job_id": "j", "operators": [_op(parallelism=0)]}, ["parallelism must be at least 1"]),
