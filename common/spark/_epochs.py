@@ -81,6 +81,7 @@ from keyedstate.common.rpc.convert import winner_from_bytes, winner_to_bytes
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.spark._modes import BatchMode, ReduceInto
+from keyedstate.common.spark._processor import ProcessorPartition, build_plan, key_serializer_for, output_sink
 
 logger = logging.getLogger(__name__)
 
@@ -421,6 +422,85 @@ class KeyedStateRuntime:
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
         )
+
+    def processor_batch(
+        self,
+        processor: Any,
+        *,
+        key_col: str,
+        output_schema: Any,
+        sink: Callable[[Any, int], None],
+        sink_format: str = "spark",
+        key_serializer: str = "str",
+        operator: str | None = None,
+        time_mode: str = "None",
+        checkpoint: bool = True,
+        max_batch_attempts: int = 5,
+        batch_timeout_s: float = 600.0,
+    ) -> Callable[[Any, int], None]:
+        """A ``foreachBatch`` function running a PySpark ``StatefulProcessor`` unchanged, one epoch per batch.
+
+        The keyed mode on ``key_col`` (``key_serializer``: ``"str"`` or ``"int"``, the column's
+        type): each task runs the processor's ``init``, then ``handleInputRows((key,), frames,
+        timerValues)`` per key against local handles (value and list states read in bulk, writes
+        sent in bulk into the task's epoch). ``operator`` must declare the states ``init`` asks
+        for (build it with ``processor_operator``). ``output_schema``: the processor's output, a
+        ``StructType`` or DDL string as Spark's ``outputStructType``; ``sink(output, batch_id)`` gets
+        each batch's output on the driver before the commit, as a Spark DataFrame
+        (``sink_format="spark"``), a pandas DataFrame (``"pandas"``) or a pyarrow Table
+        (``"arrow"``); write it idempotently per ``batch_id`` (a batch can run again).
+        ``time_mode``: ``"None"`` only (timers are not offered yet). The rest is :meth:`foreach_batch`.
+        """
+        op = operator or self.operators[0].operator_id
+        plan, output = build_plan(processor, self.operators, op, key_col, key_serializer, output_schema, time_mode)
+        return self.foreach_batch(
+            ProcessorPartition(processor, plan),
+            key_col=key_col,
+            operator=op,
+            key_serializer=key_serializer,
+            mode=BatchMode.KEYED,
+            output_schema=plan.output_arrow,
+            sink=output_sink(sink, sink_format, output),
+            checkpoint=checkpoint,
+            max_batch_attempts=max_batch_attempts,
+            batch_timeout_s=batch_timeout_s,
+        )
+
+    def transform_with_state_in_pandas(
+        self,
+        df: Any,
+        processor: Any,
+        *,
+        key_col: str,
+        output_schema: Any,
+        sink: Callable[[Any, int], None],
+        sink_format: str = "spark",
+        operator: str | None = None,
+        time_mode: str = "None",
+        checkpoint: bool = True,
+        max_batch_attempts: int = 5,
+        batch_timeout_s: float = 600.0,
+    ) -> Any:
+        """``df.groupBy(key_col).transformWithStateInPandas(processor, ...)`` then ``foreachBatch(sink)``, on this runtime.
+
+        Returns the ``DataStreamWriter`` of ``df`` with the batch function set: add the
+        ``checkpointLocation`` and ``start()``. The key serializer follows ``key_col``'s type.
+        See :meth:`processor_batch`.
+        """
+        on_batch = self.processor_batch(
+            processor,
+            key_col=key_col,
+            output_schema=output_schema,
+            sink=sink,
+            sink_format=sink_format,
+            key_serializer=key_serializer_for(df, key_col),
+            operator=operator,
+            time_mode=time_mode,
+            checkpoint=checkpoint,
+            max_batch_attempts=max_batch_attempts,
+            batch_timeout_s=batch_timeout_s,
+        )
+        return df.writeStream.foreachBatch(on_batch)
 
     def executor_token_name(self, spark: Any) -> str | None:
         """The token file name executors resolve (shipped once per runtime); None: their environment."""
