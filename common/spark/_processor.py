@@ -521,6 +521,26 @@ class ProcessorHandle:
         self._schemas = schemas
         self.states: dict[str, LocalState] = {}
 
+    @classmethod
+    def bound(
+        cls,
+        state: Any,
+        keys: list[Any],
+        key_serializer: str,
+        states: Sequence[ProcessorState],
+        schemas: dict[str, tuple[Any, Any]],
+    ) -> ProcessorHandle:
+        """A handle for one task: ``state`` is its :class:`PartitionState`, ``keys`` every grouping key it will process."""
+        return cls(_Task(state, keys, key_serializer), {s.name: s for s in states}, schemas)
+
+    def set_key(self, key: Any) -> None:
+        """The grouping key the states act on until the next call (Spark's implicit key)."""
+        self._task.current, self._task.has_key = key, True
+
+    def unset_key(self) -> None:
+        """No grouping key: state access is an error until :meth:`set_key`."""
+        self._task.has_key = False
+
     def _state(self, name: str, kind: StateKind) -> Any:
         spec = self._specs.get(name)
         if spec is None or spec.kind is not kind:
@@ -620,20 +640,19 @@ class ProcessorPartition:
         bounds = [*starts, table.num_rows]
         keys = [key_column[i].as_py() for i in starts]
         frame = table.to_pandas()
-        task = _Task(state, keys, plan.key_serializer)
-        handle = ProcessorHandle(task, {s.name: s for s in plan.states}, plan.schemas)
+        handle = ProcessorHandle.bound(state, keys, plan.key_serializer, plan.states, plan.schemas)
         timer_values = TimerValues(-1, -1)
         out: list[Any] = []
         self.processor.init(handle)
         try:
             for i, key in enumerate(keys):
-                task.current, task.has_key = key, True
+                handle.set_key(key)
                 rows = _frames(frame, bounds[i], bounds[i + 1])
                 result = self.processor.handleInputRows((key,), rows, timer_values)
                 # Drained while the key is set: a generator reads and writes state as it yields.
                 for item in result if result is not None else ():
                     out.extend(_output_batches(item, plan.output_arrow))
-            task.has_key = False
+            handle.unset_key()
             handle.flush()  # staged in the attempt's epoch transaction: only a winning attempt's apply
         finally:
             self.processor.close()  # Spark's teardown, after the last key (it may fail the attempt too)
