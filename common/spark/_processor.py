@@ -651,12 +651,14 @@ class ProcessorPartition:
                 result = self.processor.handleInputRows((key,), rows, timer_values)
                 # Drained while the key is set: a generator reads and writes state as it yields.
                 for item in result if result is not None else ():
-                    out.extend(_output_batches(item, plan.output_arrow))
+                    emitted = _output_frame(item, plan.output_arrow)
+                    if emitted is not None:
+                        out.append(emitted)
             handle.unset_key()
             handle.flush()  # staged in the attempt's epoch transaction: only a winning attempt's apply
         finally:
             self.processor.close()  # Spark's teardown, after the last key (it may fail the attempt too)
-        return out
+        return _output_batches(out, plan.output_arrow)
 
 
 def _frames(frame: Any, start: int, stop: int) -> Iterator[Any]:
@@ -664,17 +666,16 @@ def _frames(frame: Any, start: int, stop: int) -> Iterator[Any]:
         yield frame.iloc[first : min(stop, first + MAX_ROWS_PER_FRAME)].reset_index(drop=True)
 
 
-def _output_batches(item: Any, schema: Any) -> list[Any]:
-    """One DataFrame the processor yielded, as record batches of the output schema (columns by name, or by position)."""
+def _output_frame(item: Any, schema: Any) -> Any:
+    """One DataFrame the processor yielded, with the output schema's columns (by name, or by position); None when empty."""
     import pandas as pd
-    import pyarrow as pa
 
     if not isinstance(item, pd.DataFrame):
         raise InvalidArgumentError(
             f"handleInputRows must yield pandas DataFrames (transformWithStateInPandas), got {type(item).__name__}"
         )
-    if item.empty and not len(item.columns):
-        return []
+    if not len(item):
+        return None
     if not all(isinstance(c, str) for c in item.columns):
         if len(item.columns) != len(schema):
             raise InvalidArgumentError(
@@ -686,8 +687,19 @@ def _output_batches(item: Any, schema: Any) -> list[Any]:
         raise InvalidArgumentError(
             f"handleInputRows yielded columns {list(item.columns)}, without {missing} of the output schema {schema.names}"
         )
+    return item[schema.names]
+
+
+def _output_batches(frames: list[Any], schema: Any) -> list[Any]:
+    """The task's output frames as record batches of the output schema, converted once (not per key)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if not frames:
+        return []
+    frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     try:
-        table = pa.Table.from_pandas(item[schema.names], schema=schema, preserve_index=False)
+        table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
     except (pa.ArrowException, ValueError, TypeError) as exc:
         raise InvalidArgumentError(
             f"handleInputRows yielded rows that do not fit the output schema {schema}: {exc}"
