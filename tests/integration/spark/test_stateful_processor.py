@@ -260,3 +260,32 @@ def test_a_processor_unlike_its_operator_or_with_timers_is_refused(
     df = spark.createDataFrame([(1.5, 1)], "user double, ts long")
     with pytest.raises(InvalidArgumentError, match="group by a string or integral column"):
         runtime.transform_with_state_in_pandas(df, Sessionize(), key_col="user", output_schema=OUTPUT_DDL, sink=print)
+
+
+def test_a_streaming_query_through_transform_with_state_in_pandas(
+    spark: SparkSession,
+    inprocess_cluster: Callable[..., InProcessCluster],
+    tmp_path: Path,
+    reference: tuple[list[pd.DataFrame], list[Path], dict[int, Rows]],
+) -> None:
+    batches, paths, expected = reference
+    cluster = inprocess_cluster(taskmanagers=2, slots=1, backend="hashmap")
+    runtime = KeyedStateRuntime(cluster.address, "tws-stream", [processor_operator(Sessionize(), "sessions", 2)])
+    received: dict[int, Rows] = {}
+
+    def write(pdf: pd.DataFrame, batch_id: int) -> None:
+        assert isinstance(pdf, pd.DataFrame)
+        received[batch_id] = _rows(pdf)
+
+    stream = spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1).parquet(str(paths[0].parent))
+    query = (
+        runtime.transform_with_state_in_pandas(
+            stream, Sessionize(), key_col="user", output_schema=OUTPUT_DDL, sink=write, sink_format="pandas"
+        )
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert received == expected
+    assert runtime.last_batch_id == len(batches) - 1 and runtime.durable_epoch() == len(batches) - 1
