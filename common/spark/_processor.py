@@ -196,9 +196,12 @@ def check_operator(states: Sequence[ProcessorState], operators: Sequence[Operato
 
 
 # -- values ---------------------------------------------------------------------------------------
+_PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
+
+
 def _plain(v: Any) -> Any:
     """A state value as plain Python (numpy and pandas scalars converted), as PySpark's client does before storing it."""
-    if type(v) in (int, float, str, bool, bytes) or v is None:
+    if type(v) in _PLAIN:
         return v
     if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
         return type(v)(_plain(x) for x in v)
@@ -227,6 +230,8 @@ def _row(name: str, schema: Any, value: Any) -> tuple[Any, ...]:
         raise InvalidArgumentError(
             f"state {name!r}: the value has {len(value)} fields, the schema {_field_names(schema)} has {len(fields)}"
         )
+    if type(value) is tuple and all(type(x) in _PLAIN for x in value):
+        return value  # the common case: nothing to convert
     return tuple(_plain(x) for x in value)
 
 
@@ -662,8 +667,13 @@ class ProcessorPartition:
 
 
 def _frames(frame: Any, start: int, stop: int) -> Iterator[Any]:
+    import pandas as pd
+
     for first in range(start, stop, MAX_ROWS_PER_FRAME):
-        yield frame.iloc[first : min(stop, first + MAX_ROWS_PER_FRAME)].reset_index(drop=True)
+        last = min(stop, first + MAX_ROWS_PER_FRAME)
+        part = frame.iloc[first:last]
+        part.index = pd.RangeIndex(last - first)  # numbered from 0, as Spark's are; cheaper than reset_index's copy
+        yield part
 
 
 def _output_frame(item: Any, schema: Any) -> Any:
