@@ -437,6 +437,7 @@ class KeyedStateRuntime:
         checkpoint: bool = True,
         max_batch_attempts: int = 5,
         batch_timeout_s: float = 600.0,
+        spark: Any = None,
     ) -> Callable[[Any, int], None]:
         """A ``foreachBatch`` function running a PySpark ``StatefulProcessor`` unchanged, one epoch per batch.
 
@@ -449,7 +450,8 @@ class KeyedStateRuntime:
         each batch's output on the driver before the commit, as a Spark DataFrame
         (``sink_format="spark"``), a pandas DataFrame (``"pandas"``) or a pyarrow Table
         (``"arrow"``); write it idempotently per ``batch_id`` (a batch can run again).
-        ``time_mode``: ``"None"`` only (timers are not offered yet). The rest is :meth:`foreach_batch`.
+        ``time_mode``: ``"None"`` only (timers are not offered yet). ``spark``: the session the
+        Spark DataFrames are built in (default: the active one). The rest is :meth:`foreach_batch`.
         """
         op = operator or self.operators[0].operator_id
         plan, output = build_plan(processor, self.operators, op, key_col, key_serializer, output_schema, time_mode)
@@ -460,7 +462,7 @@ class KeyedStateRuntime:
             key_serializer=key_serializer,
             mode=BatchMode.KEYED,
             output_schema=plan.output_arrow,
-            sink=output_sink(sink, sink_format, output),
+            sink=output_sink(sink, sink_format, output, spark),
             checkpoint=checkpoint,
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
@@ -499,6 +501,7 @@ class KeyedStateRuntime:
             checkpoint=checkpoint,
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
+            spark=df.sparkSession,
         )
         return df.writeStream.foreachBatch(on_batch)
 

@@ -663,6 +663,9 @@ class ProcessorPartition:
             handle.flush()  # staged in the attempt's epoch transaction: only a winning attempt's apply
         finally:
             self.processor.close()  # Spark's teardown, after the last key (it may fail the attempt too)
+        logger.debug(
+            "batch %d: %d keys, %d rows in, %d frames out", state.batch_id, len(keys), table.num_rows, len(out)
+        )
         return _output_batches(out, plan.output_arrow)
 
 
@@ -790,24 +793,37 @@ def build_plan(
     return plan, output
 
 
-def output_sink(sink: Callable[[Any, int], None], sink_format: str, output: Any) -> Callable[[Any, int], None]:
-    """The ``foreach_batch`` sink (a pyarrow Table per batch) turned into what the user's sink takes."""
+def output_sink(
+    sink: Callable[[Any, int], None], sink_format: str, output: Any, spark: Any = None
+) -> Callable[[Any, int], None]:
+    """The ``foreach_batch`` sink (a pyarrow Table per batch) turned into what the user's sink takes.
+
+    ``spark``: the session that builds the Spark DataFrames (``sink_format="spark"``); None: the
+    driver's active session now (the streaming query calls the sink from its own thread, where
+    there may be none).
+    """
     if sink_format not in SINK_FORMATS:
         raise InvalidArgumentError(f"sink_format {sink_format!r} is not one of {', '.join(SINK_FORMATS)}")
     if not callable(sink):
         raise InvalidArgumentError(f"sink must be a function (output, batch_id), got {type(sink).__name__}")
     if sink_format == "arrow":
         return sink
+    if sink_format == "pandas":
 
-    def to_pandas(table: Any, batch_id: int) -> None:
-        sink(table.to_pandas(), batch_id)
+        def to_pandas(table: Any, batch_id: int) -> None:
+            sink(table.to_pandas(), batch_id)
 
-    def to_spark(table: Any, batch_id: int) -> None:
+        return to_pandas
+    if spark is None:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
-        if spark is None:
-            raise InvalidArgumentError("the output sink needs the driver's active SparkSession")
+    if spark is None:
+        raise InvalidArgumentError(
+            "sink_format='spark' needs a SparkSession: create it first, or pass sink_format='pandas' or 'arrow'"
+        )
+
+    def to_spark(table: Any, batch_id: int) -> None:
         sink(spark.createDataFrame(table, schema=output), batch_id)
 
-    return to_pandas if sink_format == "pandas" else to_spark
+    return to_spark

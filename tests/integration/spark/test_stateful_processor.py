@@ -196,7 +196,8 @@ def test_the_same_processor_gives_sparks_output_exactly_once(
         Sessionize(failures=str(tmp_path)),
         key_col="user",
         output_schema=OUTPUT_DDL,
-        sink=lambda df, batch_id: received.setdefault(batch_id, []).append(_rows(df.toPandas())),
+        sink=lambda pdf, batch_id: received.setdefault(batch_id, []).append(_rows(pdf)),
+        sink_format="pandas",
         operator="sessions",
     )
     frames = [spark.read.parquet(str(p)) for p in paths]
@@ -262,7 +263,7 @@ def test_a_processor_unlike_its_operator_or_with_timers_is_refused(
         runtime.transform_with_state_in_pandas(df, Sessionize(), key_col="user", output_schema=OUTPUT_DDL, sink=print)
 
 
-def test_a_streaming_query_through_transform_with_state_in_pandas(
+def test_a_streaming_query_through_transform_with_state_in_pandas_feeds_a_foreach_batch_function(
     spark: SparkSession,
     inprocess_cluster: Callable[..., InProcessCluster],
     tmp_path: Path,
@@ -273,14 +274,13 @@ def test_a_streaming_query_through_transform_with_state_in_pandas(
     runtime = KeyedStateRuntime(cluster.address, "tws-stream", [processor_operator(Sessionize(), "sessions", 2)])
     received: dict[int, Rows] = {}
 
-    def write(pdf: pd.DataFrame, batch_id: int) -> None:
-        assert isinstance(pdf, pd.DataFrame)
-        received[batch_id] = _rows(pdf)
+    def write(df: Any, batch_id: int) -> None:  # a function written for Spark's own foreachBatch
+        received[batch_id] = _rows(df.toPandas())
 
     stream = spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1).parquet(str(paths[0].parent))
     query = (
         runtime.transform_with_state_in_pandas(
-            stream, Sessionize(), key_col="user", output_schema=OUTPUT_DDL, sink=write, sink_format="pandas"
+            stream, Sessionize(), key_col="user", output_schema=OUTPUT_DDL, sink=write
         )
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(availableNow=True)
