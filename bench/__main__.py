@@ -36,6 +36,7 @@ SCENARIO_PACKAGE = "bench.scenarios"
 # Display order; a scenario whose NAME starts with one of these sorts there, unknown ones go last.
 ORDER = (
     "client_path",
+    "slot_processes",
     "redis_compare",
     "w1",
     "w2",

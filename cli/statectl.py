@@ -2,7 +2,8 @@
 
     statectl cluster [--json] [--wait N]            TaskManagers, slots, free slots and jobs (--wait: until N registered)
     statectl job list|info|cancel JOB
-    statectl job restore JOB --from PATH            replace JOB's state with a checkpoint or savepoint (verified first)
+    statectl job restore JOB --from PATH [--claim-mode CLAIM|NO_CLAIM]
+                                                    replace JOB's state with a checkpoint or savepoint (verified first)
     statectl job rescale JOB --parallelism N
     statectl checkpoint trigger|list JOB
     statectl checkpoint gc JOB [--dry-run]          remove orphaned checkpoint files
@@ -41,6 +42,7 @@ from keyedstate.cli import inspect
 from keyedstate.cli.output import end_closed_pipe, print_json, print_table, progress
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import CapacityError, ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
@@ -143,9 +145,11 @@ def cmd_job(args: argparse.Namespace) -> int:
             if not args.source:
                 raise InvalidArgumentError("statectl job restore needs --from PATH (a chk-<n> or savepoint directory)")
             # One call: the JobManager verifies the source before it touches the job (never cancel-then-submit).
+            mode = RecoveryClaimMode.parse(args.claim_mode, "--claim-mode") if args.claim_mode else None
             with progress(f"restoring job {args.job} from {args.source}", not args.json):
-                routing = client.restore_job(args.job, args.source)
-            print(f"job {args.job} restored from {args.source} (routing v{routing.version})")
+                routing = client.restore_job(args.job, args.source, claim_mode=mode)
+            shown = f", claim mode {mode.value}" if mode is not None else ""
+            print(f"job {args.job} restored from {args.source}{shown} (routing v{routing.version})")
         elif args.action == "rescale":
             if not args.parallelism:
                 raise InvalidArgumentError("statectl job rescale needs --parallelism N")
@@ -404,6 +408,13 @@ def _add_job_commands(sub: Subcommands, common: argparse.ArgumentParser) -> None
     )
     a.add_argument("job", nargs="?")
     a.add_argument("--from", dest="source", metavar="PATH", help="a chk-<n> or savepoint directory (any fsspec URL)")
+    a.add_argument(
+        "--claim-mode",
+        metavar="MODE",
+        help="who owns the source's files afterwards: NO_CLAIM (the user: never deleted, the first checkpoint is "
+        "full) or CLAIM (the job: deleted once subsumed; incremental from the start for a checkpoint of the job's "
+        "own directory). Default: the job's execution.state-recovery.claim-mode (NO_CLAIM)",
+    )
     a = actions.add_parser("rescale", parents=[common], help="run every operator at a new parallelism")
     a.add_argument("job", nargs="?")
     a.add_argument("--parallelism", type=int, metavar="N", help="the new parallelism of every operator")

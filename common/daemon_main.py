@@ -92,4 +92,9 @@ def run_daemon(
         notifier.watchdog()
     notifier.stopping()
     daemon.stop()
+    failure = getattr(daemon, "failure", None)
+    if failure:
+        # It stopped by itself (it cannot serve what it offered): a supervisor must restart it.
+        log.error("%s stopped: %s", prog, failure)
+        return 1
     return 0

@@ -67,3 +67,7 @@ class SlotRestore:
     handles: tuple[SubtaskStateHandle, ...] = ()
     checkpoint_path: str = ""
     """The checkpoint or savepoint directory (informational: the handles' paths are already resolved)."""
+    owned: bool = False
+    """The job owns the restored files (CLAIM, failover, a JobManager restart): the slot's next incremental
+    checkpoint references its restored ``shared/`` files instead of uploading them again. False (NO_CLAIM):
+    it references nothing of the restored checkpoint, so the user may delete it once that one completed."""

@@ -20,8 +20,13 @@ from __future__ import annotations
 
 import logging
 import math
+import mmap
+import os
+import struct
 import threading
 from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
 from keyedstate.common.errors import Reason, UnavailableError
 
@@ -50,45 +55,117 @@ def lease_bound_ms(duration_ms: int) -> int:
     return math.ceil(duration_ms * (1 + CLOCK_RATE_BOUND) / (1 - CLOCK_RATE_BOUND))
 
 
+class LeaseCell(Protocol):
+    """Where a lease keeps its expiry (boottime milliseconds; 0: revoked or never granted)."""
+
+    def load(self) -> int: ...
+
+    def store(self, until_ms: int) -> None: ...
+
+
+class _LocalCell:
+    """The expiry in this process only (a TaskManager serving every slot itself)."""
+
+    def __init__(self) -> None:
+        self._until = 0
+
+    def load(self) -> int:
+        return self._until
+
+    def store(self, until_ms: int) -> None:
+        self._until = until_ms
+
+
+class SharedLeaseCell:
+    """The expiry on a shared memory page: the TaskManager daemon writes it, its slot processes read it.
+
+    A slot process serves only while the page says the TaskManager's lease holds, so fencing a
+    TaskManager (lease run out or revoked) fences every process serving its slots at the same
+    instant: ``CLOCK_BOOTTIME`` is one clock for the whole host. One writer (the daemon, under
+    its lease's lock); readers retry while a write is under way (a sequence lock), so a reader
+    never sees half of an 8-byte value.
+    """
+
+    _LAYOUT = struct.Struct("<Qq")  # sequence (odd while a write is under way), until_ms
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, mmap.PAGESIZE)
+            self._page = mmap.mmap(fd, mmap.PAGESIZE)
+        finally:
+            os.close(fd)  # the mapping keeps the page
+        self.path = path
+
+    def load(self) -> int:
+        while True:
+            before, until = self._LAYOUT.unpack_from(self._page, 0)
+            if before % 2 == 0 and struct.unpack_from("<Q", self._page, 0)[0] == before:
+                return int(until)
+
+    def store(self, until_ms: int) -> None:
+        sequence = struct.unpack_from("<Q", self._page, 0)[0]
+        struct.pack_into("<Q", self._page, 0, sequence + 1)
+        struct.pack_into("<q", self._page, 8, until_ms)
+        struct.pack_into("<Q", self._page, 0, sequence + 2)
+
+    def close(self) -> None:
+        """Unmap the page (the file stays for the other processes until the daemon removes it)."""
+        self._page.close()
+
+
 class Lease:
     """The TaskManager's side: renewed by answered heartbeats, revoked when the JobManager disowns it.
 
     ``clock`` returns milliseconds that keep counting while the process is stopped or the
     machine suspended (``Clock.boottime_ms``). Thread-safe; :meth:`check` is one clock read.
+    ``cell`` holds the expiry: a :class:`SharedLeaseCell` publishes it to the slot processes;
+    a slot process's lease (:meth:`follow`) only reads it.
     """
 
-    def __init__(self, clock: Callable[[], int]) -> None:
+    def __init__(self, clock: Callable[[], int], cell: LeaseCell | None = None, *, follower: bool = False) -> None:
         self._clock = clock
-        self._until = 0  # never granted yet
-        self._why = "the TaskManager has not registered with a JobManager yet"
+        self._cell: LeaseCell = cell if cell is not None else _LocalCell()
         self._lock = threading.Lock()
+        if follower:
+            self._why = "its TaskManager holds no lease from the JobManager (revoked, expired or not registered yet)"
+            return
+        self._cell.store(0)  # never granted yet
+        self._why = "the TaskManager has not registered with a JobManager yet"
+
+    @classmethod
+    def follow(cls, clock: Callable[[], int], cell: LeaseCell) -> Lease:
+        """A read-only view of the lease another process keeps in ``cell`` (a slot process's)."""
+        return cls(clock, cell, follower=True)
 
     def renew(self, sent_at_ms: int, duration_ms: int) -> None:
         """Extend to ``sent_at_ms + duration_ms`` (``sent_at_ms``: when the answered request was sent)."""
         with self._lock:
             until = sent_at_ms + duration_ms
-            if until > self._until:
-                self._until = until
+            if until > self._cell.load():
+                self._cell.store(until)
 
     def revoke(self, why: str) -> None:
         """End the lease now (the JobManager does not know this TaskManager any more)."""
         with self._lock:
-            if self._until:
+            if self._cell.load():
                 logger.warning("lease revoked: %s", why)
-            self._until = 0
+            self._cell.store(0)
             self._why = why
 
     def valid(self) -> bool:
         """True if the lease has not expired at this instant (one clock read, no lock)."""
-        return self._clock() < self._until
+        return self._clock() < self._cell.load()
 
     def remaining_ms(self) -> int:
         """Milliseconds until the lease expires; 0 once expired, revoked or never granted."""
-        return max(0, self._until - self._clock())
+        return max(0, self._cell.load() - self._clock())
 
     def check(self, what: str) -> None:
         """Raise ``UnavailableError`` (reason LEASE_EXPIRED) unless the lease is valid now."""
-        if self._clock() < self._until:
+        if self._clock() < self._cell.load():
             return
         raise UnavailableError(
             f"this TaskManager stopped serving ({self._why_expired()}): {what} refused so that no two TaskManagers "
@@ -102,7 +179,7 @@ class Lease:
         The caller must not take the call as acknowledged: a new owner of its key groups may
         already serve them without what it applied here.
         """
-        if self._clock() < self._until:
+        if self._clock() < self._cell.load():
             return
         raise UnavailableError(
             f"this TaskManager's lease ran out while {what} ran ({self._why_expired()}); it may have been applied here, "
@@ -112,4 +189,4 @@ class Lease:
 
     def _why_expired(self) -> str:
         with self._lock:
-            return self._why if self._until == 0 else "no heartbeat answered by the JobManager within the lease"
+            return self._why if self._cell.load() == 0 else "no heartbeat answered by the JobManager within the lease"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
@@ -43,10 +44,13 @@ from keyedstate.jobmanager.checkpoint import (
     CoordinatorServices,
     DeclineReason,
     EpochCut,
+    RestoreOwnership,
     _paths,
+    decide_ownership,
     find_latest_checkpoint,
     load_completed_checkpoint,
     plan_restore,
+    references_restored,
     verify_checksums,
     verify_files_exist,
 )
@@ -267,14 +271,37 @@ class Checkpointing:
         return job.coordinator
 
     # -- restore -----------------------------------------------------------------------------
-    def plan_restore(self, job: Job, path: str) -> RestorePlan:
-        """What deploying ``job`` from the checkpoint or savepoint at ``path`` needs (loaded and verified)."""
+    def plan_restore(self, job: Job, path: str, *, recovery: bool = False) -> RestorePlan:
+        """What deploying ``job`` from the checkpoint or savepoint at ``path`` needs (loaded and verified).
+
+        ``recovery``: ``path`` is the job's own latest retained checkpoint (failover, a new leader),
+        which it owns whatever claim mode it was first restored in; otherwise ``job.claim_mode``
+        decides who owns the files.
+        """
         storage = self.storage(path, job)
         checkpoint = load_completed_checkpoint(storage, path)
         verify_files_exist(storage, checkpoint.metadata, checkpoint.external_path)
-        plan = self.restore_plan(job, checkpoint)
-        self._restored_from(job, checkpoint)
+        ownership = self.ownership(job, checkpoint, recovery=recovery)
+        plan = self.restore_plan(job, checkpoint, ownership)
+        self._restored_from(job, checkpoint, ownership)
         return plan
+
+    def ownership(
+        self,
+        job: Job,
+        checkpoint: CompletedCheckpoint,
+        mode: RecoveryClaimMode | None = None,
+        *,
+        recovery: bool = False,
+    ) -> RestoreOwnership:
+        """Who owns ``checkpoint``'s files once ``job`` restores from it (``mode``: the job's claim mode).
+
+        A job without checkpoint storage never deletes nor references anything, so its restores
+        leave the files to the user.
+        """
+        if job.coordinator is None:
+            return RestoreOwnership.USER
+        return decide_ownership(mode or job.claim_mode, checkpoint, self.job_dir(job), recovery=recovery)
 
     def verify_restore(self, job: Job, path: str) -> CompletedCheckpoint:
         """Everything a restore of ``job`` from ``path`` can check before it changes anything.
@@ -292,7 +319,9 @@ class Checkpointing:
         )
         return checkpoint
 
-    def adopt_restore(self, job: Job, checkpoint: CompletedCheckpoint, fail_over: FailOver) -> None:
+    def adopt_restore(
+        self, job: Job, checkpoint: CompletedCheckpoint, ownership: RestoreOwnership, fail_over: FailOver
+    ) -> None:
         """After ``job`` was redeployed from ``checkpoint`` in place: its checkpoints start over from it.
 
         The job gets a new coordinator, as a resubmitted job would: the checkpoints taken before
@@ -303,18 +332,26 @@ class Checkpointing:
         self.detach(job)
         job.coordinator = None
         self.attach(job, fail_over)
-        self._restored_from(job, checkpoint)
+        self._restored_from(job, checkpoint, ownership)
 
-    def _restored_from(self, job: Job, checkpoint: CompletedCheckpoint) -> None:
+    def _restored_from(self, job: Job, checkpoint: CompletedCheckpoint, ownership: RestoreOwnership) -> None:
+        # CLAIMED joins the store and the shared-state registry (deleted once subsumed); OWNED is there
+        # already; USER stays out of both, so nothing of it is ever deleted by this job.
         if job.coordinator is not None:
-            own = checkpoint.external_path.startswith(self.job_dir(job) + "/") and not checkpoint.metadata.savepoint
-            already = any(
-                c.checkpoint_id == checkpoint.checkpoint_id and c.external_path == checkpoint.external_path
-                for c in job.coordinator.store.all()
+            job.coordinator.restore_from(checkpoint, claim=ownership is RestoreOwnership.CLAIMED)
+            referenced = ownership.job_owns_files and references_restored(checkpoint, self.job_dir(job))
+            logger.info(
+                "job %s restored from %s: files %s (claim mode %s); the next checkpoint %s",
+                job.job_id,
+                checkpoint.external_path,
+                ownership.value,
+                job.claim_mode.value,
+                "references its shared files" if referenced else "uploads the whole state",
             )
-            job.coordinator.restore_from(checkpoint, claim=own and not already)
 
-    def restore_plan(self, job: Job, checkpoint: CompletedCheckpoint) -> RestorePlan:
+    def restore_plan(
+        self, job: Job, checkpoint: CompletedCheckpoint, ownership: RestoreOwnership = RestoreOwnership.USER
+    ) -> RestorePlan:
         """Which subtask of ``job`` restores what from ``checkpoint``; IncompatibleCheckpointError if it does not fit."""
         plan = plan_restore(
             checkpoint.metadata,
@@ -328,6 +365,7 @@ class Checkpointing:
                 checkpoint_id=CheckpointId(checkpoint.checkpoint_id),
                 handles=tuple(handles),
                 checkpoint_path=checkpoint.external_path,
+                owned=ownership.job_owns_files,
             )
             for subtask, handles in plan.items()
         }
@@ -338,8 +376,9 @@ class Checkpointing:
         """A restart's plan: the latest completed checkpoint; before the first one, what the job was
         submitted from; else empty state."""
         latest = job.coordinator.latest_completed() if job.coordinator is not None else None
-        path = latest.external_path if latest is not None else job.restore_path
-        return self.plan_restore(job, path) if path else EMPTY_PLAN
+        if latest is not None:
+            return self.plan_restore(job, latest.external_path, recovery=True)
+        return self.plan_restore(job, job.restore_path) if job.restore_path else EMPTY_PLAN
 
     # -- RPC entry points --------------------------------------------------------------------
     def trigger_request(self, job: Job, request: CheckpointTrigger) -> CheckpointSummary:
@@ -432,6 +471,7 @@ class Checkpointing:
             restore_path=job.restore_path,
             taskmanagers=sorted(job.last_taskmanagers),
             checkpoints_from=job.checkpoints_from,
+            claim_mode=job.claim_mode.value,
         )
         try:
             self.ha.put_job(record)
@@ -463,6 +503,7 @@ class Checkpointing:
         spec = JobSpec.from_dict(record.spec)
         job = Job(spec, self._conf.with_values(dict(spec.config)), times=JobStatusTimes(self._clock))
         job.restore_path = record.restore_path
+        job.claim_mode = RecoveryClaimMode.parse(record.claim_mode, f"the high-availability record of job {job.job_id}")
         job.checkpoints_from = record.checkpoints_from
         job.restarts = record.restarts
         job.last_taskmanagers = frozenset(TaskManagerId(t) for t in record.taskmanagers)
@@ -505,9 +546,9 @@ class Checkpointing:
         loaded = []
         for pointer in self.ha.checkpoint_pointers(job.job_id):
             try:
-                loaded.append(
-                    load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path)
-                )
+                checkpoint = load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path)
+                # A savepoint the job claimed is one of its checkpoints: its pointer says so, its _metadata cannot.
+                loaded.append(checkpoint if pointer.savepoint else checkpoint.taken_over())
             except (CheckpointError, OSError) as exc:
                 logger.error(
                     "job %s: checkpoint %d (%s) cannot be loaded, falling back: %s",
@@ -556,7 +597,15 @@ class Checkpointing:
         if job.coordinator is None:
             return []
         storage = self.storage(self.job_dir(job), job)
-        plan = plan_gc(storage, self.job_dir(job), job.coordinator.store.all(), job.coordinator.in_progress_ids())
+        # A checkpoint restored under NO_CLAIM is the user's, even once the job's own checkpoints subsume it.
+        users = [job.restore_path] if job.restore_path and job.claim_mode is RecoveryClaimMode.NO_CLAIM else []
+        plan = plan_gc(
+            storage,
+            self.job_dir(job),
+            job.coordinator.store.all(),
+            job.coordinator.in_progress_ids(),
+            protected=users,
+        )
         if not plan.remove:
             return []
         logger.info(

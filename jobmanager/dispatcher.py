@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
@@ -35,6 +36,7 @@ from keyedstate.jobmanager import failover, recovery
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
+from keyedstate.jobmanager.checkpoint.ownership import RestoreOwnership
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobInfo, JobSpec, RestorePlan, RoutingTable
 from keyedstate.jobmanager.registry import (
@@ -228,6 +230,7 @@ class Dispatcher:
             registration.backend,
             registration.metrics_port,
             limits=registration.limits,
+            slot_addresses=registration.slot_addresses,
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)
@@ -247,7 +250,11 @@ class Dispatcher:
                 for a in job.assignments.values():
                     if a.taskmanager_id != record.taskmanager_id:
                         continue
-                    if reported.get(a.subtask) == a.slot_index and a.address == record.address:
+                    if (
+                        reported.get(a.subtask) == a.slot_index
+                        and a.address == record.address
+                        and (a.slot_address or a.address) == record.slot_address(a.slot_index)
+                    ):
                         self.registry.occupy(record.taskmanager_id, a.slot_index, a.subtask)
                         kept.append(a.subtask)
                     else:
@@ -341,8 +348,13 @@ class Dispatcher:
         return a is not None and a.taskmanager_id == taskmanager_id and a.slot_index == slot_index
 
     # -- job lifecycle -----------------------------------------------------------------------
-    def submit(self, spec: JobSpec, restore_path: str = "") -> RoutingTable:
+    def submit(
+        self, spec: JobSpec, restore_path: str = "", claim_mode: RecoveryClaimMode | None = None
+    ) -> RoutingTable:
         """Deploy every subtask of ``spec`` to free slots (restoring from ``restore_path`` if given).
+
+        ``claim_mode`` (default: the job's ``execution.state-recovery.claim-mode``) says who owns
+        the restored checkpoint's files afterwards.
 
         Submitting a job that is already running is idempotent: a restarted Spark driver gets
         the routing of the job as it is, including a parallelism changed by a rescale since
@@ -357,6 +369,7 @@ class Dispatcher:
             if existing is not None and not existing.status.terminal:
                 return self._resubmitted(existing, spec, restore_path)
             job = self._register_job(spec, job_conf, restore_path, existing)
+            job.claim_mode = claim_mode or job_conf.get(o.CLAIM_MODE)
         try:
             with job.lock:
                 return self._start_job(job, restore_path)
@@ -624,8 +637,12 @@ class Dispatcher:
             logger.info("job %s canceled", job_id)
             return job.info()
 
-    def restore(self, job_id: JobId, path: str) -> RoutingTable:
+    def restore(self, job_id: JobId, path: str, claim_mode: RecoveryClaimMode | None = None) -> RoutingTable:
         """Replace the state of job ``job_id`` with the checkpoint or savepoint at ``path``.
+
+        ``claim_mode`` (default: the job's ``execution.state-recovery.claim-mode``): CLAIM takes
+        the checkpoint over (incremental from the first checkpoint on, deleted once subsumed),
+        NO_CLAIM leaves it to the user (never deleted; the first checkpoint after it is full).
 
         The source is verified in full first (``_metadata``, every file's size and SHA-256, and
         that it fits the job); until then nothing about the job changes, and a refused restore
@@ -655,9 +672,11 @@ class Dispatcher:
                 f"{job_id}: its checkpoints stay) and restore then"
             )
         checkpoint = self.checkpointing.verify_restore(job, path)
+        mode = claim_mode or job.config.get(o.CLAIM_MODE)
+        ownership = self.checkpointing.ownership(job, checkpoint, mode)
         if status.terminal:
             # Nothing runs: a submission from the verified source, which leaves the stopped job as it was if it fails.
-            return self.submit(spec, restore_path=checkpoint.external_path)
+            return self.submit(spec, restore_path=checkpoint.external_path, claim_mode=mode)
         if coordinator is None:
             raise InvalidArgumentError(
                 f"job {job_id!r} has no checkpoint storage (state.checkpoints.dir), so a failed restore could not bring "
@@ -666,13 +685,21 @@ class Dispatcher:
         # The checkpoint taken next may subsume the source (a checkpoint of this job): it must stay until deployed.
         release_source = coordinator.protect(checkpoint)
         try:
-            return self._restore_running(job, path, checkpoint, coordinator, version)
+            return self._restore_running(job, path, checkpoint, coordinator, version, mode=mode, ownership=ownership)
         except BaseException:
             release_source()
             raise
 
     def _restore_running(
-        self, job: Job, path: str, checkpoint: CompletedCheckpoint, coordinator: CheckpointCoordinator, version: int
+        self,
+        job: Job,
+        path: str,
+        checkpoint: CompletedCheckpoint,
+        coordinator: CheckpointCoordinator,
+        version: int,
+        *,
+        mode: RecoveryClaimMode,
+        ownership: RestoreOwnership,
     ) -> RoutingTable:
         """:meth:`restore` of a RUNNING job from a verified ``checkpoint``."""
         job_id = job.job_id
@@ -706,13 +733,14 @@ class Dispatcher:
                     raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
                 self.deploy(
                     job,
-                    self.checkpointing.restore_plan(job, checkpoint),
+                    self.checkpointing.restore_plan(job, checkpoint, ownership),
                     prefer={a.subtask: a.taskmanager_id for a in previous},
                 )
             except Exception as exc:  # whatever failed, the job must not stay RESTARTING
                 error = exc if isinstance(exc, KeyedStateError) else KeyedStateError(f"unexpected error: {exc!r}")
                 raise self._restore_failed(job, path, before.external_path, error) from exc
-            self.checkpointing.adopt_restore(job, checkpoint, self._fail_over_later)
+            job.claim_mode = mode
+            self.checkpointing.adopt_restore(job, checkpoint, ownership, self._fail_over_later)
             job.restore_path = checkpoint.external_path
             job.restarts = 0
             job.failure_cause = ""

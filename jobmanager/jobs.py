@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
@@ -117,6 +118,9 @@ class Job:
     restore_path: str = (
         ""  # what the job was submitted or last restored from: a failover before its first checkpoint restores it
     )
+    claim_mode: RecoveryClaimMode = RecoveryClaimMode.NO_CLAIM
+    """How the job was restored from ``restore_path`` (``execution.state-recovery.claim-mode``): under
+    NO_CLAIM the job never deletes that checkpoint, even once its own checkpoints subsume it."""
     checkpoints_from: int = 0
     """The first checkpoint id of the job's current run of checkpoints: a ``chk-<n>`` below it in
     the job's directory holds state the job no longer has (a run before a resubmission or an

@@ -74,6 +74,8 @@ class TaskManagerRegistration:
     """Its ``high-availability.cluster-id`` ("": the default cluster)."""
     slots: tuple[SlotReport, ...] = ()
     """What it still hosts (after a restart of either side, or a partition)."""
+    slot_addresses: tuple[str, ...] = ()
+    """host:port serving each slot's state calls (``taskmanager.slot-processes`` > 1); empty: ``address``."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,12 @@ class TaskManagerRecord:
     occupancy: list[SubtaskId | None] = field(default_factory=list)
     limits: ReportedLimits | None = None
     """The size limits it enforces (None: it did not say)."""
+    slot_addresses: tuple[str, ...] = ()
+    """host:port serving each slot (its slot processes'); empty: every slot is served on ``address``."""
+
+    def slot_address(self, slot_index: int) -> str:
+        """Where clients reach slot ``slot_index``: its slot process, or the TaskManager's client address."""
+        return self.slot_addresses[slot_index] if self.slot_addresses else self.address
 
     def free_slots(self) -> list[int]:
         """Indexes of the slots holding no subtask; read under the registry's ``lock`` (occupancy changes under it)."""
@@ -180,6 +188,7 @@ class TaskManagerRegistry:
         backend: str,
         metrics_port: int,
         limits: ReportedLimits | None = None,
+        slot_addresses: tuple[str, ...] = (),
     ) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
         """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
         validate_id("taskmanager id", taskmanager_id)
@@ -190,6 +199,13 @@ class TaskManagerRegistry:
                 f"between 1 and {MAX_TASK_SLOTS}"
             )
         check_address(f"TaskManager {taskmanager_id}", "address", address)
+        if slot_addresses and len(slot_addresses) != num_slots:
+            raise InvalidArgumentError(
+                f"TaskManager {taskmanager_id} sent {len(slot_addresses)} slot addresses for {num_slots} slots; "
+                "send one per slot, or none when the TaskManager serves every slot on its address"
+            )
+        for slot_address in slot_addresses:
+            check_address(f"TaskManager {taskmanager_id}", "slot address", slot_address)
         with self._lock:
             previous = self._records.get(taskmanager_id)
             now = self._clock.monotonic_ms()
@@ -204,6 +220,7 @@ class TaskManagerRegistry:
                 lease_until_ms=now + self._lease_bound,
                 occupancy=[None] * num_slots,
                 limits=limits,
+                slot_addresses=tuple(slot_addresses),
             )
             self._records[taskmanager_id] = record
             # It fenced itself before registering: whatever it was given before is no longer served.

@@ -24,6 +24,8 @@ class SlotAssignment:
     """The routing version the slot is deployed under (set when the deployment is made)."""
     limits: ReportedLimits | None = field(default=None, compare=False)
     """The size limits of its TaskManager (None: not reported); not part of the assignment's identity."""
+    slot_address: str = ""
+    """Where clients reach the slot when a slot process of its TaskManager serves it ("": ``address``)."""
 
 
 def plan_subtasks(
@@ -86,7 +88,15 @@ def allocate_slots(
             record = by_id[tm_id]
             record.occupancy[slot_index] = subtask
             assignments.append(
-                SlotAssignment(subtask, key_groups, tm_id, record.address, slot_index, limits=record.limits)
+                SlotAssignment(
+                    subtask,
+                    key_groups,
+                    tm_id,
+                    record.address,
+                    slot_index,
+                    limits=record.limits,
+                    slot_address=record.slot_address(slot_index) if record.slot_addresses else "",
+                )
             )
         return assignments
 

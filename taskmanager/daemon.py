@@ -4,6 +4,12 @@ Two gRPC servers, one per plane: the client server (taskmanager.rpc.port: KeyedS
 internal server (taskmanager.internal.port: TaskExecutor, which only the JobManager calls; mutual
 TLS when security.ssl.internal.enabled). With TLS off on both planes and no internal port set,
 one server carries both (docs/security.md).
+
+Process layout: with ``taskmanager.slot-processes: 1`` this process serves every slot (a
+:class:`~keyedstate.taskmanager.slot_host.SlotHost`); with N > 1 the slots live in N slot
+processes (:class:`~keyedstate.taskmanager.slot_processes.SlotProcessGroup`) and this process
+keeps the JobManager connection, the lease they all read, the internal plane (forwarding each
+TaskExecutor call) and the metrics endpoint.
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -25,27 +30,22 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError
 from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
-from keyedstate.common.lease import Lease
+from keyedstate.common.lease import Lease, SharedLeaseCell
 from keyedstate.common.metrics import MetricsServer
 from keyedstate.common.rpc.channels import create_server
 from keyedstate.common.rpc.server_metrics import RpcLatencyInterceptor
 from keyedstate.common.security import INTERNAL, REST, TransportSecurity, internal_plane_separate
-from keyedstate.common.storage import StorageCache
-from keyedstate.taskmanager.backends import BackendFactory
-from keyedstate.taskmanager.deployment import SlotDeployer
-from keyedstate.taskmanager.epochs import EpochManager
-from keyedstate.taskmanager.metrics import RocksDBNativeMetricOptions, TaskManagerMetrics
+from keyedstate.taskmanager.metrics import SLOTS, SLOTS_AVAILABLE, RocksDBNativeMetricOptions, TaskManagerMetrics
 from keyedstate.taskmanager.rpc.jobmanager_connection import JobManagerConnection
 from keyedstate.taskmanager.rpc.keyed_state import KeyedStateServicer
-from keyedstate.taskmanager.rpc.task_executor import TaskExecutorServicer
+from keyedstate.taskmanager.rpc.task_executor_forwarding import ForwardingTaskExecutorServicer
 from keyedstate.taskmanager.rpc.wire import slot_reports
 from keyedstate.taskmanager.settings import TaskManagerSettings, working_dir
+from keyedstate.taskmanager.slot_host import SlotHost
+from keyedstate.taskmanager.slot_process import SLOT_PROCESS_EXIT_WAIT_S, wait_for_slot_processes_gone
+from keyedstate.taskmanager.slot_processes import MergedMetrics, SlotProcessGroup
 from keyedstate.taskmanager.slots import SlotTable
-from keyedstate.taskmanager.snapshot.manager import SnapshotManager
-from keyedstate.taskmanager.snapshot.mover import FileMover, InProcessMover
-from keyedstate.taskmanager.snapshot.transfer_process import TransferProcessPool
-from keyedstate.taskmanager.state import RocksDBResources, StateLimits
-from keyedstate.taskmanager.state.backend import KeyedStateBackend
+from keyedstate.taskmanager.state import StateLimits
 
 logger = logging.getLogger(__name__)
 
@@ -77,46 +77,50 @@ class TaskManager:
         self.internal_address = ""
         """host:port of TaskExecutor; the client address when the planes share a server."""
         self._stop = threading.Event()
-        # Serving needs a lease from the JobManager (granted at registration, renewed by heartbeats).
-        self.lease = Lease(clock.boottime_ms)
+        self.failure: str | None = None
+        """Why the TaskManager stopped by itself (a slot process that could not be replaced); None: it did not."""
         self._lock_file: int | None = None
         self._server: grpc.Server | None = None
         self._internal_server: grpc.Server | None = None
         self._health = health.HealthServicer()
         self._metrics_server: MetricsServer | None = None
-        self._sweeper: threading.Thread | None = None
 
-        self.slots = SlotTable(s.num_slots, self.id)
-        resources = RocksDBResources.from_config(conf) if s.backend == "rocksdb" else None
-        self.backends = BackendFactory(s.backend, working_dir(s), StateLimits.from_config(conf), resources, clock)
-        self.connection = self._jobmanager_connection()
-        storages = StorageCache(conf, self._stop)
-        self.transfers = self._file_mover(storages, s.transfer_processes, s.transfer_nice, "checkpoint")
-        # Restores are on the recovery's critical path (the slot serves nothing until it is
-        # restored): their downloads run at the TaskManager's own priority, in a process of their own.
-        self.restore_transfers = self._file_mover(storages, min(1, s.transfer_processes), 0, "restore")
-        self.checkpoints = SnapshotManager(
-            self.slots,
-            self.backends,
-            self.connection,
-            storages,
-            self.transfers,
-            self.restore_transfers,
-            self.metrics,
-            clock,
-            transfer_threads=s.transfer_threads,
-            local_recovery=s.local_recovery,
-        )
-        self.deployer = SlotDeployer(self.slots, self.backends, self.checkpoints, clock)
-        self.epochs = EpochManager(self.slots, self.backends.instance_dir)
-        self._keyed_state = KeyedStateServicer(self.slots, self.metrics, self.lease, self.epochs)
-        self._task_executor = TaskExecutorServicer(self.deployer, self.lease, self.checkpoints, self.epochs)
-
-    def _file_mover(self, storages: StorageCache, processes: int, nice: int, role: str) -> FileMover:
-        """File transfers in ``processes`` transfer processes at ``nice``, or on this process's threads with 0."""
-        if processes == 0:
-            return InProcessMover(storages, nice)
-        return TransferProcessPool(self.conf, processes, nice, self.clock, role=role)
+        self.host: SlotHost | None = None
+        self.slot_processes: SlotProcessGroup | None = None
+        self._lease_cell: SharedLeaseCell | None = None
+        if s.slot_processes == 1:
+            # Serving needs a lease from the JobManager (granted at registration, renewed by heartbeats).
+            self.lease = Lease(clock.boottime_ms)
+            self.connection = self._jobmanager_connection()
+            self.host = SlotHost(
+                conf, s, self.id, working_dir(s), self.lease, self.connection, self.metrics, clock, self._stop
+            )
+            self.slots = self.host.slots
+            self.backends = self.host.backends
+            self.transfers = self.host.transfers
+            self.checkpoints = self.host.checkpoints
+            self.deployer = self.host.deployer
+            self.epochs = self.host.epochs
+            self._keyed_state = self.host.keyed_state
+        else:
+            group = SlotProcessGroup(
+                conf,
+                s.slot_processes,
+                s.num_slots,
+                s.host,
+                s.resource_id,
+                self._slot_process_replaced,
+                self._slot_process_lost,
+            )
+            self.slot_processes = group
+            # The lease lives on a page every slot process reads before and after each call.
+            self._lease_cell = SharedLeaseCell(group.lease_path, create=True)
+            self.lease = Lease(clock.boottime_ms, self._lease_cell)
+            self.connection = self._jobmanager_connection()
+            # Clients of an old routing table that still call this port hear "refresh the routing table".
+            self.slots = SlotTable(s.num_slots, self.id)
+            self._keyed_state = KeyedStateServicer(self.slots, self.metrics, self.lease)
+            self._forwarder = ForwardingTaskExecutorServicer(group, self.lease)
 
     def _jobmanager_connection(self) -> JobManagerConnection:
         """The connection to the JobManager: registration, heartbeats, and checkpoint reports."""
@@ -129,12 +133,12 @@ class TaskManager:
             s.num_slots,
             s.backend,
             0,
-            lambda: slot_reports(self.slots),
+            self.slot_processes.reports if self.slot_processes is not None else lambda: slot_reports(self.slots),
             self._retain_slots,
             self.lease,
             self.clock,
             self._stop,
-            limits=self.backends.limits,
+            limits=StateLimits.from_config(self.conf),
             security=self.security.channel_security(INTERNAL),
             cluster_id=s.cluster_id,
             token=internal_token(self.conf, "TaskManager", "taskmanager", internal_tls=self.security.enabled(INTERNAL)),
@@ -159,16 +163,26 @@ class TaskManager:
 
     def _start(self, work: Path) -> None:
         s = self.settings
-        for transfers in (self.transfers, self.restore_transfers):
-            transfers.start()  # transfer processes load their storage clients while the servers start
+        if self.host is not None:
+            self.host.start_transfers()  # transfer processes load their storage clients while the servers start
+        if self.slot_processes is not None:
+            self.slot_processes.start()
         server, internal = self._bind_servers()
         self._serve(server, internal)
         self.metrics.slots_total.set(s.num_slots)
-        self.metrics.slots_available.set_function(self.slots.free_count)
-        self.metrics.watch_slots(self._slot_backends)
-        self.metrics.watch_local_dir(work)
+        self.metrics.slots_available.set_function(self._free_slots)
+        exposed = self.registry
+        if self.host is not None:
+            self.host.start()
+        else:
+            self.metrics.watch_local_dir(work)
+            assert self.slot_processes is not None
+            exposed = CollectorRegistry()
+            exposed.register(
+                MergedMetrics(self.registry, self.slot_processes, frozenset({SLOTS.name, SLOTS_AVAILABLE.name}))
+            )
         self._metrics_server = MetricsServer(
-            self.registry, s.metrics_ports, host=s.bind_host, tls=self.security.http_context()
+            exposed, s.metrics_ports, host=s.bind_host, tls=self.security.http_context()
         )
         logger.info(
             "taskmanager %s: serving on %s with %d %s slots (local dir %s)",
@@ -182,12 +196,10 @@ class TaskManager:
             self.address,
             self.internal_address if internal is not server else "",
             self._metrics_server.port or 0,
+            self.slot_processes.slot_addresses() if self.slot_processes is not None else None,
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()
-        if s.ttl_cleanup_interval_ms > 0:
-            self._sweeper = threading.Thread(target=self._ttl_sweep_loop, name="ttl-sweeper", daemon=True)
-            self._sweeper.start()
 
     def _bind_servers(self) -> tuple[grpc.Server, grpc.Server]:
         """The client plane's server and the internal plane's (the same one unless the planes are separate)."""
@@ -235,8 +247,11 @@ class TaskManager:
 
     def _serve(self, server: grpc.Server, internal: grpc.Server) -> None:
         """Put the services on their planes, start serving and report healthy."""
-        self._keyed_state.add_to(server)
-        self._task_executor.add_to(internal)
+        if self.host is not None:
+            self.host.add_to(server, internal)
+        else:
+            self._keyed_state.add_to(server)
+            self._forwarder.add_to(internal)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if internal is not server:
             health_pb2_grpc.add_HealthServicer_to_server(self._health, internal)
@@ -255,15 +270,16 @@ class TaskManager:
         for event in [srv.stop(grace_s) for srv in servers]:
             event.wait(grace_s + 1)
         self._server = self._internal_server = None
-        self.checkpoints.close()
-        self.transfers.close()  # after the uploads in flight were cancelled and answered
-        self.restore_transfers.close()
-        self.epochs.close()
-        self.deployer.close_all()
+        if self.host is not None:
+            self.host.close()
+        if self.slot_processes is not None:
+            self.slot_processes.close()
         self.connection.deregister()
         self.connection.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
+        if self._lease_cell is not None:
+            self._lease_cell.close()
         if self._lock_file is not None:
             os.close(self._lock_file)
             self._lock_file = None
@@ -298,37 +314,28 @@ class TaskManager:
             ) from exc
         os.write(lock, str(os.getpid()).encode())
         self._lock_file = lock
+        wait_for_slot_processes_gone(work, SLOT_PROCESS_EXIT_WAIT_S)
         return work
 
     def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[JobId, int]) -> None:
-        # The JobManager's word on the jobs' versions replaces what this TaskManager saw (a
-        # JobManager that lost its jobs numbers their deployments from 1 again).
-        self.slots.set_version_floors(routing_versions)
-        if self.deployer.retain(kept):
-            self.epochs.sweep()
+        if self.host is not None:
+            self.host.retain(kept, routing_versions)
+        elif self.slot_processes is not None:
+            self.slot_processes.retain(kept, routing_versions)
 
-    def _slot_backends(self) -> Iterator[tuple[tuple[str, str, str], KeyedStateBackend]]:
-        for slot in self.slots.all():
-            if slot.backend is not None:
-                yield _slot_labels(slot.subtask), slot.backend
+    def _free_slots(self) -> int:
+        if self.slot_processes is not None:
+            return self.settings.num_slots - len(self.slot_processes.reports())
+        return self.slots.free_count()
 
-    def _ttl_sweep_loop(self) -> None:
-        interval = self.settings.ttl_cleanup_interval_ms / 1000.0
-        while not self._stop.wait(interval):
-            for slot in self.slots.all():
-                backend = slot.backend
-                if backend is None or not any(d.ttl for d in slot.operator.states):
-                    continue
-                removed: int | None = None
-                try:
-                    removed = backend.ttl_sweep(self.settings.ttl_cleanup_batch)
-                    if removed:
-                        logger.debug("ttl sweep: %s removed %d expired entries", slot.subtask, removed)
-                except Exception:
-                    logger.exception("ttl sweep of %s failed", slot.subtask)
-                self.metrics.record_ttl_sweep(_slot_labels(slot.subtask), removed)
+    def _slot_process_replaced(self, index: int) -> None:
+        assert self.slot_processes is not None
+        logger.warning(
+            "taskmanager %s: slot process %d replaced; registering again with its new address", self.id, index
+        )
+        self.connection.readvertise_slots(self.slot_processes.slot_addresses())
 
-
-def _slot_labels(subtask: SubtaskId) -> tuple[str, str, str]:
-    """A slot's metric labels: job_id, operator_id, subtask_index."""
-    return subtask.job_id, subtask.operator_id, str(subtask.subtask_index)
+    def _slot_process_lost(self, why: str) -> None:
+        logger.error("taskmanager %s: %s; stopping", self.id, why)
+        self.failure = why
+        self._stop.set()

@@ -38,6 +38,8 @@ class TaskManagerSettings:
     ttl_cleanup_interval_ms: int
     ttl_cleanup_batch: int
     local_recovery: bool
+    slot_processes: int = 1
+    """Processes serving the slots (``taskmanager.slot-processes``); 1: this process serves them all."""
     cluster_id: str = "default"
     """high-availability.cluster-id, sent at registration: a JobManager of another cluster refuses us."""
 
@@ -65,6 +67,7 @@ class TaskManagerSettings:
             ttl_cleanup_interval_ms=conf.get(o.TTL_CLEANUP_INTERVAL),
             ttl_cleanup_batch=conf.get(o.TTL_CLEANUP_BATCH),
             local_recovery=conf.get(o.LOCAL_RECOVERY),
+            slot_processes=conf.get(o.TASKMANAGER_SLOT_PROCESSES),
             cluster_id=o.cluster_id(conf),
         )
 

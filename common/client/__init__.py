@@ -6,6 +6,7 @@ counts = ValueState(client, "my-job", "counter", "count", key_serializer="str", 
 counts.put_many(["a", "b"], [1, 2])
 """
 
+from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.client._batch import BatchStart, CheckpointSummary, EpochCommitted, JobProgress, status_name
 from keyedstate.common.client._client import ClientSettings, StateClient, client_security
 from keyedstate.common.client._epoch import EpochScope
@@ -28,6 +29,7 @@ __all__ = [
     "JobStatus",
     "ListState",
     "MapState",
+    "RecoveryClaimMode",
     "ReducingState",
     "Routing",
     "StateClient",

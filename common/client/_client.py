@@ -23,6 +23,7 @@ from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as tm_grpc
 from keyedstate.common.auth import resolve_token, token_from_config
 from keyedstate.common.batches import Winner
+from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.client._batch import BatchStart, EpochCommitted, JobProgress
 from keyedstate.common.client._epoch import EpochScope, as_scope
 from keyedstate.common.client._routing import Limits, Routing
@@ -54,6 +55,7 @@ from keyedstate.common.retry import RetryPolicy, Waiter, call_with_retries
 from keyedstate.common.rpc.channels import open_channel
 from keyedstate.common.rpc.convert import winner_to_proto
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto, state_descriptor_from_proto
+from keyedstate.common.rpc.enums import value_of
 from keyedstate.common.rpc.status import REASON_KEY, from_rpc_error
 from keyedstate.common.security.tls import REST, ChannelSecurity
 from keyedstate.common.security.transport import TransportSecurity
@@ -618,17 +620,30 @@ class StateClient:
         )
         return self._store_routing(table)
 
-    def restore_job(self, job_id: JobId | str, restore_path: str) -> Routing:
+    def restore_job(
+        self, job_id: JobId | str, restore_path: str, *, claim_mode: RecoveryClaimMode | str | None = None
+    ) -> Routing:
         """Replace the state of job ``job_id`` with the checkpoint or savepoint at ``restore_path``.
 
         The JobManager verifies the source in full before it touches the job, so a bad path or a
         damaged checkpoint leaves the job as it was; a running job whose redeploy fails comes back
         as it was (see ``statectl job restore`` in the README). Not retried: the answer says what happened.
+
+        ``claim_mode`` (``CLAIM`` or ``NO_CLAIM``; None: the job's ``execution.state-recovery.claim-mode``,
+        NO_CLAIM by default) says who owns the source's files afterwards: CLAIM lets the job delete
+        them once subsumed (and reference them, when the source is a checkpoint of the job's own
+        directory); NO_CLAIM leaves them to the user, and the job's first checkpoint after the
+        restore is a full one.
         """
+        mode = RecoveryClaimMode.parse(claim_mode, "claim_mode") if claim_mode is not None else None
         table: pb.RoutingTable = self._jm_call(
             "RestoreJob",
             self.jobmanager.RestoreJob,
-            jm_pb.RestoreJobRequest(job_id=job_id, restore_path=restore_path),
+            jm_pb.RestoreJobRequest(
+                job_id=job_id,
+                restore_path=restore_path,
+                claim_mode=value_of(jm_pb.RecoveryClaimMode, mode.value if mode is not None else ""),
+            ),
             timeout=max(self.settings.timeout_s, 600.0),
             retry=False,
         )

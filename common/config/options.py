@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common.claim_mode import RecoveryClaimMode, claim_mode_parser
 from keyedstate.common.config._option import ConfigOption
 from keyedstate.common.config._parsers import (
     bool_parser,
@@ -251,6 +252,18 @@ TASKMANAGER_TRANSFER_NICE = _opt(
     "in-process): checkpoint uploads yield a contended CPU to serving. Restores keep normal priority.",
 )
 
+TASKMANAGER_SLOT_PROCESSES = _opt(
+    "taskmanager.slot-processes",
+    int_parser(1, 64),
+    1,
+    "int",
+    "Processes serving this TaskManager's slots. 1 serves every slot in the TaskManager process; "
+    "N > 1 starts N slot processes (slot i in process i mod N), each with its own GIL, its own "
+    "client port (the JobManager routes clients straight to it) and 1/N of "
+    "taskmanager.memory.managed.size; the TaskManager process keeps the JobManager connection "
+    "and the lease. Set it to about the host's cores per TaskManager.",
+)
+
 # --- Limits (this runtime's own keys; Flink has none) -----------------------------------------
 MAX_KEY_BYTES = _opt(
     "state.limits.max-key-bytes",
@@ -381,6 +394,17 @@ STATE_RECOVERY_PATH = _opt(
     None,
     "string",
     "Checkpoint or savepoint a submitted job restores from.",
+)
+CLAIM_MODE = _opt(
+    "execution.state-recovery.claim-mode",
+    claim_mode_parser,
+    RecoveryClaimMode.NO_CLAIM,
+    "enum",
+    "Who owns the files of the checkpoint or savepoint a job is submitted or restored from: NO_CLAIM (the user: the "
+    "job never deletes them, and its first checkpoint after the restore is full) or CLAIM (the job: it deletes the "
+    "snapshot once subsumed, and its first checkpoint stays incremental when the snapshot is a checkpoint of its own "
+    "directory). LEGACY was removed in Flink 2.0 and is refused.",
+    fallback_keys=("execution.savepoint-restore-mode",),
 )
 LOCAL_RECOVERY = _opt(
     "execution.state-recovery.from-local",

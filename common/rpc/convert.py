@@ -81,6 +81,7 @@ def restore_from_proto(message: tm_pb.SlotRestore) -> SlotRestore:
         checkpoint_id=CheckpointId(message.checkpoint_id),
         handles=tuple(handle_from_proto(h) for h in message.handles),
         checkpoint_path=message.checkpoint_path,
+        owned=message.owned,
     )
 
 
@@ -90,6 +91,7 @@ def restore_to_proto(restore: SlotRestore) -> tm_pb.SlotRestore:
         checkpoint_id=restore.checkpoint_id,
         checkpoint_path=restore.checkpoint_path,
         handles=[handle_to_proto(h) for h in restore.handles],
+        owned=restore.owned,
     )
 
 

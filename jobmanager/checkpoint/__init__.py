@@ -29,6 +29,7 @@ from keyedstate.jobmanager.checkpoint.metadata import (
     OperatorSnapshot,
     SubtaskSnapshot,
 )
+from keyedstate.jobmanager.checkpoint.ownership import RestoreOwnership, decide_ownership, references_restored
 from keyedstate.jobmanager.checkpoint.pending import AckOutcome, PendingCheckpoint, PendingStatus
 from keyedstate.jobmanager.checkpoint.restore import (
     checkpoint_dir_of,
@@ -73,18 +74,21 @@ __all__ = [
     "OperatorSnapshot",
     "PendingCheckpoint",
     "PendingStatus",
+    "RestoreOwnership",
     "SharedStateRegistry",
     "StandaloneCheckpointIDCounter",
     "StandaloneCompletedCheckpointStore",
     "SubtaskAckStats",
     "SubtaskSnapshot",
     "checkpoint_dir_of",
+    "decide_ownership",
     "execute",
     "find_latest_checkpoint",
     "load_checkpoint",
     "load_completed_checkpoint",
     "plan_gc",
     "plan_restore",
+    "references_restored",
     "verify_checksums",
     "verify_files_exist",
 ]

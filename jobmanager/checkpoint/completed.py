@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -46,6 +47,18 @@ class CompletedCheckpoint:
     def savepoint(self) -> bool:
         """A savepoint belongs to the user: never subsumed, never deleted by retention."""
         return self.metadata.savepoint
+
+    def taken_over(self) -> CompletedCheckpoint:
+        """This snapshot as one of the job's own checkpoints (claim mode CLAIM).
+
+        A savepoint then loses its special standing: once newer checkpoints subsume it, it is
+        deleted like any checkpoint, as Flink does with a savepoint it claimed.
+        """
+        if not self.savepoint:
+            return self
+        return CompletedCheckpoint(
+            dataclasses.replace(self.metadata, savepoint=False), self.external_path, self.completion_timestamp_ms
+        )
 
     @property
     def metadata_path(self) -> str:

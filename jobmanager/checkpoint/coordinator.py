@@ -1020,17 +1020,14 @@ class CheckpointCoordinator:
     def restore_from(self, checkpoint: CompletedCheckpoint, *, claim: bool = False) -> None:
         """Record that the job was restored from ``checkpoint`` (loaded from storage).
 
-        Checkpoint ids continue after it, so no ``chk-<n>`` is reused. With ``claim`` (a
-        checkpoint of this job after a JobManager restart), it joins the store and its shared
-        files are reference-counted: once subsumed it is deleted like any other. Without it the
-        files stay untouched; TaskManagers must then not reference them from new checkpoints.
+        Checkpoint ids continue after it, so no ``chk-<n>`` is reused. With ``claim`` (claim mode
+        CLAIM), it joins the store as one of the job's checkpoints, even a savepoint or another
+        job's checkpoint, and its shared files are reference-counted: once subsumed it is deleted
+        like any other (its directory, and the shared files no retained checkpoint uses). Without
+        it the files stay untouched; TaskManagers must then not reference them from new checkpoints.
         """
         if claim:
-            if checkpoint.savepoint:
-                raise InvalidArgumentError(
-                    "a savepoint belongs to the user and cannot be claimed; restore without claim"
-                )
-            self.recover([checkpoint])
+            self.recover([checkpoint.taken_over()])
         elif self._ids.get() <= checkpoint.checkpoint_id:
             self._ids.set_count(checkpoint.checkpoint_id + 1)
         self.stats.report_restored(checkpoint.checkpoint_id, self._clock.now_ms())

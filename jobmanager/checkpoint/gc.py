@@ -53,12 +53,15 @@ def plan_gc(
     in_progress_ids: Iterable[int] = (),
     *,
     num_retained: int | None = None,
+    protected: Iterable[str] = (),
 ) -> GcPlan:
     """Work out what can be deleted under ``job_dir`` without touching any retained checkpoint.
 
     ``retained`` are the checkpoints the JobManager's store holds; valid checkpoints older than
     the oldest of them count as subsumed. Without ``retained`` (offline use), ``num_retained``
     keeps that many of the newest valid checkpoints; with neither, every valid one is kept.
+    ``protected`` checkpoint directories (one the job was restored from under NO_CLAIM: the
+    user's) are kept with every file they reference, however old.
     References are always read from the ``_metadata`` files in storage, not from memory.
     """
     job_dir = _paths.normalize(job_dir)
@@ -67,7 +70,8 @@ def plan_gc(
     plan = GcPlan(job_dir)
     checkpoint_dirs, pools = _list_job_dir(storage, job_dir, plan)
     valid, unreadable = _load_checkpoints(storage, checkpoint_dirs, in_progress, retained_ids, plan)
-    references = _keep_checkpoints(checkpoint_dirs, valid, retained_ids, num_retained, plan)
+    users = {_paths.normalize(p) for p in protected}
+    references = _keep_checkpoints(checkpoint_dirs, valid, retained_ids, num_retained, plan, users)
     for pool in sorted(pools):
         _sweep_pool(storage, pool, references, unreadable, in_progress, plan)
     return plan
@@ -122,6 +126,7 @@ def _keep_checkpoints(
     retained_ids: set[int],
     num_retained: int | None,
     plan: GcPlan,
+    protected: set[str],
 ) -> dict[str, list[int]]:
     """Keep or remove each valid checkpoint; the pool files the kept ones reference, with who references them."""
     ids = sorted(valid)
@@ -135,6 +140,12 @@ def _keep_checkpoints(
     references: dict[str, list[int]] = {}
     for cid in ids:
         path = checkpoint_dirs[cid]
+        if path in protected:
+            why = f"checkpoint {cid} was restored from with claim mode NO_CLAIM: the user's, never deleted by the job"
+            plan.keep.append(GcEntry(path, why, True))
+            for _, _, f in valid[cid].files():
+                references.setdefault(_paths.join(path, f.path), []).append(cid)
+            continue
         if cid in subsumed:
             plan.remove.append(GcEntry(path, f"checkpoint {cid} was subsumed by newer retained checkpoints", True))
             continue

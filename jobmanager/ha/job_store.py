@@ -35,6 +35,8 @@ class JobRecord:
     taskmanagers: list[str] = field(default_factory=list)
     # Job.checkpoints_from (0 in records written before it existed: any checkpoint may be taken back).
     checkpoints_from: int = 0
+    # How the job was restored from restore_path (RecoveryClaimMode; NO_CLAIM in records written before it existed).
+    claim_mode: str = "NO_CLAIM"
 
     @property
     def job_id(self) -> str:

@@ -398,6 +398,8 @@ def checkpoint_config(stats: JobCheckpoints) -> Json:
         "incremental": s.incremental,
         "num_retained": s.num_retained,
         "checkpoints_dir": stats.storage_dir,
+        "claim_mode": stats.claim_mode,
+        "restore_path": stats.restore_path or None,
     }
 
 

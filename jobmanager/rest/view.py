@@ -51,6 +51,10 @@ class JobCheckpoints:
     settings: CheckpointingSettings
     storage_dir: str
     backend: str
+    claim_mode: str
+    """How the job was restored from ``restore_path`` (CLAIM or NO_CLAIM; also the mode of its next restore)."""
+    restore_path: str
+    """The checkpoint or savepoint the job was submitted or last restored from ("" if none)."""
 
 
 @dataclass(frozen=True)
@@ -157,4 +161,6 @@ class ClusterView:
             settings=coordinator.settings,
             storage_dir=coordinator.job_dir,
             backend=str(job.config.get(o.STATE_BACKEND)),
+            claim_mode=job.claim_mode.value,
+            restore_path=job.restore_path,
         )

@@ -11,10 +11,12 @@ from collections.abc import Iterable
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.claim_mode import RecoveryClaimMode
+from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import SubtaskId, TaskManagerId
 from keyedstate.common.lifecycle import JobStatus
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto
-from keyedstate.common.rpc.enums import value_of
+from keyedstate.common.rpc.enums import name_of, value_of
 from keyedstate.jobmanager.dispatcher import ClusterOverview, TaskManagerSummary
 from keyedstate.jobmanager.epochs.coordinator import BatchStart
 from keyedstate.jobmanager.jobs import JobInfo, RoutingTable
@@ -24,6 +26,19 @@ from keyedstate.jobmanager.registry import HeartbeatReport, ReportedLimits, Slot
 def job_status_to_proto(status: JobStatus) -> pb.JobStatus.ValueType:
     """The wire's JobStatus enum value of a domain status."""
     return value_of(pb.JobStatus, status.value)
+
+
+def claim_mode_from_proto(value: int) -> RecoveryClaimMode | None:
+    """A request's claim mode; None when unspecified (the job's configured one applies)."""
+    if value == 0:
+        return None
+    try:
+        return RecoveryClaimMode(name_of(jm_pb.RecoveryClaimMode, value))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"claim_mode {value} is not a RecoveryClaimMode; send CLAIM, NO_CLAIM or leave it unset (the job's "
+            "execution.state-recovery.claim-mode)"
+        ) from None
 
 
 def limits_to_proto(limits: ReportedLimits) -> pb.StateLimits:
@@ -56,7 +71,7 @@ def routing_to_proto(table: RoutingTable) -> pb.RoutingTable:
                 subtask_index=a.subtask.subtask_index,
                 key_groups=pb.KeyGroupRange(start=a.key_groups.start, end=a.key_groups.end),
                 taskmanager_id=a.taskmanager_id,
-                address=a.address,
+                address=a.slot_address or a.address,
                 slot_index=a.slot_index,
             )
             for a in table.routes
@@ -147,6 +162,7 @@ def registration_from_proto(request: jm_pb.RegisterTaskManagerRequest) -> TaskMa
         internal_address=request.internal_address,
         cluster_id=request.cluster_id,
         slots=slot_reports_from_proto(request.slots),
+        slot_addresses=tuple(request.slot_addresses),
     )
 
 

@@ -27,6 +27,7 @@ from keyedstate.jobmanager.rpc.checkpoint_wire import (
 )
 from keyedstate.jobmanager.rpc.job_wire import (
     batch_start_to_proto,
+    claim_mode_from_proto,
     job_info_to_proto,
     overview_to_proto,
     routing_to_proto,
@@ -104,7 +105,8 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
     @rpc_method
     def RestoreJob(self, request: jm_pb.RestoreJobRequest, context: grpc.ServicerContext) -> pb.RoutingTable:
         """Redeploy a job in place from a checkpoint or savepoint path."""
-        return routing_to_proto(self._d.restore(JobId(request.job_id), request.restore_path))
+        mode = claim_mode_from_proto(request.claim_mode)
+        return routing_to_proto(self._d.restore(JobId(request.job_id), request.restore_path, mode))
 
     # -- checkpoints -------------------------------------------------------------------------
     @rpc_method

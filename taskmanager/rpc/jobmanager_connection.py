@@ -106,17 +106,34 @@ class JobManagerConnection:
         self._thread: threading.Thread | None = None
         self.registrations = 0
         self._asked_to_register = False
+        self._slot_addresses: list[str] = []
+        self._register_again = threading.Event()
 
     @property
     def stub(self) -> jm_grpc.ResourceManagerStub:
         """The JobManager's ResourceManager service on this connection's channel."""
         return self._stub
 
-    def advertise(self, address: str, internal_address: str, metrics_port: int) -> None:
-        """Where this TaskManager serves, as registrations report it (known once its servers are bound)."""
+    def advertise(
+        self, address: str, internal_address: str, metrics_port: int, slot_addresses: list[str] | None = None
+    ) -> None:
+        """Where this TaskManager serves, as registrations report it (known once its servers are bound).
+
+        ``slot_addresses``: where each slot is served, when slot processes serve them (None: on ``address``).
+        """
         self._address = address
         self._internal_address = internal_address
         self._metrics_port = metrics_port
+        self._slot_addresses = list(slot_addresses or [])
+
+    def readvertise_slots(self, slot_addresses: list[str]) -> None:
+        """A slot process was replaced on a new port: register again, with the new addresses, at the next beat.
+
+        The registration answer lets the TaskManager keep the slots that still run; the JobManager
+        fails over the jobs whose slots the replaced process hosted.
+        """
+        self._slot_addresses = list(slot_addresses)
+        self._register_again.set()
 
     # -- checkpoints (the snapshot layer's CheckpointReporter) ---------------------------------
     def acknowledge_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, state: SubtaskStateHandle) -> None:
@@ -220,6 +237,7 @@ class JobManagerConnection:
                 limits=self._limits,
                 internal_address=self._internal_address,
                 cluster_id=self._cluster_id,
+                slot_addresses=self._slot_addresses,
             ),
             timeout=_RPC_TIMEOUT_S,
         )
@@ -246,6 +264,14 @@ class JobManagerConnection:
 
     def heartbeat_once(self) -> None:
         """One heartbeat: renew the lease, or revoke it and register again when the JobManager disowns us."""
+        if self._register_again.is_set():
+            self._register_again.clear()
+            try:
+                self._register_once()
+            except BaseException:
+                self._register_again.set()  # the JobManager must learn the new addresses: the next beat registers
+                raise
+            return
         sent_at = self._clock.boottime_ms()
         response = self._stub.Heartbeat(
             jm_pb.HeartbeatRequest(

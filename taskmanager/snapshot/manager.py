@@ -443,9 +443,7 @@ class SnapshotManager:
         backend = self._backends.restore(slot, snapshot_dirs)
         self._keep_restored_copy(slot, instance_dir, restore, snapshot_dirs)
         shutil.rmtree(work_root, ignore_errors=True)
-        # A restored RocksDB keeps the SST names it was restored with, but the next incremental
-        # checkpoint uploads them again: the restore may have clipped key groups, and reusing
-        # another subtask's shared files would tie their lifetimes together.
+        slot.uploaded_shared = owned_shared_files(slot, restore)
         ms = self._clock.monotonic_ms() - t0
         labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
         self._metrics.restore_seconds.labels(*labels).set(ms / 1000.0)
@@ -553,3 +551,37 @@ def _checkpoint_id(name: str) -> int | None:
     if name.startswith(prefix) and name[len(prefix) :].isdigit():
         return int(name[len(prefix) :])
     return None
+
+
+def owned_shared_files(slot: Slot, restore: SlotRestore) -> dict[str, StateFileHandle]:
+    """The restored ``shared/`` files the slot's next incremental checkpoint references (by local name).
+
+    Only when the job owns them (``restore.owned``: CLAIM, a failover, a JobManager restart), they
+    lie in this job's ``shared/`` (a reference is ``../shared/<name>``), and the slot restored
+    exactly one snapshot: its RocksDB is then that snapshot, SST files hard-linked under their
+    recorded names. After a rescale that merged several snapshots, a name may stand for an
+    ingested file of another content, so everything is uploaded again. A file RocksDB has since
+    compacted away is simply not listed by the next snapshot; one whose size differs is uploaded.
+    """
+    if not restore.owned or len(restore.handles) != 1 or not slot.checkpoint_base:
+        return {}
+    handle = restore.handles[0]
+    if not len(handle.key_groups.intersection(slot.key_groups)):
+        return {}
+    pool = _join(slot.checkpoint_base, "shared") + "/"
+    owned: dict[str, StateFileHandle] = {}
+    for f in handle.files:
+        if not f.shared or not f.local_name or not f.path.startswith(pool):
+            continue
+        owned[f.local_name] = StateFileHandle(
+            path=f"../shared/{f.path[len(pool) :]}", size=f.size, sha256=f.sha256, local_name=f.local_name, shared=True
+        )
+    if not owned and any(f.shared for f in handle.files):
+        logger.info(
+            "restore of %s from checkpoint %d: the job owns it, but its shared files lie outside %s (another job's "
+            "directory), so the next checkpoint uploads them again",
+            slot.subtask,
+            restore.checkpoint_id,
+            pool,
+        )
+    return owned

@@ -47,7 +47,14 @@ class ChaosFailure(AssertionError):
 class DirectChaosRun:
     """One seed's run in direct mode (see the module docstring)."""
 
-    def __init__(self, schedule: FaultSchedule, base: Path, net: Any = None, deadline_s: float = 150.0) -> None:
+    def __init__(
+        self,
+        schedule: FaultSchedule,
+        base: Path,
+        net: Any = None,
+        deadline_s: float = 150.0,
+        config: dict[str, str] | None = None,
+    ) -> None:
         self.schedule = schedule
         self.base = Path(base)
         self.deadline_s = deadline_s
@@ -59,7 +66,7 @@ class DirectChaosRun:
             self.timeline,
             self.records,
             net,
-            config={"execution.checkpointing.interval": "1 s"},
+            config={"execution.checkpointing.interval": "1 s", **(config or {})},
             job_id=JOB,
         )
         self.pipeline = self.cluster.pipeline

@@ -69,16 +69,23 @@ def chaos_results() -> Iterator[list[RunResult]]:
 def chaos_run(
     request: pytest.FixtureRequest, tmp_path: Path, chaos_results: list[RunResult]
 ) -> Iterator[Callable[..., RunResult]]:
-    """``chaos_run(schedule, soak=False)``: run the schedule to its end and return its :class:`RunResult`."""
+    """``chaos_run(schedule, soak=False, config=None)``: run the schedule to its end and return its :class:`RunResult`.
 
-    def run(schedule: FaultSchedule, soak: bool = False, deadline_s: float | None = None) -> RunResult:
+    ``config`` adds keys for every daemon of a direct-mode run (epoch mode takes the schedule's own)."""
+
+    def run(
+        schedule: FaultSchedule,
+        soak: bool = False,
+        deadline_s: float | None = None,
+        config: dict[str, str] | None = None,
+    ) -> RunResult:
         net = request.getfixturevalue("netns") if schedule.netns else None
         base = tmp_path / f"seed-{schedule.seed}"
         chaos: EpochChaosRun | DirectChaosRun
         if schedule.mode == "epoch":
             chaos = EpochChaosRun(schedule, base, net, deadline_s=deadline_s or 300.0)
         else:
-            chaos = DirectChaosRun(schedule, base, net, deadline_s=deadline_s or 180.0)
+            chaos = DirectChaosRun(schedule, base, net, deadline_s=deadline_s or 180.0, config=config)
         try:
             result = chaos.run()
             if not result.passed:

@@ -40,6 +40,18 @@ def test_chaos(seed: int, chaos_run: Callable[..., RunResult]) -> None:
     assert result.passed, result.report()
 
 
+SLOT_PROCESS_SEED = 269
+"""A direct-mode seed that pauses a TaskManager (its slot processes run on; the lease must fence
+them), kills one (its slot processes must go with it), kills the JobManager, heartbeats only."""
+
+
+def test_chaos_with_slot_processes(chaos_run: Callable[..., RunResult]) -> None:
+    schedule = FaultSchedule.from_seed(SLOT_PROCESS_SEED)
+    assert schedule.mode == "direct" and not schedule.netns
+    result = chaos_run(schedule, deadline_s=240.0, config={"taskmanager.slot-processes": "2"})
+    assert result.passed, result.report()
+
+
 def test_a_seed_always_draws_the_same_schedule() -> None:
     for seed in [*DEFAULT_SEEDS, *range(1000, 1100)]:  # the soak's seeds start at 1000
         first, again = FaultSchedule.from_seed(seed), FaultSchedule.from_seed(seed)

@@ -142,6 +142,28 @@ STOP: BatchAction.ValueType  # 4
 """the job is FAILED or CANCELED: failure_cause says why"""
 Global___BatchAction: _TypeAlias = BatchAction  # noqa: Y015
 
+class _RecoveryClaimMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RecoveryClaimModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecoveryClaimMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RECOVERY_CLAIM_MODE_UNSPECIFIED: _RecoveryClaimMode.ValueType  # 0
+    RECOVERY_CLAIM_MODE_CLAIM: _RecoveryClaimMode.ValueType  # 1
+    """the job takes the checkpoint over: incremental from the start, deleted once subsumed"""
+    RECOVERY_CLAIM_MODE_NO_CLAIM: _RecoveryClaimMode.ValueType  # 2
+    """the user keeps it: never deleted, the first checkpoint after the restore is full"""
+
+class RecoveryClaimMode(_RecoveryClaimMode, metaclass=_RecoveryClaimModeEnumTypeWrapper):
+    """Flink's execution.state-recovery.claim-mode (LEGACY, removed in Flink 2.0, has no value here)."""
+
+RECOVERY_CLAIM_MODE_UNSPECIFIED: RecoveryClaimMode.ValueType  # 0
+RECOVERY_CLAIM_MODE_CLAIM: RecoveryClaimMode.ValueType  # 1
+"""the job takes the checkpoint over: incremental from the start, deleted once subsumed"""
+RECOVERY_CLAIM_MODE_NO_CLAIM: RecoveryClaimMode.ValueType  # 2
+"""the user keeps it: never deleted, the first checkpoint after the restore is full"""
+Global___RecoveryClaimMode: _TypeAlias = RecoveryClaimMode  # noqa: Y015
+
 @_typing.final
 class SlotReport(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -185,6 +207,7 @@ class RegisterTaskManagerRequest(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     INTERNAL_ADDRESS_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    SLOT_ADDRESSES_FIELD_NUMBER: _builtins.int
     taskmanager_id: _builtins.str
     address: _builtins.str
     """host:port the TaskManager serves on"""
@@ -204,6 +227,12 @@ class RegisterTaskManagerRequest(_message.Message):
     def limits(self) -> _common_pb2.StateLimits:
         """what it enforces (state.limits.*), handed to clients in routing tables"""
 
+    @_builtins.property
+    def slot_addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """host:port serving each slot's KeyedState calls, indexed by slot (taskmanager.slot-processes > 1:
+        every slot process has its own port). Empty: every slot is served on address.
+        """
+
     def __init__(
         self,
         *,
@@ -217,10 +246,11 @@ class RegisterTaskManagerRequest(_message.Message):
         limits: _common_pb2.StateLimits | None = ...,
         internal_address: _builtins.str = ...,
         cluster_id: _builtins.str = ...,
+        slot_addresses: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "cluster_id", b"cluster_id", "host", b"host", "internal_address", b"internal_address", "limits", b"limits", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slots", b"slots", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "cluster_id", b"cluster_id", "host", b"host", "internal_address", b"internal_address", "limits", b"limits", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slot_addresses", b"slot_addresses", "slots", b"slots", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -960,18 +990,22 @@ class RestoreJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     RESTORE_PATH_FIELD_NUMBER: _builtins.int
+    CLAIM_MODE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     restore_path: _builtins.str
     """a chk-<n> or savepoint directory, or its _metadata file"""
+    claim_mode: Global___RecoveryClaimMode.ValueType
+    """Who owns the source's files afterwards; unspecified: the job's execution.state-recovery.claim-mode."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         restore_path: _builtins.str = ...,
+        claim_mode: Global___RecoveryClaimMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "restore_path", b"restore_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_mode", b"claim_mode", "job_id", b"job_id", "restore_path", b"restore_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -388,10 +388,16 @@ class SlotRestore(_message.Message):
     SHARED_PATH_FIELD_NUMBER: _builtins.int
     HANDLES_FIELD_NUMBER: _builtins.int
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    OWNED_FIELD_NUMBER: _builtins.int
     checkpoint_path: _builtins.str
     """Absolute base of the checkpoint (the chk-<n> or savepoint directory) and of shared/."""
     shared_path: _builtins.str
     checkpoint_id: _builtins.int
+    owned: _builtins.bool
+    """The job owns the restored files (claim mode CLAIM, a failover, a JobManager restart): the slot's next
+    incremental checkpoint references the restored shared/ files instead of uploading them again.
+    False (NO_CLAIM): it references nothing of the restored checkpoint (its first checkpoint is full).
+    """
     @_builtins.property
     def handles(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SubtaskStateHandle]:
         """The snapshots whose key groups overlap the slot's range (one, or several after rescaling)."""
@@ -403,10 +409,11 @@ class SlotRestore(_message.Message):
         shared_path: _builtins.str = ...,
         handles: _abc.Iterable[_common_pb2.SubtaskStateHandle] | None = ...,
         checkpoint_id: _builtins.int = ...,
+        owned: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "checkpoint_path", b"checkpoint_path", "handles", b"handles", "shared_path", b"shared_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "checkpoint_path", b"checkpoint_path", "handles", b"handles", "owned", b"owned", "shared_path", b"shared_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -162,7 +162,8 @@ def test_a_verified_restore_replaces_the_running_jobs_state(
 ) -> None:
     cc = checkpoint_cluster(storage, "rocksdb")
     client, work, path, checkpointed = _running_with_unsaved_writes(cc)
-    code, err = _statectl(cc, capsys, "job", "restore", JOB, "--from", path)
+    # CLAIM: the job takes its own checkpoint back, so it is the job's latest again (NO_CLAIM would leave it out).
+    code, err = _statectl(cc, capsys, "job", "restore", JOB, "--from", path, "--claim-mode", "CLAIM")
     assert code == 0, err
     info = client.job_info(JOB)
     assert info.status == pb.JOB_STATUS_RUNNING and info.latest_checkpoint_path == path, info

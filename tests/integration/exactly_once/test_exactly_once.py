@@ -129,6 +129,23 @@ def test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch(
     assert_finished_exactly(pipeline, outcome)
 
 
+@pytest.mark.parametrize("crash_point", ["taskmanager.epoch.before-commit", "taskmanager.epoch.committed"])
+def test_4_slot_process_dying_during_an_epoch_commit_reruns_the_batch(
+    exo_pipeline: Callable[..., ExactlyOncePipeline], crash_point: str
+) -> None:
+    # With 2 slot processes per TaskManager the commit code runs in the slot processes: those of
+    # TaskManager 1 die inside the commit of epoch 1 (before applying it, or right after). The
+    # TaskManager lives on, replaces them and registers again; the job fails over and reruns the batch.
+    pipeline = exo_pipeline(
+        config={**FAST_RESTARTS, "taskmanager.slot-processes": "2"},
+        tm_env={1: {CRASH_AT: f"{crash_point}@2"}},
+    )
+    pipeline.write_files()
+    outcome = pipeline.start_query().wait(QUERY_TIMEOUT_S)
+    assert pipeline.cluster.taskmanagers[1].alive
+    assert_finished_exactly(pipeline, outcome)
+
+
 def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(
     exo_pipeline: Callable[..., ExactlyOncePipeline],
 ) -> None:
@@ -197,17 +214,20 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(
         raise AssertionError(f"{exc}\nTaskManager 1 killed: {shown}") from None
 
 
+@pytest.mark.parametrize("slot_processes", [1, 2], ids=["one-process", "slot-processes-2"])
 def test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart(
-    exo_pipeline: Callable[..., ExactlyOncePipeline],
+    exo_pipeline: Callable[..., ExactlyOncePipeline], slot_processes: int
 ) -> None:
     # No spare slots and a budget of two restarts: a TaskManager that takes several seconds to come
     # back must cost one restart, as in Flink (the job waits for slots up to slot.request.timeout).
+    # With slot processes, kill -9 of the TaskManager takes its slot processes down with it.
     pipeline = exo_pipeline(
         files=5,
         config={
             "restart-strategy.type": "fixed-delay",
             "restart-strategy.fixed-delay.attempts": "2",
             "restart-strategy.fixed-delay.delay": "500 ms",
+            "taskmanager.slot-processes": str(slot_processes),
         },
     )
     pipeline.write_files()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ValueState
@@ -122,9 +124,11 @@ def test_failover_before_the_first_checkpoint_restores_what_the_job_was_submitte
     assert restored.get_many(keys) == list(range(300))
 
 
+@pytest.mark.parametrize("claim_mode", ["CLAIM", "NO_CLAIM"])
 def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state(
     inprocess_cluster: Any,
     tmp_path: Path,
+    claim_mode: str,
 ) -> None:
     # The checkpoint the restore takes first (newest in the job's directory, with _metadata) belongs
     # to the state the restore replaced: a new leader must not take it back.
@@ -137,13 +141,16 @@ def test_a_jobmanager_restart_after_an_in_place_restore_keeps_the_restored_state
     source = client.trigger_checkpoint("job", timeout_s=60)
     assert source.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, source.failure_reason
     state.put_many(keys, [2] * 200)
-    client.restore_job("job", source.path)
+    client.restore_job("job", source.path, claim_mode=claim_mode)
     assert state.get_many(keys) == [1] * 200
 
     _restart_jobmanager(cluster, tmp_path)
     _wait_for(lambda: client.job_info("job").status == pb.JOB_STATUS_RUNNING, 30, "the job resuming")
     assert state.get_many(keys) == [1] * 200
-    assert client.job_info("job").latest_checkpoint_path == source.path
+    # CLAIM made the source the job's own checkpoint; under NO_CLAIM it stays the user's, outside the job's store
+    # (the new leader still restores it: the job's record names it, with its claim mode).
+    expected = source.path if claim_mode == "CLAIM" else ""
+    assert client.job_info("job").latest_checkpoint_path == expected
 
 
 def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(

@@ -52,18 +52,23 @@ from tests.integration.partitions._partitions import (
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
 
-def _three_hosts(netns: VirtualNetwork, tmp_path: Path) -> tuple[MiniCluster, Host, list[Host]]:
+def _three_hosts(
+    netns: VirtualNetwork, tmp_path: Path, slot_processes: int = 1
+) -> tuple[MiniCluster, Host, list[Host]]:
     """JobManager and two TaskManagers, each on its own host; returns (cluster, jm host, tm hosts)."""
     jm, tm0, tm1 = (netns.add_host(n) for n in ("jm", "tm0", "tm1"))
-    cluster = netns.minicluster(tmp_path, jm_host=jm, tm_hosts=[tm0, tm1], slots=2, config=PARTITION_CONFIG)
+    config = {**PARTITION_CONFIG, "taskmanager.slot-processes": str(slot_processes)}
+    cluster = netns.minicluster(tmp_path, jm_host=jm, tm_hosts=[tm0, tm1], slots=2, config=config)
     return cluster, jm, [tm0, tm1]
 
 
+# With 2 slot processes per TaskManager the deposed TaskManager's lease must fence the slot process
+# serving the cut-off subtask, which clients reach on its own port.
+@pytest.mark.parametrize("slot_processes", [1, 2], ids=["one-process", "slot-processes-2"])
 def test_direct_writes_acknowledged_after_failover_survive_and_the_deposed_taskmanager_refuses(
-    netns: VirtualNetwork,
-    tmp_path: Path,
+    netns: VirtualNetwork, tmp_path: Path, slot_processes: int
 ) -> None:
-    cluster, jm, tm_hosts = _three_hosts(netns, tmp_path)
+    cluster, jm, tm_hosts = _three_hosts(netns, tmp_path, slot_processes)
     address = cluster.jobmanager_address
     job = "direct"
     admin = fast_client(address)

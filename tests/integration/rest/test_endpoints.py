@@ -144,6 +144,7 @@ def test_checkpoint_config_reads_the_jobs_settings(rest_cluster: RestCluster) ->
     default = rest_cluster.get(f"/jobs/{JOB}/checkpoints/config").body
     assert default["interval"] == 0x7FFFFFFFFFFFFFFF  # periodic checkpoints off, as Flink reports it
     assert default["checkpoints_dir"].endswith(f"/{JOB}")
+    assert (default["claim_mode"], default["restore_path"]) == ("NO_CLAIM", None)  # submitted without a restore
 
 
 def test_config_documents_read_the_configuration_with_secrets_redacted(inprocess_cluster: object) -> None:
@@ -242,6 +243,9 @@ def test_a_restore_shows_in_counts_latest_and_the_jobs_routing(rest_cluster: Res
     assert after["state"] == "RUNNING"
     assert after["routing-version"] > before["routing-version"]  # redeployed under a new routing version
     assert after["routing"]["version"] == after["routing-version"]
+    # Flink's default claim mode: the restored checkpoint stays the user's.
+    config = rest_cluster.get(f"/jobs/{JOB}/checkpoints/config").body
+    assert (config["claim_mode"], config["restore_path"]) == ("NO_CLAIM", latest["external_path"])
 
 
 def test_the_history_keeps_web_checkpoints_history_entries(rest_cluster: RestCluster) -> None:

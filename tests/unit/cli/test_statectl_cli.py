@@ -59,6 +59,14 @@ def test_invalid_job_id_exits_2_with_usage_before_connecting(
         (["job", "info", "--jobmanager", "127.0.0.1:1"], "statectl job info needs a JOB id"),
         (["job", "rescale", "j", "--jobmanager", "127.0.0.1:1"], "needs --parallelism N"),
         (["job", "restore", "j", "--jobmanager", "127.0.0.1:1"], "needs --from PATH"),
+        (
+            ["job", "restore", "j", "--from", "/x", "--claim-mode", "legacy", "--jobmanager", "127.0.0.1:1"],
+            "--claim-mode: restore mode LEGACY was removed in Flink 2.0",
+        ),
+        (
+            ["job", "restore", "j", "--from", "/x", "--claim-mode", "all", "--jobmanager", "127.0.0.1:1"],
+            "--claim-mode: 'all' is not a claim mode; use CLAIM or NO_CLAIM",
+        ),
         (["cluster", "-D", "no-equals"], "-D 'no-equals': expected key=value"),
         (["cluster", "-D", "jobmanager.rpc.port=abc"], "jobmanager.rpc.port: expected an integer"),
         (["cluster", "--config", "/no/such/file.yaml"], "cannot read config file /no/such/file.yaml"),

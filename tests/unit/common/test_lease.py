@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 from fractions import Fraction
+from typing import Any
 
 import pytest
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import ConfigError, Reason, UnavailableError
 from keyedstate.common.ids import TaskManagerId
-from keyedstate.common.lease import Lease, lease_bound_ms, lease_duration_ms
+from keyedstate.common.lease import Lease, SharedLeaseCell, lease_bound_ms, lease_duration_ms
 from keyedstate.jobmanager.registry import TaskManagerRegistry
 from keyedstate.jobmanager.settings import JobManagerSettings
 from tests.fakes.clock import ManualClock
@@ -291,3 +294,44 @@ def test_concurrent_renewals_and_checks_keep_the_latest_deadline(clock: ManualCl
         t.join()
     assert failures == []
     assert lease.remaining_ms() == 100_000 + max((i * 7 + k) % 1_000 for i in range(200) for k in range(8))
+
+
+# -- the lease shared with slot processes ------------------------------------------------------------
+_FOLLOWER = """
+import sys, time
+from pathlib import Path
+from keyedstate.common.lease import Lease, SharedLeaseCell
+lease = Lease.follow(lambda: int(sys.argv[2]), SharedLeaseCell(Path(sys.argv[1]), create=False))
+try:
+    lease.check("a call")
+    print("SERVING")
+except Exception as exc:
+    print(type(exc).__name__, exc.reason.name, str(exc))
+"""
+
+
+def _follower_sees(path: Any, now_ms: int) -> str:
+    """What a Lease.follow in another process makes of the page at ``now_ms`` (its clock)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FOLLOWER, str(path), str(now_ms)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_slot_process_follows_the_lease_the_daemon_keeps_on_the_shared_page(tmp_path: Any) -> None:
+    cell = SharedLeaseCell(tmp_path / "lease", create=True)
+    lease = Lease(lambda: 10_000, cell)  # renew and revoke read no clock; each follower has its own
+    assert _follower_sees(cell.path, 10_000).startswith("UnavailableError LEASE_EXPIRED")
+
+    lease.renew(10_000, 1_000)
+    assert _follower_sees(cell.path, 10_999) == "SERVING"
+    # The same instant on the host's one CLOCK_BOOTTIME: past the lease, every process refuses.
+    refused = _follower_sees(cell.path, 11_000)
+    assert refused.startswith("UnavailableError LEASE_EXPIRED") and "refresh the routing table" in refused
+
+    lease.renew(10_500, 1_000)
+    assert _follower_sees(cell.path, 11_200) == "SERVING"
+    lease.revoke("the JobManager does not know this TaskManager")
+    assert _follower_sees(cell.path, 11_200).startswith("UnavailableError LEASE_EXPIRED")
+    cell.close()
