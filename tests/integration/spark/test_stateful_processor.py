@@ -26,6 +26,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from keyedstate.common.descriptors import StateKind, TtlConfig
 from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.minicluster import MiniCluster
 from keyedstate.common.spark import KeyedStateRuntime, processor_operator, processor_states
 from tests.fixtures.cluster import InProcessCluster
 
@@ -289,3 +290,37 @@ def test_a_streaming_query_through_transform_with_state_in_pandas_feeds_a_foreac
     query.awaitTermination()
     assert received == expected
     assert runtime.last_batch_id == len(batches) - 1 and runtime.durable_epoch() == len(batches) - 1
+
+
+def test_a_taskmanager_killed_before_the_commit_reruns_the_batch_with_the_same_output(
+    spark: SparkSession,
+    process_cluster: Callable[..., MiniCluster],
+    reference: tuple[list[pd.DataFrame], list[Path], dict[int, Rows]],
+) -> None:
+    """SIGKILL of a TaskManager process after a batch's tasks ran and its output reached the sink,
+    before its commit: the job fails over to the checkpoint of the previous batch, the batch runs
+    again, and the sink gets the same rows again for the same batch id (at-least-once delivery,
+    idempotent per batch id); the state ends as Spark's."""
+    batches, paths, expected = reference
+    cluster = process_cluster(taskmanagers=2, slots=1, backend="rocksdb")
+    runtime = KeyedStateRuntime(
+        cluster.jobmanager_address, "tws-kill", [processor_operator(Sessionize(), "sessions", 2)]
+    )
+    deliveries: list[tuple[int, Rows]] = []
+
+    def sink(pdf: pd.DataFrame, batch_id: int) -> None:
+        deliveries.append((batch_id, _rows(pdf)))
+        if batch_id == 2 and len(deliveries) == 3:
+            cluster.taskmanagers[1].kill()
+            cluster.restart_taskmanager(1)
+
+    on_batch = runtime.processor_batch(
+        Sessionize(), key_col="user", output_schema=OUTPUT_DDL, sink=sink, sink_format="pandas", operator="sessions"
+    )
+    for batch_id, path in enumerate(paths):
+        on_batch(spark.read.parquet(str(path)), batch_id)
+    assert [b for b, _ in deliveries] == [0, 1, 2, 2, *range(3, len(batches))]
+    assert deliveries[2] == deliveries[3]  # the re-run emitted the same rows
+    assert dict(deliveries) == expected
+    assert runtime.batch_attempts == len(batches) + 1
+    assert runtime.committed_epoch() == len(batches) - 1
