@@ -81,7 +81,13 @@ from keyedstate.common.rpc.convert import winner_from_bytes, winner_to_bytes
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.spark._modes import BatchMode, ReduceInto
-from keyedstate.common.spark._processor import ProcessorPartition, build_plan, key_serializer_for, output_sink
+from keyedstate.common.spark._processor import (
+    ProcessorPartition,
+    build_plan,
+    key_serializer_for,
+    output_sink,
+    with_initial_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -438,6 +444,7 @@ class KeyedStateRuntime:
         max_batch_attempts: int = 5,
         batch_timeout_s: float = 600.0,
         spark: Any = None,
+        initial_state: Any = None,
     ) -> Callable[[Any, int], None]:
         """A ``foreachBatch`` function running a PySpark ``StatefulProcessor`` unchanged, one epoch per batch.
 
@@ -451,11 +458,16 @@ class KeyedStateRuntime:
         (``sink_format="spark"``), a pandas DataFrame (``"pandas"``) or a pyarrow Table
         (``"arrow"``); write it idempotently per ``batch_id`` (a batch can run again).
         ``time_mode``: ``"None"`` only (timers are not offered yet). ``spark``: the session the
-        Spark DataFrames are built in (default: the active one). The rest is :meth:`foreach_batch`.
+        Spark DataFrames are built in (default: the active one). ``initial_state``: a DataFrame
+        with ``key_col`` (Spark's ``initialState``, not grouped): in the query's first batch
+        (``batch_id`` 0) each of its keys goes through ``handleInitialState`` before its rows, in
+        the same epoch. The rest is :meth:`foreach_batch`.
         """
         op = operator or self.operators[0].operator_id
-        plan, output = build_plan(processor, self.operators, op, key_col, key_serializer, output_schema, time_mode)
-        return self.foreach_batch(
+        plan, output = build_plan(
+            processor, self.operators, op, key_col, key_serializer, output_schema, time_mode, initial_state
+        )
+        runner = self.foreach_batch(
             ProcessorPartition(processor, plan),
             key_col=key_col,
             operator=op,
@@ -467,6 +479,14 @@ class KeyedStateRuntime:
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
         )
+        if initial_state is None:
+            return runner
+
+        def first_batch_with_initial_state(df: Any, batch_id: int) -> None:
+            # Batch 0 only, as Spark applies initialState; a re-run of it is deduplicated by its epoch.
+            runner(with_initial_state(df, initial_state) if batch_id == 0 else df, batch_id)
+
+        return first_batch_with_initial_state
 
     def transform_with_state_in_pandas(
         self,
@@ -482,6 +502,7 @@ class KeyedStateRuntime:
         checkpoint: bool = True,
         max_batch_attempts: int = 5,
         batch_timeout_s: float = 600.0,
+        initial_state: Any = None,
     ) -> Any:
         """``df.groupBy(key_col).transformWithStateInPandas(processor, ...)`` then ``foreachBatch(sink)``, on this runtime.
 
@@ -502,6 +523,7 @@ class KeyedStateRuntime:
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
             spark=df.sparkSession,
+            initial_state=initial_state,
         )
         return df.writeStream.foreachBatch(on_batch)
 

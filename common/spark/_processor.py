@@ -25,6 +25,9 @@ and yields pandas DataFrames) runs here as a keyed ``foreach_batch``:
   idempotently per ``batch_id``; each run of a batch reads the state committed through the
   previous batch, so a deterministic processor emits the same rows every time.
 
+An ``initial_state`` DataFrame (Spark's ``initialState``) travels with the query's first batch,
+marked per row, and each of its keys goes through ``handleInitialState`` before its rows.
+
 ``timeMode`` "None" only: timers (``registerTimer``, ``handleExpiredTimer``) need the runtime's
 timer service, and the other time modes are refused with an error saying so.
 """
@@ -612,6 +615,48 @@ class _ProcessorPlan:
     schemas: dict[str, tuple[Any, Any]]
     output_arrow: Any
     time_mode: str
+    initial_columns: tuple[str, ...] = ()
+    """The initial state's columns (empty: no initial state)."""
+
+
+INITIAL_FLAG = "__keyedstate_initial_state"
+"""The column that marks the initial state's rows in the first batch (they travel with the input, by key group)."""
+
+
+def with_initial_state(df: Any, initial: Any) -> Any:
+    """The first batch's input with the initial state's rows appended, each row marked by :data:`INITIAL_FLAG`.
+
+    The input's columns come first, then the flag, then the columns only the initial state has:
+    a task tells the two apart by position.
+    """
+    from pyspark.sql import functions as F
+
+    return df.withColumn(INITIAL_FLAG, F.lit(False)).unionByName(
+        initial.withColumn(INITIAL_FLAG, F.lit(True)), allowMissingColumns=True
+    )
+
+
+class _Groups:
+    """One table's rows grouped per key, keys ascending, rows in arrival order (as Spark's grouping gives them)."""
+
+    def __init__(self, table: Any, key_col: str) -> None:
+        import pyarrow.compute as pc
+
+        table = table.take(pc.sort_indices(table, [(key_col, "ascending")]))
+        key_column = table.column(key_col).combine_chunks()
+        starts = [0] if len(key_column) else []
+        if len(key_column) > 1:
+            changed = pc.not_equal(key_column.slice(1), key_column.slice(0, len(key_column) - 1))
+            starts += [i + 1 for i in pc.indices_nonzero(changed).to_pylist()]
+        bounds = [*starts, table.num_rows]
+        self.rows = table.num_rows
+        self.bounds = {key_column[s].as_py(): (s, bounds[i + 1]) for i, s in enumerate(starts)}
+        self.frame = table.to_pandas() if starts else None
+
+    def frames(self, key: Any) -> Iterator[Any] | None:
+        """The key's rows as DataFrames, or None when it has none."""
+        where = self.bounds.get(key)
+        return None if where is None else _frames(self.frame, *where)
 
 
 class ProcessorPartition:
@@ -635,24 +680,27 @@ class ProcessorPartition:
             raise InvalidArgumentError(
                 f"column {plan.key_col!r} holds nulls; filter them out before the processor (a null key has no key group)"
             )
-        # Spark groups a key's rows after sorting by key: keys come in key order, rows in arrival order.
-        table = table.take(pc.sort_indices(table, [(plan.key_col, "ascending")]))
-        key_column = table.column(plan.key_col).combine_chunks()
-        starts = [0]
-        if len(key_column) > 1:
-            changed = pc.not_equal(key_column.slice(1), key_column.slice(0, len(key_column) - 1))
-            starts += [i + 1 for i in pc.indices_nonzero(changed).to_pylist()]
-        bounds = [*starts, table.num_rows]
-        keys = [key_column[i].as_py() for i in starts]
-        frame = table.to_pandas()
+        initial: _Groups | None = None
+        if INITIAL_FLAG in table.column_names:
+            flag = table.column(INITIAL_FLAG)
+            inputs = table.column_names[: table.column_names.index(INITIAL_FLAG)]
+            initial = _Groups(table.filter(flag).select(list(plan.initial_columns)), plan.key_col)
+            table = table.filter(pc.invert(flag)).select(inputs)
+        groups = _Groups(table, plan.key_col)
+        keys = sorted(set(groups.bounds) | set(initial.bounds if initial is not None else ()))
         handle = ProcessorHandle.bound(state, keys, plan.key_serializer, plan.states, plan.schemas)
         timer_values = TimerValues(-1, -1)
         out: list[Any] = []
         self.processor.init(handle)
         try:
-            for i, key in enumerate(keys):
+            for key in keys:
                 handle.set_key(key)
-                rows = _frames(frame, bounds[i], bounds[i + 1])
+                # The first batch: the key's initial state first, then its rows, as Spark calls them.
+                for chunk in (initial.frames(key) if initial is not None else None) or ():
+                    self.processor.handleInitialState((key,), chunk, timer_values)
+                rows = groups.frames(key)
+                if rows is None:
+                    continue
                 result = self.processor.handleInputRows((key,), rows, timer_values)
                 # Drained while the key is set: a generator reads and writes state as it yields.
                 for item in result if result is not None else ():
@@ -663,9 +711,7 @@ class ProcessorPartition:
             handle.flush()  # staged in the attempt's epoch transaction: only a winning attempt's apply
         finally:
             self.processor.close()  # Spark's teardown, after the last key (it may fail the attempt too)
-        logger.debug(
-            "batch %d: %d keys, %d rows in, %d frames out", state.batch_id, len(keys), table.num_rows, len(out)
-        )
+        logger.debug("batch %d: %d keys, %d rows in, %d frames out", state.batch_id, len(keys), groups.rows, len(out))
         return _output_batches(out, plan.output_arrow)
 
 
@@ -763,6 +809,7 @@ def build_plan(
     key_serializer: str,
     output_schema: Any,
     time_mode: str,
+    initial_state: Any = None,
 ) -> tuple[_ProcessorPlan, Any]:
     """Check the processor against the job's operator and parse its schemas: the tasks' plan and the output StructType."""
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -789,7 +836,19 @@ def build_plan(
         for s in states
     }
     output = parse_schema(output_schema, "output_schema")
-    plan = _ProcessorPlan(key_col, key_serializer, states, schemas, to_arrow_schema(output), mode)
+    initial_columns: tuple[str, ...] = ()
+    if initial_state is not None:
+        if not hasattr(initial_state, "columns") or not hasattr(initial_state, "unionByName"):
+            raise InvalidArgumentError(
+                f"initial_state is a DataFrame with the grouping column {key_col!r} (not grouped), "
+                f"got {type(initial_state).__name__}"
+            )
+        if key_serializer_for(initial_state, key_col) != key_serializer:
+            raise InvalidArgumentError(f"initial_state's column {key_col!r} has another type than the input's")
+        if INITIAL_FLAG in initial_state.columns:
+            raise InvalidArgumentError(f"initial_state has a column named {INITIAL_FLAG!r}, which the runtime uses")
+        initial_columns = tuple(initial_state.columns)
+    plan = _ProcessorPlan(key_col, key_serializer, states, schemas, to_arrow_schema(output), mode, initial_columns)
     return plan, output
 
 

@@ -39,6 +39,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 GAP = 1800
 OUTPUT_DDL = "user string, start long, count long, duration long, pages long"
 INPUT_DDL = "user string, ts long, page string"
+INITIAL_DDL = "user string, start long, page string"
 FLUSH_TS = 10**12  # an event this late closes every open session
 
 
@@ -91,6 +92,13 @@ class Sessionize(StatefulProcessor):
             self.session.update(current)
         yield pd.DataFrame(closed, columns=["user", "start", "count", "duration", "pages"])
 
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
+        """A session already open when the query starts: one event at ``start`` on page ``page``."""
+        for start, page in zip(initialState["start"], initialState["page"]):
+            self.session.update((int(start), int(start), 1))
+            self.times.put([(int(start),)])
+            self.pages.updateValue((str(page),), (1,))
+
     def close(self) -> None:
         if self.failures:
             from pyspark import TaskContext
@@ -134,7 +142,9 @@ def _rows(pdf: pd.DataFrame) -> Rows:
     return sorted(tuple(r) for r in pdf[["user", "start", "count", "duration", "pages"]].itertuples(index=False))
 
 
-def _spark_reference(spark: SparkSession, directory: Path, checkpoint: Path) -> dict[int, Rows]:
+def _spark_reference(
+    spark: SparkSession, directory: Path, checkpoint: Path, initial: pd.DataFrame | None = None
+) -> dict[int, Rows]:
     """Spark's own transformWithStateInPandas over the files, one file per micro-batch: the output per batch."""
     session = spark.newSession()  # its own SQL conf: the shared session's stays as it is
     session.conf.set(
@@ -146,12 +156,13 @@ def _spark_reference(spark: SparkSession, directory: Path, checkpoint: Path) -> 
     def collect(df: Any, batch_id: int) -> None:
         out[batch_id] = _rows(df.toPandas())
 
+    initial_state = None if initial is None else session.createDataFrame(initial, INITIAL_DDL).groupBy("user")
     stream = (
         session.readStream.schema(INPUT_DDL)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(directory))
         .groupBy("user")
-        .transformWithStateInPandas(Sessionize(), OUTPUT_DDL, "Append", "None")
+        .transformWithStateInPandas(Sessionize(), OUTPUT_DDL, "Append", "None", initialState=initial_state)
     )
     query = (
         stream.writeStream.foreachBatch(collect)
@@ -324,3 +335,45 @@ def test_a_taskmanager_killed_before_the_commit_reruns_the_batch_with_the_same_o
     assert dict(deliveries) == expected
     assert runtime.batch_attempts == len(batches) + 1
     assert runtime.committed_epoch() == len(batches) - 1
+
+
+def test_initial_state_goes_through_handle_initial_state_in_the_first_batch_as_in_spark(
+    spark: SparkSession,
+    inprocess_cluster: Callable[..., InProcessCluster],
+    tmp_path: Path,
+    reference: tuple[list[pd.DataFrame], list[Path], dict[int, Rows]],
+) -> None:
+    _, paths, without_initial = reference
+    # Sessions open before the stream starts: most go on into batch 0, u45 has no input at all.
+    initial = pd.DataFrame(
+        [(f"u{u}", 1_700_000_000 - 100 - u * 60, "init") for u in (*range(10), 45)], columns=["user", "start", "page"]
+    )
+    expected = _spark_reference(spark, paths[0].parent, tmp_path / "spark-checkpoint", initial)
+    assert expected != without_initial  # the initial state changed the output
+    cluster = inprocess_cluster(taskmanagers=2, slots=1, backend="hashmap")
+    runtime = KeyedStateRuntime(cluster.address, "tws-initial", [processor_operator(Sessionize(), "sessions", 2)])
+    received: dict[int, Rows] = {}
+    on_batch = runtime.processor_batch(
+        Sessionize(),
+        key_col="user",
+        output_schema=OUTPUT_DDL,
+        sink=lambda pdf, batch_id: received.__setitem__(batch_id, _rows(pdf)),
+        sink_format="pandas",
+        operator="sessions",
+        initial_state=spark.createDataFrame(initial, INITIAL_DDL),
+    )
+    frames = [spark.read.parquet(str(p)) for p in paths]
+    on_batch(frames[0], 0)
+    on_batch(frames[0], 0)  # batch 0 again: committed already, its initial state is not applied twice
+    for batch_id in range(1, len(frames)):
+        on_batch(frames[batch_id], batch_id)
+    assert runtime.batches_skipped == 1
+    assert received == expected
+    from keyedstate.common.client import ValueState
+
+    # u45 had only initial state: its session is still open (the flush batch closed users 0..39 only).
+    assert ValueState[str, Any](runtime.client, runtime.job_id, "sessions", "session").get("u45") == (
+        1_700_000_000 - 100 - 45 * 60,
+        1_700_000_000 - 100 - 45 * 60,
+        1,
+    )
