@@ -82,10 +82,12 @@ from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.spark._modes import BatchMode, ReduceInto
 from keyedstate.common.spark._processor import (
+    COMPOSITE_KEY,
     ProcessorPartition,
     build_plan,
     key_serializer_for,
     output_sink,
+    with_composite_key,
     with_initial_state,
 )
 
@@ -433,7 +435,7 @@ class KeyedStateRuntime:
         self,
         processor: Any,
         *,
-        key_col: str,
+        key_col: str | Sequence[str],
         output_schema: Any,
         sink: Callable[[Any, int], None],
         sink_format: str = "spark",
@@ -449,7 +451,8 @@ class KeyedStateRuntime:
         """A ``foreachBatch`` function running a PySpark ``StatefulProcessor`` unchanged, one epoch per batch.
 
         The keyed mode on ``key_col`` (``key_serializer``: ``"str"`` or ``"int"``, the column's
-        type): each task runs the processor's ``init``, then ``handleInputRows((key,), frames,
+        type; several grouping columns, as in ``groupBy("a", "b")``, are one state key: the JSON
+        Spark's ``to_json(struct(a, b))`` makes of them, and the processor gets the tuple): each task runs the processor's ``init``, then ``handleInputRows((key,), frames,
         timerValues)`` per key against local handles (value and list states read in bulk, writes
         sent in bulk into the task's epoch). ``operator`` must declare the states ``init`` asks
         for (build it with ``processor_operator``). ``output_schema``: the processor's output, a
@@ -464,12 +467,19 @@ class KeyedStateRuntime:
         the same epoch. The rest is :meth:`foreach_batch`.
         """
         op = operator or self.operators[0].operator_id
+        columns = (key_col,) if isinstance(key_col, str) else tuple(key_col)
+        if not columns or not all(isinstance(c, str) and c for c in columns):
+            raise InvalidArgumentError(f"key_col is a column name or a sequence of them, got {key_col!r}")
+        grouping = columns if len(columns) > 1 else ()
+        if grouping:
+            key_serializer = "str"  # the JSON of the grouping columns
+        state_key = COMPOSITE_KEY if grouping else columns[0]
         plan, output = build_plan(
-            processor, self.operators, op, key_col, key_serializer, output_schema, time_mode, initial_state
+            processor, self.operators, op, state_key, key_serializer, output_schema, time_mode, initial_state, grouping
         )
         runner = self.foreach_batch(
             ProcessorPartition(processor, plan),
-            key_col=key_col,
+            key_col=state_key,
             operator=op,
             key_serializer=key_serializer,
             mode=BatchMode.KEYED,
@@ -479,21 +489,28 @@ class KeyedStateRuntime:
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
         )
-        if initial_state is None:
+        if initial_state is None and not grouping:
             return runner
+        initial = (
+            with_composite_key(initial_state, grouping) if grouping and initial_state is not None else initial_state
+        )
 
-        def first_batch_with_initial_state(df: Any, batch_id: int) -> None:
-            # Batch 0 only, as Spark applies initialState; a re-run of it is deduplicated by its epoch.
-            runner(with_initial_state(df, initial_state) if batch_id == 0 else df, batch_id)
+        def batch(df: Any, batch_id: int) -> None:
+            if grouping:
+                df = with_composite_key(df, grouping)
+            # The initial state in batch 0 only, as Spark applies it; a re-run of it is deduplicated by its epoch.
+            if initial is not None and batch_id == 0:
+                df = with_initial_state(df, initial)
+            runner(df, batch_id)
 
-        return first_batch_with_initial_state
+        return batch
 
     def transform_with_state_in_pandas(
         self,
         df: Any,
         processor: Any,
         *,
-        key_col: str,
+        key_col: str | Sequence[str],
         output_schema: Any,
         sink: Callable[[Any, int], None],
         sink_format: str = "spark",
@@ -510,13 +527,18 @@ class KeyedStateRuntime:
         ``checkpointLocation`` and ``start()``. The key serializer follows ``key_col``'s type.
         See :meth:`processor_batch`.
         """
+        for column in [key_col] if isinstance(key_col, str) else key_col:
+            if column not in df.columns:
+                raise InvalidArgumentError(
+                    f"the DataFrame has no column {column!r} to group by (columns: {df.columns})"
+                )
         on_batch = self.processor_batch(
             processor,
             key_col=key_col,
             output_schema=output_schema,
             sink=sink,
             sink_format=sink_format,
-            key_serializer=key_serializer_for(df, key_col),
+            key_serializer=key_serializer_for(df, key_col) if isinstance(key_col, str) else "str",
             operator=operator,
             time_mode=time_mode,
             checkpoint=checkpoint,

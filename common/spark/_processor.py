@@ -9,7 +9,8 @@ and yields pandas DataFrames) runs here as a keyed ``foreach_batch``:
   (with its TTL) into a :class:`~keyedstate.common.descriptors.StateDescriptor`;
   :func:`processor_operator` wraps them in the operator a job is submitted with.
 * **Per Spark task** (one subtask's key groups, every row of its keys): the rows are grouped per
-  key, sorted by key as Spark's grouping does; the processor's ``init`` runs once against local
+  key, sorted by key as Spark's grouping does (several grouping columns are one state key, the
+  JSON Spark makes of them); the processor's ``init`` runs once against local
   handles (:class:`ProcessorHandle`) that implement PySpark's ``ValueState``/``ListState``/
   ``MapState`` methods; ``handleInputRows`` runs per key. A value or list state is read for
   *all* the task's keys in one bulk call the first time any key reads it (a state only written —
@@ -617,10 +618,23 @@ class _ProcessorPlan:
     time_mode: str
     initial_columns: tuple[str, ...] = ()
     """The initial state's columns (empty: no initial state)."""
+    grouping: tuple[str, ...] = ()
+    """The grouping columns when there are several: ``key_col`` is then :data:`COMPOSITE_KEY`, their JSON."""
 
+
+COMPOSITE_KEY = "__keyedstate_key"
+"""The state key of a processor grouped by several columns: Spark's ``to_json(struct(columns))``, computed in
+the JVM, so the key group and the stored key come from one deterministic string."""
 
 INITIAL_FLAG = "__keyedstate_initial_state"
 """The column that marks the initial state's rows in the first batch (they travel with the input, by key group)."""
+
+
+def with_composite_key(df: Any, grouping: Sequence[str]) -> Any:
+    """``df`` with :data:`COMPOSITE_KEY`: the JSON of its grouping columns, the state key of a multi-column grouping."""
+    from pyspark.sql import functions as F
+
+    return df.withColumn(COMPOSITE_KEY, F.to_json(F.struct(*grouping)))
 
 
 def with_initial_state(df: Any, initial: Any) -> Any:
@@ -639,7 +653,7 @@ def with_initial_state(df: Any, initial: Any) -> Any:
 class _Groups:
     """One table's rows grouped per key, keys ascending, rows in arrival order (as Spark's grouping gives them)."""
 
-    def __init__(self, table: Any, key_col: str) -> None:
+    def __init__(self, table: Any, key_col: str, grouping: Sequence[str]) -> None:
         import pyarrow.compute as pc
 
         table = table.take(pc.sort_indices(table, [(key_col, "ascending")]))
@@ -651,6 +665,11 @@ class _Groups:
         bounds = [*starts, table.num_rows]
         self.rows = table.num_rows
         self.bounds = {key_column[s].as_py(): (s, bounds[i + 1]) for i, s in enumerate(starts)}
+        # The grouping key as Spark passes it: a tuple of the grouping columns' values.
+        columns = [table.column(c) for c in grouping] if grouping else [key_column]
+        self.key_tuples = {k: tuple(col[s].as_py() for col in columns) for k, (s, _) in self.bounds.items()}
+        if COMPOSITE_KEY in table.column_names:
+            table = table.drop_columns([COMPOSITE_KEY])  # the runtime's column, not the processor's
         self.frame = table.to_pandas() if starts else None
 
     def frames(self, key: Any) -> Iterator[Any] | None:
@@ -684,9 +703,10 @@ class ProcessorPartition:
         if INITIAL_FLAG in table.column_names:
             flag = table.column(INITIAL_FLAG)
             inputs = table.column_names[: table.column_names.index(INITIAL_FLAG)]
-            initial = _Groups(table.filter(flag).select(list(plan.initial_columns)), plan.key_col)
+            extra = [COMPOSITE_KEY] if plan.grouping else []
+            initial = _Groups(table.filter(flag).select([*plan.initial_columns, *extra]), plan.key_col, plan.grouping)
             table = table.filter(pc.invert(flag)).select(inputs)
-        groups = _Groups(table, plan.key_col)
+        groups = _Groups(table, plan.key_col, plan.grouping)
         keys = sorted(set(groups.bounds) | set(initial.bounds if initial is not None else ()))
         handle = ProcessorHandle.bound(state, keys, plan.key_serializer, plan.states, plan.schemas)
         timer_values = TimerValues(-1, -1)
@@ -696,12 +716,13 @@ class ProcessorPartition:
             for key in keys:
                 handle.set_key(key)
                 # The first batch: the key's initial state first, then its rows, as Spark calls them.
-                for chunk in (initial.frames(key) if initial is not None else None) or ():
-                    self.processor.handleInitialState((key,), chunk, timer_values)
+                if initial is not None:
+                    for chunk in initial.frames(key) or ():
+                        self.processor.handleInitialState(initial.key_tuples[key], chunk, timer_values)
                 rows = groups.frames(key)
                 if rows is None:
                     continue
-                result = self.processor.handleInputRows((key,), rows, timer_values)
+                result = self.processor.handleInputRows(groups.key_tuples[key], rows, timer_values)
                 # Drained while the key is set: a generator reads and writes state as it yields.
                 for item in result if result is not None else ():
                     emitted = _output_frame(item, plan.output_arrow)
@@ -810,6 +831,7 @@ def build_plan(
     output_schema: Any,
     time_mode: str,
     initial_state: Any = None,
+    grouping: Sequence[str] = (),
 ) -> tuple[_ProcessorPlan, Any]:
     """Check the processor against the job's operator and parse its schemas: the tasks' plan and the output StructType."""
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -843,12 +865,19 @@ def build_plan(
                 f"initial_state is a DataFrame with the grouping column {key_col!r} (not grouped), "
                 f"got {type(initial_state).__name__}"
             )
-        if key_serializer_for(initial_state, key_col) != key_serializer:
+        for column in grouping or (key_col,):
+            if column not in initial_state.columns:
+                raise InvalidArgumentError(
+                    f"initial_state has no grouping column {column!r} (columns: {initial_state.columns})"
+                )
+        if not grouping and key_serializer_for(initial_state, key_col) != key_serializer:
             raise InvalidArgumentError(f"initial_state's column {key_col!r} has another type than the input's")
         if INITIAL_FLAG in initial_state.columns:
             raise InvalidArgumentError(f"initial_state has a column named {INITIAL_FLAG!r}, which the runtime uses")
         initial_columns = tuple(initial_state.columns)
-    plan = _ProcessorPlan(key_col, key_serializer, states, schemas, to_arrow_schema(output), mode, initial_columns)
+    plan = _ProcessorPlan(
+        key_col, key_serializer, states, schemas, to_arrow_schema(output), mode, initial_columns, tuple(grouping)
+    )
     return plan, output
 
 

@@ -377,3 +377,65 @@ def test_initial_state_goes_through_handle_initial_state_in_the_first_batch_as_i
         1_700_000_000 - 100 - 45 * 60,
         1,
     )
+
+
+class CountPerPage(StatefulProcessor):
+    """Grouped by (user, page): the running count of the pair, emitted every batch it has events."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        current = self.count.get()
+        n = sum(len(pdf) for pdf in rows) + (current[0] if current is not None else 0)
+        self.count.update((n,))
+        yield pd.DataFrame({"user": [str(key[0])], "page": [str(key[1])], "n": [n]})
+
+
+def test_several_grouping_columns_are_one_key_as_in_spark(
+    spark: SparkSession,
+    inprocess_cluster: Callable[..., InProcessCluster],
+    tmp_path: Path,
+    reference: tuple[list[pd.DataFrame], list[Path], dict[int, Rows]],
+) -> None:
+    _, paths, _ = reference
+    out_ddl = "user string, page string, n long"
+    session = spark.newSession()
+    session.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
+    expected: dict[int, list[tuple[Any, ...]]] = {}
+    (
+        session.readStream.schema(INPUT_DDL)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(paths[0].parent))
+        .groupBy("user", "page")
+        .transformWithStateInPandas(CountPerPage(), out_ddl, "Append", "None")
+        .writeStream.foreachBatch(lambda df, b: expected.__setitem__(b, sorted(tuple(r) for r in df.collect())))
+        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
+    cluster = inprocess_cluster(taskmanagers=2, slots=1, backend="rocksdb")
+    runtime = KeyedStateRuntime(cluster.address, "tws-pairs", [processor_operator(CountPerPage(), "pairs", 2)])
+    received: dict[int, list[tuple[Any, ...]]] = {}
+    stream = spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1).parquet(str(paths[0].parent))
+    (
+        runtime.transform_with_state_in_pandas(
+            stream,
+            CountPerPage(),
+            key_col=["user", "page"],
+            output_schema=out_ddl,
+            sink=lambda df, b: received.__setitem__(b, sorted(tuple(r) for r in df.collect())),
+        )
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
+    assert received == expected
+    assert max(r[2] for rows in expected.values() for r in rows) > 3  # counts carried across batches
