@@ -9,6 +9,7 @@ into messages and back. Field meanings match ``common.proto`` (``StateFileHandle
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId
@@ -28,6 +29,20 @@ class CheckpointBarrier:
     incremental: bool = False
     timestamp_ms: int = 0
     """Trigger time (wall clock), as recorded in ``_metadata``; informational for the TaskManager."""
+    inline_max_state_size: int = 0
+    """> 0: the checkpoint lives in the JobManager's memory (``execution.checkpointing.storage:
+    jobmanager``): each slot sends its files' bytes inline in its acknowledgement, and declines
+    with :attr:`DeclineReason.STATE_SIZE_LIMIT_EXCEEDED` past this many bytes. 0: upload to ``target_path``."""
+
+
+class DeclineReason(enum.Enum):
+    """Why a subtask declined a checkpoint, as its TaskManager says (the wire's ``DeclineReason``)."""
+
+    UNSPECIFIED = "UNSPECIFIED"
+    SNAPSHOT_FAILED = "SNAPSHOT_FAILED"
+    """Taking or uploading the slot's snapshot failed (the message says how)."""
+    STATE_SIZE_LIMIT_EXCEEDED = "STATE_SIZE_LIMIT_EXCEEDED"
+    """The slot's snapshot is larger than the JobManager checkpoint storage takes inline."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,8 @@ class StateFileHandle:
     local_name: str = ""
     """The file's name inside the snapshot (for example ``000012.sst``)."""
     shared: bool = False
+    data: bytes | None = field(default=None, repr=False, compare=False)
+    """The file's bytes, sent inline when the checkpoint lives in the JobManager's memory (None: in storage)."""
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """``statectl checkpoint gc JOB [--dry-run] [--dir DIR]``: remove orphaned checkpoint files of one job.
 
 Orphans are what no valid ``_metadata`` under ``<dir>/<JOB>`` references: ``chk-<n>``
-directories without ``_metadata`` and ``shared/`` or ``taskowned/`` files no checkpoint uses
-(see :mod:`keyedstate.jobmanager.checkpoint.gc`). Every valid checkpoint is kept: which ones the
+directories without ``_metadata`` and ``shared/`` files no checkpoint uses (see
+:mod:`keyedstate.jobmanager.checkpoint.gc`); ``taskowned/`` belongs to the TaskManagers and is kept. Every valid checkpoint is kept: which ones the
 JobManager still retains is not known offline, and a kept checkpoint costs only space.
 
 When the JobManager answers, checkpoints it reports in progress are protected (with them, every
@@ -23,7 +23,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError, KeyedStateError, NotFoundError
-from keyedstate.common.storage import CheckpointStorage, open_storage
+from keyedstate.common.storage import CheckpointStorage, open_storage, scheme_of
 from keyedstate.jobmanager.checkpoint import GcEntry, GcPlan, _paths, execute, plan_gc
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,13 @@ def run_gc(args: argparse.Namespace) -> int:
     """Plan (and unless ``--dry-run``, execute) the garbage collection of ``args.job``; print every path."""
     conf = Configuration.load(args.config, args.overrides)
     base = args.dir or conf.get(o.CHECKPOINTS_DIR)
+    if base and scheme_of(base) == "jobmanager":
+        # Only the JobManager process sees its memory, and its retention already deletes what no
+        # retained checkpoint uses: a crash there leaves nothing behind to collect.
+        raise ConfigError(
+            f"{base} is in a JobManager's memory (execution.checkpointing.storage: jobmanager), which statectl "
+            "cannot reach and which leaves no garbage behind; gc applies to filesystem checkpoint storage"
+        )
     if not base:
         raise ConfigError(
             "statectl checkpoint gc needs the checkpoint directory: pass --dir (for example s3://bucket/checkpoints) "

@@ -7,8 +7,10 @@ triggers from statectl and Spark drivers, rescaling and failover.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
@@ -30,11 +32,12 @@ from keyedstate.common.errors import (
 from keyedstate.common.handles import CheckpointBarrier, SlotRestore, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lifecycle import JobStatus
-from keyedstate.common.storage import CheckpointStorage, StorageCache
+from keyedstate.common.storage import CheckpointStorage, FileInfo, StorageCache, scheme_of
 from keyedstate.jobmanager.checkpoint import (
     AckOutcome,
     CheckpointCoordinator,
     CheckpointException,
+    CheckpointFailureReason,
     CheckpointingSettings,
     CheckpointStatsTracker,
     CheckpointStatus,
@@ -186,6 +189,9 @@ class Checkpointing:
         self._stop = threading.Event()
         self._storages = StorageCache(conf, self._stop)
         self.ha: HighAvailabilityServices = create_ha_services(conf, self._storages.for_url)
+        # Where this JobManager keeps checkpoints in memory (execution.checkpointing.storage: jobmanager):
+        # its own name, so a checkpoint path never resolves in another JobManager, even in this process.
+        self._memory_root = f"jobmanager://{uuid.uuid4().hex[:12]}"
 
     # -- storage -----------------------------------------------------------------------------
     def storage(self, url: str, job: Job | None = None) -> CheckpointStorage:
@@ -193,11 +199,14 @@ class Checkpointing:
         return self._storages.for_url(url, job.config if job is not None else None)
 
     def _checkpoints_dir(self, job: Job) -> str | None:
+        if job.config.get(o.CHECKPOINT_STORAGE) == "jobmanager":
+            return self._memory_root
         directory: str | None = job.config.get(o.CHECKPOINTS_DIR)
         return directory
 
     def job_dir(self, job: Job) -> str:
-        """Where the job's ``chk-<n>`` directories go (``state.checkpoints.dir``/job id); "" without checkpoint storage."""
+        """Where the job's ``chk-<n>`` directories go (``state.checkpoints.dir``/job id, or
+        ``jobmanager://<this JobManager>/<job id>`` in memory); "" without checkpoint storage."""
         base = self._checkpoints_dir(job)
         return _paths.join(_paths.normalize(base), job.job_id) if base else ""
 
@@ -214,7 +223,10 @@ class Checkpointing:
             return
         job_dir = self.job_dir(job)
         settings = CheckpointingSettings.from_config(job.config)
-        storage = self.storage(job_dir, job)
+        storage: CheckpointStorage = self.storage(job_dir, job)
+        if settings.inline_max_state_size:
+            # Checkpoints in memory, savepoints in their directory: each path to its own storage.
+            storage = _StorageByUrl(lambda url: self.storage(url, job))
         store = self.ha.completed_checkpoint_store(job.job_id, settings.num_retained)
         if not recovering:
             for pointer in self.ha.checkpoint_pointers(job.job_id):
@@ -240,7 +252,7 @@ class Checkpointing:
                 JobId(job.job_id), self._metrics_registry, history_size=job.config.get(o.WEB_CHECKPOINTS_HISTORY)
             ),
         )
-        job.coordinator = CheckpointCoordinator(
+        coordinator = CheckpointCoordinator(
             config,
             services,
             operators=lambda: job.spec.operators,
@@ -249,6 +261,12 @@ class Checkpointing:
                 job.job_id, f"too many failed checkpoints ({reason.name}): {message}"
             ),
         )
+        try:
+            coordinator.initialize_locations()
+        except BaseException:
+            coordinator.shutdown()
+            raise
+        job.coordinator = coordinator
 
     def detach(self, job: Job) -> None:
         """Stop ``job``'s coordinator (cancel, failure, shutdown); its store still answers job info."""
@@ -360,6 +378,10 @@ class Checkpointing:
             checkpoint_dir=checkpoint.external_path,
             job_id=JobId(job.job_id),
         )
+        if scheme_of(checkpoint.external_path) == "jobmanager":
+            # Held in this JobManager's memory, out of the TaskManagers' reach: the bytes go with the restore.
+            storage = self.storage(checkpoint.external_path, job)
+            plan = {subtask: [_with_bytes(storage, h) for h in handles] for subtask, handles in plan.items()}
         slots = {
             subtask: SlotRestore(
                 checkpoint_id=CheckpointId(checkpoint.checkpoint_id),
@@ -436,8 +458,14 @@ class Checkpointing:
         """A subtask of ``job`` cannot take the checkpoint: abort it; what the coordinator did."""
         if job.coordinator is None:
             return AckOutcome.UNKNOWN
-        # Every decline reason aborts as CHECKPOINT_DECLINED (the message says what failed).
-        return job.coordinator.decline(decline.checkpoint_id, decline.subtask, decline.message)
+        # A state too large for the JobManager's memory has its own reason (the fix differs);
+        # every other decline aborts as CHECKPOINT_DECLINED, the message saying what failed.
+        reason = (
+            CheckpointFailureReason.STATE_SIZE_LIMIT_EXCEEDED
+            if decline.reason is DeclineReason.STATE_SIZE_LIMIT_EXCEEDED
+            else CheckpointFailureReason.CHECKPOINT_DECLINED
+        )
+        return job.coordinator.decline(decline.checkpoint_id, decline.subtask, decline.message, reason)
 
     def list_checkpoints(self, job: Job) -> list[CheckpointSummary]:
         """The checkpoint history of ``job`` (in flight, completed and failed), newest first."""
@@ -636,3 +664,52 @@ def _next_unused_checkpoint_id(storage: CheckpointStorage, job_dir: str) -> int:
 def _failure(exc: CheckpointException) -> str:
     # The checkpoint's own reason (CHECKPOINT_DECLINED, ...), not the error class's CHECKPOINT_FAILED.
     return f"{exc.failure_reason.name}: {exc.detail}"
+
+
+def _with_bytes(storage: CheckpointStorage, handle: SubtaskStateHandle) -> SubtaskStateHandle:
+    """``handle`` with each file's bytes, read from the JobManager's memory (paths are absolute in a restore plan)."""
+    files = [dataclasses.replace(f, data=storage.read_bytes(f.path)) for f in handle.files]
+    return dataclasses.replace(handle, files=files)
+
+
+class _StorageByUrl:
+    """Each call on the storage its URL names: checkpoints in the JobManager's memory, savepoints in files."""
+
+    def __init__(self, resolve: Callable[[str], CheckpointStorage]) -> None:
+        self._resolve = resolve
+
+    def join(self, base: str, *parts: str) -> str:
+        return self._resolve(base).join(base, *parts)
+
+    def exists(self, path: str) -> bool:
+        return self._resolve(path).exists(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._resolve(path).read_bytes(path)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._resolve(path).write_bytes(path, data)
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        self._resolve(path).create_exclusive(path, data)
+
+    def put_file(self, local_path: str, path: str) -> None:
+        self._resolve(path).put_file(local_path, path)
+
+    def get_file(self, path: str, local_path: str) -> None:
+        self._resolve(path).get_file(path, local_path)
+
+    def size(self, path: str) -> int:
+        return self._resolve(path).size(path)
+
+    def list(self, path: str, recursive: bool = False) -> Iterator[FileInfo]:
+        return self._resolve(path).list(path, recursive)
+
+    def makedirs(self, path: str) -> None:
+        self._resolve(path).makedirs(path)
+
+    def delete(self, path: str) -> None:
+        self._resolve(path).delete(path)
+
+    def delete_dir(self, path: str) -> None:
+        self._resolve(path).delete_dir(path)

@@ -363,6 +363,7 @@ class Dispatcher:
         """
         job_conf = self.conf.with_values(dict(spec.config))
         job_conf.validate()
+        o.checkpoints_in_jobmanager_memory(job_conf)
         restore_path = restore_path or (job_conf.get(o.STATE_RECOVERY_PATH) or "")
         with self._lock:
             existing = self._jobs.get(spec.job_id)

@@ -49,6 +49,7 @@ class JobManagerSettings:
                 f"heartbeat.timeout ({timeout} ms) must be larger than heartbeat.interval ({interval} ms); "
                 "a common choice is five intervals"
             )
+        o.checkpoints_in_jobmanager_memory(conf)
         lease = lease_duration_ms(timeout, interval)
         if lease < MIN_RENEWALS * interval:
             raise ConfigError(

@@ -116,23 +116,31 @@ class Configuration:
     def get(self, option: ConfigOption[T]) -> T:
         """The option's value: its own key, else a legacy key (with a warning), else the default."""
         if option.key in self._values:
-            return option.parser(option.key, self._values[option.key])
+            return self._parse(option, option.key)
         for legacy in option.fallback_keys:
             if legacy in self._values:
-                raw = self._values[legacy]
-                mapped = option.legacy_values.get(str(raw).strip().lower(), raw)
-                if legacy not in self._warned:
-                    self._warned.add(legacy)
-                    shown_raw, shown_mapped = (REDACTED, REDACTED) if option.secret else (raw, mapped)
-                    logger.warning(
-                        "config key %r is deprecated; use %r instead (value %r read as %r)",
-                        legacy,
-                        option.key,
-                        shown_raw,
-                        shown_mapped,
-                    )
-                return option.parser(legacy, mapped)
+                return self._parse(option, legacy)
         return option.default  # type: ignore[return-value]
+
+    def _parse(self, option: ConfigOption[T], key: str) -> T:
+        """Parse the value under ``key`` (the option's key or a legacy one), reading a renamed value
+        as its current one; each deprecated key and value is warned about once, naming what to set."""
+        raw = self._values[key]
+        mapped = option.renamed_value(raw)
+        value = raw if mapped is None else mapped
+        if key != option.key or mapped is not None:
+            warned = key if mapped is None else f"{key}={str(raw).strip().lower()}"
+            if warned not in self._warned:
+                self._warned.add(warned)
+                shown_raw, shown = (REDACTED, REDACTED) if option.secret else (raw, value)
+                if key == option.key:
+                    message = f"config value {shown_raw!r} of {key!r} is deprecated (read as {shown!r})"
+                else:
+                    read_as = f" (value {shown_raw!r} read as {shown!r})" if mapped is not None else ""
+                    message = f"config key {key!r} is deprecated{read_as}; use {option.key!r} instead"
+                note = "" if option.secret or mapped is None else option.legacy_note(raw)
+                logger.warning("%s; set %s: %s%s", message, option.key, shown, f" ({note})" if note else "")
+        return option.parser(key, value)
 
     def get_raw(self, key: str, default: Any = None) -> Any:
         """The unparsed value stored under exactly ``key``, or ``default``: no fallback keys, no option default."""
@@ -164,7 +172,7 @@ class Configuration:
                 warnings.append(msg)
                 continue
             if key == found.key:
-                found.parser(key, self._values[key])
+                self._parse(found, key)
         for opt in known_options:
             if opt.key not in self._values and any(k in self._values for k in opt.fallback_keys):
                 self.get(opt)  # parses and logs the deprecation

@@ -138,9 +138,14 @@ def bool_parser(key: str, value: Any) -> bool:
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
-def enum_parser(*choices: str) -> Callable[[str, Any], str]:
+def enum_parser(*choices: str, refused: Mapping[str, str] | None = None) -> Callable[[str, Any], str]:
+    """One of ``choices`` (case-insensitive). ``refused`` maps values that are known (Flink has
+    them) but not offered here to the reason and the alternative, given instead of "not one of"."""
+
     def parse(key: str, value: Any) -> str:
         text = str(value).strip().lower()
+        if refused and text in refused:
+            raise ConfigError(f"{key}: {value!r} is not supported: {refused[text]}")
         if text not in choices:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
         return text

@@ -168,15 +168,48 @@ HEARTBEAT_CONNECTION_LOSS = _opt(
 )
 
 # --- State backends ---------------------------------------------------------------------------
+_FORST_REFUSAL = (
+    "ForSt keeps the working state on remote storage, and this runtime's slots keep it on local "
+    "disk (rocksdb) or in memory (hashmap). For fast recovery of large state use "
+    "execution.state-recovery.from-local (local recovery) and changelog checkpoints "
+    "(state.changelog.enabled); set state.backend.type: rocksdb"
+)
 STATE_BACKEND = _opt(
     "state.backend.type",
-    enum_parser("rocksdb", "hashmap"),
+    enum_parser(
+        "rocksdb",
+        "hashmap",
+        refused=dict.fromkeys(
+            ("forst", "forststatebackend", "org.apache.flink.state.forst.forststatebackend"), _FORST_REFUSAL
+        ),
+    ),
     "rocksdb",
     "enum",
     "rocksdb (embedded RocksDB per slot, state may exceed memory) or hashmap (in memory, same "
-    "semantics). Unlike Flink, the default is rocksdb.",
+    "semantics). Unlike Flink, the default is rocksdb. forst (remote working state) is refused with "
+    "the alternatives. Flink's legacy values (jobmanager, filesystem) and class names (HashMapStateBackend, "
+    "EmbeddedRocksDBStateBackend, MemoryStateBackend, FsStateBackend, RocksDBStateBackend, with or "
+    "without their org.apache.flink package) are read as hashmap or rocksdb with a deprecation warning.",
     fallback_keys=("state.backend",),
-    legacy_values={"filesystem": "hashmap", "jobmanager": "hashmap", "rocksdb": "rocksdb", "hashmap": "hashmap"},
+    legacy_values={
+        "jobmanager": "hashmap",
+        "filesystem": "hashmap",
+        "hashmapstatebackend": "hashmap",
+        "hashmapstatebackendfactory": "hashmap",
+        "memorystatebackend": "hashmap",
+        "memorystatebackendfactory": "hashmap",
+        "fsstatebackend": "hashmap",
+        "fsstatebackendfactory": "hashmap",
+        "embeddedrocksdbstatebackend": "rocksdb",
+        "embeddedrocksdbstatebackendfactory": "rocksdb",
+        "rocksdbstatebackend": "rocksdb",
+        "rocksdbstatebackendfactory": "rocksdb",
+    },
+    legacy_notes=dict.fromkeys(
+        ("jobmanager", "memorystatebackend", "memorystatebackendfactory"),
+        "Flink's MemoryStateBackend also kept checkpoints in the JobManager's memory; for that, "
+        "also set execution.checkpointing.storage: jobmanager",
+    ),
 )
 ROCKSDB_LOCALDIR = _opt(
     "state.backend.rocksdb.localdir",
@@ -334,7 +367,37 @@ CHECKPOINTS_DIR = _opt(
     string_parser,
     None,
     "string",
-    "Where checkpoints go: file://, s3:// or hdfs:// (any fsspec URL). Layout: <dir>/<job-id>/chk-<n>/_metadata, shared/, taskowned/.",
+    "Where checkpoints go with filesystem storage: file://, s3:// or hdfs:// (any fsspec URL). Layout (Flink's): "
+    "<dir>/<job-id>/{chk-<n>/_metadata, shared/, taskowned/}; shared/ and taskowned/ are created at job start, "
+    "and nothing in taskowned/ (TaskManager-owned state) is ever deleted by retention or gc.",
+)
+CHECKPOINT_STORAGE = _opt(
+    "execution.checkpointing.storage",
+    enum_parser("filesystem", "jobmanager"),
+    "filesystem",
+    "enum",
+    "Where checkpoints are kept. filesystem: files under state.checkpoints.dir. jobmanager (Flink's "
+    "JobManagerCheckpointStorage): TaskManagers send their snapshots inline in their acknowledgements and the "
+    "JobManager keeps completed checkpoints in its memory, no files; they restore and fail over while that "
+    "JobManager lives, so it is refused with high-availability.type; savepoints still go to their directory. "
+    "For small state, tests and development. Flink's class names FileSystemCheckpointStorage and "
+    "JobManagerCheckpointStorage (with or without their org.apache.flink package) are read with a deprecation warning.",
+    fallback_keys=("state.checkpoint-storage",),
+    legacy_values={
+        "filesystemcheckpointstorage": "filesystem",
+        "filesystemcheckpointstoragefactory": "filesystem",
+        "jobmanagercheckpointstorage": "jobmanager",
+        "jobmanagercheckpointstoragefactory": "jobmanager",
+    },
+)
+JOBMANAGER_STORAGE_MAX_STATE_SIZE = _opt(
+    "execution.checkpointing.jobmanager-storage.max-state-size",
+    memory_at_least(1),
+    5 << 20,
+    "memory",
+    "With execution.checkpointing.storage: jobmanager, the largest snapshot one slot may send inline "
+    "(Flink's JobManagerCheckpointStorage maxStateSize, 5 MB by default, which Flink sets only in code). "
+    "A larger one declines the checkpoint with reason STATE_SIZE_LIMIT_EXCEEDED; use filesystem storage then.",
 )
 SAVEPOINTS_DIR = _opt("state.savepoints.dir", string_parser, None, "string", "Default target directory of savepoints.")
 CHECKPOINT_INTERVAL = _opt(
@@ -791,6 +854,26 @@ def cluster_id(conf: Any) -> str:
         return validate_name("high-availability.cluster-id", str(conf.get(HA_CLUSTER_ID)).strip("/"))
     except InvalidArgumentError as exc:
         raise ConfigError(exc.message) from None
+
+
+def checkpoints_in_jobmanager_memory(conf: Any) -> bool:
+    """True when ``conf`` keeps checkpoints in the JobManager's memory; ConfigError if that cannot work.
+
+    A JobManager that restarts under high availability resumes its jobs from their latest
+    checkpoints, which a memory-held checkpoint does not survive: the combination is refused
+    at start-up (and at submission, for a job's own config) instead of failing at recovery.
+    """
+    from keyedstate.common.errors import ConfigError
+
+    if conf.get(CHECKPOINT_STORAGE) != "jobmanager":
+        return False
+    if conf.get(HA_TYPE) != "none":
+        raise ConfigError(
+            f"{CHECKPOINT_STORAGE.key}: jobmanager keeps checkpoints in the JobManager's memory, which a restarted "
+            f"JobManager cannot find, so it cannot be combined with {HA_TYPE.key}: {conf.get(HA_TYPE)}; set "
+            f"{CHECKPOINT_STORAGE.key}: filesystem with {CHECKPOINTS_DIR.key}, or {HA_TYPE.key}: none"
+        )
+    return True
 
 
 def by_key() -> dict[str, ConfigOption[Any]]:

@@ -28,6 +28,7 @@ def barrier_from_proto(message: tm_pb.CheckpointBarrier) -> CheckpointBarrier:
         savepoint=message.savepoint,
         incremental=message.incremental,
         timestamp_ms=message.timestamp_ms,
+        inline_max_state_size=message.inline_max_state_size,
     )
 
 
@@ -38,6 +39,7 @@ def file_from_proto(message: pb.StateFileHandle) -> StateFileHandle:
         sha256=message.sha256,
         local_name=message.local_name,
         shared=message.shared,
+        data=message.data if message.HasField("data") else None,
     )
 
 
@@ -65,7 +67,9 @@ def handle_to_proto(handle: SubtaskStateHandle) -> pb.SubtaskStateHandle:
         key_groups=pb.KeyGroupRange(start=handle.key_groups.start, end=handle.key_groups.end),
         backend=handle.backend,
         files=[
-            pb.StateFileHandle(path=f.path, size=f.size, sha256=f.sha256, local_name=f.local_name, shared=f.shared)
+            pb.StateFileHandle(
+                path=f.path, size=f.size, sha256=f.sha256, local_name=f.local_name, shared=f.shared, data=f.data
+            )
             for f in handle.files
         ],
         incremental_size=handle.incremental_size,
@@ -105,6 +109,7 @@ def barrier_to_proto(barrier: CheckpointBarrier) -> tm_pb.CheckpointBarrier:
         savepoint=barrier.savepoint,
         incremental=barrier.incremental,
         timestamp_ms=barrier.timestamp_ms,
+        inline_max_state_size=barrier.inline_max_state_size,
     )
 
 

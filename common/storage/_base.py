@@ -74,6 +74,12 @@ class CheckpointStorage(Protocol):
         below ``path``, no directory entries. URLs keep the form of ``path`` (scheme included).
         """
 
+    def makedirs(self, path: str) -> None:
+        """Create the directory ``path`` and its parents; existing is not an error.
+
+        Object stores have no directories (writes create prefixes), so there it does nothing.
+        """
+
     def delete(self, path: str) -> None:
         """Delete a file; a missing file is not an error."""
 

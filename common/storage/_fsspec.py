@@ -228,6 +228,11 @@ class FsspecStorage(abc.ABC):
             infos.append(FileInfo(prefix + name, 0 if is_dir else int(entry.get("size") or 0), is_dir))
         return iter(sorted(infos, key=lambda i: i.path))
 
+    def makedirs(self, path: str) -> None:
+        """Create the directory ``path`` with its parents; an existing one is not an error."""
+        _, p = self._split(path)
+        self._call("makedirs", path, lambda: self.fs.makedirs(p, exist_ok=True))
+
     def delete(self, path: str) -> None:
         """Delete the file at ``path``; a missing file is not an error."""
         _, p = self._split(path)

@@ -40,6 +40,9 @@ _HDFS = StorageBackend(
     "keyedstate.common.storage._hdfs:HdfsStorage",
     "pip install fsspec pyarrow (hdfs://) or requests (webhdfs://)",
 )
+_JOBMANAGER = StorageBackend(
+    "keyedstate.common.storage._memory:JobManagerMemoryStorage", "reinstall keyedstate (it is part of the runtime)"
+)
 
 _REGISTRY: dict[str, StorageBackend] = {
     "": _LOCAL,
@@ -49,6 +52,9 @@ _REGISTRY: dict[str, StorageBackend] = {
     "s3n": _S3,
     "hdfs": _HDFS,
     "webhdfs": _HDFS,
+    # Checkpoints in the JobManager's memory (execution.checkpointing.storage: jobmanager);
+    # only the JobManager process that took them can read them.
+    "jobmanager": _JOBMANAGER,
 }
 
 

@@ -174,6 +174,10 @@ class S3Storage(FsspecStorage):
         self.fs.put_file(local_path, fs_path)
         self.fs.invalidate_cache(fs_path)
 
+    def makedirs(self, path: str) -> None:
+        """Nothing to do: S3 has no directories, and s3fs would create a missing bucket instead."""
+        self._split(path)
+
     def delete_dir(self, path: str) -> None:
         """Delete every object under the prefix ``path`` in bulk requests of 1000 keys.
 

@@ -11,7 +11,9 @@ Storage layout under ``job_dir`` (``<state.checkpoints.dir>/<job-id>``)::
     chk-<n>/_metadata   the commit record, written last with one create-only write
     chk-<n>/…           files only checkpoint n uses (deleted when it is subsumed or aborted)
     shared/…            incremental files, reference-counted across retained checkpoints
-    taskowned/…         files TaskManagers own; never deleted by the coordinator
+    taskowned/…         files TaskManagers own; never deleted by the coordinator, retention or gc
+
+Both directories are created when the job's checkpointing starts (:meth:`CheckpointCoordinator.initialize_locations`).
 
 A savepoint goes to ``<target dir>/savepoint-<job8>-<n>/``, holds all its files, and belongs to
 the user: retention never deletes it.
@@ -30,6 +32,7 @@ run outside it. Finalizations are serialized by a second lock so checkpoints com
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import threading
@@ -184,6 +187,15 @@ class CheckpointCoordinator:
         self._protected: dict[str, frozenset[str]] = {}
         self._protected_lock = threading.Lock()  # not _lock: deletions may run inline under it
 
+    def initialize_locations(self) -> None:
+        """Create ``shared/`` and ``taskowned/`` under the job directory (Flink's layout from the first checkpoint on).
+
+        Idempotent; on object stores, which have no directories, it does nothing. A storage
+        failure is raised: a job whose checkpoint directory cannot be written should not start.
+        """
+        for directory in (self.shared_dir, self.taskowned_dir):
+            self._storage.makedirs(directory)
+
     # -- queries -------------------------------------------------------------------------------
     @property
     def store(self) -> CompletedCheckpointStore:
@@ -310,6 +322,8 @@ class CheckpointCoordinator:
             savepoint=pending.savepoint,
             incremental=pending.incremental,
             timestamp_ms=pending.trigger_timestamp_ms,
+            # Savepoints go to their directory whatever the storage, as in Flink.
+            inline_max_state_size=0 if pending.savepoint else self.settings.inline_max_state_size,
         )
         try:
             self._gateway.send_barrier(barrier)
@@ -521,8 +535,21 @@ class CheckpointCoordinator:
 
     # -- acknowledgements ----------------------------------------------------------------------
     def acknowledge(self, checkpoint_id: CheckpointId, handle: SubtaskStateHandle) -> AckOutcome:
-        """Record a subtask's snapshot; the last ack completes the checkpoint on this thread."""
+        """Record a subtask's snapshot; the last ack completes the checkpoint on this thread.
+
+        Files sent inline (JobManager checkpoint storage) are stored first, under the
+        checkpoint's directory in this JobManager's memory, and the handle keeps only their paths.
+        """
         subtask = SubtaskId(self.job_id, handle.operator_id, handle.subtask_index)
+        if any(f.data is not None for f in handle.files):
+            refused = self._store_inline(checkpoint_id, subtask, handle)
+            if refused is not None:
+                with self._lock:
+                    pending = self._pending.get(checkpoint_id)
+                logger.warning("job=%s checkpoint=%d %s", self.job_id, checkpoint_id, refused.detail)
+                if pending is not None:
+                    self._abort(pending, refused.failure_reason, refused.detail)
+                return AckOutcome.DISCARDED
         invalid: CheckpointException | None = None
         finalize: PendingCheckpoint | None = None
         late: PendingCheckpoint | None = None
@@ -579,6 +606,44 @@ class CheckpointCoordinator:
         if finalize is not None:
             self._finalize(finalize)
         return outcome
+
+    def _store_inline(
+        self, checkpoint_id: CheckpointId, subtask: SubtaskId, handle: SubtaskStateHandle
+    ) -> CheckpointException | None:
+        """Write the files ``handle`` carries inline into the checkpoint's directory and drop their bytes
+        from it; the refusal when this checkpoint takes no inline files or the state is too large."""
+        with self._lock:
+            pending = self._pending.get(checkpoint_id)
+        limit = self.settings.inline_max_state_size
+        if pending is not None:
+            if pending.savepoint or limit <= 0:
+                return CheckpointException(
+                    R.CHECKPOINT_DECLINED,
+                    f"subtask {subtask} sent its files inline, but checkpoint {checkpoint_id} is written to "
+                    f"{pending.target_path}; the TaskManager must upload them there",
+                )
+            size = sum(len(f.data) for f in handle.files if f.data is not None)
+            if size > limit:
+                return CheckpointException(
+                    R.STATE_SIZE_LIMIT_EXCEEDED,
+                    f"the state of subtask {subtask} is {size} bytes, more than the {limit} bytes of "
+                    f"{o.JOBMANAGER_STORAGE_MAX_STATE_SIZE.key}; use {o.CHECKPOINT_STORAGE.key}: filesystem with "
+                    f"{o.CHECKPOINTS_DIR.key} for state this large",
+                )
+            for f in handle.files:
+                if f.data is None:
+                    continue
+                relative = pending.relative_path(f.path, f.shared)
+                if f.shared or not _paths.is_inside_relative(relative):
+                    return CheckpointException(
+                        R.CHECKPOINT_DECLINED,
+                        f"file {f.path!r} sent inline by subtask {subtask} is not inside the checkpoint directory",
+                    )
+                self._storage.write_bytes(_paths.join(pending.target_path, relative), f.data)
+        # Not pending (late, duplicate, unknown): the usual answer follows, and a discard deletes
+        # what may have been stored for an aborted checkpoint meanwhile.
+        handle.files = [dataclasses.replace(f, data=None) for f in handle.files]
+        return None
 
     def _ack_stats(self, handle: SubtaskStateHandle) -> SubtaskAckStats:
         """What the history keeps of one ack: who, when, its sync and async phases and its sizes."""

@@ -6,6 +6,15 @@ import enum
 import logging
 
 from keyedstate.common.errors import CheckpointError, Reason
+from keyedstate.common.handles import DeclineReason
+
+__all__ = [
+    "CheckpointException",
+    "CheckpointFailureReason",
+    "CheckpointInProgressError",
+    "CheckpointNotFoundError",
+    "DeclineReason",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +62,14 @@ class CheckpointFailureReason(enum.Enum):
         "Checkpoint has been subsumed by a newer completed checkpoint.",
     )
     CHECKPOINT_DECLINED = ("CHECKPOINT_DECLINED", False, True, "Checkpoint was declined.")
+    # Not one of Flink's (there the declining task's exception says it): its own reason here, since
+    # the fix is a configuration change (filesystem storage), not a retry.
+    STATE_SIZE_LIMIT_EXCEEDED = (
+        "STATE_SIZE_LIMIT_EXCEEDED",
+        False,
+        True,
+        "A subtask's state is larger than the JobManager checkpoint storage takes; use filesystem checkpoint storage.",
+    )
     CHECKPOINT_COORDINATOR_SHUTDOWN = (
         "CHECKPOINT_COORDINATOR_SHUTDOWN",
         False,
@@ -80,14 +97,6 @@ class CheckpointFailureReason(enum.Enum):
         member.counts = counts
         member.description = description
         return member
-
-
-class DeclineReason(enum.Enum):
-    """Why a subtask declined a checkpoint, as its TaskManager says (the wire's ``DeclineReason``)."""
-
-    UNSPECIFIED = "UNSPECIFIED"
-    SNAPSHOT_FAILED = "SNAPSHOT_FAILED"
-    """Taking or uploading the slot's snapshot failed (the message says how)."""
 
 
 class CheckpointException(CheckpointError):

@@ -2,7 +2,9 @@
 
 Garbage is what no valid ``_metadata`` in the job directory references: ``chk-<n>`` directories
 without ``_metadata`` (aborted or crashed before completing), directories of checkpoints that
-were subsumed but not deleted, and ``shared/`` or ``taskowned/`` files no checkpoint uses. The
+were subsumed but not deleted, and ``shared/`` files no checkpoint uses. The ``shared/`` and
+``taskowned/`` directories themselves always stay, and nothing in ``taskowned/`` is ever deleted:
+as in Flink, TaskManagers own what is there, and only they know when it is no longer needed. The
 plan is conservative: a checkpoint in progress (with the ``shared/chk-<n>/`` files it uploads), a
 valid checkpoint the store does not know, and anything an unreadable ``_metadata`` might
 reference are kept, each with the reason.
@@ -24,6 +26,9 @@ from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 from keyedstate.jobmanager.checkpoint.restore import load_checkpoint
 
 logger = logging.getLogger(__name__)
+
+
+TASKOWNED_KEPT = "TaskManagers own taskowned/: gc never deletes it or anything in it"
 
 
 class GcEntry(NamedTuple):
@@ -86,8 +91,10 @@ def _list_job_dir(storage: CheckpointStorage, job_dir: str, plan: GcPlan) -> tup
         cid = _paths.parse_checkpoint_dir_name(entry_name)
         if info.is_dir and cid is not None:
             checkpoint_dirs[cid] = _paths.normalize(info.path)
-        elif info.is_dir and entry_name in (_paths.SHARED_DIR, _paths.TASKOWNED_DIR):
+        elif info.is_dir and entry_name == _paths.SHARED_DIR:
             pools.append(_paths.normalize(info.path))
+        elif info.is_dir and entry_name == _paths.TASKOWNED_DIR:
+            plan.keep.append(GcEntry(_paths.normalize(info.path), TASKOWNED_KEPT, True))
         else:
             plan.keep.append(GcEntry(_paths.normalize(info.path), "not a checkpoint directory", info.is_dir))
     return checkpoint_dirs, pools

@@ -26,6 +26,9 @@ class CheckpointingSettings:
     tolerable_failures: int = 0
     num_retained: int = 1
     incremental: bool = False
+    inline_max_state_size: int = 0
+    """> 0: checkpoints live in the JobManager's memory (``execution.checkpointing.storage: jobmanager``),
+    TaskManagers send their files inline, each slot's at most this many bytes. 0: files in storage."""
 
     def __post_init__(self) -> None:
         if self.interval_ms is not None and self.interval_ms < _MIN_INTERVAL_MS:
@@ -46,6 +49,16 @@ class CheckpointingSettings:
 
     @classmethod
     def from_config(cls, conf: Configuration) -> CheckpointingSettings:
+        """The settings ``conf`` gives; ConfigError for JobManager storage under high availability."""
+        in_memory = o.checkpoints_in_jobmanager_memory(conf)
+        incremental = conf.get(o.CHECKPOINT_INCREMENTAL)
+        if in_memory and incremental:
+            # As in Flink, a memory-held checkpoint is always complete: there is no shared/ to refer to.
+            logger.info(
+                "%s is ignored with %s: jobmanager; every checkpoint holds the whole state",
+                o.CHECKPOINT_INCREMENTAL.key,
+                o.CHECKPOINT_STORAGE.key,
+            )
         return cls(
             interval_ms=conf.get(o.CHECKPOINT_INTERVAL),
             timeout_ms=conf.get(o.CHECKPOINT_TIMEOUT),
@@ -53,7 +66,8 @@ class CheckpointingSettings:
             min_pause_ms=conf.get(o.CHECKPOINT_MIN_PAUSE),
             tolerable_failures=conf.get(o.CHECKPOINT_TOLERABLE_FAILURES),
             num_retained=conf.get(o.CHECKPOINT_NUM_RETAINED),
-            incremental=conf.get(o.CHECKPOINT_INCREMENTAL),
+            incremental=incremental and not in_memory,
+            inline_max_state_size=conf.get(o.JOBMANAGER_STORAGE_MAX_STATE_SIZE) if in_memory else 0,
         )
 
     @property

@@ -20,7 +20,10 @@ from keyedstate.jobmanager.checkpoint import (
 )
 from keyedstate.jobmanager.checkpointing import CheckpointDecline, CheckpointTrigger
 
-_DECLINE_REASONS = {jm_pb.DECLINE_REASON_SNAPSHOT_FAILED: DeclineReason.SNAPSHOT_FAILED}
+_DECLINE_REASONS = {
+    jm_pb.DECLINE_REASON_SNAPSHOT_FAILED: DeclineReason.SNAPSHOT_FAILED,
+    jm_pb.DECLINE_REASON_STATE_SIZE_LIMIT_EXCEEDED: DeclineReason.STATE_SIZE_LIMIT_EXCEEDED,
+}
 
 
 def trigger_from_proto(request: jm_pb.TriggerCheckpointRequest) -> CheckpointTrigger:

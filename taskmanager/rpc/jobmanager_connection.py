@@ -33,7 +33,7 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
-from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.handles import DeclineReason, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
 from keyedstate.common.retry import RetryPolicy, call_with_retries
@@ -48,6 +48,11 @@ logger = logging.getLogger(__name__)
 
 _RPC_TIMEOUT_S = 10.0
 _CHECKPOINT_RPC_TIMEOUT_S = 30.0
+_DECLINE_REASONS = {
+    DeclineReason.UNSPECIFIED: jm_pb.DECLINE_REASON_UNSPECIFIED,
+    DeclineReason.SNAPSHOT_FAILED: jm_pb.DECLINE_REASON_SNAPSHOT_FAILED,
+    DeclineReason.STATE_SIZE_LIMIT_EXCEEDED: jm_pb.DECLINE_REASON_STATE_SIZE_LIMIT_EXCEEDED,
+}
 _CHECKPOINT_REPORT_RETRIES = RetryPolicy(max_attempts=5, initial_backoff_s=0.2, multiplier=2.0, jitter=0.0)
 """An ack or decline is retried while the JobManager is unreachable (0.2 s, 0.4 s, ... between tries)."""
 
@@ -146,7 +151,14 @@ class JobManagerConnection:
             lambda: self._checkpoints.AcknowledgeCheckpoint(request, timeout=_CHECKPOINT_RPC_TIMEOUT_S),
         )
 
-    def decline_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, subtask: SubtaskId, reason: str) -> None:
+    def decline_checkpoint(
+        self,
+        job_id: JobId,
+        checkpoint_id: CheckpointId,
+        subtask: SubtaskId,
+        reason: str,
+        kind: DeclineReason = DeclineReason.SNAPSHOT_FAILED,
+    ) -> None:
         """Report that one slot cannot complete a checkpoint, and why; retried while the JobManager is unreachable."""
         request = jm_pb.DeclineCheckpointRequest(
             job_id=job_id,
@@ -155,7 +167,7 @@ class JobManagerConnection:
             operator_id=subtask.operator_id,
             subtask_index=subtask.subtask_index,
             message=reason,
-            reason=jm_pb.DECLINE_REASON_SNAPSHOT_FAILED,
+            reason=_DECLINE_REASONS[kind],
         )
         self._report(
             f"declining checkpoint {checkpoint_id}",

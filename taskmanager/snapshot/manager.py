@@ -22,6 +22,7 @@ Handle paths are relative to the directory that will hold ``_metadata``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -33,9 +34,21 @@ from pathlib import Path
 from typing import Protocol
 
 from keyedstate.common.clock import Clock
-from keyedstate.common.errors import EpochConflictError, InvalidArgumentError, KeyedStateError
+from keyedstate.common.errors import (
+    CorruptCheckpointError,
+    EpochConflictError,
+    InvalidArgumentError,
+    KeyedStateError,
+    SizeLimitError,
+)
 from keyedstate.common.faults import crash_point
-from keyedstate.common.handles import CheckpointBarrier, SlotRestore, StateFileHandle, SubtaskStateHandle
+from keyedstate.common.handles import (
+    CheckpointBarrier,
+    DeclineReason,
+    SlotRestore,
+    StateFileHandle,
+    SubtaskStateHandle,
+)
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId, SubtaskId, validate_id
 from keyedstate.common.storage import StorageCache, is_plain_file_name
 from keyedstate.taskmanager.backends import BackendFactory
@@ -70,8 +83,19 @@ class CheckpointReporter(Protocol):
     def acknowledge_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, state: SubtaskStateHandle) -> None:
         """Report one slot's uploaded snapshot of ``checkpoint_id``."""
 
-    def decline_checkpoint(self, job_id: JobId, checkpoint_id: CheckpointId, subtask: SubtaskId, reason: str) -> None:
+    def decline_checkpoint(
+        self,
+        job_id: JobId,
+        checkpoint_id: CheckpointId,
+        subtask: SubtaskId,
+        reason: str,
+        kind: DeclineReason = DeclineReason.SNAPSHOT_FAILED,
+    ) -> None:
         """Report that ``subtask`` cannot complete ``checkpoint_id``, and why (shown to the operator)."""
+
+
+class StateSizeLimitExceeded(SizeLimitError):
+    """A slot's snapshot is larger than the JobManager checkpoint storage takes inline."""
 
 
 _PlannedUpload = tuple[str, str, str, bool]
@@ -94,6 +118,8 @@ class _SlotCheckpoint:
     uploaded_remote: list[str] = field(default_factory=list)
     done: bool = False
     savepoint: bool = False
+    inline: bool = False
+    """The files go inline to the JobManager (its memory holds the checkpoint): nothing is uploaded."""
 
 
 class SnapshotManager:
@@ -179,7 +205,12 @@ class SnapshotManager:
             snapshot = backend.snapshot(local_dir)
             sync_ms = float(self._clock.monotonic_ms() - t0)
             work = _SlotCheckpoint(
-                slot, barrier.checkpoint_id, local_dir, barrier.target_path, savepoint=barrier.savepoint
+                slot,
+                barrier.checkpoint_id,
+                local_dir,
+                barrier.target_path,
+                savepoint=barrier.savepoint,
+                inline=barrier.inline_max_state_size > 0,
             )
             started.append(work)
             self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
@@ -245,8 +276,13 @@ class SnapshotManager:
             reason = exc.message if isinstance(exc, KeyedStateError) else repr(exc)
             if not work.cancel.is_set():
                 logger.warning("checkpoint %d of %s failed: %s", barrier.checkpoint_id, slot.subtask, reason)
+                kind = (
+                    DeclineReason.STATE_SIZE_LIMIT_EXCEEDED
+                    if isinstance(exc, StateSizeLimitExceeded)
+                    else DeclineReason.SNAPSHOT_FAILED
+                )
                 try:
-                    self._reporter.decline_checkpoint(barrier.job_id, barrier.checkpoint_id, slot.subtask, reason)
+                    self._reporter.decline_checkpoint(barrier.job_id, barrier.checkpoint_id, slot.subtask, reason, kind)
                 except Exception:
                     logger.warning("could not decline checkpoint %d (JobManager unreachable)", barrier.checkpoint_id)
             self._discard_uploads(work, barrier)
@@ -258,7 +294,8 @@ class SnapshotManager:
         """What to upload where, the shared files reused from the last completed checkpoint, and the full size."""
         slot = work.slot
         owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
-        incremental = barrier.incremental and not barrier.savepoint and slot.checkpoint_base
+        inline = barrier.inline_max_state_size > 0
+        incremental = barrier.incremental and not barrier.savepoint and not inline and slot.checkpoint_base
         confirmed: dict[str, StateFileHandle] = dict(slot.uploaded_shared)
         plan: list[_PlannedUpload] = []
         reused_handles: list[StateFileHandle] = []
@@ -291,6 +328,9 @@ class SnapshotManager:
         slot = work.slot
         files = snapshot.materialize()
         plan, handles, full_size = self._plan_uploads(work, files, barrier)
+        if barrier.inline_max_state_size > 0:
+            handles = self._inline(slot, plan, full_size, barrier)
+            return self._state_handle(slot, snapshot, handles, full_size, full_size)
         # Recorded before uploading: when one file fails or the checkpoint is cancelled, the files
         # that did arrive are not reported back, and a discard must still delete every one of them.
         work.uploaded_remote.extend(p[1] for p in plan)
@@ -312,13 +352,49 @@ class SnapshotManager:
             incremental_size += up.size
             if shared:
                 work.new_shared[name] = handle
+        return self._state_handle(slot, snapshot, handles, incremental_size, full_size)
+
+    def _inline(
+        self, slot: Slot, plan: list[_PlannedUpload], full_size: int, barrier: CheckpointBarrier
+    ) -> list[StateFileHandle]:
+        """The slot's files with their bytes, for a checkpoint kept in the JobManager's memory.
+
+        Refused past the barrier's limit before anything is read, as Flink's JobManagerCheckpointStorage
+        refuses a state larger than its maximum.
+        """
+        limit = barrier.inline_max_state_size
+        if full_size > limit:
+            raise StateSizeLimitExceeded(
+                f"the state of {slot.subtask} is {full_size} bytes, more than the {limit} bytes the JobManager "
+                f"checkpoint storage takes (execution.checkpointing.jobmanager-storage.max-state-size); use "
+                f"execution.checkpointing.storage: filesystem with state.checkpoints.dir for state this large"
+            )
+        handles = []
+        for local, _remote, relative, _shared in plan:
+            data = Path(local).read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            handles.append(
+                StateFileHandle(path=relative, size=len(data), sha256=digest, local_name=Path(local).name, data=data)
+            )
+        logger.info(
+            "checkpoint %d of %s: %d files (%d bytes) sent inline to the JobManager",
+            barrier.checkpoint_id,
+            slot.subtask,
+            len(handles),
+            full_size,
+        )
+        return handles
+
+    def _state_handle(
+        self, slot: Slot, snapshot: LocalSnapshot, files: list[StateFileHandle], incremental_size: int, full_size: int
+    ) -> SubtaskStateHandle:
         backend = slot.backend
         return SubtaskStateHandle(
             operator_id=OperatorId(slot.subtask.operator_id),
             subtask_index=slot.subtask.subtask_index,
             key_groups=KeyGroupRange(slot.key_groups.start, slot.key_groups.end),
             backend=self._backends.kind,
-            files=handles,
+            files=files,
             incremental_size=incremental_size,
             full_size=full_size,
             # Read at the cut when the backend can; the live value may already include a later epoch.
@@ -331,6 +407,10 @@ class SnapshotManager:
 
     def _discard_uploads(self, work: _SlotCheckpoint, barrier: CheckpointBarrier) -> None:
         """Delete what this attempt uploaded and its local snapshot: a failed checkpoint leaves nothing."""
+        if work.inline:
+            # Nothing was uploaded: the files went (or were to go) inline to the JobManager.
+            shutil.rmtree(work.local_dir, ignore_errors=True)
+            return
         storage = self._storages.for_url(barrier.target_path)
         for remote in work.uploaded_remote:
             try:
@@ -428,6 +508,9 @@ class SnapshotManager:
                         f"restore of {slot.subtask}: file {f.path[:200]!r} has local name {name[:100]!r}; it must be a "
                         "plain file name (no '/', not '..'), or the file would be written outside the restore directory"
                     )
+                if f.data is not None:
+                    _write_inline(f, target / name)
+                    continue
                 verified = local.get(name)
                 if verified is not None:
                     (target / name).hardlink_to(verified)
@@ -539,6 +622,17 @@ class SnapshotManager:
                 for w in works:
                     w.cancel.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_inline(f: StateFileHandle, path: Path) -> None:
+    """A file the JobManager sent with the restore (its memory holds the checkpoint), checked as a download is."""
+    assert f.data is not None
+    if len(f.data) != f.size or hashlib.sha256(f.data).hexdigest() != f.sha256:
+        raise CorruptCheckpointError(
+            f"file {f.path!r} sent inline by the JobManager has {len(f.data)} bytes and another checksum than "
+            f"its handle ({f.size} bytes, sha256 {f.sha256[:12]}…); take a new checkpoint"
+        )
+    path.write_bytes(f.data)
 
 
 def _local_name(barrier: CheckpointBarrier) -> str:

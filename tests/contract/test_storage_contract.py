@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,14 @@ class StorageContract:
         storage.delete_dir(storage.join(root, "chk-1"))  # again: missing is fine
 
     # -- paths ----------------------------------------------------------------------------------------
+    def test_makedirs_is_idempotent_and_writes_below_it_work(self, storage: CheckpointStorage, root: str) -> None:
+        target = storage.join(root, "job", "taskowned")
+        storage.makedirs(target)
+        storage.makedirs(target)
+        storage.write_bytes(storage.join(target, "f"), b"x")
+        assert storage.read_bytes(storage.join(target, "f")) == b"x"
+        assert [i.path for i in storage.list(target)] == [storage.join(target, "f")]
+
     def test_join(self, storage: CheckpointStorage, root: str) -> None:
         assert storage.join(root, "a", "b/c") == root.rstrip("/") + "/a/b/c"
         assert storage.join(root + "/", "/a/") == root.rstrip("/") + "/a"
@@ -251,6 +260,18 @@ class TestLocalPlainPathStorage(StorageContract):
         return str(tmp_path / "checkpoints")
 
 
+class TestJobManagerMemoryStorage(StorageContract):
+    @pytest.fixture
+    def storage(self) -> CheckpointStorage:
+        return open_storage("jobmanager://contract")
+
+    @pytest.fixture
+    def root(self, tmp_path: Path) -> Iterator[str]:
+        root = f"jobmanager://contract-{tmp_path.name}/checkpoints"
+        yield root
+        open_storage(root).delete_dir(root)
+
+
 @pytest.mark.s3
 class TestS3Storage(StorageContract):
     @pytest.fixture
@@ -260,6 +281,13 @@ class TestS3Storage(StorageContract):
     @pytest.fixture
     def root(self, s3_bucket: tuple[str, str]) -> str:
         return f"s3://{s3_bucket[1]}/jobs/checkpoints"
+
+
+def test_makedirs_creates_an_empty_local_directory(tmp_path: Path) -> None:
+    storage = open_storage(f"file://{tmp_path}")
+    storage.makedirs(f"file://{tmp_path}/a/b/shared")
+    assert (tmp_path / "a" / "b" / "shared").is_dir()
+    assert storage.exists(f"file://{tmp_path}/a/b/shared")
 
 
 def test_storage_error_is_not_raised_for_plain_misses(tmp_path: Path) -> None:

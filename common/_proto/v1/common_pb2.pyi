@@ -384,6 +384,7 @@ class StateFileHandle(_message.Message):
     SHA256_FIELD_NUMBER: _builtins.int
     LOCAL_NAME_FIELD_NUMBER: _builtins.int
     SHARED_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """relative to the checkpoint directory (or to the job directory for shared/)"""
     size: _builtins.int
@@ -391,6 +392,10 @@ class StateFileHandle(_message.Message):
     local_name: _builtins.str
     """the file's name inside the snapshot (for example 000012.sst)"""
     shared: _builtins.bool
+    data: _builtins.bytes
+    """The file's bytes, when the checkpoint lives in the JobManager's memory
+    (execution.checkpointing.storage: jobmanager): in the acknowledgement, and in a restore.
+    """
     def __init__(
         self,
         *,
@@ -399,12 +404,15 @@ class StateFileHandle(_message.Message):
         sha256: _builtins.str = ...,
         local_name: _builtins.str = ...,
         shared: _builtins.bool = ...,
+        data: _builtins.bytes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_data", b"_data", "data", b"data"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["local_name", b"local_name", "path", b"path", "sha256", b"sha256", "shared", b"shared", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_data", b"_data", "data", b"data", "local_name", b"local_name", "path", b"path", "sha256", b"sha256", "shared", b"shared", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__data: _TypeAlias = _typing.Literal["data"]  # noqa: Y015
+    _WhichOneofArgType__data: _TypeAlias = _typing.Literal["_data", b"_data"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__data) -> _WhichOneofReturnType__data | None: ...
 
 Global___StateFileHandle: _TypeAlias = StateFileHandle  # noqa: Y015
 

@@ -74,6 +74,8 @@ class _DeclineReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Decline
     DECLINE_REASON_UNSPECIFIED: _DeclineReason.ValueType  # 0
     DECLINE_REASON_SNAPSHOT_FAILED: _DeclineReason.ValueType  # 1
     """taking or uploading the slot's snapshot failed (message says how)"""
+    DECLINE_REASON_STATE_SIZE_LIMIT_EXCEEDED: _DeclineReason.ValueType  # 2
+    """the slot's snapshot is larger than the barrier's inline_max_state_size (JobManager checkpoint storage)"""
 
 class DeclineReason(_DeclineReason, metaclass=_DeclineReasonEnumTypeWrapper):
     """Why a subtask declines a checkpoint."""
@@ -81,6 +83,8 @@ class DeclineReason(_DeclineReason, metaclass=_DeclineReasonEnumTypeWrapper):
 DECLINE_REASON_UNSPECIFIED: DeclineReason.ValueType  # 0
 DECLINE_REASON_SNAPSHOT_FAILED: DeclineReason.ValueType  # 1
 """taking or uploading the slot's snapshot failed (message says how)"""
+DECLINE_REASON_STATE_SIZE_LIMIT_EXCEEDED: DeclineReason.ValueType  # 2
+"""the slot's snapshot is larger than the barrier's inline_max_state_size (JobManager checkpoint storage)"""
 Global___DeclineReason: _TypeAlias = DeclineReason  # noqa: Y015
 
 class _AckOutcome:

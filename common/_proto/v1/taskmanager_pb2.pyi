@@ -560,6 +560,7 @@ class CheckpointBarrier(_message.Message):
     SAVEPOINT_FIELD_NUMBER: _builtins.int
     INCREMENTAL_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    INLINE_MAX_STATE_SIZE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     checkpoint_id: _builtins.int
     timestamp_ms: _builtins.int
@@ -571,6 +572,11 @@ class CheckpointBarrier(_message.Message):
     """The epoch every slot of the job holds at this cut (-1: none); a slot holding another
     epoch refuses the barrier.
     """
+    inline_max_state_size: _builtins.int
+    """> 0: the checkpoint is kept in the JobManager's memory. Send every file's bytes inline in the
+    acknowledgement instead of uploading, and decline with STATE_SIZE_LIMIT_EXCEEDED when a
+    slot's snapshot is larger than this many bytes. 0: upload to target_path.
+    """
     def __init__(
         self,
         *,
@@ -581,10 +587,11 @@ class CheckpointBarrier(_message.Message):
         savepoint: _builtins.bool = ...,
         incremental: _builtins.bool = ...,
         epoch: _builtins.int = ...,
+        inline_max_state_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "epoch", b"epoch", "incremental", b"incremental", "job_id", b"job_id", "savepoint", b"savepoint", "target_path", b"target_path", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "epoch", b"epoch", "incremental", b"incremental", "inline_max_state_size", b"inline_max_state_size", "job_id", b"job_id", "savepoint", b"savepoint", "target_path", b"target_path", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

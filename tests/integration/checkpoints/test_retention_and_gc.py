@@ -111,7 +111,7 @@ def test_gc_removes_exactly_the_orphans(
     assert {p.split("/")[0] for p in real} == {"chk-2", "chk-3", "shared"}
 
     # What a crash leaves: a checkpoint that never got its _metadata, an upload no checkpoint
-    # references, a file in taskowned/.
+    # references; and a file in taskowned/, which TaskManagers own and gc keeps.
     orphans = {
         "chk-99/sessions-0/CURRENT",
         "chk-99/sessions-1/000012.sst",
@@ -125,14 +125,10 @@ def test_gc_removes_exactly_the_orphans(
     assert code == 0, out
     assert relative_files(cc.storage, job_dir) == real | orphans, "a dry run removes nothing"
     would = {line.split()[2] for line in out.splitlines() if line.startswith("  would remove")}
-    assert would == {
-        f"{job_dir}/chk-99/",
-        f"{job_dir}/shared/sessions-0-0123456789ab-000042.sst",
-        f"{job_dir}/taskowned/tm-0/leftover.bin",
-    }
+    assert would == {f"{job_dir}/chk-99/", f"{job_dir}/shared/sessions-0-0123456789ab-000042.sst"}
     assert "no _metadata" in out and "not referenced by any valid _metadata" in out
     kept = {line.split()[1] for line in out.splitlines() if line.startswith("  keep")}
-    assert {f"{job_dir}/chk-2/", f"{job_dir}/chk-3/"} <= kept
+    assert {f"{job_dir}/chk-2/", f"{job_dir}/chk-3/", f"{job_dir}/taskowned/"} <= kept
     assert {f"{job_dir}/{p}" for p in real if p.startswith("shared/")} <= kept, (
         "every referenced shared file is listed as kept"
     )
@@ -140,14 +136,16 @@ def test_gc_removes_exactly_the_orphans(
     code, out = _gc(cc, capsys, "--dry-run", "--json")
     assert code == 0, out
     report = json.loads(out)
-    assert report["dry_run"] and len(report["would_remove"]) == 3 and not report["notes"]
+    assert report["dry_run"] and len(report["would_remove"]) == 2 and not report["notes"]
     assert {e["path"] + ("/" if e["dir"] else "") for e in report["kept"]} == kept
 
     code, out = _gc(cc, capsys)
     assert code == 0, out
-    assert relative_files(cc.storage, job_dir) == real, "gc removed exactly the orphans"
+    assert relative_files(cc.storage, job_dir) == real | {"taskowned/tm-0/leftover.bin"}, (
+        "gc removed exactly the orphans, and nothing in taskowned/"
+    )
     assert not Path(job_dir.removeprefix("file://"), "chk-99").exists()
-    assert out.count("  removed") == 3
+    assert out.count("  removed") == 2
 
     # Nothing is left to collect, and the retained checkpoint restores exactly.
     code, out = _gc(cc, capsys)
@@ -229,3 +227,29 @@ def test_gc_keeps_a_checkpoint_in_progress(
     client.cancel_job(JOB)
     client.submit_job(JOB, operators(2), max_parallelism=MAX_P, config=INCREMENTAL, restore_path=f"{job_dir}/chk-2")
     assert_state_equals(work.read(), expected)
+
+
+def test_job_directory_has_flinks_layout_from_the_start_and_keeps_it(
+    checkpoint_cluster: Callable[..., CheckpointCluster], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """<dir>/<job>/{chk-<n>, shared, taskowned}: both pools exist once the job is submitted, and
+    neither retention nor gc removes them (taskowned/ and its files belong to the TaskManagers)."""
+    cc = checkpoint_cluster("file", "hashmap", taskmanagers=1, slots=2)
+    client = cc.client()
+    client.submit_job(JOB, operators(2), max_parallelism=MAX_P, config={"execution.checkpointing.num-retained": "1"})
+    job_dir = Path(cc.job_dir().removeprefix("file://"))
+    assert {p.name for p in job_dir.iterdir()} == {"shared", "taskowned"}, "created at job start"
+    assert all((job_dir / d).is_dir() for d in ("shared", "taskowned"))
+
+    owned = job_dir / "taskowned" / "tm-0" / "state.bin"
+    owned.parent.mkdir()
+    owned.write_bytes(b"owned by a TaskManager")
+    for _ in range(3):
+        _checkpoint(client)
+    cc.flush_deletions()
+    assert {p.name for p in job_dir.iterdir()} == {"chk-3", "shared", "taskowned"}, "retention kept both pools"
+
+    code, out = _gc(cc, capsys)
+    assert code == 0 and "0 removed" in out, out
+    assert f"keep  {cc.job_dir()}/taskowned/" in out
+    assert (job_dir / "shared").is_dir() and owned.read_bytes() == b"owned by a TaskManager"

@@ -133,8 +133,9 @@ def test_exhausted_restart_strategy_fails_the_job_and_statectl_shows_the_cause(
         writer.run_epoch(5)
     assert refused.value.reason is Reason.JOB_NOT_RUNNING and not isinstance(refused.value, RETRYABLE)
 
-    # The operator restores the job from its latest checkpoint; the failed job gave its slots back.
-    restored = cluster.statectl("job", "restore", job, "--from", info.latest_checkpoint_path)
+    # The operator restores the job from its latest checkpoint; the failed job gave its slots back. CLAIM: the
+    # job takes its checkpoint back, so it deletes it once subsumed (NO_CLAIM would leave it to the operator).
+    restored = cluster.statectl("job", "restore", job, "--from", info.latest_checkpoint_path, "--claim-mode", "CLAIM")
     assert restored.returncode == 0, restored.stderr
     assert wait_for_job(client, job, {"RUNNING"}).committed_epoch == 4
     writer.committed = 4

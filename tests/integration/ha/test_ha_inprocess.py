@@ -12,6 +12,7 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import ValueState
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
+from keyedstate.common.errors import ConfigError, NotFoundError
 from keyedstate.jobmanager.daemon import JobManager
 from tests.fixtures.cluster import FAST_HEARTBEATS
 from tests.fixtures.waiting import wait_for
@@ -175,3 +176,19 @@ def test_a_terminal_job_still_names_its_latest_checkpoint_after_a_restart(
     client.submit_job("again", _ops(), restore_path=after.latest_checkpoint_path)
     _wait_for(lambda: client.job_info("again").status == pb.JOB_STATUS_RUNNING, 30, "the job restored from it running")
     assert ValueState[str, int](client, "again", OP, "v", value_serializer="int").get_many(["a", "b"]) == [1, 2]
+
+
+def test_a_job_asking_for_jobmanager_checkpoint_storage_under_ha_is_refused(
+    inprocess_cluster: Any, tmp_path: Path
+) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=2, jm=_ha(tmp_path))
+    client = cluster.client()
+    with pytest.raises(ConfigError) as info:
+        client.submit_job("in-memory", _ops(), config={"execution.checkpointing.storage": "jobmanager"})
+    assert "cannot be combined with high-availability.type: filesystem" in info.value.message
+    assert "set execution.checkpointing.storage: filesystem with state.checkpoints.dir" in info.value.message
+    with pytest.raises(NotFoundError):
+        client.job_info("in-memory")
+    # Nothing was taken: the same job with file checkpoints runs on the same slots.
+    client.submit_job("in-memory", _ops())
+    assert client.job_info("in-memory").status == pb.JOB_STATUS_RUNNING

@@ -70,6 +70,14 @@ def test_invalid_job_id_exits_2_with_usage_before_connecting(
         (["cluster", "-D", "no-equals"], "-D 'no-equals': expected key=value"),
         (["cluster", "-D", "jobmanager.rpc.port=abc"], "jobmanager.rpc.port: expected an integer"),
         (["cluster", "--config", "/no/such/file.yaml"], "cannot read config file /no/such/file.yaml"),
+        (
+            ["checkpoint", "gc", "j", "--dir", "jobmanager://a1b2c3/", "--jobmanager", "127.0.0.1:1"],
+            "jobmanager://a1b2c3/ is in a JobManager's memory (execution.checkpointing.storage: jobmanager)",
+        ),
+        (
+            ["checkpoint", "gc", "j", "-D", "state.backend.type=forst", "--jobmanager", "127.0.0.1:1"],
+            "state.backend.type: 'forst' is not supported: ForSt keeps the working state on remote storage",
+        ),
     ],
 )
 def test_bad_values_exit_2_naming_the_fix(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:

@@ -411,3 +411,120 @@ def test_per_job_values_are_layered_on_a_copy() -> None:
     job = base.with_values({"execution.checkpointing": {"timeout": "10 s"}})
     assert job.get(o.CHECKPOINT_TIMEOUT) == 10_000
     assert base.get(o.CHECKPOINT_TIMEOUT) == 60_000
+
+
+# -- Flink's state backend and checkpoint storage names -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value,backend",
+    [
+        ("HashMapStateBackend", "hashmap"),
+        ("org.apache.flink.runtime.state.hashmap.HashMapStateBackend", "hashmap"),
+        ("MemoryStateBackend", "hashmap"),
+        ("org.apache.flink.runtime.state.memory.MemoryStateBackend", "hashmap"),
+        ("FsStateBackend", "hashmap"),
+        ("org.apache.flink.runtime.state.filesystem.FsStateBackend", "hashmap"),
+        ("EmbeddedRocksDBStateBackend", "rocksdb"),
+        ("org.apache.flink.contrib.streaming.state.EmbeddedRocksDBStateBackend", "rocksdb"),
+        ("org.apache.flink.state.rocksdb.EmbeddedRocksDBStateBackend", "rocksdb"),
+        ("RocksDBStateBackend", "rocksdb"),
+        ("org.apache.flink.contrib.streaming.state.RocksDBStateBackendFactory", "rocksdb"),
+        ("jobmanager", "hashmap"),
+        ("filesystem", "hashmap"),
+    ],
+)
+@pytest.mark.parametrize("key", ["state.backend.type", "state.backend"])
+def test_flink_class_names_and_legacy_values_map_with_a_warning_naming_key_and_value(
+    caplog: pytest.LogCaptureFixture, key: str, value: str, backend: str
+) -> None:
+    conf = Configuration.load(overrides=[f"{key}={value}"])
+    with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
+        assert conf.get(o.STATE_BACKEND) == backend
+    warnings = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert repr(value) in warnings[0] and f"; set state.backend.type: {backend}" in warnings[0]
+    memory = value in ("jobmanager", "MemoryStateBackend", "org.apache.flink.runtime.state.memory.MemoryStateBackend")
+    note = " (Flink's MemoryStateBackend also kept checkpoints in the JobManager's memory; for that, also set "
+    assert (note in warnings[0]) is memory, warnings[0]
+    assert warnings[0].endswith("execution.checkpointing.storage: jobmanager)" if memory else backend)
+
+
+@pytest.mark.parametrize("value", ["rocksdb", "hashmap", "RocksDB", " hashmap "])
+def test_current_backend_names_draw_no_warning(caplog: pytest.LogCaptureFixture, value: str) -> None:
+    with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
+        conf = Configuration.load(overrides=[f"state.backend.type={value}"])
+        assert conf.get(o.STATE_BACKEND) == value.strip().lower()
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("value", ["forst", "ForSt", "org.apache.flink.state.forst.ForStStateBackend"])
+@pytest.mark.parametrize("key", ["state.backend.type", "state.backend"])
+def test_forst_is_refused_naming_what_this_runtime_offers_instead(key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Configuration.load(overrides=[f"{key}={value}"])
+    message = info.value.message
+    assert message.startswith(f"{key}: {value!r} is not supported: ForSt keeps the working state on remote storage")
+    assert "execution.state-recovery.from-local" in message and "state.changelog.enabled" in message
+    assert message.endswith("set state.backend.type: rocksdb")
+
+
+def test_an_unknown_class_name_is_not_guessed() -> None:
+    with pytest.raises(
+        ConfigError, match="^state.backend.type: 'org.apache.flink.Other' is not one of rocksdb, hashmap"
+    ):
+        Configuration.load(overrides=["state.backend.type=org.apache.flink.Other"])
+
+
+@pytest.mark.parametrize("key", ["execution.checkpointing.storage", "state.checkpoint-storage"])
+@pytest.mark.parametrize(
+    "value,storage",
+    [
+        ("filesystem", "filesystem"),
+        ("FileSystemCheckpointStorage", "filesystem"),
+        ("org.apache.flink.runtime.state.storage.FileSystemCheckpointStorage", "filesystem"),
+        ("jobmanager", "jobmanager"),
+        ("JobManagerCheckpointStorage", "jobmanager"),
+        ("org.apache.flink.runtime.state.storage.JobManagerCheckpointStorage", "jobmanager"),
+    ],
+)
+def test_checkpoint_storage_under_flinks_keys_names_and_class_names(
+    caplog: pytest.LogCaptureFixture, key: str, value: str, storage: str
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
+        assert Configuration.load(overrides=[f"{key}={value}"]).get(o.CHECKPOINT_STORAGE) == storage
+    warnings = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert len(warnings) == (key != o.CHECKPOINT_STORAGE.key or value != storage)
+    assert all(w.endswith(f"set execution.checkpointing.storage: {storage}") for w in warnings)
+
+
+def test_checkpoint_storage_defaults_to_filesystem_and_refuses_other_names() -> None:
+    assert Configuration().get(o.CHECKPOINT_STORAGE) == "filesystem"
+    assert not o.checkpoints_in_jobmanager_memory(Configuration())
+    with pytest.raises(
+        ConfigError, match="^execution.checkpointing.storage: 'rocksdb' is not one of filesystem, jobmanager"
+    ):
+        Configuration.load(overrides=["execution.checkpointing.storage=rocksdb"])
+
+
+def test_jobmanager_storage_max_state_size_defaults_to_flinks_5_mb() -> None:
+    assert Configuration().get(o.JOBMANAGER_STORAGE_MAX_STATE_SIZE) == 5 << 20
+    key = o.JOBMANAGER_STORAGE_MAX_STATE_SIZE.key
+    assert Configuration.load(overrides=[f"{key}=64kb"]).get(o.JOBMANAGER_STORAGE_MAX_STATE_SIZE) == 64 << 10
+    with pytest.raises(ConfigError, match=f"^{key}: must be at least 1 byte"):
+        Configuration.load(overrides=[f"{key}=0"])
+
+
+def test_jobmanager_storage_is_refused_with_high_availability() -> None:
+    conf = Configuration.load(overrides=["execution.checkpointing.storage=jobmanager"])
+    assert o.checkpoints_in_jobmanager_memory(conf)
+    conf = Configuration.load(
+        overrides=["execution.checkpointing.storage=jobmanager", "high-availability.type=filesystem"]
+    )
+    with pytest.raises(ConfigError) as info:
+        o.checkpoints_in_jobmanager_memory(conf)
+    assert info.value.message == (
+        "execution.checkpointing.storage: jobmanager keeps checkpoints in the JobManager's memory, which a restarted "
+        "JobManager cannot find, so it cannot be combined with high-availability.type: filesystem; set "
+        "execution.checkpointing.storage: filesystem with state.checkpoints.dir, or high-availability.type: none"
+    )

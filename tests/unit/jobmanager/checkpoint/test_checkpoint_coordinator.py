@@ -388,6 +388,19 @@ def test_retention_deletes_subsumed_dirs_and_only_unreferenced_shared_files(make
         verify_files_exist(h.storage, c.metadata, c.external_path)
 
 
+def test_initialize_locations_creates_flinks_pools_and_retention_keeps_them(make_harness: Any) -> None:
+    h = make_harness(num_retained=1)
+    job_dir = Path(h.job_dir[len("file://") :])
+    h.coordinator.initialize_locations()
+    h.coordinator.initialize_locations()  # idempotent: a recovered job initializes again
+    assert sorted(p.name for p in job_dir.iterdir()) == ["shared", "taskowned"]
+    (job_dir / "taskowned" / "log").write_bytes(b"a TaskManager's")
+    for _ in range(3):
+        h.coordinator.trigger()
+    assert sorted(p.name for p in job_dir.iterdir()) == ["chk-3", "shared", "taskowned"]
+    assert (job_dir / "taskowned" / "log").read_bytes() == b"a TaskManager's"
+
+
 def test_retaining_one_checkpoint_keeps_the_files_it_shares_with_the_subsumed_one(make_harness: Any) -> None:
     h = make_harness(num_retained=1)
     for _ in range(1, 5):

@@ -9,6 +9,7 @@ import pytest
 
 from keyedstate.common.errors import StorageError
 from keyedstate.jobmanager.checkpoint import execute, load_checkpoint, plan_gc, verify_files_exist
+from keyedstate.jobmanager.checkpoint.gc import TASKOWNED_KEPT
 
 
 def _rel(h: Any, entries: Any) -> dict[str, str]:
@@ -37,9 +38,9 @@ def test_dry_run_plans_without_deleting(crashed: Any) -> None:
     assert removed == {
         "chk-99": "no _metadata: aborted or crashed before completing",
         "shared/orphan.sst": "not referenced by any valid _metadata",
-        "taskowned/orphan.log": "not referenced by any valid _metadata",
     }
     kept = _rel(h, plan.keep)
+    assert kept["taskowned"] == TASKOWNED_KEPT, "TaskManagers own taskowned/: gc never plans to delete it"
     assert kept["chk-3"] == "retained checkpoint 3" and kept["README.txt"] == "not a checkpoint directory"
     assert kept["shared/counts-0-1.sst"] == "referenced by chk-1, chk-2, chk-3"
     assert h.files() == before
@@ -52,8 +53,8 @@ def test_execute_deletes_only_garbage_and_retained_checkpoints_stay_restorable(c
     deleted = execute(h.storage, plan)
     assert deleted[0].endswith("/chk-99"), "directories go first"
     files = h.files()
-    assert not any(f.startswith(("chk-99", "shared/orphan", "taskowned/")) for f in files)
-    assert "README.txt" in files
+    assert not any(f.startswith(("chk-99", "shared/orphan")) for f in files)
+    assert "README.txt" in files and "taskowned/orphan.log" in files
     for c in h.coordinator.store.all():
         verify_files_exist(h.storage, load_checkpoint(h.storage, c.external_path), c.external_path)
     assert plan_gc(h.storage, h.job_dir, retained=h.coordinator.store.all()).remove == []
@@ -123,6 +124,6 @@ def test_execute_reports_what_it_could_not_delete(crashed: Any) -> None:
     h = crashed
     plan = plan_gc(h.storage, h.job_dir, retained=h.coordinator.store.all())
     plan.remove.insert(0, type(plan.remove[0])("file:///", "the storage refuses to delete a root", True))
-    with pytest.raises(StorageError, match=r"gc deleted 3 of 4 paths; could not delete file:///.*run gc again"):
+    with pytest.raises(StorageError, match=r"gc deleted 2 of 3 paths; could not delete file:///.*run gc again"):
         execute(h.storage, plan)
     assert not any(f.startswith("chk-99") for f in h.files())

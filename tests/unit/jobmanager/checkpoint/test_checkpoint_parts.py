@@ -63,6 +63,7 @@ def test_only_real_checkpoint_failures_count_toward_tolerable_failures() -> None
     assert counted == {
         R.CHECKPOINT_EXPIRED,
         R.CHECKPOINT_DECLINED,
+        R.STATE_SIZE_LIMIT_EXCEEDED,  # a decline, with its own fix
         R.CHECKPOINT_ASYNC_EXCEPTION,
         R.FINALIZE_CHECKPOINT_FAILURE,
         R.IO_EXCEPTION,
