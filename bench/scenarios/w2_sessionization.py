@@ -16,6 +16,10 @@ Every variant's emitted sessions and open sessions must equal the plain-Python r
 * **aIPWS**: ``applyInPandasWithState``, the session in a GroupState (RocksDB state store).
 * **tWSiP**: ``transformWithStateInPandas`` with a ListState and a ValueState, on the events of
   a subset of the users (every micro-batch; it is far slower).
+* **ours-tWS**: tWSiP's ``StatefulProcessor`` class, unchanged, on this runtime
+  (``KeyedStateRuntime.transform_with_state_in_pandas``: the keyed mode, a Python call per user and
+  batch against local handles, state read and written in bulk per task, exactly-once epochs and a
+  checkpoint per micro-batch as ours), on tWSiP's input: the migration's gain, same code, same events.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from bench.w2 import data as w2data
 from bench.w2 import profile, sparkjobs
 
 NAME = "w2"
-TITLE = "W2 sessionization in PySpark: ours (ListState + ValueState) vs applyInPandasWithState and transformWithStateInPandas"
+TITLE = (
+    "W2 sessionization in PySpark: ours (ListState + ValueState) and Spark's StatefulProcessor on ours (ours-tWS) "
+    "vs applyInPandasWithState and transformWithStateInPandas"
+)
 
 PARALLELISM = 2  # slots of the operator = Spark shuffle partitions = cores
 TARGET = 30.0  # ours / the faster Spark variant, events/s
@@ -131,7 +138,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
         f"{len(inputs.full.expected.open)} open sessions in the reference"
     )
     runs: dict[str, sparkjobs.W2Run] = {}
-    sized: dict[str, w2data.W2Data] = {"ours": inputs.full, "aIPWS": inputs.aipws, "tWSiP": inputs.twsip}
+    sized: dict[str, w2data.W2Data] = {
+        "ours": inputs.full,
+        "aIPWS": inputs.aipws,
+        "tWSiP": inputs.twsip,
+        "ours-tWS": inputs.twsip,
+    }
     notes: list[str] = []
     with _cluster_and_spark(work) as (cluster, spark):
         jobs = itertools.count()
@@ -142,10 +154,17 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 spark, d, cluster.jobmanager_address, f"w2-{tag}-{n}", PARALLELISM, work / f"ours-{n}"
             )
 
+        def ours_tws(d: w2data.W2Data, tag: str) -> sparkjobs.W2Run:
+            n = next(jobs)
+            return sparkjobs.run_ours_tws(
+                spark, d, cluster.jobmanager_address, f"w2-tws-{tag}-{n}", PARALLELISM, work / f"ours-tws-{n}"
+            )
+
         variants: dict[str, Callable[[w2data.W2Data, str], sparkjobs.W2Run]] = {
             "ours": ours,
             "aIPWS": lambda d, tag: sparkjobs.run_aipws(spark, d, work / f"aipws-{tag}-{next(jobs)}"),
             "tWSiP": lambda d, tag: sparkjobs.run_twsip(spark, d, work / f"twsip-{tag}-{next(jobs)}"),
+            "ours-tWS": ours_tws,
         }
         if inputs.warm is not None:  # every variant's Python workers and JVM code paths start outside the timed runs
             for label, fn in variants.items():
@@ -183,7 +202,7 @@ def _checked(label: str, data: w2data.W2Data, run_: sparkjobs.W2Run) -> sparkjob
 def _ratios(rates: dict[str, float], sized: dict[str, w2data.W2Data]) -> list[Ratio]:
     faster = max(("aIPWS", "tWSiP"), key=lambda label: rates[label])
     subset = {label: f"{sized[label].events} events" for label in ("aIPWS", "tWSiP")}
-    return [
+    ratios = [
         Ratio(
             "ours / faster Spark variant",
             rates["ours"] / rates[faster],
@@ -193,6 +212,15 @@ def _ratios(rates: dict[str, float], sized: dict[str, w2data.W2Data]) -> list[Ra
         Ratio("ours / applyInPandasWithState", rates["ours"] / rates["aIPWS"], note=subset["aIPWS"]),
         Ratio("ours / transformWithStateInPandas", rates["ours"] / rates["tWSiP"], note=subset["tWSiP"]),
     ]
+    if "ours-tWS" in rates:
+        ratios.append(
+            Ratio(
+                "ours-tWS / transformWithStateInPandas",
+                rates["ours-tWS"] / rates["tWSiP"],
+                note=f"the same StatefulProcessor class on the same {sized['ours-tWS'].events} events",
+            )
+        )
+    return ratios
 
 
 def _extrapolated(
@@ -212,7 +240,14 @@ def _extrapolated(
     assert warm is not None
     ratios: list[Ratio] = []
     parts = []
-    for label, name in (("aIPWS", "applyInPandasWithState"), ("tWSiP", "transformWithStateInPandas")):
+    names = {
+        "aIPWS": "applyInPandasWithState",
+        "tWSiP": "transformWithStateInPandas",
+        "ours-tWS": "Spark's StatefulProcessor on ours",
+    }
+    for label, name in names.items():
+        if label not in runs:
+            continue
         big, users = runs[label].seconds, sized[label].users
         if users <= warm.users:
             parts.append(f"{label} ran on the warm-up subset itself (no second size to fit)")
@@ -227,7 +262,7 @@ def _extrapolated(
             f"~{seconds:.0f} s and ~{rate:,.0f} events/s with {inputs.full.users}"
         )
     return ratios, (
-        "The Spark variants ran on user subsets (every micro-batch, the same events per user and batch); a line "
+        "The Spark variants and ours-tWS ran on user subsets (every micro-batch, the same events per user and batch); a line "
         "through two subset sizes estimates them at the full input: " + "; ".join(parts)
     )
 

@@ -144,6 +144,55 @@ def read_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]
     return out
 
 
+# -- ours, running Spark's StatefulProcessor unchanged ------------------------------------------
+def run_ours_tws(spark: Any, data: W2Data, jobmanager: str, job_id: str, parallelism: int, workdir: Path) -> W2Run:
+    """tWSiP's StatefulProcessor class, unchanged, on this runtime (``processor_batch``): epochs and checkpoints as ours."""
+    from keyedstate.common.spark import KeyedStateRuntime, processor_operator
+
+    closed = ClosedSessions()
+    operator = processor_operator(executor.twsip_processor(), executor.OPERATOR, parallelism)
+    runtime = KeyedStateRuntime(jobmanager, job_id, [operator])
+    try:
+        stream = _stream(spark, data)
+        writer = runtime.transform_with_state_in_pandas(
+            stream,
+            executor.twsip_processor(),
+            key_col="user",
+            output_schema=executor.CLOSED_DDL,
+            sink=closed.add_table,
+            sink_format="arrow",  # as ours: the emitted rows are gathered on the driver without a Spark job
+            operator=executor.OPERATOR,
+        ).option("checkpointLocation", str(workdir / "spark-checkpoint-ours-tws"))
+        query = run_query_with_progress(writer)
+        result = closed.sessions("W2 ours-tWS", read_tws_state(runtime, data.users))
+        return W2Run(query.seconds, result, query.progress, list(runtime.timings))
+    finally:
+        try:
+            runtime.client.cancel_job(job_id)  # frees the slots for the next run
+        finally:
+            runtime.close()
+
+
+def read_tws_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """Every user's open session as the StatefulProcessor left it: a (start, last, count) value and a list of (ts,) rows."""
+    from keyedstate.common.client import ListState, ValueState
+
+    sessions: ValueState[int, Any] = ValueState(
+        runtime.client, runtime.job_id, executor.OPERATOR, executor.SESSION, key_serializer="int"
+    )
+    times: ListState[int, Any] = ListState(
+        runtime.client, runtime.job_id, executor.OPERATOR, executor.TIMES, key_serializer="int"
+    )
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    step = 10_000
+    for first in range(0, users, step):
+        keys = list(range(first, min(users, first + step)))
+        for u, s, t in zip(keys, sessions.get_many(keys), times.get_many(keys)):
+            if s is not None or t:
+                out[u] = open_session("W2 ours-tWS", u, s, [int(row[0]) for row in t])
+    return out
+
+
 # -- applyInPandasWithState --------------------------------------------------------------------
 def run_aipws(spark: Any, data: W2Data, workdir: Path) -> W2Run:
     """``applyInPandasWithState`` (append mode, no timeout): a GroupState (start, times) per user."""

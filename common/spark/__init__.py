@@ -26,6 +26,7 @@ from keyedstate.common.spark._keygroups import (
     subtask_column,
 )
 from keyedstate.common.spark._modes import ROW_COUNT, BatchMode, ReduceInto
+from keyedstate.common.spark._processor import ProcessorHandle, ProcessorState, processor_operator, processor_states
 from keyedstate.common.spark._shipping import package_zip, ship_package
 from keyedstate.common.spark._timers import BatchTimes, TimerFn
 
@@ -37,6 +38,8 @@ __all__ = [
     "BatchTiming",
     "KeyedStateRuntime",
     "PartitionState",
+    "ProcessorHandle",
+    "ProcessorState",
     "ReduceInto",
     "TimerFn",
     "key_bytes_column",
@@ -44,6 +47,8 @@ __all__ = [
     "key_group_udf",
     "package_zip",
     "partition_witnesses",
+    "processor_operator",
+    "processor_states",
     "repartition_by_key_group",
     "ship_package",
     "ship_token_file",

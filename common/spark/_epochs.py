@@ -84,6 +84,15 @@ from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.spark._modes import BatchMode, ReduceInto
 from keyedstate.common.spark._timers import BatchTimes, TimerFn, batch_times, fire_due
+from keyedstate.common.spark._processor import (
+    COMPOSITE_KEY,
+    ProcessorPartition,
+    build_plan,
+    key_serializer_for,
+    output_sink,
+    with_composite_key,
+    with_initial_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -465,6 +474,124 @@ class KeyedStateRuntime:
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
         )
+
+    def processor_batch(
+        self,
+        processor: Any,
+        *,
+        key_col: str | Sequence[str],
+        output_schema: Any,
+        sink: Callable[[Any, int], None],
+        sink_format: str = "spark",
+        key_serializer: str = "str",
+        operator: str | None = None,
+        time_mode: str = "None",
+        checkpoint: bool = True,
+        max_batch_attempts: int = 5,
+        batch_timeout_s: float = 600.0,
+        spark: Any = None,
+        initial_state: Any = None,
+    ) -> Callable[[Any, int], None]:
+        """A ``foreachBatch`` function running a PySpark ``StatefulProcessor`` unchanged, one epoch per batch.
+
+        The keyed mode on ``key_col`` (``key_serializer``: ``"str"`` or ``"int"``, the column's
+        type; several grouping columns, as in ``groupBy("a", "b")``, are one state key: the JSON
+        Spark's ``to_json(struct(a, b))`` makes of them, and the processor gets the tuple): each task runs the processor's ``init``, then ``handleInputRows((key,), frames,
+        timerValues)`` per key against local handles (value and list states read in bulk, writes
+        sent in bulk into the task's epoch). ``operator`` must declare the states ``init`` asks
+        for (build it with ``processor_operator``). ``output_schema``: the processor's output, a
+        ``StructType`` or DDL string as Spark's ``outputStructType``; ``sink(output, batch_id)`` gets
+        each batch's output on the driver before the commit, as a Spark DataFrame
+        (``sink_format="spark"``), a pandas DataFrame (``"pandas"``) or a pyarrow Table
+        (``"arrow"``); write it idempotently per ``batch_id`` (a batch can run again).
+        ``time_mode``: ``"None"`` only (timers are not offered yet). ``spark``: the session the
+        Spark DataFrames are built in (default: the active one). ``initial_state``: a DataFrame
+        with ``key_col`` (Spark's ``initialState``, not grouped): in the query's first batch
+        (``batch_id`` 0) each of its keys goes through ``handleInitialState`` before its rows, in
+        the same epoch. The rest is :meth:`foreach_batch`.
+        """
+        op = operator or self.operators[0].operator_id
+        columns = (key_col,) if isinstance(key_col, str) else tuple(key_col)
+        if not columns or not all(isinstance(c, str) and c for c in columns):
+            raise InvalidArgumentError(f"key_col is a column name or a sequence of them, got {key_col!r}")
+        grouping = columns if len(columns) > 1 else ()
+        if grouping:
+            key_serializer = "str"  # the JSON of the grouping columns
+        state_key = COMPOSITE_KEY if grouping else columns[0]
+        plan, output = build_plan(
+            processor, self.operators, op, state_key, key_serializer, output_schema, time_mode, initial_state, grouping
+        )
+        runner = self.foreach_batch(
+            ProcessorPartition(processor, plan),
+            key_col=state_key,
+            operator=op,
+            key_serializer=key_serializer,
+            mode=BatchMode.KEYED,
+            output_schema=plan.output_arrow,
+            sink=output_sink(sink, sink_format, output, spark),
+            checkpoint=checkpoint,
+            max_batch_attempts=max_batch_attempts,
+            batch_timeout_s=batch_timeout_s,
+        )
+        if initial_state is None and not grouping:
+            return runner
+        initial = (
+            with_composite_key(initial_state, grouping) if grouping and initial_state is not None else initial_state
+        )
+
+        def batch(df: Any, batch_id: int) -> None:
+            if grouping:
+                df = with_composite_key(df, grouping)
+            # The initial state in batch 0 only, as Spark applies it; a re-run of it is deduplicated by its epoch.
+            if initial is not None and batch_id == 0:
+                df = with_initial_state(df, initial)
+            runner(df, batch_id)
+
+        return batch
+
+    def transform_with_state_in_pandas(
+        self,
+        df: Any,
+        processor: Any,
+        *,
+        key_col: str | Sequence[str],
+        output_schema: Any,
+        sink: Callable[[Any, int], None],
+        sink_format: str = "spark",
+        operator: str | None = None,
+        time_mode: str = "None",
+        checkpoint: bool = True,
+        max_batch_attempts: int = 5,
+        batch_timeout_s: float = 600.0,
+        initial_state: Any = None,
+    ) -> Any:
+        """``df.groupBy(key_col).transformWithStateInPandas(processor, ...)`` then ``foreachBatch(sink)``, on this runtime.
+
+        Returns the ``DataStreamWriter`` of ``df`` with the batch function set: add the
+        ``checkpointLocation`` and ``start()``. The key serializer follows ``key_col``'s type.
+        See :meth:`processor_batch`.
+        """
+        for column in [key_col] if isinstance(key_col, str) else key_col:
+            if column not in df.columns:
+                raise InvalidArgumentError(
+                    f"the DataFrame has no column {column!r} to group by (columns: {df.columns})"
+                )
+        on_batch = self.processor_batch(
+            processor,
+            key_col=key_col,
+            output_schema=output_schema,
+            sink=sink,
+            sink_format=sink_format,
+            key_serializer=key_serializer_for(df, key_col) if isinstance(key_col, str) else "str",
+            operator=operator,
+            time_mode=time_mode,
+            checkpoint=checkpoint,
+            max_batch_attempts=max_batch_attempts,
+            batch_timeout_s=batch_timeout_s,
+            spark=df.sparkSession,
+            initial_state=initial_state,
+        )
+        return df.writeStream.foreachBatch(on_batch)
 
     def executor_token_name(self, spark: Any) -> str | None:
         """The token file name executors resolve (shipped once per runtime); None: their environment."""

@@ -1,4 +1,4 @@
-"""The W2 benchmark's three variants on real PySpark (and, for ours, a real cluster): each equals the reference.
+"""The W2 benchmark's four variants on real PySpark (and, for ours, a real cluster): each equals the reference.
 
 Small sizes: three micro-batches of two files, sessions spanning batches, disorder inside each.
 The emitted (closed) sessions and the open sessions read back from each variant's state must
@@ -50,6 +50,15 @@ def test_ours_emits_and_keeps_exactly_the_reference_sessions(
 ) -> None:
     cluster = inprocess_cluster(taskmanagers=2, slots=1, backend="rocksdb")
     run = sparkjobs.run_ours(w2_spark, small, cluster.address, "w2-test", 2, tmp_path / "ours")
+    assert run.open_read and [t.batch_id for t in run.timings] == [0, 1, 2]
+    assert w2data.mismatches(small.expected, run.result) == (0, 0)
+
+
+def test_sparks_stateful_processor_on_ours_emits_and_keeps_exactly_the_reference_sessions(
+    w2_spark: Any, inprocess_cluster: Any, tmp_path: Path, small: w2data.W2Data
+) -> None:
+    cluster = inprocess_cluster(taskmanagers=2, slots=1, backend="rocksdb")
+    run = sparkjobs.run_ours_tws(w2_spark, small, cluster.address, "w2-tws-test", 2, tmp_path / "ours-tws")
     assert run.open_read and [t.batch_id for t in run.timings] == [0, 1, 2]
     assert w2data.mismatches(small.expected, run.result) == (0, 0)
 
