@@ -44,13 +44,15 @@ def _backend(kind: str, base: Path, key_groups: KeyGroupRange, clock: ManualCloc
     return create_backend(kind, subtask, key_groups, MP, STATES, local_dir=base, limits=StateLimits(), clock=clock)
 
 
-def _logging_slot(kind: str, base: Path, clock: ManualClock) -> tuple[KeyedStateBackend, SlotEpochs, SlotChangelog]:
+def _logging_slot(
+    kind: str, base: Path, clock: ManualClock, *, fast: bool = True
+) -> tuple[KeyedStateBackend, SlotEpochs, SlotChangelog]:
     table = SlotTable(1, TaskManagerId("tm-cl"))
     slot = table.reserve(SUBTASK, OperatorSpec(SUBTASK.operator_id, 1, STATES), FULL, MP, 0, 1, "", False)
     backend = _backend(kind, base / "live", FULL, clock)
     table.activate(slot, backend)
     changelog = SlotChangelog(base / "changelog", SUBTASK, clock)
-    return backend, SlotEpochs(slot, backend, base / "staging", changelog=changelog), changelog
+    return backend, SlotEpochs(slot, backend, base / "staging", fast_commit=fast, changelog=changelog), changelog
 
 
 def _stage(rng: random.Random, epochs: SlotEpochs, epoch: int) -> dict[int, Winner]:
@@ -94,11 +96,14 @@ def _segments(changelog: SlotChangelog) -> list[tuple[str, bytes]]:
     return [(str(s.path), s.path.read_bytes()) for s in changelog.seal()]
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-commit", "general-commit"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_replay_rebuilds_the_committed_bytes_with_the_commit_time_ttl_stamps(kind: str, tmp_path: Path) -> None:
+def test_replay_rebuilds_the_committed_bytes_with_the_commit_time_ttl_stamps(
+    kind: str, fast: bool, tmp_path: Path
+) -> None:
     rng = random.Random(15)
     clock = ManualClock()
-    live, epochs, changelog = _logging_slot(kind, tmp_path, clock)
+    live, epochs, changelog = _logging_slot(kind, tmp_path, clock, fast=fast)
     segments: list[tuple[str, bytes]] = []
     for epoch in range(12):
         epochs.commit(epoch, _stage(rng, epochs, epoch), routing_version=1)
