@@ -21,7 +21,7 @@ from keyedstate.common.keygroups import key_group_range_for_subtask
 from keyedstate.taskmanager.changelog import ReplaySource, SlotChangelog, read_segment, replay
 from keyedstate.taskmanager.epochs import EpochTransaction
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
-from keyedstate.taskmanager.epochs.slot import SlotEpochs
+from keyedstate.taskmanager.epochs.slot import EpochCommitError, SlotEpochs
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import KeyedStateBackend, StateLimits, create_backend
 from keyedstate.taskmanager.state.mutation import Mutation, MutationKind
@@ -39,17 +39,26 @@ STATES = (
 KINDS = ["rocksdb", "hashmap"]
 
 
-def _backend(kind: str, base: Path, key_groups: KeyGroupRange, clock: ManualClock, index: int = 0) -> KeyedStateBackend:
+def _backend(
+    kind: str,
+    base: Path,
+    key_groups: KeyGroupRange,
+    clock: ManualClock,
+    index: int = 0,
+    limits: StateLimits | None = None,
+) -> KeyedStateBackend:
     subtask = SubtaskId(SUBTASK.job_id, SUBTASK.operator_id, index)
-    return create_backend(kind, subtask, key_groups, MP, STATES, local_dir=base, limits=StateLimits(), clock=clock)
+    return create_backend(
+        kind, subtask, key_groups, MP, STATES, local_dir=base, limits=limits or StateLimits(), clock=clock
+    )
 
 
 def _logging_slot(
-    kind: str, base: Path, clock: ManualClock, *, fast: bool = True
+    kind: str, base: Path, clock: ManualClock, *, fast: bool = True, limits: StateLimits | None = None
 ) -> tuple[KeyedStateBackend, SlotEpochs, SlotChangelog]:
     table = SlotTable(1, TaskManagerId("tm-cl"))
     slot = table.reserve(SUBTASK, OperatorSpec(SUBTASK.operator_id, 1, STATES), FULL, MP, 0, 1, "", False)
-    backend = _backend(kind, base / "live", FULL, clock)
+    backend = _backend(kind, base / "live", FULL, clock, limits=limits)
     table.activate(slot, backend)
     changelog = SlotChangelog(base / "changelog", SUBTASK, clock)
     return backend, SlotEpochs(slot, backend, base / "staging", fast_commit=fast, changelog=changelog), changelog
@@ -195,3 +204,27 @@ def test_append_retract_seal_and_discard(tmp_path: Path) -> None:
     # A restarted slot starts an empty log (it is rebuilt from a checkpoint's segments).
     log.close()
     assert list(SlotChangelog(tmp_path / "log", SUBTASK, ManualClock()).directory.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_commit_that_fails_to_apply_leaves_no_record_and_its_retry_is_logged_once(kind: str, tmp_path: Path) -> None:
+    clock = ManualClock()
+    live, epochs, changelog = _logging_slot(kind, tmp_path, clock, limits=StateLimits(max_list_elements=3))
+    tx = EpochTransaction(epochs, TaskAttempt(0, 0, 1))
+    tx.list_append("l", [b"full", b"full"], [b"1", b"2"], b"ns")
+    epochs.commit(0, {0: Winner(0, 1)}, routing_version=1)
+    # Two more elements fit on their own but not on top of the committed two: the apply fails.
+    EpochTransaction(epochs, TaskAttempt(1, 0, 1)).list_append("l", [b"full", b"full"], [b"3", b"4"], b"ns")
+    with pytest.raises(EpochCommitError, match="state.limits.list.max-elements"):
+        epochs.commit(1, {0: Winner(0, 1)}, routing_version=1)
+    epochs.abort(1)
+    EpochTransaction(epochs, TaskAttempt(1, 0, 2)).list_append("l", [b"full"], [b"3"], b"ns")
+    epochs.commit(1, {0: Winner(0, 2)}, routing_version=1)
+
+    segments = _segments(changelog)
+    logged = [cs for _, data in segments for cs in read_segment(data, "s")]
+    assert [(cs.epoch, [m.values for m in cs.mutations]) for cs in logged] == [(0, [(b"1", b"2")]), (1, [(b"3",)])]
+    restored = _backend(kind, tmp_path / "restored", FULL, ManualClock(), limits=StateLimits(max_list_elements=3))
+    replay(restored, [ReplaySource(-1, segments)])
+    assert _contents(restored) == _contents(live)
+    assert restored.list_get("l", [b"full"], b"ns") == [[b"1", b"2", b"3"]]
