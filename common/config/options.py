@@ -478,6 +478,42 @@ LOCAL_RECOVERY = _opt(
     fallback_keys=("state.backend.local-recovery",),
 )
 
+# --- Changelog state backend -------------------------------------------------------------------
+CHANGELOG_ENABLED = _opt(
+    "state.changelog.enabled",
+    bool_parser,
+    False,
+    "bool",
+    "Changelog checkpoints: each committed epoch is first written to a local changelog segment, and a "
+    "checkpoint uploads only the segments since the previous one on top of the last materialized snapshot.",
+    fallback_keys=("state.backend.changelog.enabled",),
+)
+CHANGELOG_STORAGE = _opt(
+    "state.changelog.storage",
+    enum_parser("filesystem"),
+    "filesystem",
+    "enum",
+    "Where changelog segments are made durable: filesystem (any fsspec URL, see "
+    "state.changelog.dstl.dfs.base-path). Flink's in-memory storage is not offered: it cannot survive a failover.",
+    fallback_keys=("state.backend.changelog.storage",),
+)
+CHANGELOG_BASE_PATH = _opt(
+    "state.changelog.dstl.dfs.base-path",
+    string_parser,
+    None,
+    "string",
+    "Base path of the uploaded changelog segments; unset means the job's shared/ area under state.checkpoints.dir.",
+)
+CHANGELOG_MATERIALIZE_INTERVAL = _opt(
+    "state.changelog.periodic-materialize.interval",
+    duration_parser,
+    10 * 60_000,
+    "duration",
+    "How often a slot materializes its state (an incremental snapshot) in the background, after which "
+    "checkpoints reference the snapshot and no longer the segments before it.",
+    fallback_keys=("state.backend.changelog.periodic-materialize.interval",),
+)
+
 # --- Restart strategy -------------------------------------------------------------------------
 RESTART_STRATEGY = _opt(
     "restart-strategy.type",

@@ -73,3 +73,18 @@ class CheckpointingSettings:
     @property
     def periodic(self) -> bool:
         return self.interval_ms is not None
+
+
+def refuse_unavailable(conf: Configuration) -> None:
+    """Refuse a job asking for a checkpointing mode this version cannot run, instead of silently ignoring it.
+
+    Changelog checkpoints: the TaskManager's changelog (segment format, logging before apply,
+    replay by key group) exists, but checkpoints do not yet upload, reference or restore
+    segments, so a job asking for them would get ordinary checkpoints without being told.
+    """
+    if conf.get(o.CHANGELOG_ENABLED):
+        raise ConfigError(
+            f"{o.CHANGELOG_ENABLED.key}: changelog checkpoints are not available in this version (checkpoints do "
+            "not yet upload or restore changelog segments); remove the key, or set "
+            f"{o.CHECKPOINT_INCREMENTAL.key}: true to upload only new SST files"
+        )

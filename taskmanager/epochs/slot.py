@@ -19,6 +19,7 @@ from keyedstate.common.errors import (
     Reason,
     UnavailableError,
 )
+from keyedstate.taskmanager.changelog import SlotChangelog, pinned_clock
 from keyedstate.taskmanager.epochs import records
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.fast_commit import commit_fast
@@ -74,6 +75,9 @@ class SlotEpochs:
     because some (reduce, list append) read what the attempt staged before writing; attempts
     stage different keys, so different attempts write in parallel.
 
+    With a ``changelog`` (``state.changelog.enabled``) each commit's staged records are folded into
+    the change set's mutations and appended to the slot's changelog before they are applied.
+
     ``fast_commit`` (on by default) applies a commit's staged records as staged
     (:func:`.fast_commit.commit_fast`, every state kind, both backends); off, every commit takes
     the general path that folds them into Mutations and validates them again (:mod:`.fold`, the
@@ -88,9 +92,11 @@ class SlotEpochs:
         options: StagingOptions | None = None,
         *,
         fast_commit: bool = True,
+        changelog: SlotChangelog | None = None,
     ) -> None:
         self.slot = slot
         self._fast_commit = fast_commit
+        self.changelog = changelog
         self.backend = backend
         self.subtask = slot.subtask
         self.path = path
@@ -267,6 +273,20 @@ class SlotEpochs:
         """Apply the winners' staged records with the committed-epoch marker in one atomic write; mutations applied."""
         meta = {COMMITTED_EPOCH: str(epoch).encode("ascii")}
         staged = self._winning_records(epoch, winners)
+        if self.changelog is not None:
+            # The change set is durable in the log before any of it reaches the backend, and it
+            # applies at the logged timestamp, so a replay reproduces the commit (TTL stamps too).
+            logged = [m for attempt_records in staged for m in fold_attempt(attempt_records, self.states)]
+            stamp = self.changelog.append(epoch, logged)
+            try:
+                with pinned_clock(self.backend, stamp):
+                    # The fast path writes the same bytes as applying the logged mutations (the
+                    # differential test holds them equal), which is what a replay does.
+                    applied = commit_fast(self.backend, self.states, staged, meta) if self._fast_commit else None
+                    return applied if applied is not None else self.backend.apply(logged, meta=meta)
+            except BaseException:
+                self.changelog.retract(epoch)  # nothing of it was applied; a retried commit logs it again
+                raise
         if self._fast_commit:
             applied = commit_fast(self.backend, self.states, staged, meta)
             if applied is not None:
