@@ -1600,7 +1600,8 @@ class Model:
         g = s.ghost
         if g.bad_return is not None:
             q, b = g.bad_return
-            yield Violation(DURABILITY, f"the driver returned from {q}#{b} while no completed checkpoint held it")
+            held = "no completed checkpoint nor decision" if self.x.overlapped else "no completed checkpoint"
+            yield Violation(DURABILITY, f"the driver returned from {q}#{b} while {held} held it")
         if g.stale_answer is not None:
             yield Violation(ONE_OWNER, g.stale_answer)
         if g.stale_read is not None:
