@@ -7,6 +7,8 @@ counted: ``faults=1`` means any single fault of the menu, at any step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.model.protocol import Experiment
 
 ALL_MESSAGES = frozenset(
@@ -84,6 +86,35 @@ DEFAULT = (
     NEW_QUERY,
 )
 """The experiments the default suite explores exhaustively with every protection on."""
+
+
+def overlapped(experiment: Experiment, batches: int = 2) -> Experiment:
+    """The same experiment with ``execution.checkpointing.commit-mode: overlapped``, over two
+    batches by default (the least that shows a batch overlapping the previous one's apply; the
+    overlap multiplies the interleavings)."""
+    name = f"overlapped commits: {experiment.name}"
+    if batches != experiment.batches:
+        name += f", {batches} batches"
+    return replace(experiment, name=name, overlapped=True, batches=batches)
+
+
+_OVERLAPPED_HEAVY = (CRASH_TASKMANAGER, CRASH_JOBMANAGER, CUT_OFF, PAUSE, SPECULATION)
+OVERLAPPED = tuple(overlapped(x) for x in DEFAULT if x not in _OVERLAPPED_HEAVY)
+"""The default experiments again, the driver returning on the epoch's decision (docs/exactly-once.md,
+"Overlapped commits"), the apply and the checkpoint overlapping the next batch."""
+OVERLAPPED_SLOW = tuple(overlapped(x) for x in _OVERLAPPED_HEAVY)
+"""The overlapped experiments of more than a minute on this machine (opt in with -m slow)."""
+
+OVERLAPPED_NEW_QUERY_AND_CRASH = overlapped(
+    Experiment(
+        "the query restarts from a new checkpointLocation and the JobManager crashes, two batches",
+        batches=2,
+        operator="new_query",
+        faults=1,
+        crash=frozenset({"jobmanager"}),
+    )
+)
+"""A decision write of the old query, in flight when its JobManager dies, racing the new query's epoch."""
 
 # -- smaller bounds, for the protection-off runs that need a complete exploration (liveness) ---
 

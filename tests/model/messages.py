@@ -231,9 +231,11 @@ class BarrierAck(Message):
     committed: int
     applied: tuple[int, ...]
     data: Data
+    leased: bool = True
+    """False: refused because the TaskManager holds no lease (not a decline that counts)."""
 
     def __str__(self) -> str:
-        verdict = f"snapshot at epoch {self.committed}" if self.ok else "declined"
+        verdict = f"snapshot at epoch {self.committed}" if self.ok else "declined" if self.leased else "no lease"
         return f"BarrierAck(epoch {self.epoch} kg{self.kg} from tm{self.tm}: {verdict})"
 
 
@@ -324,6 +326,44 @@ class HeartbeatAnswer(Message):
         return f"HeartbeatAnswer(tm{self.tm}: {'known' if self.known else 'unknown'})"
 
 
+# -- JobManager <-> checkpoint storage (overlapped commits) -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionWrite(Message):
+    """The create-only write of epoch `epoch`'s decision record at `changelog/g<gen>/<epoch>.<n>`.
+
+    It travels to storage on its own: a storage request outlives the JobManager that sent it
+    (a crash or a failover does not recall it)."""
+
+    session: int
+    gen: int
+    epoch: int
+    n: int
+    query: str
+    batch: int
+    version: Version
+
+    def __str__(self) -> str:
+        return (
+            f"DecisionWrite(g{self.gen} E={self.epoch}.{self.n}: {self.query}#{self.batch} v={_v(self.version)}, "
+            f"session {self.session})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionWritten(Message):
+    """Storage's answer: `ok` False when the name was taken (by a seal or another decision)."""
+
+    session: int
+    epoch: int
+    version: Version
+    ok: bool
+
+    def __str__(self) -> str:
+        return f"DecisionWritten(E={self.epoch} v={_v(self.version)}: {'ok' if self.ok else 'name taken'})"
+
+
 TO_JOBMANAGER = (
     BeginBatch,
     CommitRequest,
@@ -335,6 +375,7 @@ TO_JOBMANAGER = (
     Deployed,
     Register,
     Heartbeat,
+    DecisionWritten,
 )
 """Messages a JobManager receives; a JobManager crash loses every one of them in flight."""
 
@@ -361,3 +402,6 @@ TO_TASKMANAGER = (Stage, Prepare, Apply, Barrier, Release, Deploy, Registered, H
 
 TO_DRIVER = (BeginAnswer, BatchAnswer, StageAck)
 """Messages the driver or its executors receive."""
+
+TO_STORAGE = (DecisionWrite,)
+"""Messages checkpoint storage receives; it never crashes (it is the durable party)."""

@@ -53,6 +53,8 @@ from tests.model.messages import (
     CommitRequest,
     Counts,
     Data,
+    DecisionWrite,
+    DecisionWritten,
     Deploy,
     Deployed,
     DurableRequest,
@@ -87,6 +89,7 @@ DURABILITY = "3 durability before acknowledgement"
 WINNERS_ONLY = "4 winners only"
 ONE_OWNER = "5 one owner"
 CONSISTENT_CUT = "6 consistent cut"
+READS_SEE_PREVIOUS = "7 reads see the previous batch"
 LIVENESS = "liveness (the query can always still finish)"
 
 
@@ -130,6 +133,21 @@ class Protections:
     Deploy or its registration answer) and refuses a Deploy below it, so a Deploy that arrives
     after a newer Release cannot bring a deposed slot back. (This model found the hole it
     closes; the document and the product have it since.)"""
+
+    # -- overlapped commits (docs/exactly-once.md, "Overlapped commits") ----------------------
+    upload_before_decision: bool = True
+    """(overlapped) A slot answers a Prepare only once the winners' staged writes of the epoch
+    (its change set) are in checkpoint storage; the decision is written only after every slot
+    prepared."""
+    replay_decisions_on_restore: bool = True
+    """(overlapped) A restore continues the restored checkpoint with the decided epochs above it,
+    folding their change sets into the restored slots."""
+    seal_on_restore: bool = True
+    """(overlapped) A restore create-only writes a seal at the first free name of the epoch after
+    the last decision it replays, so a decision write still in flight can never land behind it."""
+    read_fence: bool = True
+    """(overlapped) A slot serves a call of epoch E only once it holds E-1 (it waits for the
+    asynchronous apply of E-1)."""
 
     def without(self, *names: str) -> Protections:
         """These protections, with the named ones switched off."""
@@ -183,6 +201,9 @@ class Experiment:
     ownership alone; such an experiment has no intended end, so liveness is not checked)."""
     max_restarts: int = 4
     """The restart strategy: the job FAILS after this many failovers under one JobManager leader."""
+    overlapped: bool = False
+    """``execution.checkpointing.commit-mode: overlapped``: the driver returns once the epoch's
+    decision is in checkpoint storage; the apply and the checkpoint overlap the next batch."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +223,15 @@ class Slot(NamedTuple):
     applied: tuple[int, ...] = ()
     """(Ghost) the epochs whose commit this slot's backend went through, in order; a restore
     brings back the snapshot's. Contiguity is that this is 0, 1, ..., committed."""
+
+
+LogEntry = tuple[int, int, str, str, int, Version]
+"""A record of the changelog in checkpoint storage: (epoch, n, kind, query, batch, routing version),
+at ``changelog/g<gen>/<epoch>.<n>``; kind DECIDED (a decision) or SEALED (a restore's seal)."""
+DECIDED, SEALED = "DECIDED", "SEALED"
+
+ChangeSet = tuple[int, Version, int, Data]
+"""A slot's uploaded change set: (epoch, routing version, key group, the winners' writes)."""
 
 
 class Snapshot(NamedTuple):
@@ -284,6 +314,8 @@ class CommitInProgress(NamedTuple):
     winners: tuple[tuple[int, Aid, tuple[tuple[int, int], ...]], ...]
     applying: bool
     answered: frozenset[int]
+    deciding: bool = False
+    """(overlapped) Every slot prepared; the decision write is in flight."""
 
 
 class Waiter(NamedTuple):
@@ -334,6 +366,8 @@ class Ghost(NamedTuple):
     """A batch the driver returned from while no completed checkpoint held it."""
     stale_answer: str | None = None
     """A TaskManager acknowledged a call after its lease ran out."""
+    stale_read: str | None = None
+    """A slot served a call of epoch E while it held an epoch below E-1."""
 
 
 class State(NamedTuple):
@@ -344,6 +378,12 @@ class State(NamedTuple):
     net: frozenset[Message]
     budget: Budget
     ghost: Ghost
+    log: tuple[LogEntry, ...] = ()
+    """(overlapped) The changelog's records of the current generation, sorted."""
+    changes: frozenset[ChangeSet] = frozenset()
+    """(overlapped) The change sets in checkpoint storage."""
+    gen: int = 0
+    """(overlapped) The changelog generation (an operator restore or a new job starts a new one)."""
 
 
 @dataclass(frozen=True)
@@ -456,6 +496,51 @@ class Model:
             return False
         return not self.p.lineage_epochs or (query, epoch - batch) in ck.lineage
 
+    def _decision(self, s: State, epoch: int) -> LogEntry | None:
+        """The decision a restore takes for ``epoch``: the first DECIDED record by name, if any."""
+        for entry in s.log:
+            if entry[0] == epoch and entry[2] == DECIDED:
+                return entry
+        return None
+
+    def _decided(self, s: State, query: str, batch: int, epoch: int) -> bool:
+        """(overlapped) Whether the changelog holds the decision of this batch as this epoch."""
+        d = self._decision(s, epoch) if self.x.overlapped else None
+        return d is not None and (d[3], d[4]) == (query, batch)
+
+    def _replay(
+        self, s: State, committed: int, lineage: Lineage, snaps: dict[int, Snapshot]
+    ) -> tuple[int, Lineage, dict[int, Snapshot]]:
+        """(overlapped) A restore's continuation: the decided epochs above ``committed``, in order,
+        each folded from its change sets, up to the first epoch without a usable decision."""
+        if not (self.x.overlapped and self.p.replay_decisions_on_restore):
+            return committed, lineage, snaps
+        while True:
+            epoch = committed + 1
+            d = self._decision(s, epoch)
+            if d is None:
+                return committed, lineage, snaps
+            found = {cs[2]: cs[3] for cs in s.changes if cs[0] == epoch and cs[1] == d[5]}
+            if set(found) != set(self.kgs):
+                return committed, lineage, snaps  # a decision without its data cannot be replayed
+            snaps = {
+                kg: Snapshot(kg, epoch, snaps[kg].applied + (epoch,), _insert(snaps[kg].data, *found[kg]))
+                for kg in self.kgs
+            }
+            query, batch = d[3], d[4]
+            if self.p.lineage_epochs and not any(q == query for q, _ in lineage):
+                lineage = lineage + ((query, epoch - batch),)
+            committed = epoch
+
+    def _recovered(self, s: State) -> dict[int, Snapshot]:
+        """(overlapped) What a restore would deploy now: the latest checkpoint and the decisions above it."""
+        if s.store:
+            ck = s.store[-1]
+            committed, lineage, snaps = ck.epoch, ck.lineage, {x.kg: x for x in ck.snapshots}
+        else:
+            committed, lineage, snaps = -1, (), {kg: Snapshot(kg, -1, (), ()) for kg in self.kgs}
+        return self._replay(s, committed, lineage, snaps)[2]
+
     # -- the driver ---------------------------------------------------------------------------
     def _begin(self, s: State, d: Driver) -> State:
         """The driver (re)starts the current batch: BeginBatch, or FINISHED."""
@@ -548,6 +633,7 @@ class Model:
             ghost.bad_return is None
             and not ghost.operator_gap
             and not any(self._holds(ck, d.query, d.done, d.epoch) for ck in s.store)
+            and not self._decided(s, d.query, d.done, d.epoch)
         ):
             ghost = ghost._replace(bad_return=key)
         ghost = ghost._replace(returned=ghost.returned | {key})
@@ -586,6 +672,12 @@ class Model:
             return self._send(s, refuse)
         if m.epoch <= slot.committed:
             return self._send(s, refuse)  # a stale attempt (zombie or re-run of a committed batch)
+        if slot.committed < m.epoch - 1 and s.ghost.stale_read is None and not s.ghost.operator_gap:
+            s = s._replace(
+                ghost=s.ghost._replace(
+                    stale_read=f"tm{m.tm} kg{m.kg} served a call of epoch {m.epoch} holding epoch {slot.committed}"
+                )
+            )
         entry: Staged = (m.epoch, m.partition, m.aid, m.seq, m.query, m.batch)
         if not (self.p.seq_dedup and entry in slot.staged):
             slot = slot._replace(staged=_insert(slot.staged, entry))
@@ -624,6 +716,16 @@ class Model:
             for p, aid, count in m.counts:
                 staged = len([e for e in slot.staged if e[0] == m.epoch and e[1] == p and e[2] == aid])  # type: ignore[union-attr]
                 ok = ok and staged == count
+        if ok and self.x.overlapped and self.p.upload_before_decision:
+            # The change set is durable in checkpoint storage before the slot answers.
+            assert slot is not None  # ok implies a slot
+            chosen = {(p, aid) for p, aid, _ in m.counts}
+            data: Data = tuple(
+                sorted((e[0], e[4], e[5], e[1]) for e in slot.staged if e[0] == m.epoch and (e[1], e[2]) in chosen)
+            )
+            key = (m.epoch, m.version, m.kg)
+            changes = frozenset(cs for cs in s.changes if cs[:3] != key) | {(m.epoch, m.version, m.kg, data)}
+            s = s._replace(changes=changes)
         return self._send(s, PrepareAnswer(m.session, m.tm, m.kg, m.epoch, m.version, m.counts, ok))
 
     def _on_apply(self, s: State, m: Apply) -> State:
@@ -658,7 +760,7 @@ class Model:
         if ok and self.p.barrier_epoch_check:
             ok = slot.committed == m.epoch  # type: ignore[union-attr]
         snap = (slot.committed, slot.applied, slot.data) if slot is not None else (-1, (), ())
-        return self._send(s, BarrierAck(m.session, m.tm, m.kg, m.epoch, m.version, ok, *snap))
+        return self._send(s, BarrierAck(m.session, m.tm, m.kg, m.epoch, m.version, ok, *snap, self._serving(tm)))
 
     def _raise_floor(self, tm: TaskManager, version: Version) -> TaskManager:
         if self.p.taskmanager_version_floor and version > tm.floor:
@@ -714,6 +816,8 @@ class Model:
         for ck in reversed(s.store):
             if self._holds(ck, query, batch, epoch):
                 return self._answer(s, inc, query, batch, "COMPLETED", ck.epoch)
+        if self._decided(s, query, batch, epoch):
+            return self._answer(s, inc, query, batch, "COMPLETED", epoch)
         return s._replace(jm=s.jm._replace(waiters=s.jm.waiters | {Waiter(inc, query, batch, epoch)}))
 
     def _on_commit(self, s: State, m: CommitRequest) -> State:
@@ -754,8 +858,37 @@ class Model:
         c = c._replace(answered=c.answered | {m.kg})
         if len(c.answered) < len(self.kgs):
             return s._replace(jm=jm._replace(commit=c))
+        if self.x.overlapped:
+            # Create-only, at the first free name of the epoch (the JobManager lists it first).
+            n = sum(1 for entry in s.log if entry[0] == c.epoch)
+            c = c._replace(deciding=True, answered=frozenset())
+            s = s._replace(jm=jm._replace(commit=c))
+            return self._send(s, DecisionWrite(jm.session, s.gen, c.epoch, n, c.query, c.batch, c.version))
         c = c._replace(applying=True, answered=frozenset())
         s = s._replace(jm=jm._replace(commit=c))
+        return self._send(s, *(self._apply_msg(s.jm, c, kg) for kg in self.kgs))
+
+    def _on_decision_write(self, s: State, m: DecisionWrite) -> State:
+        """Checkpoint storage takes a create-only decision write (first writer of a name wins)."""
+        taken = m.gen != s.gen or any(entry[:2] == (m.epoch, m.n) for entry in s.log)
+        if not taken:
+            s = s._replace(log=_insert(s.log, (m.epoch, m.n, DECIDED, m.query, m.batch, m.version)))
+        return self._send(s, DecisionWritten(m.session, m.epoch, m.version, not taken))
+
+    def _on_decision_written(self, s: State, m: DecisionWritten) -> State:
+        jm = s.jm
+        c = jm.commit
+        assert c is not None
+        if not m.ok:
+            s = s._replace(jm=jm._replace(commit=None))
+            return self._answer(s, c.inc, c.query, c.batch, "RETRY", c.epoch)
+        # The epoch is decided: C moves, the driver returns, the apply goes on behind it.
+        lineage = jm.lineage
+        if self.p.lineage_epochs and not any(q == c.query for q, _ in lineage):
+            lineage = lineage + ((c.query, c.epoch - c.batch),)
+        c = c._replace(deciding=False, applying=True, answered=frozenset())
+        s = s._replace(jm=jm._replace(commit=c, committed=c.epoch, lineage=lineage))
+        s = self._answer(s, c.inc, c.query, c.batch, "COMPLETED", c.epoch)
         return self._send(s, *(self._apply_msg(s.jm, c, kg) for kg in self.kgs))
 
     def _on_apply_answer(self, s: State, m: ApplyAnswer) -> State:
@@ -768,18 +901,23 @@ class Model:
         c = c._replace(answered=c.answered | {m.kg})
         if len(c.answered) < len(self.kgs):
             return s._replace(jm=jm._replace(commit=c))
+        if self.x.overlapped:
+            return s._replace(jm=jm._replace(commit=None))  # decided and answered already
         lineage = jm.lineage
         if self.p.lineage_epochs and not any(q == c.query for q, _ in lineage):
             lineage = lineage + ((c.query, c.epoch - c.batch),)
         s = s._replace(jm=jm._replace(commit=None, committed=c.epoch, lineage=lineage))
         return self._wait_durable(s, c.inc, c.query, c.batch, c.epoch)
 
-    def _checkpoint_failed(self, s: State) -> State:
+    def _checkpoint_failed(self, s: State, counted: bool = True) -> State:
+        """A pending checkpoint failed; ``counted`` False: a TaskManager without a lease refused its
+        barrier (NOT_ALL_REQUIRED_TASKS_RUNNING, which tolerable-failed-checkpoints does not count,
+        as in Flink: the heartbeat timeout, not the checkpoint count, fails such a TaskManager over)."""
         jm = s.jm
-        failed = jm.failed_checkpoints + 1
+        failed = jm.failed_checkpoints + (1 if counted else 0)
         s = s._replace(jm=jm._replace(pending=None, failed_checkpoints=failed))
         s = self._fail_waiters(s)
-        if failed > self.x.tolerable_failed_checkpoints:
+        if counted and failed > self.x.tolerable_failed_checkpoints:
             return self._failover(s, "too many failed checkpoints")
         return s  # (a failed rescale checkpoint gives the rescale up)
 
@@ -793,7 +931,7 @@ class Model:
         pc = jm.pending
         assert pc is not None
         if not m.ok or (self.p.barrier_epoch_check and m.committed != pc.epoch):
-            return self._checkpoint_failed(s)
+            return self._checkpoint_failed(s, counted=m.leased)
         pc = pc._replace(acks=tuple(sorted(pc.acks + (Snapshot(m.kg, m.committed, m.applied, m.data),))))
         if len(pc.acks) < len(self.kgs):
             return s._replace(jm=jm._replace(pending=pc))
@@ -877,6 +1015,11 @@ class Model:
             ck = s.store[-1]
             committed, lineage = ck.epoch, ck.lineage
             snaps = {x.kg: x for x in ck.snapshots}
+        committed, lineage, snaps = self._replay(s, committed, lineage, snaps)
+        if self.x.overlapped and self.p.seal_on_restore:
+            # Seal the next epoch: a decision write still in flight can no longer land there.
+            n = sum(1 for entry in s.log if entry[0] == committed + 1)
+            s = s._replace(log=_insert(s.log, (committed + 1, n, SEALED, "", -1, jm.version)))
         if not self.p.rollback_committed_on_restore:
             committed, lineage = jm.committed, jm.lineage  # the bug: C kept from before the restore
         available = sorted(jm.registered - jm.lost)
@@ -941,10 +1084,21 @@ class Model:
             tm = s.tms[m.tm]
             if tm.paused or (isinstance(m, Stage) and tm.in_call is not None):
                 return False  # it waits in the socket until the process runs (one call at a time)
+            if isinstance(m, Stage) and self.x.overlapped and self.p.read_fence:
+                slot = tm.slot(m.kg)
+                if (
+                    slot is not None
+                    and self._serving(tm)
+                    and self._version_ok(slot, m.version)
+                    and slot.committed < m.epoch - 1
+                ):
+                    return False  # the read fence: it waits until the slot applied the previous epoch
         return True
 
     def _deliver(self, s: State, m: Message) -> State:
         """The receiver of `m` handles it; `m` is already off the network."""
+        if isinstance(m, DecisionWrite):
+            return self._on_decision_write(s, m)
         if isinstance(m, TO_JOBMANAGER):
             if not s.jm.up:
                 return s
@@ -966,6 +1120,8 @@ class Model:
                 return self._on_prepare_answer(s, m)
             if isinstance(m, ApplyAnswer):
                 return self._on_apply_answer(s, m)
+            if isinstance(m, DecisionWritten):
+                return self._on_decision_written(s, m)
             if isinstance(m, BarrierAck):
                 return self._on_barrier_ack(s, m)
             if isinstance(m, Released):
@@ -1061,7 +1217,7 @@ class Model:
             yield "jobmanager: a new leader takes over", self._jm_restart(s)
             return
         c = jm.commit
-        if c is not None:
+        if c is not None and not c.deciding:
             for kg in self.kgs:
                 if kg in c.answered:
                     continue
@@ -1099,7 +1255,7 @@ class Model:
         if jm.status == RUNNING and jm.pending is None and (jm.commit is None or not self.p.cut_under_commit_lock):
             latest = s.store[-1].epoch if s.store else -1
             wanted = any(w.epoch > latest for w in jm.waiters) or (
-                self.x.periodic_checkpoints and jm.committed > latest
+                (self.x.periodic_checkpoints or self.x.overlapped) and jm.committed > latest
             )
             if wanted:
                 yield f"jobmanager: trigger checkpoint at epoch {jm.committed}", self._trigger(s)
@@ -1245,7 +1401,7 @@ class Model:
             latest = s.store[-1].epoch if s.store else -1
             for i, ck in enumerate(s.store):
                 if ck.epoch < latest:
-                    ns = s._replace(store=s.store[: i + 1], ghost=gap)
+                    ns = s._replace(store=s.store[: i + 1], ghost=gap, log=(), changes=frozenset(), gen=s.gen + 1)
                     yield (
                         f"OPERATOR restores the older checkpoint at epoch {ck.epoch}",
                         self._failover(ns, "operator restore"),
@@ -1253,7 +1409,7 @@ class Model:
         if x.operator == "cancel_resubmit" and d.done > 0:
             # The job is cancelled, the driver's application resubmits it: the new job starts
             # from empty state with no checkpoints, and the driver restarts.
-            ns = s._replace(store=(), ghost=gap)
+            ns = s._replace(store=(), ghost=gap, log=(), changes=frozenset(), gen=s.gen + 1)
             ns = self._failover(ns, "cancelled and resubmitted", empty=True)
             ns = ns._replace(jm=ns.jm._replace(lineage=(), committed=-1))
             nd = Driver(query=d.query, done=d.done, incarnation=d.incarnation + 1, returned_total=d.returned_total)
@@ -1299,10 +1455,29 @@ class Model:
                 keep.append(m)
         if changed:
             s = s._replace(net=frozenset(keep))
+        if self.x.overlapped:
+            s = self._collect_changelog(s)
         for t, tm in enumerate(s.tms):
             if any(e[2] not in live for x in tm.slots for e in x.staged):
                 slots = tuple(x._replace(staged=tuple(e for e in x.staged if e[2] in live)) for x in tm.slots)
                 s = self._tm(s, t, tm._replace(slots=slots))
+        return s
+
+    def _collect_changelog(self, s: State) -> State:
+        """The changelog's cleaner, and what nothing reads any more: records and change sets of
+        epochs a completed checkpoint holds (restores start above the latest one; an operator's
+        older restore starts a new generation), and change sets no decision names and no commit
+        in progress can name (a refused or aborted Prepare's)."""
+        floor = s.store[-1].epoch if s.store else -1
+        jm = s.jm
+        named = {(e[0], e[5]) for e in s.log if e[2] == DECIDED}
+        named |= {(m.epoch, m.version) for m in s.net if isinstance(m, DecisionWrite) and m.gen == s.gen}
+        if jm.up and jm.commit is not None:
+            named.add((jm.commit.epoch, jm.commit.version))
+        log = tuple(e for e in s.log if e[0] > floor)
+        changes = frozenset(cs for cs in s.changes if cs[0] > floor and (cs[0], cs[1]) in named)
+        if log != s.log or changes != s.changes:
+            s = s._replace(log=log, changes=changes)
         return s
 
     def _garbage(self, s: State, m: Message, live: set[Aid]) -> bool:
@@ -1320,14 +1495,18 @@ class Model:
             return d.phase not in (COMMIT, DURABLE)
         if isinstance(m, Stage):
             return m.aid not in live
-        if isinstance(m, (PrepareAnswer, ApplyAnswer, BarrierAck, Released, Deployed)):
+        if isinstance(m, (PrepareAnswer, ApplyAnswer, BarrierAck, Released, Deployed, DecisionWritten)):
             if not jm.up or m.session != jm.session:
                 return True
+            if isinstance(m, DecisionWritten):
+                c = jm.commit
+                return c is None or not c.deciding or (c.epoch, c.version) != (m.epoch, m.version)
             if isinstance(m, PrepareAnswer):
                 c = jm.commit
                 return (
                     c is None
                     or c.applying
+                    or c.deciding
                     or (c.epoch, c.version) != (m.epoch, m.version)
                     or m.kg in c.answered
                     or m.counts != self._prepare_msg(jm, c, m.kg).counts
@@ -1357,6 +1536,7 @@ class Model:
                 or m.session != jm.session
                 or c is None
                 or c.applying
+                or c.deciding
                 or m.kg in c.answered
                 or m != self._prepare_msg(jm, c, m.kg)
             )
@@ -1420,9 +1600,12 @@ class Model:
         g = s.ghost
         if g.bad_return is not None:
             q, b = g.bad_return
-            yield Violation(DURABILITY, f"the driver returned from {q}#{b} while no completed checkpoint held it")
+            held = "no completed checkpoint nor decision" if self.x.overlapped else "no completed checkpoint"
+            yield Violation(DURABILITY, f"the driver returned from {q}#{b} while {held} held it")
         if g.stale_answer is not None:
             yield Violation(ONE_OWNER, g.stale_answer)
+        if g.stale_read is not None:
+            yield Violation(READS_SEE_PREVIOUS, g.stale_read)
         for t, tm in enumerate(s.tms):
             for slot in tm.slots:
                 bad = self._slot_problem(slot.committed, slot.applied, slot.data)
@@ -1442,7 +1625,19 @@ class Model:
             owners = self.servers(s, kg)
             if len(owners) > 1:
                 yield Violation(ONE_OWNER, f"key group {kg} served by tm{owners[0]} and tm{owners[1]} at once")
-        if not g.operator_gap and g.returned:
+        if self.x.overlapped and not g.operator_gap and g.returned:
+            # A slot may lag behind the decided epochs (the apply is asynchronous, and reads wait
+            # for it: invariant 7); what must hold every returned batch is what a restore would
+            # deploy now: the latest checkpoint and the decisions above it.
+            for kg, snap in sorted(self._recovered(s).items()):
+                bad = self._slot_problem(snap.committed, snap.applied, snap.data)
+                if bad:
+                    yield Violation(bad[0], f"a restore now (kg{kg}): {bad[1]}")
+                have = {(q, b) for _, q, b, _ in snap.data}
+                missing = sorted(g.returned - have)
+                if missing:
+                    yield Violation(LOST_OR_DOUBLED, f"a restore now (kg{kg}) would lack returned batches {missing}")
+        elif not g.operator_gap and g.returned:
             if s.store:
                 for kg, _, _, data in s.store[-1].snapshots:
                     have = {(q, b) for _, q, b, _ in data}
@@ -1488,4 +1683,6 @@ class Model:
             slots = ", ".join(f"kg{x.kg}@v{x.version[0]}.{x.version[1]} E={x.committed}" for x in tm.slots)
             parts.append(f"tm{t}{' CUT' if tm.cut else ''}{'' if tm.lease else ' lease-expired'} [{slots}]")
         parts.append(f"checkpoints {[ck.epoch for ck in s.store]}")
+        if self.x.overlapped:
+            parts.append(f"changelog g{s.gen} {[f'{e[0]}.{e[1]} {e[2]} {e[3]}#{e[4]}' for e in s.log]}")
         return "; ".join(parts)
