@@ -83,7 +83,6 @@ from keyedstate.common.rpc.convert import winner_from_bytes, winner_to_bytes
 from keyedstate.common.security.tls import ChannelSecurity
 from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.spark._modes import BatchMode, ReduceInto
-from keyedstate.common.spark._timers import BatchTimes, TimerFn, batch_times, fire_due
 from keyedstate.common.spark._processor import (
     COMPOSITE_KEY,
     ProcessorPartition,
@@ -93,6 +92,7 @@ from keyedstate.common.spark._processor import (
     with_composite_key,
     with_initial_state,
 )
+from keyedstate.common.spark._timers import BatchTimes, TimerFn, batch_times, fire_due
 
 logger = logging.getLogger(__name__)
 
