@@ -5,7 +5,7 @@ the coordinator and a restore from S3, with the report and its charts); the othe
 ``-m slow`` (``make test-all``): the three Spark workloads (W1, W2, batch_floor: about two
 minutes, their pipelines checked against references in the default suite all the same by
 tests/bench/test_w2_pipeline.py and tests/integration/spark) and the TLS client path, the 1 GB
-checkpoint, the memory bound, the claim modes and the changelog commit cost (about 60 s).
+checkpoint, the memory bound, the claim modes, the changelog commit cost and the slot processes (about 90 s).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 DEFAULT_SCENARIOS = ("client_path", "redis_compare", "coordinator_scale", "restore")
 SPARK_SCENARIOS = ("w1", "w2", "batch_floor")
-OTHER_SCENARIOS = ("client_path_tls", "checkpoint", "memory", "claim_modes", "changelog_commit")
+OTHER_SCENARIOS = ("client_path_tls", "checkpoint", "memory", "claim_modes", "changelog_commit", "slot_processes")
 
 
 def test_the_smoke_runs_cover_every_scenario() -> None:
