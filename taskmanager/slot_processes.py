@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from prometheus_client.registry import Collector
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
+from keyedstate.common.exit_status import describe_exit
 from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.ids import JobId, SubtaskId
 from keyedstate.taskmanager.rpc.slot_process_control import SlotProcessChannel
@@ -58,17 +58,6 @@ _REPLACE_ATTEMPTS = 3
 
 T = TypeVar("T")
 U = TypeVar("U")
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 def process_config(conf: Configuration, count: int, resource_id: str) -> Configuration:
@@ -140,7 +129,7 @@ class SlotProcessHandle:
         if isinstance(reply, SlotProcessFailed):
             raise ConfigError(f"slot process {self.index} failed to start: {reply.message}")
         raise UnavailableError(
-            f"slot process {self.index} (pid {self.pid}) {_describe_exit(self._proc.poll())} before it served"
+            f"slot process {self.index} (pid {self.pid}) {describe_exit(self._proc.poll())} before it served"
         )
 
     def serving(self) -> SlotProcessChannel:
@@ -355,7 +344,7 @@ class SlotProcessGroup:
                 "slot process %d (pid %d) %s; replacing it (its slots' jobs fail over)",
                 index,
                 process.pid,
-                _describe_exit(process.exit_code()),
+                describe_exit(process.exit_code()),
             )
             with self._lock:
                 self._processes[index] = None

@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from multiprocessing.connection import Connection
 from keyedstate.common.clock import Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import CheckpointError
+from keyedstate.common.exit_status import describe_exit
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, UploadedFile
 from keyedstate.taskmanager.snapshot.transfer_protocol import (
     CancelRequest,
@@ -66,17 +66,6 @@ _EXIT_WAIT_S = 10.0
 
 class TransferProcessLostError(CheckpointError):
     """The transfer process running a request died (or was killed) before it replied."""
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 class _TransferProcess:
@@ -195,7 +184,7 @@ class _TransferProcess:
         with self._lock:
             closing = self._closing
             self._lost = (
-                f"the checkpoint transfer process (pid {self.pid}) {_describe_exit(code)}"
+                f"the checkpoint transfer process (pid {self.pid}) {describe_exit(code)}"
                 + (" because the TaskManager is stopping" if closing else "")
                 + " before it finished moving the checkpoint's files; the checkpoint is declined and "
                 "the next transfer starts a new process"
