@@ -37,6 +37,14 @@ SERVED_BY = {
 }
 """Which daemon serves each service (the fuzz cluster runs plaintext: one server per daemon carries both planes)."""
 
+PRIVATE_SERVICES = {
+    "keyedstate.v1.SlotProcess": (
+        "a slot process serves it only on a Unix socket in its TaskManager's mkdtemp directory (mode 0700, "
+        "taskmanager/slot_processes.py): no network peer can call it, and the fuzz cluster runs one slot process"
+    ),
+}
+"""Services no network peer reaches, each with the reason; the coverage test names them so none is left out by accident."""
+
 # What a server may answer to a hostile request. Never UNKNOWN or INTERNAL (an unhandled
 # exception), never DEADLINE_EXCEEDED (a hang), never UNIMPLEMENTED (a declared RPC must exist).
 EXPECTED_CODES = frozenset(
