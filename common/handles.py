@@ -60,9 +60,26 @@ class StateFileHandle:
     """The file's bytes, sent inline when the checkpoint lives in the JobManager's memory (None: in storage)."""
 
 
+@dataclass(frozen=True)
+class ChangelogSegmentHandle:
+    """One uploaded changelog segment: the change sets of epochs ``first_epoch..last_epoch`` of one slot."""
+
+    path: str
+    """Like :attr:`StateFileHandle.path` (``../shared/...`` in a checkpoint)."""
+    first_epoch: int
+    last_epoch: int
+    size: int
+    sha256: str
+
+
 @dataclass
 class SubtaskStateHandle:
-    """One slot's part of a checkpoint, as acknowledged to the JobManager."""
+    """One slot's part of a checkpoint, as acknowledged to the JobManager.
+
+    With changelog checkpoints, :attr:`files` are the slot's last materialized snapshot (it holds
+    epochs up to :attr:`materialized_epoch`) and :attr:`changelog` the segments committed after
+    it, up to :attr:`committed_epoch`; a restore restores the files and replays the segments.
+    """
 
     operator_id: OperatorId
     subtask_index: int
@@ -74,6 +91,14 @@ class SubtaskStateHandle:
     sync_duration_ms: int = 0
     async_duration_ms: int = 0
     committed_epoch: int = -1
+    changelog: list[ChangelogSegmentHandle] = field(default_factory=list)
+    materialized_epoch: int | None = None
+    """The epoch :attr:`files` hold; None: :attr:`committed_epoch` (no changelog)."""
+
+    @property
+    def snapshot_epoch(self) -> int:
+        """The epoch the snapshot files hold (the changelog replays what follows it)."""
+        return self.committed_epoch if self.materialized_epoch is None else self.materialized_epoch
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,13 @@ from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.batches import Winner
 from keyedstate.common.errors import InvalidArgumentError
-from keyedstate.common.handles import CheckpointBarrier, SlotRestore, StateFileHandle, SubtaskStateHandle
+from keyedstate.common.handles import (
+    ChangelogSegmentHandle,
+    CheckpointBarrier,
+    SlotRestore,
+    StateFileHandle,
+    SubtaskStateHandle,
+)
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId
 
 
@@ -56,6 +62,11 @@ def handle_from_proto(message: pb.SubtaskStateHandle) -> SubtaskStateHandle:
         sync_duration_ms=message.sync_duration_ms,
         async_duration_ms=message.async_duration_ms,
         committed_epoch=message.committed_epoch,
+        changelog=[
+            ChangelogSegmentHandle(s.path, s.first_epoch, s.last_epoch, s.size, s.sha256) for s in message.changelog
+        ],
+        # Without segments the snapshot holds the committed epoch (what older senders mean by 0 here).
+        materialized_epoch=message.materialized_epoch if message.changelog else None,
     )
 
 
@@ -77,6 +88,13 @@ def handle_to_proto(handle: SubtaskStateHandle) -> pb.SubtaskStateHandle:
         sync_duration_ms=handle.sync_duration_ms,
         async_duration_ms=handle.async_duration_ms,
         committed_epoch=handle.committed_epoch,
+        changelog=[
+            pb.ChangelogSegmentHandle(
+                path=s.path, first_epoch=s.first_epoch, last_epoch=s.last_epoch, size=s.size, sha256=s.sha256
+            )
+            for s in handle.changelog
+        ],
+        materialized_epoch=handle.snapshot_epoch,
     )
 
 

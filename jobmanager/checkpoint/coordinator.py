@@ -47,7 +47,7 @@ from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError, UnavailableError
 from keyedstate.common.faults import crash_point
-from keyedstate.common.handles import CheckpointBarrier, SubtaskStateHandle
+from keyedstate.common.handles import CheckpointBarrier, StateFileHandle, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, validate_id
 from keyedstate.common.keygroups import check_parallelism
 from keyedstate.common.storage import CheckpointStorage
@@ -963,7 +963,8 @@ class CheckpointCoordinator:
         absolute URL is taken as it is).
         """
         shared: set[str] = set()
-        for f in handle.files:
+        # Changelog segments are shared files too (uploaded under shared/ by the same ack).
+        for f in [*handle.files, *(StateFileHandle(c.path, c.size, c.sha256, shared=True) for c in handle.changelog)]:
             if not f.shared:
                 continue
             resolved = relative(f.path)

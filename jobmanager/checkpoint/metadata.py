@@ -18,7 +18,13 @@ it last, with one create-only write, after every subtask acknowledged. The file 
           "subtask_index": 0, "key_groups": [0, 63], "backend": "rocksdb",
           "committed_epoch": 17, "full_size": 1048576, "incremental_size": 4096,
           "files": [{"path": "../shared/3f1c…-000012.sst", "size": 1044480, "sha256": "…",
-                     "local_name": "000012.sst", "shared": true}, …]
+                     "local_name": "000012.sst", "shared": true}, …],
+          # version 2, changelog checkpoints only (state.changelog.enabled): ``files`` are the
+          # last materialized snapshot, which holds epochs up to materialized_epoch, and the
+          # segments hold the change sets of the epochs after it, up to committed_epoch
+          "materialized_epoch": 12,
+          "changelog": [{"path": "../shared/chk-41/counts-0-…-000003.seg", "first_epoch": 13,
+                         "last_epoch": 17, "size": 52011, "sha256": "…"}, …]
         }, …]
       }, …]
     }
@@ -26,7 +32,9 @@ it last, with one create-only write, after every subtask acknowledged. The file 
 Every ``path`` is relative to the directory holding ``_metadata``. A checkpoint
 (``<job dir>/chk-<n>/``) keeps its own files inside its directory and refers to incremental
 files in ``<job dir>/shared/`` as ``../shared/<name>`` (``shared: true``). A savepoint is
-self-contained: all its paths point inside its directory, so it can be moved or copied anywhere.
+self-contained: all its paths point inside its directory, so it can be moved or copied anywhere
+(it never has changelog segments). A checkpoint without segments is written as version 1,
+which older releases read; this release reads both versions.
 
 Listing every file with its size needs nothing but ``json``::
 
@@ -58,7 +66,7 @@ from keyedstate.common.descriptors import (
     TtlUpdateType,
 )
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError, KeyedStateError
-from keyedstate.common.handles import StateFileHandle, SubtaskStateHandle
+from keyedstate.common.handles import ChangelogSegmentHandle, StateFileHandle, SubtaskStateHandle
 from keyedstate.common.ids import KeyGroupRange, OperatorId
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_range_for_subtask
 from keyedstate.common.storage import MAX_FILE_NAME, is_plain_file_name
@@ -68,7 +76,9 @@ from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, LEGACY_QUERY, EpochLine
 logger = logging.getLogger(__name__)
 
 FORMAT = "keyedstate-checkpoint"
-VERSION = 1
+VERSION = 2
+"""The newest format version; a checkpoint without changelog segments is still written as version 1."""
+READABLE_VERSIONS = (1, 2)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -91,6 +101,20 @@ class FileRef(NamedTuple):
     """Lives in ``../shared/`` and may be referenced by several checkpoints."""
 
 
+class SegmentRef(NamedTuple):
+    """One changelog segment of a subtask snapshot; ``path`` is relative to the ``_metadata`` directory."""
+
+    path: str
+    first_epoch: int
+    last_epoch: int
+    size: int
+    sha256: str
+
+    def as_file(self) -> FileRef:
+        """The segment as a shared file: reference-counted, kept, verified and collected like a shared SST."""
+        return FileRef(self.path, self.size, self.sha256, posixpath.basename(self.path), True)
+
+
 @dataclass(frozen=True)
 class SubtaskSnapshot:
     """What one subtask contributed: its key groups and the files that restore them."""
@@ -107,6 +131,56 @@ class SubtaskSnapshot:
     incremental_size: int
     """Bytes uploaded for this checkpoint (the rest was reused from ``shared/``)."""
     files: tuple[FileRef, ...] = ()
+    changelog: tuple[SegmentRef, ...] = ()
+    """Changelog checkpoints: the segments replayed on top of :attr:`files`, oldest first."""
+    materialized_epoch: int | None = None
+    """The epoch :attr:`files` hold when the snapshot has a changelog; None: :attr:`committed_epoch`."""
+
+    @property
+    def snapshot_epoch(self) -> int:
+        """The epoch the snapshot files hold (the changelog replays what follows it)."""
+        return self.committed_epoch if self.materialized_epoch is None else self.materialized_epoch
+
+    def all_files(self) -> Iterator[FileRef]:
+        """The snapshot's files, then its changelog segments (as shared files)."""
+        yield from self.files
+        for segment in self.changelog:
+            yield segment.as_file()
+
+    def changelog_problems(self) -> list[str]:
+        """Why the segments cannot rebuild epochs ``snapshot_epoch + 1 .. committed_epoch`` (empty: they can)."""
+        out: list[str] = []
+        if not self.changelog:
+            if self.materialized_epoch is not None and self.materialized_epoch != self.committed_epoch:
+                out.append(
+                    f"materialized_epoch {self.materialized_epoch} differs from committed_epoch "
+                    f"{self.committed_epoch} but there are no changelog segments to replay in between"
+                )
+            return out
+        if self.materialized_epoch is None or self.materialized_epoch > self.committed_epoch:
+            out.append(
+                f"materialized_epoch {self.materialized_epoch} must be at most committed_epoch {self.committed_epoch}"
+            )
+            return out
+        expected = self.materialized_epoch + 1
+        for i, seg in enumerate(self.changelog):
+            if seg.first_epoch > seg.last_epoch or seg.size < 0:
+                out.append(f"changelog[{i}] has epochs {seg.first_epoch}..{seg.last_epoch} and size {seg.size}")
+            elif i == 0 and not seg.first_epoch <= expected <= seg.last_epoch + 1:
+                out.append(
+                    f"changelog[0] starts at epoch {seg.first_epoch}, after epoch {expected} that the "
+                    f"materialized snapshot (epoch {self.materialized_epoch}) needs next: epochs would be lost"
+                )
+            elif i > 0 and seg.first_epoch != expected:
+                out.append(
+                    f"changelog[{i}] starts at epoch {seg.first_epoch}, the previous segment ends at {expected - 1}"
+                )
+            if seg.sha256 and not _SHA256.match(seg.sha256):
+                out.append(f"changelog[{i}] sha256 is not 64 lowercase hex digits")
+            expected = seg.last_epoch + 1
+        if expected - 1 != self.committed_epoch:
+            out.append(f"the changelog ends at epoch {expected - 1}, the snapshot is of epoch {self.committed_epoch}")
+        return out
 
     @classmethod
     def from_handle(cls, handle: SubtaskStateHandle) -> SubtaskSnapshot:
@@ -119,6 +193,10 @@ class SubtaskSnapshot:
             full_size=handle.full_size,
             incremental_size=handle.incremental_size,
             files=tuple(FileRef(f.path, f.size, f.sha256, f.local_name, f.shared) for f in handle.files),
+            changelog=tuple(
+                SegmentRef(c.path, c.first_epoch, c.last_epoch, c.size, c.sha256) for c in handle.changelog
+            ),
+            materialized_epoch=handle.materialized_epoch if handle.changelog else None,
         )
 
     def to_handle(self, operator_id: OperatorId, base: str) -> SubtaskStateHandle:
@@ -141,6 +219,11 @@ class SubtaskSnapshot:
             incremental_size=self.incremental_size,
             full_size=self.full_size,
             committed_epoch=self.committed_epoch,
+            changelog=[
+                ChangelogSegmentHandle(_paths.join(base, c.path), c.first_epoch, c.last_epoch, c.size, c.sha256)
+                for c in self.changelog
+            ],
+            materialized_epoch=self.materialized_epoch,
         )
 
 
@@ -182,11 +265,16 @@ class CheckpointMetadata:
         return None
 
     def files(self) -> Iterator[tuple[str, int, FileRef]]:
-        """Every file as ``(operator_id, subtask_index, file)``."""
+        """Every file as ``(operator_id, subtask_index, file)``, changelog segments included (as shared files)."""
         for op in self.operators:
             for sub in op.subtasks:
-                for f in sub.files:
+                for f in sub.all_files():
                     yield op.operator_id, sub.subtask_index, f
+
+    @property
+    def has_changelog(self) -> bool:
+        """Whether a restore replays changelog segments (a changelog checkpoint that is not self-contained)."""
+        return any(sub.changelog for op in self.operators for sub in op.subtasks)
 
     @property
     def full_size(self) -> int:
@@ -235,7 +323,13 @@ class CheckpointMetadata:
                         f"{where} subtask {sub.subtask_index}: key groups {sub.key_groups} but parallelism "
                         f"{op.parallelism} of max parallelism {self.max_parallelism} gives {expected}"
                     )
-                for f in sub.files:
+                if sub.changelog and self.savepoint:
+                    out.append(
+                        f"{where} subtask {sub.subtask_index}: a savepoint must be self-contained, but it "
+                        "references changelog segments"
+                    )
+                out += [f"{where} subtask {sub.subtask_index}: {p}" for p in sub.changelog_problems()]
+                for f in sub.all_files():
                     problem = file_path_problem(f, self.savepoint)
                     if problem:
                         out.append(f"{where} subtask {sub.subtask_index}: {problem}")
@@ -267,7 +361,8 @@ class CheckpointMetadata:
     def _header(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "version": VERSION,
+            # Version 1 still describes a checkpoint without segments exactly, and older releases read it.
+            "version": VERSION if self.has_changelog else 1,
             "job_id": self.job_id,
             "checkpoint_id": self.checkpoint_id,
             "savepoint": self.savepoint,
@@ -341,6 +436,23 @@ def _subtask_dict(s: SubtaskSnapshot) -> dict[str, Any]:
             {"path": f.path, "size": f.size, "sha256": f.sha256, "local_name": f.local_name, "shared": f.shared}
             for f in s.files
         ],
+        **(
+            {
+                "materialized_epoch": s.snapshot_epoch,
+                "changelog": [
+                    {
+                        "path": c.path,
+                        "first_epoch": c.first_epoch,
+                        "last_epoch": c.last_epoch,
+                        "size": c.size,
+                        "sha256": c.sha256,
+                    }
+                    for c in s.changelog
+                ],
+            }
+            if s.changelog
+            else {}
+        ),
     }
 
 
@@ -387,6 +499,7 @@ class _Reader:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.version = VERSION
 
     def _get(self, obj: Any, key: str, where: str) -> Any:
         if not isinstance(obj, dict):
@@ -427,12 +540,13 @@ class _Reader:
         if fmt != FORMAT:
             raise _corrupt(self.source, f"format is {fmt!r}, expected {FORMAT!r} (is this a keyedstate checkpoint?)")
         version = self.integer(raw, "version", "")
-        if version != VERSION:
+        if version not in READABLE_VERSIONS:
             raise _corrupt(
                 self.source,
-                f"format version {version} is not supported (this build reads version {VERSION}); "
-                "use the keyedstate release that wrote it",
+                f"format version {version} is not supported (this build reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}); use the keyedstate release that wrote it",
             )
+        self.version = version
         return CheckpointMetadata(
             job_id=self.string(raw, "job_id", ""),
             checkpoint_id=self.integer(raw, "checkpoint_id", ""),
@@ -518,7 +632,26 @@ class _Reader:
             full_size=self.integer(raw, "full_size", where),
             incremental_size=self.integer(raw, "incremental_size", where),
             files=tuple(self.file(f, f"{where}.files[{i}]") for i, f in enumerate(self.array(raw, "files", where))),
+            **self.changelog(raw, where),
         )
+
+    def changelog(self, raw: Any, where: str) -> dict[str, Any]:
+        """A version-2 subtask's segments and materialized epoch (absent: a snapshot without changelog)."""
+        if self.version < 2 or "changelog" not in raw:
+            return {}
+        segments = tuple(
+            SegmentRef(
+                path=self.string(c, "path", f"{where}.changelog[{i}]"),
+                first_epoch=self.integer(c, "first_epoch", f"{where}.changelog[{i}]"),
+                last_epoch=self.integer(c, "last_epoch", f"{where}.changelog[{i}]"),
+                size=self.integer(c, "size", f"{where}.changelog[{i}]"),
+                sha256=self.string(c, "sha256", f"{where}.changelog[{i}]"),
+            )
+            for i, c in enumerate(self.array(raw, "changelog", where))
+        )
+        if not segments:
+            return {}
+        return {"changelog": segments, "materialized_epoch": self.integer(raw, "materialized_epoch", where)}
 
     def file(self, raw: Any, where: str) -> FileRef:
         return FileRef(

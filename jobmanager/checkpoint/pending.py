@@ -20,6 +20,7 @@ from keyedstate.jobmanager.checkpoint.metadata import (
     CheckpointMetadata,
     FileRef,
     OperatorSnapshot,
+    SegmentRef,
     SubtaskSnapshot,
     file_path_problem,
 )
@@ -152,7 +153,7 @@ class PendingCheckpoint:
         return {
             _paths.join(self.target_path, f.path)
             for snapshot in self._acks.values()
-            for f in snapshot.files
+            for f in snapshot.all_files()
             if f.shared
         }
 
@@ -265,8 +266,12 @@ class PendingCheckpoint:
             if ref.size < 0:
                 raise self._reject(subtask, f"file {ref.path!r} has negative size {ref.size}")
             files.append(ref)
+        segments = tuple(
+            SegmentRef(self.relative_path(c.path, True), c.first_epoch, c.last_epoch, c.size, c.sha256)
+            for c in handle.changelog
+        )
         # New objects: the caller's handle keeps the paths it sent.
-        return SubtaskSnapshot(
+        snapshot = SubtaskSnapshot(
             subtask_index=handle.subtask_index,
             key_groups=key_groups,
             backend=handle.backend,
@@ -274,7 +279,19 @@ class PendingCheckpoint:
             full_size=handle.full_size,
             incremental_size=handle.incremental_size,
             files=tuple(files),
+            changelog=segments,
+            materialized_epoch=handle.materialized_epoch if segments else None,
         )
+        if segments:
+            if self.savepoint:
+                raise self._reject(subtask, "a savepoint must be self-contained, but it references changelog segments")
+            for problem in [*snapshot.changelog_problems(), *map(self._segment_problem, segments)]:
+                if problem:
+                    raise self._reject(subtask, problem)
+        return snapshot
+
+    def _segment_problem(self, segment: SegmentRef) -> str | None:
+        return file_path_problem(segment.as_file(), self.savepoint)
 
     def relative_path(self, path: str, shared: bool) -> str:
         """A path as a TaskManager sent it, in the ``_metadata`` convention (not validated)."""

@@ -434,6 +434,8 @@ class SubtaskStateHandle(_message.Message):
     SYNC_DURATION_MS_FIELD_NUMBER: _builtins.int
     ASYNC_DURATION_MS_FIELD_NUMBER: _builtins.int
     COMMITTED_EPOCH_FIELD_NUMBER: _builtins.int
+    CHANGELOG_FIELD_NUMBER: _builtins.int
+    MATERIALIZED_EPOCH_FIELD_NUMBER: _builtins.int
     operator_id: _builtins.str
     subtask_index: _builtins.int
     backend: _builtins.str
@@ -445,10 +447,20 @@ class SubtaskStateHandle(_message.Message):
     sync_duration_ms: _builtins.int
     async_duration_ms: _builtins.int
     committed_epoch: _builtins.int
+    materialized_epoch: _builtins.int
     @_builtins.property
     def key_groups(self) -> Global___KeyGroupRange: ...
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateFileHandle]: ...
+    @_builtins.property
+    def changelog(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChangelogSegmentHandle]:
+        """Changelog checkpoints (state.changelog.enabled): `files` are the slot's last materialized
+        snapshot, which holds epochs up to materialized_epoch, and `changelog` the segments with the
+        change sets committed after it, up to committed_epoch. A restore restores the files, then
+        replays the segments. Without the changelog, changelog is empty and materialized_epoch equals
+        committed_epoch.
+        """
+
     def __init__(
         self,
         *,
@@ -462,14 +474,50 @@ class SubtaskStateHandle(_message.Message):
         sync_duration_ms: _builtins.int = ...,
         async_duration_ms: _builtins.int = ...,
         committed_epoch: _builtins.int = ...,
+        changelog: _abc.Iterable[Global___ChangelogSegmentHandle] | None = ...,
+        materialized_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key_groups", b"key_groups"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["async_duration_ms", b"async_duration_ms", "backend", b"backend", "committed_epoch", b"committed_epoch", "files", b"files", "full_size", b"full_size", "incremental_size", b"incremental_size", "key_groups", b"key_groups", "operator_id", b"operator_id", "subtask_index", b"subtask_index", "sync_duration_ms", b"sync_duration_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["async_duration_ms", b"async_duration_ms", "backend", b"backend", "changelog", b"changelog", "committed_epoch", b"committed_epoch", "files", b"files", "full_size", b"full_size", "incremental_size", b"incremental_size", "key_groups", b"key_groups", "materialized_epoch", b"materialized_epoch", "operator_id", b"operator_id", "subtask_index", b"subtask_index", "sync_duration_ms", b"sync_duration_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubtaskStateHandle: _TypeAlias = SubtaskStateHandle  # noqa: Y015
+
+@_typing.final
+class ChangelogSegmentHandle(_message.Message):
+    """One uploaded changelog segment: the change sets of epochs first_epoch..last_epoch of one slot."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    FIRST_EPOCH_FIELD_NUMBER: _builtins.int
+    LAST_EPOCH_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """like StateFileHandle.path (../shared/... in a checkpoint)"""
+    first_epoch: _builtins.int
+    last_epoch: _builtins.int
+    size: _builtins.int
+    sha256: _builtins.str
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        first_epoch: _builtins.int = ...,
+        last_epoch: _builtins.int = ...,
+        size: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_epoch", b"first_epoch", "last_epoch", b"last_epoch", "path", b"path", "sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangelogSegmentHandle: _TypeAlias = ChangelogSegmentHandle  # noqa: Y015
 
 @_typing.final
 class SlotWrites(_message.Message):

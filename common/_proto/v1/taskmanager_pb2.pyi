@@ -433,6 +433,7 @@ class DeploySlotRequest(_message.Message):
     RESTORE_FIELD_NUMBER: _builtins.int
     CHECKPOINT_BASE_FIELD_NUMBER: _builtins.int
     INCREMENTAL_FIELD_NUMBER: _builtins.int
+    CHANGELOG_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     subtask_index: _builtins.int
     max_parallelism: _builtins.int
@@ -449,6 +450,10 @@ class DeploySlotRequest(_message.Message):
     def restore(self) -> Global___SlotRestore:
         """absent: start empty"""
 
+    @_builtins.property
+    def changelog(self) -> Global___ChangelogSettings:
+        """Changelog checkpoints of the job (state.changelog.*); absent or disabled: plain snapshots."""
+
     def __init__(
         self,
         *,
@@ -462,14 +467,38 @@ class DeploySlotRequest(_message.Message):
         restore: Global___SlotRestore | None = ...,
         checkpoint_base: _builtins.str = ...,
         incremental: _builtins.bool = ...,
+        changelog: Global___ChangelogSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["key_groups", b"key_groups", "operator", b"operator", "restore", b"restore"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["changelog", b"changelog", "key_groups", b"key_groups", "operator", b"operator", "restore", b"restore"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_base", b"checkpoint_base", "incremental", b"incremental", "job_id", b"job_id", "key_groups", b"key_groups", "max_parallelism", b"max_parallelism", "operator", b"operator", "restore", b"restore", "routing_version", b"routing_version", "slot_index", b"slot_index", "subtask_index", b"subtask_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changelog", b"changelog", "checkpoint_base", b"checkpoint_base", "incremental", b"incremental", "job_id", b"job_id", "key_groups", b"key_groups", "max_parallelism", b"max_parallelism", "operator", b"operator", "restore", b"restore", "routing_version", b"routing_version", "slot_index", b"slot_index", "subtask_index", b"subtask_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeploySlotRequest: _TypeAlias = DeploySlotRequest  # noqa: Y015
+
+@_typing.final
+class ChangelogSettings(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    MATERIALIZE_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    materialize_interval_ms: _builtins.int
+    """How often the slot materializes its state in the background (state.changelog.periodic-materialize.interval)."""
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        materialize_interval_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "materialize_interval_ms", b"materialize_interval_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangelogSettings: _TypeAlias = ChangelogSettings  # noqa: Y015
 
 @_typing.final
 class DeploySlotResponse(_message.Message):
