@@ -493,6 +493,7 @@ class Dispatcher:
         """Deploys one assignment of ``job`` from ``plan`` and checks that the slot holds the plan's epoch."""
         checkpoint_base = self.checkpointing.job_dir(job)
         incremental = job.config.get(o.CHECKPOINT_INCREMENTAL)
+        changelog = job.config.get(o.CHANGELOG_MATERIALIZE_INTERVAL) if job.config.get(o.CHANGELOG_ENABLED) else None
         ops = {op.operator_id: op for op in job.spec.operators}
 
         def deploy_one(a: SlotAssignment) -> DeployedSlot:
@@ -507,6 +508,7 @@ class Dispatcher:
                 checkpoint_base=checkpoint_base,
                 incremental=incremental,
                 restore=plan.slots.get(a.subtask),
+                changelog_materialize_interval_ms=changelog,
             )
             response = self.gateways.deploy(a.address, deployment)
             if response.committed_epoch != plan.epoch:

@@ -46,6 +46,8 @@ class SlotDeployment:
     """The job's checkpoint storage (state.checkpoints.dir/<job-id>), for snapshot uploads."""
     incremental: bool
     restore: SlotRestore | None = None
+    changelog_materialize_interval_ms: int | None = None
+    """Changelog checkpoints (``state.changelog.enabled``): how often the slot materializes; None: off."""
     """What the slot restores first (None: it starts empty)."""
 
 
@@ -197,6 +199,9 @@ class TaskManagerGateways:
         )
         if deployment.restore is not None:
             request.restore.CopyFrom(restore_to_proto(deployment.restore))
+        if deployment.changelog_materialize_interval_ms is not None:
+            request.changelog.enabled = True
+            request.changelog.materialize_interval_ms = deployment.changelog_materialize_interval_ms
         try:
             response: pb.DeploySlotResponse = self._stub(address).DeploySlot(request, timeout=self.deploy_timeout_s)
         except grpc.RpcError as exc:

@@ -16,6 +16,7 @@ from keyedstate.common.handles import SlotRestore
 from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId, validate_id
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from keyedstate.taskmanager.backends import BackendFactory
+from keyedstate.taskmanager.changelog import CHANGELOG_DIR, SlotChangelog
 from keyedstate.taskmanager.slots import Slot, SlotTable
 from keyedstate.taskmanager.state import KeyedStateBackend
 
@@ -32,6 +33,8 @@ class DeployRequest:
     routing_version: int
     checkpoint_base: str
     incremental: bool
+    changelog_materialize_interval_ms: int | None = None
+    """Changelog checkpoints (``state.changelog.enabled``): how often the slot materializes; None: off."""
 
     def validate(self) -> None:
         """Refuse a request whose job id, parallelism or key-group range no slot could serve."""
@@ -39,6 +42,11 @@ class DeployRequest:
         if not 1 <= self.max_parallelism <= UPPER_BOUND_MAX_PARALLELISM:
             raise InvalidArgumentError(
                 f"max parallelism {self.max_parallelism} is outside 1..{UPPER_BOUND_MAX_PARALLELISM}"
+            )
+        if self.changelog_materialize_interval_ms is not None and self.changelog_materialize_interval_ms <= 0:
+            raise InvalidArgumentError(
+                f"changelog materialize interval {self.changelog_materialize_interval_ms} ms must be positive "
+                "(state.changelog.periodic-materialize.interval)"
             )
         kg = self.key_groups
         if not (0 <= kg.start <= kg.end < self.max_parallelism):
@@ -108,6 +116,12 @@ class SlotDeployer:
         except BaseException:
             self._slots.remove(request.subtask)
             raise
+        if request.changelog_materialize_interval_ms is not None:
+            # After the restore, which replaced the instance directory: the log starts at the restored epoch.
+            slot.changelog = SlotChangelog(
+                self.instance_dir(request.subtask) / CHANGELOG_DIR, request.subtask, self._clock
+            )
+            slot.materialize_interval_ms = request.changelog_materialize_interval_ms
         self._slots.activate(slot, backend)
         result = dataclasses.replace(result, committed_epoch=backend.committed_epoch())
         logger.info(
@@ -137,6 +151,8 @@ class SlotDeployer:
             return False
         if slot.backend is not None:
             slot.backend.close()
+        if slot.changelog is not None:
+            slot.changelog.close()
         if discard_local_state:
             shutil.rmtree(self.instance_dir(subtask), ignore_errors=True)
         logger.info("released %s from slot %d", subtask, slot.index)

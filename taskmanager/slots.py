@@ -20,6 +20,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.handles import StateFileHandle
 from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId, TaskManagerId, validate_id
+from keyedstate.taskmanager.changelog import SlotChangelog
 from keyedstate.taskmanager.state import KeyedStateBackend
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ class Slot:
     # Shared files (local name -> remote handle) of the latest completed checkpoint, reused by
     # the next incremental checkpoint.
     uploaded_shared: dict[str, StateFileHandle] = field(default_factory=dict)
+    changelog: SlotChangelog | None = None
+    """Changelog checkpoints (``state.changelog.enabled``): the slot's local log, written before each commit applies."""
+    materialize_interval_ms: int = 0
+    """With :attr:`changelog`: how often the slot materializes its state in the background."""
 
     def require_backend(self) -> KeyedStateBackend:
         """The backend of a running slot; UNAVAILABLE while it restores or is released."""

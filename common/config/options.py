@@ -502,7 +502,8 @@ CHANGELOG_BASE_PATH = _opt(
     string_parser,
     None,
     "string",
-    "Base path of the uploaded changelog segments; unset means the job's shared/ area under state.checkpoints.dir.",
+    "Base path of the uploaded changelog segments. Only unset is accepted: segments go to the job's shared/ "
+    "directory under state.checkpoints.dir, where retention and gc count them with the snapshot files.",
 )
 CHANGELOG_MATERIALIZE_INTERVAL = _opt(
     "state.changelog.periodic-materialize.interval",

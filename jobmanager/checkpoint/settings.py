@@ -76,15 +76,23 @@ class CheckpointingSettings:
 
 
 def refuse_unavailable(conf: Configuration) -> None:
-    """Refuse a job asking for a checkpointing mode this version cannot run, instead of silently ignoring it.
+    """Refuse a job asking for a checkpointing combination this version cannot run, instead of ignoring it.
 
-    Changelog checkpoints: the TaskManager's changelog (segment format, logging before apply,
-    replay by key group) exists, but checkpoints do not yet upload, reference or restore
-    segments, so a job asking for them would get ordinary checkpoints without being told.
+    Changelog checkpoints upload segments to the job's ``shared/`` directory in checkpoint
+    storage, where the shared-state registry, retention and gc count them with the SST files:
+    checkpoints kept in the JobManager's memory have no such directory, and a separate segment
+    base path is not offered.
     """
-    if conf.get(o.CHANGELOG_ENABLED):
+    if not conf.get(o.CHANGELOG_ENABLED):
+        return
+    if conf.get(o.CHECKPOINT_STORAGE) == "jobmanager":
         raise ConfigError(
-            f"{o.CHANGELOG_ENABLED.key}: changelog checkpoints are not available in this version (checkpoints do "
-            "not yet upload or restore changelog segments); remove the key, or set "
-            f"{o.CHECKPOINT_INCREMENTAL.key}: true to upload only new SST files"
+            f"{o.CHANGELOG_ENABLED.key}: changelog checkpoints need checkpoint files, and "
+            f"{o.CHECKPOINT_STORAGE.key}: jobmanager keeps checkpoints in the JobManager's memory; set "
+            f"{o.CHECKPOINT_STORAGE.key}: filesystem with state.checkpoints.dir, or remove {o.CHANGELOG_ENABLED.key}"
+        )
+    if conf.get(o.CHANGELOG_BASE_PATH):
+        raise ConfigError(
+            f"{o.CHANGELOG_BASE_PATH.key}: changelog segments are uploaded to the job's shared/ directory under "
+            "state.checkpoints.dir, where retention and gc count them with the snapshot files; remove the key"
         )

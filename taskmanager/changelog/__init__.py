@@ -4,10 +4,18 @@ A checkpoint of a slot with the changelog on is its last materialized snapshot p
 written after it; a restore restores the snapshot and replays the segments.
 """
 
-from keyedstate.taskmanager.changelog.log import ReplaySource, SealedSegment, SlotChangelog, pinned_clock, replay
+from keyedstate.taskmanager.changelog.log import (
+    CHANGELOG_DIR,
+    ReplaySource,
+    SealedSegment,
+    SlotChangelog,
+    pinned_clock,
+    replay,
+)
 from keyedstate.taskmanager.changelog.segment import ChangeSet, encode_segment, read_segment
 
 __all__ = [
+    "CHANGELOG_DIR",
     "ChangeSet",
     "ReplaySource",
     "SealedSegment",

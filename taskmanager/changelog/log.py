@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from keyedstate.taskmanager.state.mutation import Mutation
 logger = logging.getLogger(__name__)
 
 SEGMENT_SUFFIX = ".seg"
+CHANGELOG_DIR = "changelog"
+"""The log's directory inside a slot's instance directory."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,10 @@ class SlotChangelog:
         self._handed_out: list[SealedSegment] = []
         self._last_epoch = -1
         self._retract_to: tuple[int, int, int] | None = None
+        self.lock = threading.Lock()
+        """Held by a commit from its append to its apply (or retract), and by a checkpoint or a
+        materialization across its seal and its cut of the backend: a cut never sees an epoch
+        that is logged but not applied, or applied but not logged."""
 
     def append(self, epoch: int, mutations: Sequence[Mutation]) -> int:
         """Make ``epoch``'s change set durable in the active segment; the timestamp to apply it with.

@@ -103,7 +103,9 @@ class EpochManager:
                 del self._entries[slot.subtask]
                 entry.close()
             self._sweep_locked()
-            entry = SlotEpochs(slot, backend, self._instance_dir(slot.subtask) / STAGING_DIR, self._options)
+            entry = SlotEpochs(
+                slot, backend, self._instance_dir(slot.subtask) / STAGING_DIR, self._options, changelog=slot.changelog
+            )
             self._entries[slot.subtask] = entry
             return entry
 

@@ -277,16 +277,17 @@ class SlotEpochs:
             # The change set is durable in the log before any of it reaches the backend, and it
             # applies at the logged timestamp, so a replay reproduces the commit (TTL stamps too).
             logged = [m for attempt_records in staged for m in fold_attempt(attempt_records, self.states)]
-            stamp = self.changelog.append(epoch, logged)
-            try:
-                with pinned_clock(self.backend, stamp):
-                    # The fast path writes the same bytes as applying the logged mutations (the
-                    # differential test holds them equal), which is what a replay does.
-                    applied = commit_fast(self.backend, self.states, staged, meta) if self._fast_commit else None
-                    return applied if applied is not None else self.backend.apply(logged, meta=meta)
-            except BaseException:
-                self.changelog.retract(epoch)  # nothing of it was applied; a retried commit logs it again
-                raise
+            with self.changelog.lock:
+                stamp = self.changelog.append(epoch, logged)
+                try:
+                    with pinned_clock(self.backend, stamp):
+                        # The fast path writes the same bytes as applying the logged mutations (the
+                        # differential test holds them equal), which is what a replay does.
+                        applied = commit_fast(self.backend, self.states, staged, meta) if self._fast_commit else None
+                        return applied if applied is not None else self.backend.apply(logged, meta=meta)
+                except BaseException:
+                    self.changelog.retract(epoch)  # nothing of it was applied; a retried commit logs it again
+                    raise
         if self._fast_commit:
             applied = commit_fast(self.backend, self.states, staged, meta)
             if applied is not None:

@@ -59,6 +59,9 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
             routing_version=request.routing_version,
             checkpoint_base=request.checkpoint_base,
             incremental=request.incremental,
+            changelog_materialize_interval_ms=request.changelog.materialize_interval_ms
+            if request.changelog.enabled
+            else None,
         )
         restore = restore_from_proto(request.restore) if request.HasField("restore") else None
         result = self._deployer.deploy(deploy, restore)

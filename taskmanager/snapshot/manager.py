@@ -43,6 +43,7 @@ from keyedstate.common.errors import (
 )
 from keyedstate.common.faults import crash_point
 from keyedstate.common.handles import (
+    ChangelogSegmentHandle,
     CheckpointBarrier,
     DeclineReason,
     SlotRestore,
@@ -55,6 +56,13 @@ from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.deployment import DeployResult
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
 from keyedstate.taskmanager.slots import Slot, SlotTable
+from keyedstate.taskmanager.snapshot.changelog import (
+    ChangelogCheckpoints,
+    ChangelogCut,
+    LocalSegment,
+    Materialization,
+    replay_changelog,
+)
 from keyedstate.taskmanager.snapshot.mover import FileMover
 from keyedstate.taskmanager.snapshot.transfer import TransferStats, sha256_file
 from keyedstate.taskmanager.state import KeyedStateBackend, LocalSnapshot
@@ -120,6 +128,11 @@ class _SlotCheckpoint:
     savepoint: bool = False
     inline: bool = False
     """The files go inline to the JobManager (its memory holds the checkpoint): nothing is uploaded."""
+    changelog: ChangelogCut | None = None
+    """A changelog slot's checkpoint: the materialization and segments it may reference."""
+    materialization: Materialization | None = None
+    """The materialization the acknowledged handle references (its own snapshot's, or an earlier one)."""
+    new_segments: dict[Path, ChangelogSegmentHandle] = field(default_factory=dict)
 
 
 class SnapshotManager:
@@ -150,6 +163,7 @@ class SnapshotManager:
         self._threads = transfer_threads
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot-async")
         self._inflight: dict[tuple[JobId, CheckpointId], list[_SlotCheckpoint]] = {}
+        self._changelogs: dict[SubtaskId, ChangelogCheckpoints] = {}
         self._lock = threading.Lock()
         self.stats = TransferStats()
         self.local_recovery = local_recovery
@@ -202,7 +216,22 @@ class SnapshotManager:
                 shutil.rmtree(local_dir)
             local_dir.parent.mkdir(parents=True, exist_ok=True)
             t0 = self._clock.monotonic_ms()
-            snapshot = backend.snapshot(local_dir)
+            cut: ChangelogCut | None = None
+            snapshot: LocalSnapshot | None
+            log = slot.changelog
+            if log is not None and not barrier.savepoint and barrier.inline_max_state_size <= 0:
+                # A savepoint is self-contained (a full snapshot, no changelog), as in Flink.
+                with log.lock:
+                    held = backend.committed_epoch()
+                    if held != barrier.epoch:
+                        raise EpochConflictError(
+                            f"{slot.subtask} committed epoch {held} while the barrier of checkpoint "
+                            f"{barrier.checkpoint_id} (epoch {barrier.epoch}) arrived; the checkpoint is refused"
+                        )
+                    cut = self.changelog_of(slot).cut(barrier.epoch)
+                    snapshot = backend.snapshot(local_dir) if cut.materializes else None
+            else:
+                snapshot = backend.snapshot(local_dir)
             sync_ms = float(self._clock.monotonic_ms() - t0)
             work = _SlotCheckpoint(
                 slot,
@@ -211,6 +240,7 @@ class SnapshotManager:
                 barrier.target_path,
                 savepoint=barrier.savepoint,
                 inline=barrier.inline_max_state_size > 0,
+                changelog=cut,
             )
             started.append(work)
             self._pool.submit(self._run_async, work, snapshot, barrier, sync_ms)
@@ -224,7 +254,7 @@ class SnapshotManager:
         return len(started)
 
     def _run_async(
-        self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier, sync_ms: float
+        self, work: _SlotCheckpoint, snapshot: LocalSnapshot | None, barrier: CheckpointBarrier, sync_ms: float
     ) -> None:
         try:
             handle = self._finish_snapshot(work, snapshot, barrier, sync_ms)
@@ -247,7 +277,7 @@ class SnapshotManager:
             work.done = True
 
     def _finish_snapshot(
-        self, work: _SlotCheckpoint, snapshot: LocalSnapshot, barrier: CheckpointBarrier, sync_ms: float
+        self, work: _SlotCheckpoint, snapshot: LocalSnapshot | None, barrier: CheckpointBarrier, sync_ms: float
     ) -> SubtaskStateHandle | None:
         """Upload; on failure decline (unless cancelled), delete what was uploaded and return None."""
         slot = work.slot
@@ -256,7 +286,7 @@ class SnapshotManager:
         try:
             # The synchronous phase is the time the slot's writes were blocked. A RocksDB
             # snapshot pre-flushes while serving goes on and reports its (short) cut.
-            if snapshot.blocked_ms is not None:
+            if snapshot is not None and snapshot.blocked_ms is not None:
                 logger.debug(
                     "checkpoint %d of %s: snapshot call %.0f ms, writes blocked %.1f ms",
                     barrier.checkpoint_id,
@@ -266,7 +296,11 @@ class SnapshotManager:
                 )
                 sync_ms = snapshot.blocked_ms
             self._metrics.checkpoint_sync_seconds.labels(*labels).observe(sync_ms / 1000.0)
-            handle = self._upload(work, snapshot, barrier)
+            if work.changelog is not None:
+                handle = self._upload_changelog(work, work.changelog, snapshot, barrier)
+            else:
+                assert snapshot is not None
+                handle = self._upload(work, snapshot, barrier)
             handle.sync_duration_ms = int(sync_ms)
             handle.async_duration_ms = self._clock.monotonic_ms() - t0
             self._metrics.checkpoint_async_seconds.labels(*labels).observe(handle.async_duration_ms / 1000.0)
@@ -296,6 +330,10 @@ class SnapshotManager:
         owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
         inline = barrier.inline_max_state_size > 0
         incremental = barrier.incremental and not barrier.savepoint and not inline and slot.checkpoint_base
+        # A changelog slot's own snapshot becomes its materialization, which later checkpoints
+        # reference: every file of it must be in shared/, and its SST files are reused as incremental ones are.
+        share_all = work.changelog is not None
+        incremental = incremental or share_all
         confirmed: dict[str, StateFileHandle] = dict(slot.uploaded_shared)
         plan: list[_PlannedUpload] = []
         reused_handles: list[StateFileHandle] = []
@@ -304,8 +342,8 @@ class SnapshotManager:
             name = path.name
             size = path.stat().st_size
             full_size += size
-            if incremental and name.endswith(".sst"):
-                reused = confirmed.get(name)
+            if incremental and (share_all or name.endswith(".sst")):
+                reused = confirmed.get(name) if name.endswith(".sst") else None
                 if reused is not None and reused.size == size:
                     reused_handles.append(
                         StateFileHandle(
@@ -353,6 +391,119 @@ class SnapshotManager:
             if shared:
                 work.new_shared[name] = handle
         return self._state_handle(slot, snapshot, handles, incremental_size, full_size)
+
+    # -- changelog checkpoints ---------------------------------------------------------------
+    def changelog_of(self, slot: Slot) -> ChangelogCheckpoints:
+        """The materializations and sealed segments of a changelog slot (created on first use)."""
+        assert slot.changelog is not None
+        with self._lock:
+            entry = self._changelogs.get(slot.subtask)
+            if entry is None or entry.log is not slot.changelog:
+                # A new deployment of the subtask: its log, and what it materialized, start again.
+                entry = ChangelogCheckpoints(slot.changelog)
+                self._changelogs[slot.subtask] = entry
+            return entry
+
+    def _upload_changelog(
+        self, work: _SlotCheckpoint, cut: ChangelogCut, snapshot: LocalSnapshot | None, barrier: CheckpointBarrier
+    ) -> SubtaskStateHandle:
+        """Upload the segments no completed checkpoint holds (and the snapshot, when this checkpoint
+        materializes); the handle names the materialization and every segment after it."""
+        slot = work.slot
+        uploaded_bytes = 0
+        if cut.materializes:
+            assert snapshot is not None
+            own = self._upload(work, snapshot, barrier)
+            materialization = Materialization(barrier.epoch, tuple(own.files), own.full_size)
+            uploaded_bytes = own.incremental_size
+        else:
+            materialization = self._usable_materialization(slot, cut)
+        work.materialization = materialization
+        needed = cut.after(materialization)
+        owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
+        plan: list[tuple[LocalSegment, str, str]] = []
+        for segment in needed:
+            if segment.remote is None:
+                name = (
+                    f"{shared_group(barrier.checkpoint_id)}/{owner}-{uuid.uuid4().hex[:12]}-{segment.local.path.name}"
+                )
+                plan.append((segment, _join(slot.checkpoint_base, "shared", name), f"../shared/{name}"))
+        # Recorded before uploading, as for snapshot files: a discard deletes whatever arrived.
+        work.uploaded_remote.extend(remote for _, remote, _ in plan)
+        crash_point("taskmanager.changelog.before-segment-upload")
+        uploaded = self._transfers.upload(
+            barrier.target_path,
+            [(str(segment.local.path), remote) for segment, remote, _ in plan],
+            self._threads,
+            work.cancel,
+            self.stats,
+        )
+        for (segment, _remote, relative), up in zip(plan, uploaded):
+            if up.size != segment.local.size:
+                raise CorruptCheckpointError(
+                    f"changelog segment {segment.local.path} of {slot.subtask} was sealed at {segment.local.size} "
+                    f"bytes but {up.size} were uploaded; the local segment changed after it was sealed"
+                )
+            work.new_segments[segment.local.path] = ChangelogSegmentHandle(
+                relative, segment.local.first_epoch, segment.local.last_epoch, up.size, up.sha256
+            )
+            uploaded_bytes += up.size
+        crash_point("taskmanager.changelog.segments-uploaded")
+        segments = [s.remote or work.new_segments[s.local.path] for s in needed]
+        logger.info(
+            "checkpoint %d of %s: changelog on top of the materialization of epoch %d, %d segment(s) (%d uploaded now)",
+            barrier.checkpoint_id,
+            slot.subtask,
+            materialization.epoch,
+            len(segments),
+            len(plan),
+        )
+        return SubtaskStateHandle(
+            operator_id=OperatorId(slot.subtask.operator_id),
+            subtask_index=slot.subtask.subtask_index,
+            key_groups=KeyGroupRange(slot.key_groups.start, slot.key_groups.end),
+            backend=self._backends.kind,
+            files=list(materialization.files),
+            incremental_size=uploaded_bytes,
+            full_size=materialization.full_size + sum(s.size for s in segments),
+            committed_epoch=barrier.epoch,
+            changelog=segments,
+            materialized_epoch=materialization.epoch,
+        )
+
+    def _usable_materialization(self, slot: Slot, cut: ChangelogCut) -> Materialization:
+        """The candidate when its files are all in storage, else the confirmed materialization.
+
+        A candidate's files belong to no checkpoint until one that references it completes, so
+        an offline ``statectl checkpoint gc`` run meanwhile may have deleted them; the confirmed
+        one is the JobManager's to keep, and the segments since it are still kept locally.
+        """
+        candidate = cut.candidate
+        if candidate is not None:
+            storage = self._storages.for_url(slot.checkpoint_base)
+            base = _join(slot.checkpoint_base, "shared")
+            try:
+                missing = [
+                    f.path
+                    for f in candidate.files
+                    if storage.size(_join(base, f.path.removeprefix("../shared/"))) != f.size
+                ]
+            except FileNotFoundError as exc:
+                missing = [str(exc)]
+            if not missing:
+                return candidate
+            logger.warning(
+                "%s: the materialization of epoch %d lost files (%s); checkpoints fall back to the confirmed one",
+                slot.subtask,
+                candidate.epoch,
+                missing[0],
+            )
+            self.changelog_of(slot).drop_candidate(candidate)
+        if cut.confirmed is None:
+            raise CorruptCheckpointError(
+                f"{slot.subtask} has no usable materialization to reference; the next checkpoint materializes again"
+            )
+        return cut.confirmed
 
     def _inline(
         self, slot: Slot, plan: list[_PlannedUpload], full_size: int, barrier: CheckpointBarrier
@@ -440,7 +591,11 @@ class SnapshotManager:
             self._subsume_older(job_id, checkpoint_id)
         for work in works:
             if completed:
-                if not work.savepoint:
+                if work.changelog is not None and work.materialization is not None:
+                    if self.changelog_of(work.slot).completed(work.materialization, work.new_segments):
+                        # Its files are the JobManager's now: the next snapshot may reference its SST files.
+                        work.slot.uploaded_shared = work.materialization.sst_files()
+                elif not work.savepoint:
                     # The next incremental checkpoint may reference exactly what this one references.
                     work.slot.uploaded_shared = {**work.referenced_shared, **work.new_shared}
                 self._keep_local_copy(work)
@@ -522,8 +677,18 @@ class SnapshotManager:
                 downloaded += self._restore_transfers.download(items[0][0], items, self._threads, stats=self.stats)
                 downloaded_files += len(items)
             snapshot_dirs.append(target)
+        segments = self._download_segments(restore, work_root / "changelog")
+        downloaded += sum(len(data) for data in segments.values())
+        downloaded_files += len(segments)
         shutil.rmtree(instance_dir, ignore_errors=True)
         backend = self._backends.restore(slot, snapshot_dirs)
+        if segments:
+            try:
+                # Before the slot reports its epoch: the JobManager checks it is the checkpoint's.
+                replay_changelog(backend, restore.handles, segments)
+            except BaseException:
+                backend.close()
+                raise
         self._keep_restored_copy(slot, instance_dir, restore, snapshot_dirs)
         shutil.rmtree(work_root, ignore_errors=True)
         slot.uploaded_shared = owned_shared_files(slot, restore)
@@ -544,6 +709,20 @@ class SnapshotManager:
             ms,
         )
         return backend, DeployResult(restore_duration_ms=ms, restored_bytes=restored_bytes, downloaded_bytes=downloaded)
+
+    def _download_segments(self, restore: SlotRestore, directory: Path) -> dict[str, bytes]:
+        """The changelog segments of the restored handles, verified (size and sha256), by path."""
+        wanted = {s.path: s for h in restore.handles for s in h.changelog}
+        if not wanted:
+            return {}
+        directory.mkdir(parents=True)
+        items = [
+            (path, str(directory / f"{i:06d}.seg"), s.size, s.sha256) for i, (path, s) in enumerate(wanted.items())
+        ]
+        crash_point("taskmanager.changelog.before-segment-download")
+        # A missing or damaged segment raises CorruptCheckpointError naming it: never a silent partial restore.
+        self._restore_transfers.download(items[0][0], items, self._threads, stats=self.stats)
+        return {path: Path(local).read_bytes() for path, local, _, _ in items}
 
     def _keep_restored_copy(
         self, slot: Slot, instance_dir: Path, restore: SlotRestore, snapshot_dirs: list[Path]
