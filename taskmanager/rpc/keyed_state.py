@@ -10,7 +10,7 @@ import grpc
 
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
-from keyedstate.common.errors import InvalidArgumentError
+from keyedstate.common.errors import ConfigError, InvalidArgumentError
 from keyedstate.common.ids import JobId, OperatorId
 from keyedstate.common.lease import Lease
 from keyedstate.common.rpc.status import rpc_method
@@ -65,6 +65,9 @@ def _served(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+_DIRECT_WRITES = frozenset({"ValuePut", "Clear", "Reduce", "ListAppend", "ListUpdate", "MapPut", "MapRemove"})
+
+
 class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     """Serves state calls only under the TaskManager's lease, and only to callers of the slot's routing version.
 
@@ -100,6 +103,14 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
                     "(direct, at-least-once writes)"
                 )
             return self._transactions.view(slot, target.epoch)
+        if slot.changelog is not None and method in _DIRECT_WRITES:
+            # A restore rebuilds a changelog slot from its log, which only epoch commits write:
+            # a direct write would be served now and silently lost at the next failover.
+            raise ConfigError(
+                f"{method} without `epoch` on {slot.subtask}: job {target.job_id!r} runs with "
+                "state.changelog.enabled, whose checkpoints log only epoch commits; write within an epoch "
+                "(EpochContext, as the PySpark helper does), or submit the job without state.changelog.enabled"
+            )
         return slot.require_backend()
 
     def _open(self, request: pb.KeyedRequest, method: str) -> tuple[KeyedColumns, KeyedStateAccess]:
