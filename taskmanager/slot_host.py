@@ -101,6 +101,7 @@ class SlotHost:
         """Watch the slots in the metrics and start the TTL sweeper (once serving)."""
         self._metrics.watch_slots(self.slot_backends)
         self._metrics.watch_local_dir(self._work_dir)
+        self.checkpoints.start_materializing()
         if self._settings.ttl_cleanup_interval_ms > 0:
             self._sweeper = threading.Thread(target=self._ttl_sweep_loop, name="ttl-sweeper", daemon=True)
             self._sweeper.start()

@@ -16,6 +16,8 @@ SHARED_DIR = "shared"
 TASKOWNED_DIR = "taskowned"
 METADATA_FILE = "_metadata"
 CHECKPOINT_DIR_PREFIX = "chk-"
+MATERIALIZATION_GROUP_PREFIX = "mat-"
+"""``shared/mat-<id>/`` holds a changelog slot's background materialization (not tied to one checkpoint)."""
 
 
 def _split(url: str) -> tuple[str, str]:

@@ -896,7 +896,7 @@ class CheckpointCoordinator:
             self._pending.pop(pending.checkpoint_id, None)
             self._remember(pending)
             others = set().union(*(p.shared_files() for p in self._pending.values()))
-            candidates = self._defer_locked(sorted(pending.shared_files() - others)) if cleanup else []
+            candidates = self._defer_locked(self._discardable(pending.shared_files() - others)) if cleanup else []
             if reason.counts and not pending.savepoint and pending.checkpoint_id > self._latest_success_id:
                 self._consecutive_failures += 1
                 if self._consecutive_failures > self.settings.tolerable_failures and not self._failover_fired:
@@ -973,12 +973,21 @@ class CheckpointCoordinator:
                 shared.add(path)
         with self._lock:
             others = set().union(*(p.shared_files() for p in self._pending.values()))
-            candidates = self._defer_locked(sorted(shared - others))
+            candidates = self._defer_locked(self._discardable(shared - others))
         self._cleaner.discard(
             directories=[target], files=self._registry.unreferenced(candidates), keep=self._keep, what=what
         )
 
     # -- shared-file deletion guard ------------------------------------------------------------
+    def _discardable(self, files: set[str]) -> list[str]:
+        """The shared files an aborted checkpoint's acks named that it may delete, sorted.
+
+        A changelog slot's materialization (``shared/mat-*/``) was uploaded before the checkpoint
+        and is referenced again by the slot's next ones: it belongs to its TaskManager until a
+        completed checkpoint references it (then the registry counts it), and to gc after that.
+        """
+        return sorted(f for f in files if not _is_materialization(self.shared_dir, f))
+
     def _defer_locked(
         self, files: list[str], exclude: frozenset[CheckpointId] | set[CheckpointId] = frozenset()
     ) -> list[str]:
@@ -1201,3 +1210,9 @@ def _check_running(job_id: JobId, required: frozenset[SubtaskId], running: froze
             raise CheckpointException(
                 R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"{len(missing)} subtask(s) are not running: {shown}"
             )
+
+
+def _is_materialization(shared_dir: str, path: str) -> bool:
+    """A file of a changelog slot's background materialization (``shared/mat-<id>/...``)."""
+    relative = _paths.relative_to(path, shared_dir)
+    return relative is not None and relative.startswith(_paths.MATERIALIZATION_GROUP_PREFIX)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +88,8 @@ class ChangelogCheckpoints:
     next_materialization_ms: int = 0
     failures: int = 0
     """Consecutive failed materializations (reset by a successful one)."""
+    _candidate_cut: bool = False
+    """A checkpoint referenced the candidate: its files may end up the JobManager's."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def cut(self, epoch: int) -> ChangelogCut:
@@ -95,6 +97,7 @@ class ChangelogCheckpoints:
         sealed = self.log.seal()
         with self._lock:
             self.segments += [LocalSegment(s) for s in sealed]
+            self._candidate_cut = self._candidate_cut or self.candidate is not None
             return ChangelogCut(epoch, self.confirmed, self.candidate, tuple(self.segments))
 
     def latest_epoch(self) -> int:
@@ -102,13 +105,22 @@ class ChangelogCheckpoints:
         with self._lock:
             return self._latest_epoch()
 
-    def offer(self, materialization: Materialization) -> None:
-        """A background materialization is durable: the next checkpoints reference it."""
+    def offer(self, materialization: Materialization) -> list[StateFileHandle]:
+        """A background materialization is durable: the next checkpoints reference it.
+
+        Returns the files of the candidate it replaces that nothing references (no checkpoint
+        ever did, and neither materialization still in use holds them): the caller deletes them.
+        """
         with self._lock:
             if self._latest_epoch() >= materialization.epoch:
-                return
+                return list(_own_files(materialization, self.confirmed, self.candidate))
+            replaced, was_cut = self.candidate, self._candidate_cut
             self.candidate = materialization
+            self._candidate_cut = False
             self.failures = 0
+            if replaced is None or was_cut:
+                return []
+            return list(_own_files(replaced, self.confirmed, materialization))
 
     def _latest_epoch(self) -> int:
         newest = self.candidate or self.confirmed
@@ -137,6 +149,7 @@ class ChangelogCheckpoints:
                 self.confirmed = materialization
                 if self.candidate is not None and self.candidate.epoch <= materialization.epoch:
                     self.candidate = None
+                    self._candidate_cut = False
                 self.segments = [s for s in self.segments if s.local.last_epoch > materialization.epoch]
         if newly:
             removed = self.log.discard_through(materialization.epoch)
@@ -147,6 +160,12 @@ class ChangelogCheckpoints:
                 removed,
             )
         return newly
+
+
+def _own_files(materialization: Materialization, *others: Materialization | None) -> Iterator[StateFileHandle]:
+    """The files of ``materialization`` that none of ``others`` references."""
+    kept = {f.path for other in others if other is not None for f in other.files}
+    return (f for f in materialization.files if f.path not in kept)
 
 
 def replay_changelog(

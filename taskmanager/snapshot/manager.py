@@ -51,6 +51,7 @@ from keyedstate.common.handles import (
     SubtaskStateHandle,
 )
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, OperatorId, SubtaskId, validate_id
+from keyedstate.common.retry import RetryPolicy
 from keyedstate.common.storage import StorageCache, is_plain_file_name
 from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.deployment import DeployResult
@@ -70,6 +71,9 @@ from keyedstate.taskmanager.state import KeyedStateBackend, LocalSnapshot
 logger = logging.getLogger(__name__)
 
 _LOCAL_SNAPSHOTS = "snapshots"
+_MATERIALIZER_TICK_S = 0.1
+_MATERIALIZE_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=60.0, jitter=0.0)
+"""Backoff between failed materializations of a slot (at most its interval)."""
 _RESTORE_DIR = "restore"
 
 
@@ -164,6 +168,8 @@ class SnapshotManager:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="snapshot-async")
         self._inflight: dict[tuple[JobId, CheckpointId], list[_SlotCheckpoint]] = {}
         self._changelogs: dict[SubtaskId, ChangelogCheckpoints] = {}
+        self._closing = threading.Event()
+        self._materializer: threading.Thread | None = None
         self._lock = threading.Lock()
         self.stats = TransferStats()
         self.local_recovery = local_recovery
@@ -470,6 +476,139 @@ class SnapshotManager:
             changelog=segments,
             materialized_epoch=materialization.epoch,
         )
+
+    # -- background materialization ----------------------------------------------------------
+    def start_materializing(self) -> None:
+        """Start the thread that materializes changelog slots every ``state.changelog.periodic-materialize.interval``."""
+        if self._materializer is None:
+            self._materializer = threading.Thread(target=self._materialize_loop, name="materializer", daemon=True)
+            self._materializer.start()
+
+    def _materialize_loop(self) -> None:
+        # Slots are polled, not scheduled: a deploy, a release or a restore changes them at any time.
+        while not self._closing.wait(_MATERIALIZER_TICK_S):
+            now = self._clock.monotonic_ms()
+            for slot in self._slots.all():
+                if slot.changelog is None or slot.backend is None:
+                    continue
+                state = self.changelog_of(slot)
+                if state.next_materialization_ms == 0:
+                    state.next_materialization_ms = now + slot.materialize_interval_ms
+                if state.materializing or now < state.next_materialization_ms:
+                    continue
+                state.materializing = True
+                try:
+                    self._pool.submit(self._materialize_guarded, slot, state)
+                except RuntimeError:  # the pool shut down: the TaskManager stops
+                    state.materializing = False
+                    return
+
+    def _materialize_guarded(self, slot: Slot, state: ChangelogCheckpoints) -> None:
+        try:
+            self.materialize(slot)
+        except Exception as exc:
+            # Checkpoints go on referencing the previous materialization; retried after a backoff.
+            state.failures += 1
+            delay_ms = int(min(slot.materialize_interval_ms, _MATERIALIZE_RETRY.backoff_s(state.failures) * 1000))
+            state.next_materialization_ms = self._clock.monotonic_ms() + delay_ms
+            logger.warning(
+                "materialization of %s failed (%d in a row), retried in %d ms: %s",
+                slot.subtask,
+                state.failures,
+                delay_ms,
+                exc.message if isinstance(exc, KeyedStateError) else repr(exc),
+            )
+        finally:
+            state.materializing = False
+
+    def materialize(self, slot: Slot) -> Materialization | None:
+        """Snapshot a changelog slot off the commit path and upload it to ``shared/mat-<id>/``.
+
+        Offered to the slot's next checkpoints once every file is stored; None when nothing was
+        committed since the last materialization. Raises on failure, having deleted what it uploaded.
+        """
+        log = slot.changelog
+        if log is None or not slot.checkpoint_base:
+            return None
+        state = self.changelog_of(slot)
+        backend = slot.require_backend()
+        local_dir = self._backends.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / f"mat-{uuid.uuid4().hex[:12]}"
+        local_dir.parent.mkdir(parents=True, exist_ok=True)
+        with log.lock:
+            epoch = backend.committed_epoch()
+            if epoch <= state.latest_epoch():
+                state.next_materialization_ms = self._clock.monotonic_ms() + slot.materialize_interval_ms
+                return None
+            snapshot = backend.snapshot(local_dir)
+        uploaded_remote: list[str] = []
+        try:
+            crash_point("taskmanager.changelog.materializing")
+            materialization = self._upload_materialization(slot, snapshot, epoch, uploaded_remote)
+        except BaseException:
+            storage = self._storages.for_url(slot.checkpoint_base)
+            for remote in uploaded_remote:
+                try:
+                    storage.delete(remote)
+                except Exception:
+                    logger.warning("could not delete %s of a failed materialization of %s", remote, slot.subtask)
+            raise
+        finally:
+            shutil.rmtree(local_dir, ignore_errors=True)
+        unused = state.offer(materialization)
+        self._delete_unreferenced(slot, unused)
+        state.next_materialization_ms = self._clock.monotonic_ms() + slot.materialize_interval_ms
+        logger.info(
+            "materialized %s at epoch %d: %d files (%d bytes) referenced by its next checkpoints",
+            slot.subtask,
+            epoch,
+            len(materialization.files),
+            materialization.full_size,
+        )
+        return materialization
+
+    def _upload_materialization(
+        self, slot: Slot, snapshot: LocalSnapshot, epoch: int, uploaded_remote: list[str]
+    ) -> Materialization:
+        owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
+        group = f"mat-{uuid.uuid4().hex[:12]}"
+        confirmed = dict(slot.uploaded_shared)
+        handles: list[StateFileHandle] = []
+        plan: list[tuple[str, str, str]] = []
+        full_size = 0
+        for path in snapshot.materialize():
+            size = path.stat().st_size
+            full_size += size
+            reused = confirmed.get(path.name) if path.name.endswith(".sst") else None
+            if reused is not None and reused.size == size:
+                # Held by a completed checkpoint's materialization: referenced, not uploaded again.
+                handles.append(reused)
+                continue
+            name = f"{group}/{owner}-{path.name}"
+            plan.append((str(path), _join(slot.checkpoint_base, "shared", name), f"../shared/{name}"))
+        uploaded_remote.extend(remote for _, remote, _ in plan)
+        uploaded = self._transfers.upload(
+            slot.checkpoint_base,
+            [(local, remote) for local, remote, _ in plan],
+            self._threads,
+            self._closing,
+            self.stats,
+        )
+        for (local, _remote, relative), up in zip(plan, uploaded):
+            handles.append(
+                StateFileHandle(path=relative, size=up.size, sha256=up.sha256, local_name=Path(local).name, shared=True)
+            )
+        return Materialization(epoch, tuple(handles), full_size)
+
+    def _delete_unreferenced(self, slot: Slot, files: list[StateFileHandle]) -> None:
+        """Delete a superseded materialization's own files, which no checkpoint ever referenced."""
+        if not files:
+            return
+        storage = self._storages.for_url(slot.checkpoint_base)
+        for f in files:
+            try:
+                storage.delete(_join(slot.checkpoint_base, "shared", f.path.removeprefix("../shared/")))
+            except Exception:
+                logger.warning("could not delete %s of a superseded materialization of %s", f.path, slot.subtask)
 
     def _usable_materialization(self, slot: Slot, cut: ChangelogCut) -> Materialization:
         """The candidate when its files are all in storage, else the confirmed materialization.
@@ -796,6 +935,7 @@ class SnapshotManager:
 
     def close(self) -> None:
         """Cancel the uploads in flight and wait for the workers (the TaskManager stops)."""
+        self._closing.set()
         with self._lock:
             for works in self._inflight.values():
                 for w in works:

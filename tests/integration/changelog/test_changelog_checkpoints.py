@@ -7,6 +7,7 @@ exactly with the reference of epochs ``0..n`` applied once each.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,3 +44,39 @@ def test_checkpoints_reference_segments_and_a_rescale_replays_them(
     assert writer.read() == writer.expected(5)
     writer.run(7)
     assert writer.read() == writer.expected(7)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+def test_background_materialization_moves_checkpoints_onto_it_and_drops_covered_segments(
+    inprocess_cluster: Callable[..., Any], backend: str
+) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, backend=backend)
+    client = cluster.client()
+    job = "cl-mat"
+    config = {**CHANGELOG, "state.changelog.periodic-materialize.interval": "300 ms"}
+    client.submit_job(job, operators(2), max_parallelism=16, config=config)
+    writer = EpochWriter(client, job, key_names(60))
+    storage = open_storage(str(cluster.base / "checkpoints"), Configuration({}))
+    writer.run(3)
+    deadline = time.monotonic() + 30
+    meta = read_metadata(storage, client.job_info(job).latest_checkpoint_path)
+    while min(s.snapshot_epoch for s in meta.operators[0].subtasks) < 3:
+        # A checkpoint takes the newest materialization once it is durable.
+        assert time.monotonic() < deadline, f"no checkpoint referenced a materialization after epoch 0: {meta}"
+        time.sleep(0.4)
+        writer.run(writer.committed + 1)
+        meta = read_metadata(storage, client.job_info(job).latest_checkpoint_path)
+    for sub in meta.operators[0].subtasks:
+        # Uploaded by the materialization, but for the SST files the confirmed one already holds (reused).
+        own = [f for f in sub.files if f.path.startswith("../shared/mat-")]
+        assert own and all(f in own or f.local_name.endswith(".sst") for f in sub.files), sub.files
+        assert all(s.last_epoch > sub.snapshot_epoch for s in sub.changelog)
+    # Once a checkpoint referencing the materialization completed, the local segments it covers are gone.
+    writer.run(writer.committed + 1)
+    latest = read_metadata(storage, client.job_info(job).latest_checkpoint_path)
+    for sub in latest.operators[0].subtasks:
+        local = sorted((cluster.base / "tm-0").glob(f"**/counts-{sub.subtask_index}*/changelog/*.seg"))
+        assert len(local) <= len(sub.changelog) + 1, (local, sub.changelog)
+    through = writer.committed
+    client.rescale_job(job, 3)
+    assert writer.read() == writer.expected(through)
