@@ -23,7 +23,13 @@ from typing import Any
 
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import StateDescriptor
-from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError, KeyedStateError, StorageError
+from keyedstate.common.errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    InvalidArgumentError,
+    KeyedStateError,
+    StorageError,
+)
 from keyedstate.common.ids import KeyGroupRange, OperatorId
 from keyedstate.common.storage import CheckpointStorage, open_storage
 from keyedstate.jobmanager.checkpoint import CheckpointMetadata
@@ -91,6 +97,14 @@ class Savepoint:
         conf = _as_configuration(config)
         storage = open_storage(path, conf)
         metadata = load_checkpoint(storage, path)
+        if metadata.has_changelog:
+            # Its state is a materialized snapshot plus change sets to replay: what a slot's restore
+            # rebuilds, not a set of files to read. A savepoint is always self-contained.
+            raise IncompatibleCheckpointError(
+                f"{path} is a changelog checkpoint (state.changelog.enabled): its state is a materialized snapshot "
+                "plus changelog segments that only a restore replays, so the State Processor cannot read it. Take "
+                f"a savepoint of the job (statectl savepoint {metadata.job_id}) and read that instead"
+            )
         return cls(storage, checkpoint_dir_of(path), metadata)
 
     # -- what the checkpoint holds ----------------------------------------------------------------

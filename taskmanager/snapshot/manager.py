@@ -335,7 +335,7 @@ class SnapshotManager:
         slot = work.slot
         owner = f"{slot.subtask.operator_id}-{slot.subtask.subtask_index}"
         inline = barrier.inline_max_state_size > 0
-        incremental = barrier.incremental and not barrier.savepoint and not inline and slot.checkpoint_base
+        incremental = bool(barrier.incremental and not barrier.savepoint and not inline and slot.checkpoint_base)
         # A changelog slot's own snapshot becomes its materialization, which later checkpoints
         # reference: every file of it must be in shared/, and its SST files are reused as incremental ones are.
         share_all = work.changelog is not None

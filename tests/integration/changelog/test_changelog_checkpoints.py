@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from keyedstate.common.config import Configuration
+from keyedstate.common.errors import IncompatibleCheckpointError
 from keyedstate.common.storage import open_storage
+from keyedstate.state_processor import Savepoint
 from tests.integration.checkpoints.conftest import read_metadata
 from tests.integration.failover._support import EpochWriter, key_names, operators
 
@@ -80,3 +83,32 @@ def test_background_materialization_moves_checkpoints_onto_it_and_drops_covered_
     through = writer.committed
     client.rescale_job(job, 3)
     assert writer.read() == writer.expected(through)
+
+
+def test_a_savepoint_is_self_contained_and_the_state_processor_refuses_a_changelog_checkpoint(
+    inprocess_cluster: Callable[..., Any], tmp_path: Path
+) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=4)
+    client = cluster.client()
+    job = "cl-sp"
+    client.submit_job(job, operators(2), max_parallelism=16, config=CHANGELOG)
+    writer = EpochWriter(client, job, key_names(40))
+    writer.run(4)
+    checkpoint = client.job_info(job).latest_checkpoint_path
+    storage = open_storage(str(cluster.base / "checkpoints"), Configuration({}))
+    assert read_metadata(storage, checkpoint).has_changelog
+    with pytest.raises(IncompatibleCheckpointError) as info:
+        Savepoint.open(checkpoint)
+    assert "changelog checkpoint" in info.value.message and f"statectl savepoint {job}" in info.value.message
+
+    savepoint = client.trigger_checkpoint(
+        job, savepoint=True, target_directory=(tmp_path / "sps").as_uri(), timeout_s=60
+    )
+    with Savepoint.open(savepoint.path) as sp:
+        assert not sp.metadata.has_changelog and sp.metadata.epoch == 4
+        assert sp.metadata.to_dict()["version"] == 1  # no segments: still the format older releases read
+        totals = {e.key for e in sp.entries("counts", "totals")}
+    assert len(totals) == len(writer.expected(4).totals)
+    writer.run(6)
+    client.restore_job(job, savepoint.path)
+    assert writer.read() == writer.expected(4)

@@ -68,7 +68,9 @@ def test_a_direct_write_to_a_changelog_job_is_refused_and_reads_still_work(
     cluster = inprocess_cluster(taskmanagers=1, slots=2)
     client = cluster.client()
     client.submit_job("cl-job", OPS, max_parallelism=8, config={"state.changelog.enabled": "true"})
-    total = ValueState(client, "cl-job", "counts", "total", key_serializer="str", value_serializer="json")
+    total: ValueState[str, int] = ValueState(
+        client, "cl-job", "counts", "total", key_serializer="str", value_serializer="json"
+    )
     with pytest.raises(ConfigError) as info:
         total.put_many(["a"], [1])
     assert "write within an epoch" in info.value.message and "state.changelog.enabled" in info.value.message
