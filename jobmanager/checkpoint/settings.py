@@ -26,6 +26,8 @@ class CheckpointingSettings:
     tolerable_failures: int = 0
     num_retained: int = 1
     incremental: bool = False
+    changelog: bool = False
+    """Changelog checkpoints (``state.changelog.enabled``): slots checkpoint a materialization plus segments."""
     inline_max_state_size: int = 0
     """> 0: checkpoints live in the JobManager's memory (``execution.checkpointing.storage: jobmanager``),
     TaskManagers send their files inline, each slot's at most this many bytes. 0: files in storage."""
@@ -67,6 +69,7 @@ class CheckpointingSettings:
             tolerable_failures=conf.get(o.CHECKPOINT_TOLERABLE_FAILURES),
             num_retained=conf.get(o.CHECKPOINT_NUM_RETAINED),
             incremental=incremental and not in_memory,
+            changelog=conf.get(o.CHANGELOG_ENABLED),
             inline_max_state_size=conf.get(o.JOBMANAGER_STORAGE_MAX_STATE_SIZE) if in_memory else 0,
         )
 

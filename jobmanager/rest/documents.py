@@ -394,7 +394,7 @@ def checkpoint_config(stats: JobCheckpoints) -> Json:
         "tolerable_failed_checkpoints": s.tolerable_failures,
         "aligned_checkpoint_timeout": 0,
         "checkpoints_after_tasks_finish": True,
-        "state_changelog_enabled": False,
+        "state_changelog_enabled": s.changelog,
         "incremental": s.incremental,
         "num_retained": s.num_retained,
         "checkpoints_dir": stats.storage_dir,

@@ -40,6 +40,8 @@ class Materialization:
     files: tuple[StateFileHandle, ...]
     """Every file in ``shared/``, paths relative to a checkpoint directory (``../shared/...``)."""
     full_size: int
+    uploaded: frozenset[str] = frozenset()
+    """The paths of the files this materialization uploaded itself (the rest it reused)."""
 
     def sst_files(self) -> dict[str, StateFileHandle]:
         """The SST files by local name: what the next snapshot of the slot may reference instead of uploading."""
@@ -163,9 +165,12 @@ class ChangelogCheckpoints:
 
 
 def _own_files(materialization: Materialization, *others: Materialization | None) -> Iterator[StateFileHandle]:
-    """The files of ``materialization`` that none of ``others`` references."""
+    """The files ``materialization`` uploaded itself that none of ``others`` references.
+
+    Only those: a file it reused belongs to a completed checkpoint (or a restored one).
+    """
     kept = {f.path for other in others if other is not None for f in other.files}
-    return (f for f in materialization.files if f.path not in kept)
+    return (f for f in materialization.files if f.path in materialization.uploaded and f.path not in kept)
 
 
 def replay_changelog(

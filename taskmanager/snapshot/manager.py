@@ -597,7 +597,7 @@ class SnapshotManager:
             handles.append(
                 StateFileHandle(path=relative, size=up.size, sha256=up.sha256, local_name=Path(local).name, shared=True)
             )
-        return Materialization(epoch, tuple(handles), full_size)
+        return Materialization(epoch, tuple(handles), full_size, frozenset(relative for _, _, relative in plan))
 
     def _delete_unreferenced(self, slot: Slot, files: list[StateFileHandle]) -> None:
         """Delete a superseded materialization's own files, which no checkpoint ever referenced."""
