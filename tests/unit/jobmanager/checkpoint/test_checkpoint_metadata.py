@@ -167,7 +167,7 @@ def _damaged(mutate: Any) -> str:
         ('{"format": "keyedstate-checkpoint", "version": 1,', "not valid UTF-8 JSON"),
         ("[]", "the top level must be an object"),
         (_damaged(lambda r: r.update(format="flink")), "format is 'flink', expected 'keyedstate-checkpoint'"),
-        (_damaged(lambda r: r.update(version=2)), "format version 2 is not supported"),
+        (_damaged(lambda r: r.update(version=3)), "format version 3 is not supported"),
         (_damaged(lambda r: r.pop("max_parallelism")), "missing field 'max_parallelism'"),
         (_damaged(lambda r: r.update(checkpoint_id="42")), "field 'checkpoint_id' must be an integer, got '42'"),
         (_damaged(lambda r: r.update(savepoint=1)), "field 'savepoint' must be true or false"),
