@@ -22,7 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 DEFAULT_SCENARIOS = ("client_path", "redis_compare", "coordinator_scale", "restore")
 SPARK_SCENARIOS = ("w1", "w2", "batch_floor")
-OTHER_SCENARIOS = ("client_path_tls", "checkpoint", "memory", "claim_modes", "changelog_commit", "slot_processes")
+OTHER_SCENARIOS = (
+    "client_path_tls",
+    "checkpoint",
+    "memory",
+    "claim_modes",
+    "changelog_commit",
+    "changelog_checkpoint",
+    "slot_processes",
+)
 
 
 def test_the_smoke_runs_cover_every_scenario() -> None:
