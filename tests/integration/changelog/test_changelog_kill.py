@@ -89,3 +89,32 @@ def test_kill_of_a_changelog_taskmanager_at_each_checkpoint_step_loses_and_doubl
     logs = "".join((cluster.base_dir / "log" / f"taskmanager-{i}.log").read_text() for i in (1, 2))
     assert "replayed changelog epochs" in logs
     client.close()
+
+
+def test_jobmanager_failover_of_a_changelog_job_loses_and_doubles_no_epoch(tmp_path: Path) -> None:
+    config = {
+        **CONFIG,
+        "state.checkpoints.dir": (tmp_path / "chk").as_uri(),
+        "high-availability.type": "filesystem",
+        "high-availability.storageDir": (tmp_path / "ha").as_uri(),
+        "high-availability.filesystem.lease-check-interval": "200 ms",
+    }
+    cluster = MiniCluster(tmp_path, 2, 2, "rocksdb", config)
+    try:
+        cluster.start()
+        client = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=30, max_attempts=4, backoff_s=0.05))
+        job = "cl-jm"
+        client.submit_job(job, operators(2), max_parallelism=32, config=JOB_CONFIG)
+        writer = EpochWriter(client, job, key_names(200))
+        writer.run(4, timeout_s=120)
+        time.sleep(0.5)  # a materialization runs, so the latest checkpoint is one plus segments
+        writer.run(6, timeout_s=120)
+        cluster.restart_jobmanager()
+        writer.run(10, timeout_s=180)
+        assert writer.read() == writer.expected(10)
+        # The new JobManager redeployed the job from its latest checkpoint: materialization plus segments.
+        logs = "".join((tmp_path / "log" / f"taskmanager-{i}.log").read_text() for i in (0, 1))
+        assert "replayed changelog epochs" in logs
+        client.close()
+    finally:
+        cluster.kill_all()
