@@ -167,3 +167,5 @@ class SlotDeployer:
                     slot.backend.close()
                 except Exception:
                     logger.exception("closing the backend of %s failed", slot.subtask)
+            if slot.changelog is not None:
+                slot.changelog.close()

@@ -9,9 +9,8 @@ the epoch applies). Each epoch puts
 logged segments are then replayed into an empty slot, whose contents must equal the committed
 slot's, and the replay rate is what a restore with a changelog tail adds per mutation.
 
-This measures the TaskManager's half of changelog checkpoints only: checkpoints do not yet
-upload or restore segments (see README, "Changelog checkpoints"), so the checkpoint-duration
-and restore-time comparisons of the full feature are not measured here.
+This measures the commit path only; what the checkpoints of a changelog job cost against the
+state size, and a restore with a segment tail, are ``changelog_checkpoint``'s figures.
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ class ChangelogCheckpoints:
                     self._candidate_cut = False
                 self.segments = [s for s in self.segments if s.local.last_epoch > materialization.epoch]
         if newly:
-            removed = self.log.discard_through(materialization.epoch)
+            with self.log.lock:  # a checkpoint's seal hands segments out meanwhile
+                removed = self.log.discard_through(materialization.epoch)
             logger.info(
                 "%s: materialization of epoch %d confirmed, %d local segment(s) it covers deleted",
                 self.log.subtask,

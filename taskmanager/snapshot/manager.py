@@ -488,7 +488,13 @@ class SnapshotManager:
         # Slots are polled, not scheduled: a deploy, a release or a restore changes them at any time.
         while not self._closing.wait(_MATERIALIZER_TICK_S):
             now = self._clock.monotonic_ms()
-            for slot in self._slots.all():
+            slots = self._slots.all()
+            deployed = {slot.subtask: slot.changelog for slot in slots}
+            with self._lock:
+                # A released slot's materializations go with it (a redeploy starts again).
+                for subtask in [s for s, e in self._changelogs.items() if deployed.get(s) is not e.log]:
+                    del self._changelogs[subtask]
+            for slot in slots:
                 if slot.changelog is None or slot.backend is None:
                     continue
                 state = self.changelog_of(slot)
@@ -534,12 +540,22 @@ class SnapshotManager:
         backend = slot.require_backend()
         local_dir = self._backends.instance_dir(slot.subtask) / _LOCAL_SNAPSHOTS / f"mat-{uuid.uuid4().hex[:12]}"
         local_dir.parent.mkdir(parents=True, exist_ok=True)
-        with log.lock:
-            epoch = backend.committed_epoch()
-            if epoch <= state.latest_epoch():
-                state.next_materialization_ms = self._clock.monotonic_ms() + slot.materialize_interval_ms
-                return None
-            snapshot = backend.snapshot(local_dir)
+        if backend.committed_epoch() <= state.latest_epoch():
+            state.next_materialization_ms = self._clock.monotonic_ms() + slot.materialize_interval_ms
+            return None
+        # Commits go on meanwhile: a snapshot that reports the epoch of its own cut (RocksDB reads
+        # it under its write lock, where commits write it with their data) needs no log lock, so a
+        # memtable flush never blocks a commit. Every epoch it holds is logged (logging precedes
+        # applying), and the checkpoints on top of it replay the segments after that epoch.
+        snapshot = backend.snapshot(local_dir)
+        epoch = snapshot.committed_epoch
+        if epoch is None:
+            # This backend's snapshot does not say (HashMap: a copy in memory, quick): cut again
+            # with commits kept out, so the epoch read is the copy's.
+            shutil.rmtree(local_dir, ignore_errors=True)
+            with log.lock:
+                epoch = backend.committed_epoch()
+                snapshot = backend.snapshot(local_dir)
         uploaded_remote: list[str] = []
         try:
             crash_point("taskmanager.changelog.materializing")

@@ -36,7 +36,7 @@ from keyedstate.taskmanager.state.backend import (
     Op,
 )
 from keyedstate.taskmanager.state.limits import StateLimits
-from keyedstate.taskmanager.state.metadata import HASHMAP_META_FILE, HASHMAP_STATE_FILE
+from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH, HASHMAP_META_FILE, HASHMAP_STATE_FILE
 from keyedstate.taskmanager.state.restore import merge_meta, plan_restore
 from keyedstate.taskmanager.state.snapshot import LocalSnapshot, SnapshotReader, write_kvs
 from keyedstate.taskmanager.state.validation import StateHandle
@@ -376,7 +376,10 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                 write_kvs(target / HASHMAP_STATE_FILE.format(name=h.name), _records(h.kind, table, max_parallelism))
             write_kvs(target / HASHMAP_META_FILE, sorted(meta.items()))
 
-        return LocalSnapshot(target, manifest, _pending=write)
+        raw = meta.get(COMMITTED_EPOCH)
+        # The epoch of the copy itself (taken under the same lock): commits may follow at once.
+        epoch = int(raw) if raw and raw.isdigit() else None
+        return LocalSnapshot(target, manifest, _pending=write, committed_epoch=epoch)
 
     @classmethod
     def restore(
