@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import CHANGELOG_DIR, ChangeSetFile
 from keyedstate.common.errors import CorruptCheckpointError, EpochConflictError, InvalidArgumentError
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
 
 logger = logging.getLogger(__name__)
 
-CHANGELOG_DIR = "changelog"
 DECISION_FILE = "_decision"
 FORMAT_VERSION = 1
 _RECORD_NAME = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
@@ -53,27 +53,6 @@ class RecordKind(enum.Enum):
 
 
 @dataclass(frozen=True)
-class ChangeSetRef:
-    """One slot's change set of a decided epoch, as the slot reported it at Prepare."""
-
-    path: str
-    """Relative to the job's checkpoint directory (``changelog/<E>/v<v>-<operator>-<subtask>``)."""
-    operator_id: str
-    subtask_index: int
-    size: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "operator_id": self.operator_id,
-            "subtask_index": self.subtask_index,
-            "size": self.size,
-            "sha256": self.sha256,
-        }
-
-
-@dataclass(frozen=True)
 class Decision:
     """The commit point of epoch ``epoch``: batch ``batch_id`` of ``query_id``, its winners and change sets."""
 
@@ -83,7 +62,7 @@ class Decision:
     routing_version: int
     winners: tuple[tuple[int, int], ...]
     """``(partition, attempt)`` of each winning attempt, partitions ascending."""
-    change_sets: tuple[ChangeSetRef, ...]
+    change_sets: tuple[ChangeSetFile, ...]
     n: int = field(default=-1, compare=False)
     """The name's number it was found at (-1 before it is written)."""
 
@@ -95,7 +74,7 @@ class Decision:
         batch_id: int,
         routing_version: int,
         winners: Iterable[Winner],
-        change_sets: Iterable[ChangeSetRef],
+        change_sets: Iterable[ChangeSetFile],
     ) -> Decision:
         """A decision from the commit's winners (ledgers are not recorded: they were checked at Prepare)."""
         return cls(
@@ -116,7 +95,7 @@ class Decision:
                 "batch_id": self.batch_id,
                 "routing_version": self.routing_version,
                 "winners": [list(w) for w in self.winners],
-                "change_sets": [c.to_dict() for c in self.change_sets],
+                "change_sets": [_change_set_dict(c) for c in self.change_sets],
             }
         )
 
@@ -144,6 +123,16 @@ def _dump(body: dict[str, Any]) -> bytes:
     return json.dumps({"format_version": FORMAT_VERSION, **body}, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _change_set_dict(c: ChangeSetFile) -> dict[str, Any]:
+    return {
+        "path": c.path,
+        "operator_id": c.operator_id,
+        "subtask_index": c.subtask_index,
+        "size": c.size,
+        "sha256": c.sha256,
+    }
+
+
 def parse_record(data: bytes, source: str) -> Record:
     """A decision or seal from its bytes; CorruptCheckpointError naming ``source`` if it is not one."""
     try:
@@ -167,8 +156,13 @@ def parse_record(data: bytes, source: str) -> Record:
             version_,
             tuple((int(p), int(a)) for p, a in raw["winners"]),
             tuple(
-                ChangeSetRef(
-                    str(c["path"]), str(c["operator_id"]), int(c["subtask_index"]), int(c["size"]), str(c["sha256"])
+                ChangeSetFile(
+                    epoch,
+                    str(c["operator_id"]),
+                    int(c["subtask_index"]),
+                    str(c["path"]),
+                    int(c["size"]),
+                    str(c["sha256"]),
                 )
                 for c in raw["change_sets"]
             ),
@@ -180,11 +174,6 @@ def parse_record(data: bytes, source: str) -> Record:
             f"{source} is not a decision record ({exc!r}); restore from a checkpoint at or above its epoch, or "
             "delete the changelog directory to drop the decided epochs above the latest checkpoint"
         ) from exc
-
-
-def change_set_name(epoch: int, routing_version: int, operator_id: str, subtask_index: int) -> str:
-    """The path of one slot's change set relative to the job's checkpoint directory."""
-    return f"{CHANGELOG_DIR}/{epoch}/v{routing_version}-{operator_id}-{subtask_index}"
 
 
 class DecisionLog:

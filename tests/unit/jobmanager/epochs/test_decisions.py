@@ -15,16 +15,10 @@ from typing import Any
 import pytest
 
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import ChangeSetFile, change_set_name
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError
 from keyedstate.common.storage import CheckpointStorage, open_storage
-from keyedstate.jobmanager.epochs.decisions import (
-    ChangeSetRef,
-    Decision,
-    DecisionLog,
-    DecisionRaceError,
-    Seal,
-    change_set_name,
-)
+from keyedstate.jobmanager.epochs.decisions import Decision, DecisionLog, DecisionRaceError, Seal
 from tests.fixtures.s3 import s3_configuration
 
 LogFactory = Callable[[int], DecisionLog]
@@ -47,7 +41,8 @@ def log_factory(storage_and_dir: tuple[Callable[[], CheckpointStorage], str]) ->
 
 def decision(epoch: int, batch: int, version: int = 3, query: str = "q1") -> Decision:
     refs = [
-        ChangeSetRef(change_set_name(epoch, version, "counts", i), "counts", i, 100 + i, f"{i:064x}") for i in (1, 0)
+        ChangeSetFile(epoch, "counts", i, change_set_name(epoch, version, "counts", i), 100 + i, f"{i:064x}")
+        for i in (1, 0)
     ]
     return Decision.of(epoch, query, batch, version, [Winner(1, 11), Winner(0, 10)], refs)
 
