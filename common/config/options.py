@@ -451,6 +451,18 @@ CHECKPOINT_INCREMENTAL = _opt(
     "Incremental checkpoints: upload only SST files not already in shared/.",
     fallback_keys=("state.backend.incremental",),
 )
+CHECKPOINT_COMMIT_MODE = _opt(
+    "execution.checkpointing.commit-mode",
+    enum_parser("sync", "overlapped"),
+    "sync",
+    "enum",
+    "How an epoch (a Spark micro-batch of foreach_batch) commits. sync: foreachBatch returns after every slot "
+    "applied the epoch and a completed checkpoint holds it. overlapped (docs/exactly-once.md, \"Overlapped "
+    "commits\"): every slot writes its change set to checkpoint storage at Prepare, the JobManager writes the "
+    "epoch's decision create-only under changelog/ and answers; the apply and the checkpoint overlap the next "
+    "batch, and restores replay decided epochs above the checkpoint. Not yet accepted: a job asking for "
+    "overlapped is refused at submission until the runtime passes the exactly-once suites in that mode.",
+)
 STATE_RECOVERY_PATH = _opt(
     "execution.state-recovery.path",
     string_parser,
