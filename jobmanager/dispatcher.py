@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration
@@ -508,6 +509,7 @@ class Dispatcher:
                 checkpoint_base=checkpoint_base,
                 incremental=incremental,
                 restore=plan.slots.get(a.subtask),
+                replay=_replay_for(plan, a, ops[a.subtask.operator_id].parallelism),
             )
             response = self.gateways.deploy(a.address, deployment)
             if response.committed_epoch != plan.epoch:
@@ -919,3 +921,15 @@ def _predecessor(previous: Job) -> str:
         f"{latest.external_path}, holding epoch {latest.metadata.epoch}: statectl job restore {previous.job_id} "
         f"--from {latest.external_path}"
     )
+
+
+def _replay_for(plan: RestorePlan, a: SlotAssignment, parallelism: int) -> tuple[ChangeSetFile, ...]:
+    """The decided epochs' change sets one slot folds in: its operator's, and only its own subtask's when the
+    operator ran at the same parallelism in every replayed epoch (the same key groups); else all of them."""
+    mine = [f for f in plan.replay if f.operator_id == a.subtask.operator_id]
+    per_epoch: dict[int, set[int]] = {}
+    for f in mine:
+        per_epoch.setdefault(f.epoch, set()).add(f.subtask_index)
+    if all(indices == set(range(parallelism)) for indices in per_epoch.values()):
+        return tuple(f for f in mine if f.subtask_index == a.subtask.subtask_index)
+    return tuple(mine)

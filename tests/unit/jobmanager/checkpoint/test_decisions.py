@@ -18,7 +18,7 @@ from keyedstate.common.batches import Winner
 from keyedstate.common.changesets import ChangeSetFile, change_set_name
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError
 from keyedstate.common.storage import CheckpointStorage, open_storage
-from keyedstate.jobmanager.epochs.decisions import Decision, DecisionLog, DecisionRaceError, Seal
+from keyedstate.jobmanager.checkpoint.decisions import Decision, DecisionLog, DecisionRaceError, Seal
 from tests.fixtures.s3 import s3_configuration
 
 LogFactory = Callable[[int], DecisionLog]

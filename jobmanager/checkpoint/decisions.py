@@ -370,3 +370,18 @@ def _first_free(records: Sequence[Record]) -> int:
     while n in numbers:
         n += 1
     return n
+
+
+def next_generation(storage: CheckpointStorage, job_dir: str) -> int:
+    """A changelog generation no record of ``job_dir`` uses yet (a new job, or an operator restore).
+
+    Generation 0 is the ``changelog/`` directory itself, so the first new one is 1 whenever it holds
+    any record; numbers only grow.
+    """
+    root = _paths.join(job_dir, CHANGELOG_DIR)
+    highest = 0
+    for info in storage.list(root):
+        generation = _GENERATION_NAME.match(_paths.name(info.path))
+        if generation is not None:
+            highest = max(highest, int(generation.group(1)))
+    return highest + 1
