@@ -38,7 +38,7 @@ from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.checkpoint.ownership import RestoreOwnership
-from keyedstate.jobmanager.checkpoint.settings import refuse_unavailable, refuse_unavailable_commit_mode
+from keyedstate.jobmanager.checkpoint.settings import refuse_unavailable, validate_commit_mode
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobInfo, JobSpec, RestorePlan, RoutingTable
 from keyedstate.jobmanager.registry import (
@@ -367,7 +367,7 @@ class Dispatcher:
         job_conf.validate()
         o.checkpoints_in_jobmanager_memory(job_conf)
         refuse_unavailable(job_conf)
-        refuse_unavailable_commit_mode(job_conf)
+        validate_commit_mode(job_conf)
         restore_path = restore_path or (job_conf.get(o.STATE_RECOVERY_PATH) or "")
         with self._lock:
             existing = self._jobs.get(spec.job_id)

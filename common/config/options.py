@@ -457,11 +457,12 @@ CHECKPOINT_COMMIT_MODE = _opt(
     "sync",
     "enum",
     "How an epoch (a Spark micro-batch of foreach_batch) commits. sync: foreachBatch returns after every slot "
-    'applied the epoch and a completed checkpoint holds it. overlapped (docs/exactly-once.md, "Overlapped '
-    'commits"): every slot writes its change set to checkpoint storage at Prepare, the JobManager writes the '
-    "epoch's decision create-only under changelog/ and answers; the apply and the checkpoint overlap the next "
-    "batch, and restores replay decided epochs above the checkpoint. Not yet accepted: a job asking for "
-    "overlapped is refused at submission until the runtime passes the exactly-once suites in that mode.",
+    "applied the epoch and a completed checkpoint holds it. overlapped (docs/exactly-once.md, Overlapped commits): "
+    "every slot writes its change set to <state.checkpoints.dir>/<job>/changelog/ at Prepare, the JobManager "
+    "writes the epoch's decision there create-only and foreachBatch returns; the apply and the checkpoint "
+    "overlap the next batch (whose calls wait until the slot holds the previous epoch), and restores replay the "
+    "decided epochs above their checkpoint. Needs execution.checkpointing.storage: filesystem with "
+    "state.checkpoints.dir.",
 )
 STATE_RECOVERY_PATH = _opt(
     "execution.state-recovery.path",

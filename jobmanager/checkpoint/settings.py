@@ -90,14 +90,17 @@ def refuse_unavailable(conf: Configuration) -> None:
         )
 
 
-def refuse_unavailable_commit_mode(conf: Configuration) -> None:
-    """Refuse ``execution.checkpointing.commit-mode: overlapped`` until the runtime passes the exactly-once
-    suites in that mode: change sets, decisions, the read fence and the replay exist, but the JobManager's
-    commit path and restores do not use them yet, so a job asking for it would commit synchronously unasked.
+def validate_commit_mode(conf: Configuration) -> None:
+    """Refuse ``execution.checkpointing.commit-mode: overlapped`` where it cannot keep its promise.
+
+    An overlapped commit is durable once its change sets and decision are in checkpoint storage,
+    so it needs files that outlive the JobManager: filesystem checkpoint storage with a directory.
     """
-    if conf.get(o.CHECKPOINT_COMMIT_MODE) == "overlapped":
+    if conf.get(o.CHECKPOINT_COMMIT_MODE) != "overlapped":
+        return
+    if o.checkpoints_in_jobmanager_memory(conf) or not conf.get(o.CHECKPOINTS_DIR):
         raise ConfigError(
-            f"{o.CHECKPOINT_COMMIT_MODE.key}: overlapped commits are not available in this version (the JobManager "
-            "does not yet decide epochs from change sets nor replay them on restore); remove the key or set it to "
-            "sync"
+            f"{o.CHECKPOINT_COMMIT_MODE.key}: overlapped commits keep every epoch's change sets and decision in "
+            f"checkpoint storage; set {o.CHECKPOINT_STORAGE.key}: filesystem with {o.CHECKPOINTS_DIR.key}, or use "
+            "commit-mode sync"
         )

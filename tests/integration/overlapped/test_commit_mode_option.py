@@ -1,9 +1,4 @@
-"""execution.checkpointing.commit-mode: sync is the default; overlapped is refused at submission, clearly.
-
-The overlapped runtime's parts (change sets, decisions, the read fence, the replay) exist, but the
-JobManager's commit path does not use them yet, so a job asking for overlapped commits must not be
-accepted and then silently committed synchronously.
-"""
+"""execution.checkpointing.commit-mode: sync by default; overlapped needs checkpoint files that outlive the JobManager."""
 
 from __future__ import annotations
 
@@ -18,31 +13,32 @@ from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKi
 from keyedstate.common.errors import ConfigError, KeyedStateError, Reason
 
 OPS = [OperatorSpec("counts", 1, (StateDescriptor("total", StateKind.VALUE),))]
+MODE = "execution.checkpointing.commit-mode"
 
 
 def test_the_commit_mode_defaults_to_sync_and_refuses_unknown_modes() -> None:
     assert Configuration().get(o.CHECKPOINT_COMMIT_MODE) == "sync"
-    assert Configuration({"execution.checkpointing.commit-mode": "overlapped"}).get(o.CHECKPOINT_COMMIT_MODE) == (
-        "overlapped"
-    )
+    assert Configuration({MODE: "overlapped"}).get(o.CHECKPOINT_COMMIT_MODE) == "overlapped"
     with pytest.raises(ConfigError, match="execution.checkpointing.commit-mode"):
-        Configuration({"execution.checkpointing.commit-mode": "async"}).get(o.CHECKPOINT_COMMIT_MODE)
+        Configuration({MODE: "async"}).get(o.CHECKPOINT_COMMIT_MODE)
 
 
-def test_submitting_a_job_with_overlapped_commits_is_refused_naming_the_key(
+def test_overlapped_commits_are_accepted_with_filesystem_storage_and_refused_with_jobmanager_storage(
     inprocess_cluster: Callable[..., Any],
 ) -> None:
-    cluster = inprocess_cluster(taskmanagers=1, slots=2)
+    cluster = inprocess_cluster(taskmanagers=1, slots=2)  # state.checkpoints.dir is set
     client = cluster.client()
+    routing = client.submit_job("ov-job", OPS, max_parallelism=8, config={MODE: "overlapped"})
+    assert routing.job_id == "ov-job"
     with pytest.raises(KeyedStateError) as info:
         client.submit_job(
-            "ov-job", OPS, max_parallelism=8, config={"execution.checkpointing.commit-mode": "overlapped"}
+            "ov-mem",
+            OPS,
+            max_parallelism=8,
+            config={MODE: "overlapped", "execution.checkpointing.storage": "jobmanager"},
         )
-    assert info.value.reason is Reason.CONFIG
-    assert isinstance(info.value, ConfigError)
-    assert "execution.checkpointing.commit-mode: overlapped commits are not available" in info.value.message
-    assert "set it to sync" in info.value.message
-    routing = client.submit_job(
-        "ov-job", OPS, max_parallelism=8, config={"execution.checkpointing.commit-mode": "sync"}
-    )
-    assert routing.job_id == "ov-job"
+    assert info.value.reason is Reason.CONFIG and isinstance(info.value, ConfigError)
+    assert "overlapped commits keep every epoch's change sets and decision in checkpoint storage" in info.value.message
+    assert "execution.checkpointing.storage: filesystem with state.checkpoints.dir" in info.value.message
+    # Nothing was deployed: the same job id submits cleanly in sync mode.
+    assert client.submit_job("ov-mem", OPS, max_parallelism=8, config={MODE: "sync"}).job_id == "ov-mem"
