@@ -52,6 +52,19 @@ def test_chaos_with_slot_processes(chaos_run: Callable[..., RunResult]) -> None:
     assert result.passed, result.report()
 
 
+OVERLAPPED_SEED = 1122
+"""An epoch-mode seed whose faults are all timed (they strike in either commit mode): the JobManager
+killed in batch 1, a TaskManager killed in batch 1, another paused for 4 s in batch 3."""
+
+
+def test_chaos_with_overlapped_commits(chaos_run: Callable[..., RunResult]) -> None:
+    schedule = FaultSchedule.from_seed(OVERLAPPED_SEED)
+    assert schedule.mode == "epoch" and not schedule.netns
+    assert {"jm_kill", "tm_kill", "tm_pause"} <= set(schedule.kinds())
+    result = chaos_run(schedule, deadline_s=240.0, config={"execution.checkpointing.commit-mode": "overlapped"})
+    assert result.passed, result.report()
+
+
 def test_a_seed_always_draws_the_same_schedule() -> None:
     for seed in [*DEFAULT_SEEDS, *range(1000, 1100)]:  # the soak's seeds start at 1000
         first, again = FaultSchedule.from_seed(seed), FaultSchedule.from_seed(seed)
