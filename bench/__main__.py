@@ -180,6 +180,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument(
+        "--commit-mode",
+        choices=("sync", "overlapped"),
+        default="sync",
+        help="execution.checkpointing.commit-mode of the Spark scenarios' clusters (default sync)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -195,6 +201,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args._worker:
+        os.environ["KEYEDSTATE_BENCH_COMMIT_MODE"] = args.commit_mode  # inherited by the scenario's process
     if args._worker:
         return run_worker(args._worker, args._mode, Path(args._workdir), Path(args.out), args._seed, Path(args._result))
 

@@ -37,6 +37,8 @@ class Reason(enum.Enum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    EPOCH_NOT_APPLIED = "EPOCH_NOT_APPLIED"
+    """A call of epoch E reached a slot that does not hold E-1 yet (overlapped commits' read fence); retry."""
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     WRONG_CLUSTER = "WRONG_CLUSTER"

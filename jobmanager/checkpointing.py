@@ -57,6 +57,7 @@ from keyedstate.jobmanager.checkpoint import (
     verify_checksums,
     verify_files_exist,
 )
+from keyedstate.jobmanager.checkpoint.decisions import DecisionLog, next_generation
 from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
 from keyedstate.jobmanager.ha.job_store import JobRecord
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, RestorePlan
@@ -68,6 +69,11 @@ FailOver = Callable[[str, str], None]
 Dispatcher's failover, passed in by whoever attaches the coordinator)."""
 
 logger = logging.getLogger(__name__)
+
+
+def overlapped_commits(job: Job) -> bool:
+    """Whether ``job`` commits its epochs overlapped (``execution.checkpointing.commit-mode``)."""
+    return bool(job.config.get(o.CHECKPOINT_COMMIT_MODE) == "overlapped")
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,10 @@ class Checkpointing:
         id_counter = self.ha.checkpoint_id_counter(job.job_id, floor=_next_unused_checkpoint_id(storage, job_dir))
         if not recovering:
             job.checkpoints_from = id_counter.get()
+            if overlapped_commits(job):
+                # A new job, or an operator restore: decisions made on top of the state it replaces
+                # stay in their generation and are never replayed.
+                job.changelog_generation = next_generation(storage, job_dir)
         config = CoordinatorConfig(
             JobId(job.job_id),
             job_dir,
@@ -396,11 +406,44 @@ class Checkpointing:
 
     def plan_latest(self, job: Job) -> RestorePlan:
         """A restart's plan: the latest completed checkpoint; before the first one, what the job was
-        submitted from; else empty state."""
+        submitted from; else empty state. With overlapped commits, continued by the decided epochs above it."""
         latest = job.coordinator.latest_completed() if job.coordinator is not None else None
         if latest is not None:
-            return self.plan_restore(job, latest.external_path, recovery=True)
-        return self.plan_restore(job, job.restore_path) if job.restore_path else EMPTY_PLAN
+            plan = self.plan_restore(job, latest.external_path, recovery=True)
+        else:
+            plan = self.plan_restore(job, job.restore_path) if job.restore_path else EMPTY_PLAN
+        return self._continue_with_decisions(job, plan)
+
+    def decision_log(self, job: Job) -> DecisionLog | None:
+        """The job's decisions (overlapped commits with filesystem checkpoint storage), else None."""
+        job_dir = self.job_dir(job)
+        if not overlapped_commits(job) or not job_dir or job.config.get(o.CHECKPOINT_STORAGE) == "jobmanager":
+            return None
+        return DecisionLog(self.storage(job_dir, job), job_dir, job.changelog_generation)
+
+    def _continue_with_decisions(self, job: Job, plan: RestorePlan) -> RestorePlan:
+        """``plan`` followed by the decided epochs above it; the epoch after the last is sealed (see DecisionLog)."""
+        log = self.decision_log(job)
+        if log is None:
+            return plan
+        # The seal carries the version this restore deploys under (the deploy moves it by one);
+        # every decision of an older deployment is below it.
+        decisions = log.continuation(plan.epoch, routing_version=job.routing_version + 1)
+        if not decisions:
+            return plan
+        lineage = plan.lineage
+        for d in decisions:
+            lineage = lineage.bind(d.query_id, d.batch_id, d.epoch)
+        logger.info(
+            "job %s: the restore at epoch %d replays decided epochs %d..%d",
+            job.job_id,
+            plan.epoch,
+            decisions[0].epoch,
+            decisions[-1].epoch,
+        )
+        return dataclasses.replace(
+            plan, epoch=decisions[-1].epoch, lineage=lineage, replay=tuple(f for d in decisions for f in d.change_sets)
+        )
 
     # -- RPC entry points --------------------------------------------------------------------
     def trigger_request(self, job: Job, request: CheckpointTrigger) -> CheckpointSummary:
@@ -500,6 +543,7 @@ class Checkpointing:
             taskmanagers=sorted(job.last_taskmanagers),
             checkpoints_from=job.checkpoints_from,
             claim_mode=job.claim_mode.value,
+            changelog_generation=job.changelog_generation,
         )
         try:
             self.ha.put_job(record)
@@ -533,6 +577,7 @@ class Checkpointing:
         job.restore_path = record.restore_path
         job.claim_mode = RecoveryClaimMode.parse(record.claim_mode, f"the high-availability record of job {job.job_id}")
         job.checkpoints_from = record.checkpoints_from
+        job.changelog_generation = record.changelog_generation
         job.restarts = record.restarts
         job.last_taskmanagers = frozenset(TaskManagerId(t) for t in record.taskmanagers)
         # Clients keep the newest routing version they saw, and slots refuse calls of another

@@ -94,6 +94,7 @@ class JobManager:
             clock=self.clock,
             closed=self.dispatcher.closed,
             default_timeout_ms=s.epoch_commit_timeout_ms,
+            decisions=self.checkpointing.decision_log,
         )
         self.metrics = JobManagerMetrics(
             self.metrics_registry,

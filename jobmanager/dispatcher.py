@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.clock import Clock, Scheduler
 from keyedstate.common.config import Configuration
@@ -37,7 +38,7 @@ from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.failure import CheckpointFailureReason
 from keyedstate.jobmanager.checkpoint.ownership import RestoreOwnership
-from keyedstate.jobmanager.checkpoint.settings import refuse_unavailable
+from keyedstate.jobmanager.checkpoint.settings import refuse_unavailable, validate_commit_mode
 from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobInfo, JobSpec, RestorePlan, RoutingTable
 from keyedstate.jobmanager.registry import (
@@ -366,6 +367,7 @@ class Dispatcher:
         job_conf.validate()
         o.checkpoints_in_jobmanager_memory(job_conf)
         refuse_unavailable(job_conf)
+        validate_commit_mode(job_conf)
         restore_path = restore_path or (job_conf.get(o.STATE_RECOVERY_PATH) or "")
         with self._lock:
             existing = self._jobs.get(spec.job_id)
@@ -509,6 +511,7 @@ class Dispatcher:
                 incremental=incremental,
                 restore=plan.slots.get(a.subtask),
                 changelog_materialize_interval_ms=changelog,
+                replay=_replay_for(plan, a, ops[a.subtask.operator_id].parallelism),
             )
             response = self.gateways.deploy(a.address, deployment)
             if response.committed_epoch != plan.epoch:
@@ -920,3 +923,15 @@ def _predecessor(previous: Job) -> str:
         f"{latest.external_path}, holding epoch {latest.metadata.epoch}: statectl job restore {previous.job_id} "
         f"--from {latest.external_path}"
     )
+
+
+def _replay_for(plan: RestorePlan, a: SlotAssignment, parallelism: int) -> tuple[ChangeSetFile, ...]:
+    """The decided epochs' change sets one slot folds in: its operator's, and only its own subtask's when the
+    operator ran at the same parallelism in every replayed epoch (the same key groups); else all of them."""
+    mine = [f for f in plan.replay if f.operator_id == a.subtask.operator_id]
+    per_epoch: dict[int, set[int]] = {}
+    for f in mine:
+        per_epoch.setdefault(f.epoch, set()).add(f.subtask_index)
+    if all(indices == set(range(parallelism)) for indices in per_epoch.values()):
+        return tuple(f for f in mine if f.subtask_index == a.subtask.subtask_index)
+    return tuple(mine)

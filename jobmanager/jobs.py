@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.claim_mode import RecoveryClaimMode
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec
@@ -125,6 +126,9 @@ class Job:
     """The first checkpoint id of the job's current run of checkpoints: a ``chk-<n>`` below it in
     the job's directory holds state the job no longer has (a run before a resubmission or an
     in-place restore), so a new leader never takes it back."""
+    changelog_generation: int = 0
+    """Overlapped commits: where the job's decisions go (``changelog/g<n>/``). A new job and an operator
+    restore start a new generation, so a restore never replays decisions made on top of state it replaced."""
     failing_over: bool = False  # a failover loop owns the job's restarts
     predecessor: str = ""
     """For a job resubmitted under the id of a cancelled or failed one: where that one's state is."""
@@ -263,6 +267,9 @@ class RestorePlan:
     lineage: EpochLineage = EMPTY_LINEAGE
     source: str = ""
     """The checkpoint or savepoint path ("" for empty state)."""
+    replay: tuple[ChangeSetFile, ...] = ()
+    """Overlapped commits: the change sets of the decided epochs above the restored state (``epoch`` and
+    ``lineage`` are after them); each slot folds in those of its operator."""
 
 
 EMPTY_PLAN = RestorePlan()

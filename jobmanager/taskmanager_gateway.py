@@ -19,11 +19,18 @@ from keyedstate.common._proto.v1 import common_pb2 as common_pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.handles import CheckpointBarrier, SlotRestore
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.rpc.channels import open_channel
-from keyedstate.common.rpc.convert import barrier_to_proto, restore_to_proto, winner_to_proto
+from keyedstate.common.rpc.convert import (
+    barrier_to_proto,
+    change_set_from_proto,
+    change_set_to_proto,
+    restore_to_proto,
+    winner_to_proto,
+)
 from keyedstate.common.rpc.descriptors import operator_spec_to_proto
 from keyedstate.common.rpc.status import from_rpc_error
 from keyedstate.common.security.tls import INTERNAL, ChannelSecurity
@@ -49,6 +56,8 @@ class SlotDeployment:
     changelog_materialize_interval_ms: int | None = None
     """Changelog checkpoints (``state.changelog.enabled``): how often the slot materializes; None: off."""
     """What the slot restores first (None: it starts empty)."""
+    replay: tuple[ChangeSetFile, ...] = ()
+    """Overlapped commits: the decided epochs' change sets the slot folds in after its restore."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +205,7 @@ class TaskManagerGateways:
             routing_version=deployment.routing_version,
             checkpoint_base=deployment.checkpoint_base,
             incremental=deployment.incremental,
+            replay=[change_set_to_proto(f) for f in deployment.replay],
         )
         if deployment.restore is not None:
             request.restore.CopyFrom(restore_to_proto(deployment.restore))
@@ -255,22 +265,28 @@ class TaskManagerGateways:
         winners: Iterable[Winner],
         routing_version: int,
         prepare: bool,
-    ) -> int:
-        """One round of an epoch commit (``prepare``, or apply) on the slots of ``address``; the epoch they hold."""
+        upload_change_set: bool = False,
+    ) -> list[ChangeSetFile]:
+        """One round of an epoch commit (``prepare``, or apply) on the slots of ``address``.
+
+        ``upload_change_set`` (a prepare of overlapped commits): every slot there writes its change
+        set first; the files written (none otherwise).
+        """
         request = pb.EpochCommitRequest(
             job_id=job_id,
             epoch=epoch,
             winners=[winner_to_proto(w) for w in winners],
             routing_version=routing_version,
             prepare=prepare,
+            upload_change_set=upload_change_set,
         )
-        # A prepare only checks; an apply writes the whole epoch and may take long.
-        timeout = self.control_timeout_s if prepare else self.deploy_timeout_s
+        # A plain prepare only checks; an apply, or a prepare writing change sets, moves the whole epoch.
+        timeout = self.control_timeout_s if prepare and not upload_change_set else self.deploy_timeout_s
         try:
             response: pb.EpochCommitResponse = self._stub(address).CommitEpoch(request, timeout=timeout)
         except grpc.RpcError as exc:
             raise self._error(exc, "CommitEpoch", address) from exc
-        return response.committed_epoch
+        return [change_set_from_proto(f) for f in response.change_sets]
 
     def close(self) -> None:
         """Close every channel (JobManager shutdown); watched channels close a little later, once gRPC's poller lets go."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.clock import Clock
 from keyedstate.common.descriptors import OperatorSpec
 from keyedstate.common.errors import InvalidArgumentError
@@ -17,6 +18,7 @@ from keyedstate.common.ids import JobId, KeyGroupRange, SubtaskId, validate_id
 from keyedstate.common.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from keyedstate.taskmanager.backends import BackendFactory
 from keyedstate.taskmanager.changelog import CHANGELOG_DIR, SlotChangelog
+from keyedstate.taskmanager.changelog.change_sets import ChangeSetStore
 from keyedstate.taskmanager.slots import Slot, SlotTable
 from keyedstate.taskmanager.state import KeyedStateBackend
 
@@ -35,6 +37,8 @@ class DeployRequest:
     incremental: bool
     changelog_materialize_interval_ms: int | None = None
     """Changelog checkpoints (``state.changelog.enabled``): how often the slot materializes; None: off."""
+    replay: tuple[ChangeSetFile, ...] = ()
+    """Overlapped commits: change sets of the decided epochs above the restored state, folded in before serving."""
 
     def validate(self) -> None:
         """Refuse a request whose job id, parallelism or key-group range no slot could serve."""
@@ -74,11 +78,20 @@ class Restorer(Protocol):
 class SlotDeployer:
     """Creates, restores and releases the backends of slots."""
 
-    def __init__(self, slots: SlotTable, backends: BackendFactory, restorer: Restorer | None, clock: Clock) -> None:
+    def __init__(
+        self,
+        slots: SlotTable,
+        backends: BackendFactory,
+        restorer: Restorer | None,
+        clock: Clock,
+        change_sets: ChangeSetStore | None = None,
+    ) -> None:
+        """``change_sets`` replays decided epochs into restored slots (overlapped commits)."""
         self._slots = slots
         self._backends = backends
         self._restorer = restorer
         self._clock = clock
+        self._change_sets = change_sets
 
     @property
     def work_dir(self) -> Path:
@@ -113,6 +126,8 @@ class SlotDeployer:
                 shutil.rmtree(self.instance_dir(request.subtask), ignore_errors=True)
                 backend = self._backends.create(slot)
                 result = DeployResult()
+            if request.replay:
+                self._replay(backend, request)
         except BaseException:
             self._slots.remove(request.subtask)
             raise
@@ -133,6 +148,16 @@ class SlotDeployer:
             self._clock.monotonic_ms() - started,
         )
         return result
+
+    def _replay(self, backend: KeyedStateBackend, request: DeployRequest) -> None:
+        """Fold the decided epochs above the restored state into it before the slot serves (and reports its epoch)."""
+        if self._change_sets is None:
+            raise InvalidArgumentError("this TaskManager cannot replay change sets (no checkpoint storage configured)")
+        try:
+            self._change_sets.replay(backend, request.checkpoint_base, request.replay)
+        except BaseException:
+            backend.close()
+            raise
 
     def retain(self, kept: set[SubtaskId]) -> list[SubtaskId]:
         """Release every slot whose subtask is not in ``kept`` (after a re-registration); returns the released."""

@@ -22,6 +22,7 @@ from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.lease import Lease
 from keyedstate.common.storage import StorageCache
 from keyedstate.taskmanager.backends import BackendFactory
+from keyedstate.taskmanager.changelog.change_sets import ChangeSetStore
 from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.epochs import EpochManager
 from keyedstate.taskmanager.metrics import TaskManagerMetrics
@@ -81,8 +82,9 @@ class SlotHost:
             transfer_threads=s.transfer_threads,
             local_recovery=s.local_recovery,
         )
-        self.deployer = SlotDeployer(self.slots, self.backends, self.checkpoints, clock)
-        self.epochs = EpochManager(self.slots, self.backends.instance_dir)
+        change_sets = ChangeSetStore(storages)
+        self.deployer = SlotDeployer(self.slots, self.backends, self.checkpoints, clock, change_sets)
+        self.epochs = EpochManager(self.slots, self.backends.instance_dir, change_sets=change_sets)
         self.keyed_state = KeyedStateServicer(self.slots, metrics, lease, self.epochs)
         self.task_executor = TaskExecutorServicer(self.deployer, lease, self.checkpoints, self.epochs)
 

@@ -46,6 +46,9 @@ class SparkSettings:
         }
 
 
+COMMIT_MODE_ENV = "KEYEDSTATE_BENCH_COMMIT_MODE"
+
+
 @contextlib.contextmanager
 def cluster_and_spark(work: Path, parallelism: int, settings: SparkSettings) -> Iterator[tuple[Any, Any]]:
     """The Spark scenarios' cluster and session: 1 JobManager + ``parallelism`` TaskManager processes x 1
@@ -62,6 +65,8 @@ def cluster_and_spark(work: Path, parallelism: int, settings: SparkSettings) -> 
             config={
                 "state.checkpoints.dir": (work / "checkpoints").resolve().as_uri(),
                 "execution.checkpointing.incremental": "true",
+                # `python -m bench --commit-mode` (the scenario runs in a child process: the environment carries it).
+                "execution.checkpointing.commit-mode": os.environ.get(COMMIT_MODE_ENV, "sync"),
             },
         )
         stack.callback(cluster.stop)

@@ -65,6 +65,8 @@ class EpochCommitted:
     """The state held the epoch before this call (a re-run): nothing was applied again."""
     checkpoint: CheckpointSummary | None
     """The checkpoint holding the epoch (None: the commit asked for none and waited for none)."""
+    decided: bool = False
+    """Overlapped commits: the epoch's decision is in checkpoint storage, so the epoch is durable without a checkpoint."""
 
 
 @dataclass(frozen=True)

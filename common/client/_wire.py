@@ -128,6 +128,7 @@ def epoch_committed_from_proto(message: jm_pb.CommitEpochResponse) -> EpochCommi
         committed_epoch=message.committed_epoch,
         already_committed=message.already_committed,
         checkpoint=checkpoint_from_proto(message.checkpoint) if message.HasField("checkpoint") else None,
+        decided=message.decided,
     )
 
 

@@ -451,6 +451,19 @@ CHECKPOINT_INCREMENTAL = _opt(
     "Incremental checkpoints: upload only SST files not already in shared/.",
     fallback_keys=("state.backend.incremental",),
 )
+CHECKPOINT_COMMIT_MODE = _opt(
+    "execution.checkpointing.commit-mode",
+    enum_parser("sync", "overlapped"),
+    "sync",
+    "enum",
+    "How an epoch (a Spark micro-batch of foreach_batch) commits. sync: foreachBatch returns after every slot "
+    "applied the epoch and a completed checkpoint holds it. overlapped (docs/exactly-once.md, Overlapped commits): "
+    "every slot writes its change set to <state.checkpoints.dir>/<job>/changelog/ at Prepare, the JobManager "
+    "writes the epoch's decision there create-only and foreachBatch returns; the apply and the checkpoint "
+    "overlap the next batch (whose calls wait until the slot holds the previous epoch), and restores replay the "
+    "decided epochs above their checkpoint. Needs execution.checkpointing.storage: filesystem with "
+    "state.checkpoints.dir.",
+)
 STATE_RECOVERY_PATH = _opt(
     "execution.state-recovery.path",
     string_parser,

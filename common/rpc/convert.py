@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import taskmanager_pb2 as tm_pb
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import CHANGELOG_DIR, ChangeSetFile
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.handles import (
     ChangelogSegmentHandle,
@@ -178,3 +179,24 @@ def winner_from_bytes(data: bytes) -> Winner:
     """The inverse of :func:`winner_to_bytes` (validated as :func:`winners_from_proto` validates)."""
     message = pb.PartitionAttempt.FromString(data)
     return winners_from_proto([message])[message.partition]
+
+
+def change_set_to_proto(f: ChangeSetFile) -> tm_pb.ChangeSetFile:
+    return tm_pb.ChangeSetFile(
+        epoch=f.epoch,
+        operator_id=f.operator_id,
+        subtask_index=f.subtask_index,
+        path=f.path,
+        size=f.size,
+        sha256=f.sha256,
+    )
+
+
+def change_set_from_proto(m: tm_pb.ChangeSetFile) -> ChangeSetFile:
+    """A change set reference; refuses paths that leave the job's changelog directory."""
+    if not m.path.startswith(CHANGELOG_DIR + "/") or ".." in m.path.split("/") or m.epoch < 0 or m.size < 0:
+        raise InvalidArgumentError(
+            f"change set {m.path!r} of epoch {m.epoch}: the path must lie under {CHANGELOG_DIR}/ of the job's checkpoint "
+            "directory and the epoch and size must be >= 0"
+        )
+    return ChangeSetFile(m.epoch, m.operator_id, m.subtask_index, m.path, m.size, m.sha256)

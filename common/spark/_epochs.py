@@ -781,6 +781,8 @@ class _BatchRunner:
         finally:
             attempt.commit_s += time.perf_counter() - t1
         cp = response.checkpoint
+        if response.decided and response.committed_epoch >= start.epoch:
+            return response  # overlapped commits: the decision in checkpoint storage makes the epoch durable
         if cp is None or not cp.completed or cp.epoch < start.epoch:
             # Defence in depth: the JobManager answers only with a completed checkpoint.
             last = f"the JobManager answered without a completed checkpoint holding epoch {start.epoch} ({status_name(cp.status if cp is not None else None)})"

@@ -99,3 +99,19 @@ def refuse_unavailable(conf: Configuration) -> None:
             f"{o.CHANGELOG_BASE_PATH.key}: changelog segments are uploaded to the job's shared/ directory under "
             "state.checkpoints.dir, where retention and gc count them with the snapshot files; remove the key"
         )
+
+
+def validate_commit_mode(conf: Configuration) -> None:
+    """Refuse ``execution.checkpointing.commit-mode: overlapped`` where it cannot keep its promise.
+
+    An overlapped commit is durable once its change sets and decision are in checkpoint storage,
+    so it needs files that outlive the JobManager: filesystem checkpoint storage with a directory.
+    """
+    if conf.get(o.CHECKPOINT_COMMIT_MODE) != "overlapped":
+        return
+    if o.checkpoints_in_jobmanager_memory(conf) or not conf.get(o.CHECKPOINTS_DIR):
+        raise ConfigError(
+            f"{o.CHECKPOINT_COMMIT_MODE.key}: overlapped commits keep every epoch's change sets and decision in "
+            f"checkpoint storage; set {o.CHECKPOINT_STORAGE.key}: filesystem with {o.CHECKPOINTS_DIR.key}, or use "
+            "commit-mode sync"
+        )

@@ -13,6 +13,12 @@ docs/exactly-once.md:
   epoch: it triggers one, waits for one in flight or for the minimum pause instead of failing,
   and retries failed ones until the job rolls back (the batch then runs again) or the deadline
   passes. Nothing here takes a checkpoint that did not complete as a success.
+
+With ``execution.checkpointing.commit-mode: overlapped`` (docs/exactly-once.md, "Overlapped
+commits") a commit prepares with change sets, writes the epoch's decision create-only and answers
+DECIDED; the apply runs in the background still holding the job's epoch lock (the next commit
+and every checkpoint cut wait for it), then a checkpoint at the newest applied epoch follows,
+and the change sets and decisions it covers are deleted.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.clock import Clock
 from keyedstate.common.errors import (
     CheckpointError,
@@ -36,10 +43,11 @@ from keyedstate.common.errors import (
     UnavailableError,
 )
 from keyedstate.common.faults import crash_point
-from keyedstate.common.ids import JobId
+from keyedstate.common.ids import JobId, SubtaskId
 from keyedstate.common.lifecycle import BatchAction, JobStatus
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
+from keyedstate.jobmanager.checkpoint.decisions import Decision, DecisionLog
 from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointInProgressError
 from keyedstate.jobmanager.jobs import Job, RoutingTable
 
@@ -84,6 +92,8 @@ class CommitOutcome:
     already_committed: bool
     checkpoint: CompletedCheckpoint | None
     """The completed checkpoint holding the epoch (None when not waited for)."""
+    decided: bool = False
+    """Overlapped commits: the epoch is decided (durable) and the driver may return."""
 
 
 class EpochCommitSender(Protocol):
@@ -98,8 +108,11 @@ class EpochCommitSender(Protocol):
         winners: Sequence[Winner],
         routing_version: int,
         prepare: bool,
-    ) -> object:
-        """Prepare (``prepare``: only check) or apply ``epoch`` on every slot of the job there; raises if refused."""
+        upload_change_set: bool = False,
+    ) -> list[ChangeSetFile]:
+        """Prepare (``prepare``: only check) or apply ``epoch`` on every slot of the job there; raises if refused.
+
+        ``upload_change_set``: the prepare also writes each slot's change set; the files written."""
 
 
 class EpochCoordinator:
@@ -114,9 +127,12 @@ class EpochCoordinator:
         clock: Clock,
         closed: threading.Event,
         default_timeout_ms: int,
+        decisions: Callable[[Job], DecisionLog | None] = lambda job: None,
     ) -> None:
         """``commit_on(address, ...)`` sends one round of an epoch commit to one TaskManager;
-        ``fail_over_now(job, cause)`` starts a failover (the caller holds the job's lock)."""
+        ``fail_over_now(job, cause)`` starts a failover (the caller holds the job's lock);
+        ``decisions(job)`` is the job's decision log when it commits overlapped (else None)."""
+        self._decisions = decisions
         self._jobs = jobs
         self._commit_on = commit_on
         self._executor = executor
@@ -183,6 +199,9 @@ class EpochCoordinator:
                 "expected_routing_version is required: send the routing version the batch ran under (BeginBatch)"
             )
         job = self._jobs(request.job_id)
+        log = self._decisions(job)
+        if log is not None:
+            return self._commit_overlapped(job, request, log)
         with job.epoch_lock:
             with job.lock:
                 _require_running(job)
@@ -208,6 +227,209 @@ class EpochCoordinator:
         timeout = request.timeout_ms or self._default_timeout_ms
         completed = self.ensure_durable(job, epoch, request.query_id, request.batch_id, request.checkpoint, timeout)
         return CommitOutcome(epoch, already, completed)
+
+    # -- overlapped commits ------------------------------------------------------------------
+    def _commit_overlapped(self, job: Job, request: EpochCommit, log: DecisionLog) -> CommitOutcome:
+        """Prepare with change sets, decide, answer; the apply goes on in the background holding the epoch lock."""
+        job.epoch_lock.acquire()
+        handed_off = False
+        try:
+            with job.lock:
+                _require_running(job)
+                epoch = self._epoch_of(job, request.query_id, request.batch_id)
+                if epoch != request.epoch:
+                    raise EpochConflictError(
+                        f"job {job.job_id!r}: batch {request.batch_id} is epoch {epoch} now, not {request.epoch} (the "
+                        "job restored a checkpoint since the batch began); run the batch again"
+                    )
+                if epoch <= job.committed_epoch:
+                    # Decided before (or restored from a checkpoint or decisions holding it): durable.
+                    return CommitOutcome(epoch, True, None, decided=True)
+                if request.routing_version != job.routing_version:
+                    raise EpochConflictError(
+                        f"job {job.job_id!r} was redeployed while epoch {epoch} ran (routing v{request.routing_version} "
+                        f"-> v{job.routing_version}); its staged writes are gone: run the batch again"
+                    )
+                addresses = sorted({a.address for a in job.assignments.values()})
+                subtasks = set(job.assignments)
+            self._decide(job, addresses, subtasks, epoch, request, log)
+            applier = threading.Thread(
+                target=self._apply_decided,
+                args=(job, addresses, epoch, request),
+                name=f"apply-{job.job_id}-{epoch}",
+                daemon=True,
+            )
+            applier.start()
+            handed_off = True  # the applier releases the epoch lock
+        finally:
+            if not handed_off:
+                job.epoch_lock.release()
+        return CommitOutcome(epoch, False, None, decided=True)
+
+    def _decide(
+        self,
+        job: Job,
+        addresses: list[str],
+        subtasks: set[SubtaskId],
+        epoch: int,
+        commit: EpochCommit,
+        log: DecisionLog,
+    ) -> None:
+        """Prepare everywhere with change sets, then write the decision; the epoch is the job's once this returns."""
+        version = commit.routing_version
+        answers, refused = self._round(addresses, job.job_id, epoch, commit, prepare=True, upload=True)
+        with job.lock:
+            self._still_current(job, epoch, version)
+            if refused:
+                self._refused_prepare(job, epoch, refused)
+        files = [f for written in answers for f in written]
+        named = {(f.operator_id, f.subtask_index) for f in files if f.epoch == epoch}
+        missing = sorted(
+            f"{s.operator_id}/{s.subtask_index}" for s in subtasks if (s.operator_id, s.subtask_index) not in named
+        )
+        if missing or len(files) != len(subtasks):
+            raise EpochConflictError(
+                f"job {job.job_id!r}: epoch {epoch} was prepared, but the change sets of {', '.join(missing) or 'some slots'} "
+                f"did not come back ({len(files)} for {len(subtasks)} subtasks); nothing was decided: run the batch again"
+            )
+        crash_point("jobmanager.epoch.before-decision")
+        decision = Decision.of(epoch, commit.query_id, commit.batch_id, version, commit.winners, files)
+        try:
+            log.decide(decision)
+        except EpochConflictError:
+            raise  # DecisionRaceError: a restore sealed the epoch; nothing was decided
+        except (KeyedStateError, OSError) as exc:
+            # The write may have landed or not: only a restore (which seals) can tell.
+            cause = f"writing the decision of epoch {epoch} failed, its outcome is unknown: {exc}"
+            with job.lock:
+                if job.status is JobStatus.RUNNING and job.routing_version == version:
+                    self._fail_over_now(job, cause)
+            raise JobStateError(
+                f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint and the decisions above it"
+            ) from exc
+        crash_point("jobmanager.epoch.decided")
+        with job.lock:
+            # A failover since the prepare restored (and sealed) on its own: whether it replays this
+            # decision or not, the driver learns where the batch stands from BeginBatch again.
+            self._still_current(job, epoch, version)
+            job.set_epochs(epoch, job.lineage.bind(commit.query_id, commit.batch_id, epoch))
+        logger.info(
+            "job=%s epoch=%d decided (batch %d, %d partitions, %d change sets, routing v%d)",
+            job.job_id,
+            epoch,
+            commit.batch_id,
+            len(commit.winners),
+            len(files),
+            version,
+        )
+
+    def _refused_prepare(self, job: Job, epoch: int, refused: list[tuple[str, KeyedStateError]]) -> None:
+        """Raise for a refused prepare round (caller holds ``job.lock``); fails the job over when only a restore helps."""
+        address, error = refused[0]
+        if all(isinstance(e, (EpochConflictError, UnavailableError)) for _, e in refused):
+            raise EpochConflictError(
+                f"job {job.job_id!r}: epoch {epoch} was refused by TaskManager {address} before anything was "
+                f"applied ({error.message}); run the batch again"
+            ) from error
+        cause = f"preparing epoch {epoch} failed on TaskManager {address}: {error.message}"
+        self._fail_over_now(job, cause)
+        raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint") from error
+
+    def _apply_decided(self, job: Job, addresses: list[str], epoch: int, commit: EpochCommit) -> None:
+        """Apply a decided epoch everywhere, then release the epoch lock; a failed apply fails the job over
+        (the restore replays the epoch from its change sets). Then a checkpoint at the newest applied epoch."""
+        version = commit.routing_version
+        applied = False
+        try:
+            crash_point("jobmanager.epoch.before-apply")
+            _, failed = self._round(addresses, job.job_id, epoch, commit, prepare=False, upload=False)
+            with job.lock:
+                if failed:
+                    address, error = failed[0]
+                    cause = f"applying decided epoch {epoch} failed on TaskManager {address}: {error.message}"
+                    logger.error("job=%s %s; failing over (the restore replays it)", job.job_id, cause)
+                    if job.status is JobStatus.RUNNING and job.routing_version == version:
+                        self._fail_over_now(job, cause)
+                else:
+                    applied = job.status is JobStatus.RUNNING and job.routing_version == version
+            crash_point("jobmanager.epoch.applied")
+        except Exception:
+            logger.exception("job=%s applying decided epoch %d failed", job.job_id, epoch)
+        finally:
+            job.epoch_lock.release()
+        if applied and commit.checkpoint and job.coordinator is not None:
+            self._checkpoint_applied(job, job.coordinator, epoch)
+
+    def _checkpoint_applied(self, job: Job, coordinator: CheckpointCoordinator, epoch: int) -> None:
+        """One checkpoint at the newest applied epoch, coalescing: one in flight is waited for, a newer
+        apply's own checkpoint makes this one unnecessary. Then the changelog it covers is deleted."""
+        deadline = self._clock.monotonic_ms() + coordinator.settings.timeout_ms
+        while not self._closed.is_set():
+            with job.lock:
+                if job.status is not JobStatus.RUNNING or job.committed_epoch > epoch:
+                    return  # restarted, or a newer decided epoch checkpoints itself
+            latest = coordinator.latest_completed()
+            if latest is not None and latest.metadata.epoch >= epoch:
+                break
+            remaining = deadline - self._clock.monotonic_ms()
+            if remaining <= 0:
+                logger.warning("job=%s no checkpoint at decided epoch %d within its timeout", job.job_id, epoch)
+                return
+            try:
+                pending = coordinator.trigger()
+            except CheckpointException as exc:
+                if not coordinator.wait_for_turn(exc, remaining, self._closed):
+                    self._closed.wait(_RETRY_PAUSE_S)
+                continue
+            try:
+                coordinator.wait_for(pending.checkpoint_id, max(0.001, remaining / 1000.0))
+            except CheckpointException as exc:
+                logger.info("job=%s checkpoint after decided epoch %d: %s", job.job_id, epoch, exc.detail)
+                self._closed.wait(_RETRY_PAUSE_S)
+        self._collect_changelog(job, coordinator)
+
+    def _collect_changelog(self, job: Job, coordinator: CheckpointCoordinator) -> None:
+        """Delete change sets and decisions every retained checkpoint covers (the oldest's epoch and below)."""
+        log = self._decisions(job)
+        retained = coordinator.store.all()
+        if log is None or not retained:
+            return
+        try:
+            log.collect_garbage(min(c.metadata.epoch for c in retained))
+        except (KeyedStateError, OSError):
+            logger.warning(
+                "job=%s deleting covered changelog files failed; retried after the next checkpoint",
+                job.job_id,
+                exc_info=True,
+            )
+
+    def _round(
+        self, addresses: list[str], job_id: JobId, epoch: int, commit: EpochCommit, *, prepare: bool, upload: bool
+    ) -> tuple[list[list[ChangeSetFile]], list[tuple[str, KeyedStateError]]]:
+        """One round on every TaskManager in parallel: the answers, and the refusals by address."""
+
+        def send(address: str) -> list[ChangeSetFile]:
+            return self._commit_on(
+                address,
+                job_id=job_id,
+                epoch=epoch,
+                winners=commit.winners,
+                routing_version=commit.routing_version,
+                prepare=prepare,
+                upload_change_set=upload,
+            )
+
+        futures = [(a, self._executor.submit(send, a)) for a in addresses]
+        answers: list[list[ChangeSetFile]] = []
+        errors: list[tuple[str, KeyedStateError]] = []
+        for address, future in futures:
+            try:
+                answers.append(future.result())
+            except KeyedStateError as exc:
+                errors.append((address, exc))
+            except Exception as exc:  # a bug in the gateway must not pass for a commit
+                errors.append((address, KeyedStateError(repr(exc))))
+        return answers, errors
 
     def _apply(self, job: Job, addresses: list[str], epoch: int, commit: EpochCommit) -> None:
         """Prepare on every TaskManager, then apply on every one, then record the epoch.

@@ -37,6 +37,8 @@ class JobRecord:
     checkpoints_from: int = 0
     # How the job was restored from restore_path (RecoveryClaimMode; NO_CLAIM in records written before it existed).
     claim_mode: str = "NO_CLAIM"
+    # Job.changelog_generation (overlapped commits; 0 in records written before it existed).
+    changelog_generation: int = 0
 
     @property
     def job_id(self) -> str:

@@ -153,7 +153,9 @@ class JobManagerServicer(jm_grpc.JobManagerServicer):
             )
         )
         response = jm_pb.CommitEpochResponse(
-            committed_epoch=outcome.committed_epoch, already_committed=outcome.already_committed
+            committed_epoch=outcome.committed_epoch,
+            already_committed=outcome.already_committed,
+            decided=outcome.decided,
         )
         if outcome.checkpoint is not None:
             response.checkpoint.CopyFrom(checkpoint_info(outcome.checkpoint))

@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.errors import InvalidArgumentError, NotFoundError, Reason, UnavailableError
 from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import JobId, SubtaskId, validate_id
+from keyedstate.taskmanager.changelog.change_sets import ChangeSetStore
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
-from keyedstate.taskmanager.epochs.slot import SlotEpochs
+from keyedstate.taskmanager.epochs.slot import ChangeSetUpload, SlotEpochs
 from keyedstate.taskmanager.epochs.staging import STAGING_DIR, StagingOptions
 from keyedstate.taskmanager.epochs.transaction import EpochTransaction
 from keyedstate.taskmanager.slots import Slot, SlotTable
+from keyedstate.taskmanager.state.mutation import Mutation
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +73,15 @@ class EpochManager:
     """
 
     def __init__(
-        self, slots: SlotTable, instance_dir: Callable[[SubtaskId], Path], options: StagingOptions | None = None
+        self,
+        slots: SlotTable,
+        instance_dir: Callable[[SubtaskId], Path],
+        options: StagingOptions | None = None,
+        change_sets: ChangeSetStore | None = None,
     ) -> None:
+        """``change_sets`` writes the change sets of overlapped commits (None: Prepare refuses to)."""
         self._slots = slots
+        self._change_sets = change_sets
         self._instance_dir = instance_dir
         self._options = options
         self._entries: dict[SubtaskId, SlotEpochs] = {}
@@ -80,12 +89,22 @@ class EpochManager:
         self._closed = False
 
     # -- staging calls ------------------------------------------------------------------------
-    def view(self, slot: Slot, context: AttemptContext | TaskAttempt) -> EpochTransaction:
-        """The state calls of the task attempt ``context`` on ``slot`` (writes staged, reads merged)."""
+    def view(self, slot: Slot, context: AttemptContext | TaskAttempt, fence_wait_s: float = 0.0) -> EpochTransaction:
+        """The state calls of the task attempt ``context`` on ``slot`` (writes staged, reads merged).
+
+        On a slot that commits overlapped (it wrote a change set at a Prepare), the read fence
+        holds the call until the slot holds the previous epoch, up to ``fence_wait_s``
+        (:meth:`SlotEpochs.await_previous_epoch`). A synchronous commit applies an epoch before
+        the driver returns, so there the fence never waits and is not applied: a stale call keeps
+        its old answer (staged, never committed).
+        """
+        entry = self.slot_epochs(slot)
+        if entry.overlapped and context.epoch - 1 > entry.committed_epoch:
+            entry.await_previous_epoch(context.epoch, fence_wait_s)
         if isinstance(context, TaskAttempt):
-            return EpochTransaction(self.slot_epochs(slot), context)
+            return EpochTransaction(entry, context)
         attempt = TaskAttempt(context.epoch, context.partition, context.attempt)
-        return EpochTransaction(self.slot_epochs(slot), attempt, context.sequence)
+        return EpochTransaction(entry, attempt, context.sequence)
 
     def slot_epochs(self, slot: Slot) -> SlotEpochs:
         """The epoch state of a running slot (created on first use)."""
@@ -124,13 +143,50 @@ class EpochManager:
         return slots
 
     def prepare_epoch(
-        self, job_id: JobId, epoch: int, winners: Mapping[int, int | Winner], routing_version: int = 0
-    ) -> None:
-        """Check on every slot of the job that ``epoch`` can be committed (see :meth:`SlotEpochs.check_commit`)."""
+        self,
+        job_id: JobId,
+        epoch: int,
+        winners: Mapping[int, int | Winner],
+        routing_version: int = 0,
+        *,
+        upload_change_set: bool = False,
+    ) -> list[ChangeSetFile]:
+        """Check on every slot of the job that ``epoch`` can be committed (see :meth:`SlotEpochs.check_commit`).
+
+        ``upload_change_set`` (overlapped commits): each slot also writes its change set of the
+        epoch to checkpoint storage; the files written, durable when this returns.
+        """
         slots = self._job_slots(job_id, epoch)
         resolved = as_winners(winners)
+        if upload_change_set and self._change_sets is None:
+            raise InvalidArgumentError("this TaskManager cannot write change sets (no checkpoint storage configured)")
+        written: list[ChangeSetFile] = []
         for slot in slots:
-            self.slot_epochs(slot).prepare(epoch, resolved, routing_version)
+            upload = self._uploader(slot) if upload_change_set else None
+            ref = self.slot_epochs(slot).prepare(epoch, resolved, routing_version, upload)
+            if ref is not None:
+                written.append(ref)
+        if upload_change_set:
+            crash_point("taskmanager.epoch.change-set-written")
+        return written
+
+    def _uploader(self, slot: Slot) -> ChangeSetUpload:
+        store = self._change_sets
+        assert store is not None
+        backend = slot.require_backend()
+
+        def upload(epoch: int, timestamp_ms: int, mutations: Sequence[Mutation]) -> ChangeSetFile:
+            return store.upload(
+                slot.checkpoint_base,
+                slot.subtask,
+                slot.routing_version,
+                epoch,
+                timestamp_ms,
+                mutations,
+                backend.max_parallelism,
+            )
+
+        return upload
 
     def commit_epoch(
         self,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import rocksdict
 
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.errors import (
     EpochConflictError,
     EpochGapError,
@@ -29,11 +31,18 @@ from keyedstate.taskmanager.epochs.staging import StagingOptions, StagingStore
 from keyedstate.taskmanager.slots import Slot
 from keyedstate.taskmanager.state import KeyedStateBackend
 from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
+from keyedstate.taskmanager.state.mutation import Mutation
 
 logger = logging.getLogger(__name__)
 
 NO_EPOCH = -1
 _ATTEMPT_LOCK_STRIPES = 16
+
+
+class ChangeSetUpload(Protocol):
+    """Writes one slot's change set of ``epoch`` (its mutations, applied at ``timestamp_ms``) durably."""
+
+    def __call__(self, epoch: int, timestamp_ms: int, mutations: Sequence[Mutation]) -> ChangeSetFile: ...
 
 
 class EpochCommitError(KeyedStateError):
@@ -114,6 +123,9 @@ class SlotEpochs:
         self.state_ids = {d.name: i for i, d in enumerate(descriptors)}
         self.states = [(d.name, d.kind.storage_kind) for d in descriptors]
         self.committed_epoch = read_committed_epoch(backend)
+        self._prepared_stamp: tuple[int, int, int] | None = None
+        """(epoch, routing version, timestamp) of the last change set uploaded at Prepare."""
+        self._applied = threading.Condition()
 
     def __repr__(self) -> str:
         return f"SlotEpochs({self.subtask}, committed_epoch={self.committed_epoch})"
@@ -137,6 +149,33 @@ class SlotEpochs:
                 "refused because this task attempt is stale (a zombie, or a re-run of a committed micro-batch) and its "
                 "result must not be applied twice"
             )
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether this deployment of the slot commits overlapped (it wrote a change set at a Prepare)."""
+        return self._prepared_stamp is not None
+
+    def await_previous_epoch(self, epoch: int, timeout_s: float) -> None:
+        """The read fence: return once the slot holds ``epoch - 1`` (or later), waiting up to ``timeout_s``.
+
+        With overlapped commits a task of epoch ``E`` may reach the slot before the apply of
+        ``E - 1`` (the driver returned on the decision); serving it earlier would read state
+        without the previous batch. Raises UnavailableError (reason EPOCH_NOT_APPLIED, the client
+        retries it within its retry policy) when the apply does not come in time.
+        """
+        with self._applied:
+            if self._applied.wait_for(lambda: self._closed or self.committed_epoch >= epoch - 1, max(0.0, timeout_s)):
+                return
+        raise UnavailableError(
+            f"{self.subtask} holds epoch {self.committed_epoch}, and a call of epoch {epoch} waited {timeout_s:.1f} s for "
+            f"epoch {epoch - 1} to be applied here; retry (the JobManager applies decided epochs asynchronously, or "
+            "the job is restarting)",
+            reason=Reason.EPOCH_NOT_APPLIED,
+        )
+
+    def _epoch_applied(self) -> None:
+        with self._applied:
+            self._applied.notify_all()
 
     @contextmanager
     def writing(self, attempt: TaskAttempt, sequence: int = 0) -> Iterator[Stager | None]:
@@ -227,10 +266,35 @@ class SlotEpochs:
                 )
         return True
 
-    def prepare(self, epoch: int, winners: Mapping[int, Winner], routing_version: int) -> None:
-        """Check that :meth:`commit` would apply ``epoch`` (or find it applied); apply nothing."""
+    def prepare(
+        self,
+        epoch: int,
+        winners: Mapping[int, Winner],
+        routing_version: int,
+        upload: ChangeSetUpload | None = None,
+    ) -> ChangeSetFile | None:
+        """Check that :meth:`commit` would apply ``epoch`` (or find it applied); apply nothing.
+
+        With ``upload`` (overlapped commits) the winners' staged operations of the epoch are
+        folded into the mutations the commit will apply and handed to ``upload`` with the
+        commit's timestamp; the file it wrote is returned once durable. The commit of the epoch
+        then applies at that same timestamp, so a replay of the file reproduces it (TTL stamps too).
+        """
         with self.lock.exclusive():
-            self.check_commit(epoch, winners, routing_version)
+            applicable = self.check_commit(epoch, winners, routing_version)
+            if upload is None:
+                return None
+            if not applicable:
+                raise EpochConflictError(
+                    f"{self.subtask} already holds epoch {epoch}, so it has no staged writes of it to write a change set "
+                    "from; the job restored meanwhile: run the batch again"
+                )
+            staged = self._winning_records(epoch, winners)
+            mutations = [m for attempt_records in staged for m in fold_attempt(attempt_records, self.states)]
+            stamp = self.backend.clock.now_ms()
+            written = upload(epoch, stamp, mutations)
+            self._prepared_stamp = (epoch, routing_version, stamp)
+            return written
 
     def commit(self, epoch: int, winners: Mapping[int, Winner], routing_version: int = 0) -> tuple[int, int]:
         """Apply the winners' staged writes of ``epoch`` atomically; (committed epoch, mutations applied).
@@ -246,8 +310,15 @@ class SlotEpochs:
                 self._discard(*records.through_epoch(epoch))
                 return epoch, 0
             t0 = self.backend.clock.monotonic_ms()  # the slot's injected clock
+            prepared = self._prepared_stamp
+            stamp = prepared[2] if prepared is not None and prepared[:2] == (epoch, routing_version) else None
             try:
-                applied = self._apply_winners(epoch, winners)
+                if stamp is None:
+                    applied = self._apply_winners(epoch, winners)
+                else:
+                    # The change set this slot uploaded at Prepare carries this timestamp.
+                    with pinned_clock(self.backend, stamp):
+                        applied = self._apply_winners(epoch, winners)
             except KeyedStateError as exc:
                 logger.error(
                     "commit of epoch %d on %s failed (%s): %s", epoch, self.subtask, exc.reason.value, exc.message
@@ -258,6 +329,7 @@ class SlotEpochs:
                     reason=exc.reason,
                 ) from exc
             self.committed_epoch = epoch
+            self._epoch_applied()
             self._discard(*records.through_epoch(epoch))
             logger.info(
                 "committed epoch %d on %s: %d mutations from %d winning attempts in %.0f ms",
@@ -333,6 +405,7 @@ class SlotEpochs:
                 return
             self._closed = True
             store, self._store = self._store, None
+        self._epoch_applied()  # fenced calls stop waiting and find the slot released
         if store is not None:
             store.close(drop=True)
             logger.info("dropped the epoch staging of %s", self.subtask)

@@ -53,6 +53,20 @@ def _chunks(items: Iterable[tuple[bytes, ...]], size: int, fields: tuple[str, ..
         yield pb.ScanChunk(**dict(zip(fields, columns)))
 
 
+_FENCE_MAX_WAIT_S = 30.0
+"""How long a call of epoch E waits for E-1 when it carries no deadline."""
+_FENCE_MARGIN = 0.8
+"""Of the call's remaining time, the part it may wait: the refusal must reach the client before its deadline."""
+
+
+def _fence_wait_s(context: grpc.ServicerContext) -> float:
+    """How long the read fence may hold this call (see ``SlotEpochs.await_previous_epoch``)."""
+    remaining: float | None = context.time_remaining()  # None without a deadline (the stubs say float)
+    if remaining is None:
+        return _FENCE_MAX_WAIT_S
+    return max(0.0, min(_FENCE_MAX_WAIT_S, remaining * _FENCE_MARGIN))
+
+
 def _served(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Check the lease after the call applied, before answering (see :class:`KeyedStateServicer`)."""
 
@@ -89,7 +103,9 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
         """Serve this service on ``server`` (the client plane's)."""
         pb_grpc.add_KeyedStateServicer_to_server(self, server)
 
-    def _backend(self, target: pb.StateTarget, method: str, keys: int) -> KeyedStateAccess:
+    def _backend(
+        self, target: pb.StateTarget, method: str, keys: int, context: grpc.ServicerContext
+    ) -> KeyedStateAccess:
         self._metrics.record_request(method, keys)
         self._lease.check(method)
         slot = self._slots.lookup(
@@ -102,7 +118,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
                     "this TaskManager does not accept epoch-scoped calls; send the call without `epoch` "
                     "(direct, at-least-once writes)"
                 )
-            return self._transactions.view(slot, target.epoch)
+            return self._transactions.view(slot, target.epoch, _fence_wait_s(context))
         if slot.changelog is not None and method in _DIRECT_WRITES:
             # A restore rebuilds a changelog slot from its log, which only epoch commits write:
             # a direct write would be served now and silently lost at the next failover.
@@ -113,10 +129,12 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
             )
         return slot.require_backend()
 
-    def _open(self, request: pb.KeyedRequest, method: str) -> tuple[KeyedColumns, KeyedStateAccess]:
+    def _open(
+        self, request: pb.KeyedRequest, method: str, context: grpc.ServicerContext
+    ) -> tuple[KeyedColumns, KeyedStateAccess]:
         """The request's columns (either wire version) and the backend or epoch view it goes to."""
         columns = keyed_columns(request)
-        return columns, self._backend(request.target, method, len(columns.keys))
+        return columns, self._backend(request.target, method, len(columns.keys), context)
 
     def _stream(self, chunks: Iterator[pb.ScanChunk], method: str) -> Iterator[pb.ScanChunk]:
         for chunk in chunks:
@@ -128,14 +146,14 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def ValueGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Read value state for a batch of keys (``found`` tells an absent value from an empty one)."""
-        c, backend = self._open(request, "ValueGet")
+        c, backend = self._open(request, "ValueGet", context)
         return values_response(backend.value_get(request.target.state_name, c.keys, c.namespaces), c.packed)
 
     @rpc_method
     @_served
     def ValuePut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Overwrite value state for a batch of keys."""
-        c, backend = self._open(request, "ValuePut")
+        c, backend = self._open(request, "ValuePut", context)
         backend.value_put(request.target.state_name, c.keys, c.values, c.namespaces)
         return write_response(len(c.keys))
 
@@ -143,7 +161,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def Clear(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Remove the (key, namespace) entries of a state of any kind."""
-        c, backend = self._open(request, "Clear")
+        c, backend = self._open(request, "Clear", context)
         backend.clear(request.target.state_name, c.keys, c.namespaces)
         return write_response(len(c.keys))
 
@@ -151,7 +169,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def Reduce(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Fold ``values[i]`` into the reducing state of ``keys[i]``; answers the new values only if ``return_values``."""
-        c, backend = self._open(request, "Reduce")
+        c, backend = self._open(request, "Reduce", context)
         result = backend.reduce(request.target.state_name, c.keys, c.values, c.namespaces, request.return_values)
         return reduced_response(result, c.packed)
 
@@ -160,7 +178,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def ListAppend(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Append ``values[i]`` to the list state of ``keys[i]``."""
-        c, backend = self._open(request, "ListAppend")
+        c, backend = self._open(request, "ListAppend", context)
         backend.list_append(request.target.state_name, c.keys, c.values, c.namespaces)
         return write_response(len(c.keys))
 
@@ -168,21 +186,21 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def ListGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ListsResponse:
         """Read whole lists, bounded by ``state.limits.list.max-response-bytes`` (past it use ListScan)."""
-        c, backend = self._open(request, "ListGet")
+        c, backend = self._open(request, "ListGet", context)
         return lists_response(backend.list_get(request.target.state_name, c.keys, c.namespaces), c.packed)
 
     @rpc_method
     @_served
     def ListUpdate(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Replace each listed key's list with the values given for it (keys may repeat)."""
-        c, backend = self._open(request, "ListUpdate")
+        c, backend = self._open(request, "ListUpdate", context)
         backend.list_update(request.target.state_name, c.keys, c.values, c.namespaces)
         return write_response(len(c.keys))
 
     @rpc_method
     def ListScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
         """Stream one key's list in chunks of ``chunk_size`` elements, checking the lease before each chunk."""
-        backend = self._backend(request.target, "ListScan", 1)
+        backend = self._backend(request.target, "ListScan", 1, context)
         chunk = _chunk_size(request)
         if not request.has_key:
             raise InvalidArgumentError("ListScan needs has_key=true and the key whose list to stream")
@@ -194,7 +212,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def MapPut(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Put ``user_keys[i] -> values[i]`` into the map state of ``keys[i]``."""
-        c, backend = self._open(request, "MapPut")
+        c, backend = self._open(request, "MapPut", context)
         backend.map_put(request.target.state_name, c.keys, c.user_keys, c.values, c.namespaces)
         return write_response(len(c.keys))
 
@@ -202,7 +220,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def MapGet(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Read ``user_keys[i]`` from the map state of ``keys[i]`` (``found`` marks present entries)."""
-        c, backend = self._open(request, "MapGet")
+        c, backend = self._open(request, "MapGet", context)
         values = backend.map_get(request.target.state_name, c.keys, c.user_keys, c.namespaces)
         return values_response(values, c.packed)
 
@@ -210,7 +228,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def MapRemove(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         """Remove ``user_keys[i]`` from the map state of ``keys[i]``."""
-        c, backend = self._open(request, "MapRemove")
+        c, backend = self._open(request, "MapRemove", context)
         backend.map_remove(request.target.state_name, c.keys, c.user_keys, c.namespaces)
         return write_response(len(c.keys))
 
@@ -218,14 +236,14 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @_served
     def MapContains(self, request: pb.KeyedRequest, context: grpc.ServicerContext) -> pb.ValuesResponse:
         """Whether the map state of ``keys[i]`` holds ``user_keys[i]`` (answered in ``found``)."""
-        c, backend = self._open(request, "MapContains")
+        c, backend = self._open(request, "MapContains", context)
         found = backend.map_contains(request.target.state_name, c.keys, c.user_keys, c.namespaces)
         return found_response(found, c.packed)
 
     @rpc_method
     def MapScan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
         """Stream one key's map entries (only user keys with ``keys_only``) in chunks, checking the lease per chunk."""
-        backend = self._backend(request.target, "MapScan", 1)
+        backend = self._backend(request.target, "MapScan", 1, context)
         chunk = _chunk_size(request)
         if not request.has_key:
             raise InvalidArgumentError("MapScan needs has_key=true and the key whose map to stream")
@@ -238,7 +256,7 @@ class KeyedStateServicer(pb_grpc.KeyedStateServicer):
     @rpc_method
     def ScanKeys(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
         """Stream every (key, namespace) of one state in the subtask, in chunks."""
-        backend = self._backend(request.target, "ScanKeys", 1)
+        backend = self._backend(request.target, "ScanKeys", 1, context)
         chunk = _chunk_size(request)
         yield from self._stream(
             _chunks(backend.scan_keys(request.target.state_name), chunk, ("keys", "namespaces")), "ScanKeys"

@@ -9,7 +9,13 @@ from keyedstate.common._proto.v1 import taskmanager_pb2_grpc as pb_grpc
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import CheckpointId, JobId, KeyGroupRange, SubtaskId
 from keyedstate.common.lease import Lease
-from keyedstate.common.rpc.convert import barrier_from_proto, restore_from_proto, winners_from_proto
+from keyedstate.common.rpc.convert import (
+    barrier_from_proto,
+    change_set_from_proto,
+    change_set_to_proto,
+    restore_from_proto,
+    winners_from_proto,
+)
 from keyedstate.common.rpc.descriptors import operator_spec_from_proto
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.taskmanager.deployment import DeployRequest, SlotDeployer
@@ -22,8 +28,12 @@ def commit_epoch(epochs: EpochManager, request: pb.EpochCommitRequest) -> pb.Epo
     winners = winners_from_proto(request.winners)
     job_id = JobId(request.job_id)
     if request.prepare:
-        epochs.prepare_epoch(job_id, request.epoch, winners, request.routing_version)
-        return pb.EpochCommitResponse(committed_epoch=request.epoch - 1)
+        written = epochs.prepare_epoch(
+            job_id, request.epoch, winners, request.routing_version, upload_change_set=request.upload_change_set
+        )
+        return pb.EpochCommitResponse(
+            committed_epoch=request.epoch - 1, change_sets=[change_set_to_proto(f) for f in written]
+        )
     result = epochs.commit_epoch(
         job_id, request.epoch, winners, abort=request.abort, routing_version=request.routing_version
     )
@@ -62,6 +72,7 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
             changelog_materialize_interval_ms=request.changelog.materialize_interval_ms
             if request.changelog.enabled
             else None,
+            replay=tuple(change_set_from_proto(f) for f in request.replay),
         )
         restore = restore_from_proto(request.restore) if request.HasField("restore") else None
         result = self._deployer.deploy(deploy, restore)

@@ -109,7 +109,9 @@ class ForwardingTaskExecutorServicer(pb_grpc.TaskExecutorServicer):
             lambda p: self._call(lambda: p.executor.CommitEpoch(request, timeout=timeout)), hosts
         )
         if request.prepare:
-            return pb.EpochCommitResponse(committed_epoch=request.epoch - 1)
+            return pb.EpochCommitResponse(
+                committed_epoch=request.epoch - 1, change_sets=[f for a in answers for f in a.change_sets]
+            )
         return pb.EpochCommitResponse(
             committed_epoch=min(a.committed_epoch for a in answers),
             applied_entries=sum(a.applied_entries for a in answers),

@@ -178,13 +178,20 @@ class Ending:
 class EpochChaosRun:
     """One seed's run in epoch mode (see the module docstring)."""
 
-    def __init__(self, schedule: FaultSchedule, base: Path, net: Any = None, deadline_s: float = 240.0) -> None:
+    def __init__(
+        self,
+        schedule: FaultSchedule,
+        base: Path,
+        net: Any = None,
+        deadline_s: float = 240.0,
+        config: dict[str, str] | None = None,
+    ) -> None:
         self.schedule = schedule
         self.base = Path(base)
         self.deadline_s = deadline_s
         self.timeline = Timeline()
         self.records = fault_records(schedule)
-        self.cluster = ChaosCluster(schedule, self.base, self.timeline, self.records, net)
+        self.cluster = ChaosCluster(schedule, self.base, self.timeline, self.records, net, config=config)
         self.pipeline = self.cluster.pipeline
         self.progress = ProgressLog(self.base / "progress.jsonl")
         self.task_failure_log = self.base / "task-failures.jsonl"

@@ -71,7 +71,7 @@ def chaos_run(
 ) -> Iterator[Callable[..., RunResult]]:
     """``chaos_run(schedule, soak=False, config=None)``: run the schedule to its end and return its :class:`RunResult`.
 
-    ``config`` adds keys for every daemon of a direct-mode run (epoch mode takes the schedule's own)."""
+    ``config`` adds keys for every daemon of the run (the JobManager's apply to the job)."""
 
     def run(
         schedule: FaultSchedule,
@@ -83,7 +83,7 @@ def chaos_run(
         base = tmp_path / f"seed-{schedule.seed}"
         chaos: EpochChaosRun | DirectChaosRun
         if schedule.mode == "epoch":
-            chaos = EpochChaosRun(schedule, base, net, deadline_s=deadline_s or 300.0)
+            chaos = EpochChaosRun(schedule, base, net, deadline_s=deadline_s or 300.0, config=config)
         else:
             chaos = DirectChaosRun(schedule, base, net, deadline_s=deadline_s or 180.0, config=config)
         try:

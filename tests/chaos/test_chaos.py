@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,21 @@ def test_chaos_with_slot_processes(chaos_run: Callable[..., RunResult]) -> None:
     assert schedule.mode == "direct" and not schedule.netns
     result = chaos_run(schedule, deadline_s=240.0, config={"taskmanager.slot-processes": "2"})
     assert result.passed, result.report()
+
+
+OVERLAPPED_SEED = 1122
+"""An epoch-mode seed whose faults are all timed (they strike in either commit mode): the JobManager
+killed in batch 1, a TaskManager killed in batch 1, another paused for 4 s in batch 3."""
+
+
+def test_chaos_with_overlapped_commits(chaos_run: Callable[..., RunResult], tmp_path: Path) -> None:
+    schedule = FaultSchedule.from_seed(OVERLAPPED_SEED)
+    assert schedule.mode == "epoch" and not schedule.netns
+    assert {"jm_kill", "tm_kill", "tm_pause"} <= set(schedule.kinds())
+    result = chaos_run(schedule, deadline_s=240.0, config={"execution.checkpointing.commit-mode": "overlapped"})
+    assert result.passed, result.report()
+    jobmanager_logs = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("jobmanager*.log"))
+    assert "decided (batch" in jobmanager_logs, "the run did not commit overlapped"
 
 
 def test_a_seed_always_draws_the_same_schedule() -> None:

@@ -941,8 +941,14 @@ class CommitEpochResponse(_message.Message):
     COMMITTED_EPOCH_FIELD_NUMBER: _builtins.int
     ALREADY_COMMITTED_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FIELD_NUMBER: _builtins.int
+    DECIDED_FIELD_NUMBER: _builtins.int
     committed_epoch: _builtins.int
     already_committed: _builtins.bool
+    decided: _builtins.bool
+    """execution.checkpointing.commit-mode: overlapped. The epoch's decision (or a completed
+    checkpoint) is in checkpoint storage: it is durable, and the driver may return. The apply
+    and the checkpoint go on behind the answer.
+    """
     @_builtins.property
     def checkpoint(self) -> Global___CheckpointInfo:
         """COMPLETED with an epoch >= the committed one when wait_for_checkpoint was asked and met."""
@@ -953,10 +959,11 @@ class CommitEpochResponse(_message.Message):
         committed_epoch: _builtins.int = ...,
         already_committed: _builtins.bool = ...,
         checkpoint: Global___CheckpointInfo | None = ...,
+        decided: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_committed", b"already_committed", "checkpoint", b"checkpoint", "committed_epoch", b"committed_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_committed", b"already_committed", "checkpoint", b"checkpoint", "committed_epoch", b"committed_epoch", "decided", b"decided"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -434,6 +434,7 @@ class DeploySlotRequest(_message.Message):
     CHECKPOINT_BASE_FIELD_NUMBER: _builtins.int
     INCREMENTAL_FIELD_NUMBER: _builtins.int
     CHANGELOG_FIELD_NUMBER: _builtins.int
+    REPLAY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     subtask_index: _builtins.int
     max_parallelism: _builtins.int
@@ -454,6 +455,13 @@ class DeploySlotRequest(_message.Message):
     def changelog(self) -> Global___ChangelogSettings:
         """Changelog checkpoints of the job (state.changelog.*); absent or disabled: plain snapshots."""
 
+    @_builtins.property
+    def replay(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChangeSetFile]:
+        """Overlapped commits: the change sets of the decided epochs above the restored state, every
+        epoch's in epoch order. The slot folds those of its key groups into its state, one atomic
+        batch per epoch, before it answers (and then reports the last one as its committed epoch).
+        """
+
     def __init__(
         self,
         *,
@@ -468,10 +476,11 @@ class DeploySlotRequest(_message.Message):
         checkpoint_base: _builtins.str = ...,
         incremental: _builtins.bool = ...,
         changelog: Global___ChangelogSettings | None = ...,
+        replay: _abc.Iterable[Global___ChangeSetFile] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["changelog", b"changelog", "key_groups", b"key_groups", "operator", b"operator", "restore", b"restore"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changelog", b"changelog", "checkpoint_base", b"checkpoint_base", "incremental", b"incremental", "job_id", b"job_id", "key_groups", b"key_groups", "max_parallelism", b"max_parallelism", "operator", b"operator", "restore", b"restore", "routing_version", b"routing_version", "slot_index", b"slot_index", "subtask_index", b"subtask_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changelog", b"changelog", "checkpoint_base", b"checkpoint_base", "incremental", b"incremental", "job_id", b"job_id", "key_groups", b"key_groups", "max_parallelism", b"max_parallelism", "operator", b"operator", "replay", b"replay", "restore", b"restore", "routing_version", b"routing_version", "slot_index", b"slot_index", "subtask_index", b"subtask_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -688,6 +697,46 @@ class NotificationResponse(_message.Message):
 Global___NotificationResponse: _TypeAlias = NotificationResponse  # noqa: Y015
 
 @_typing.final
+class ChangeSetFile(_message.Message):
+    """One slot's change set of an epoch (overlapped commits): the winners' staged operations, in
+    checkpoint storage at checkpoint_base/path.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    OPERATOR_ID_FIELD_NUMBER: _builtins.int
+    SUBTASK_INDEX_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    operator_id: _builtins.str
+    subtask_index: _builtins.int
+    path: _builtins.str
+    """relative to the job's checkpoint directory: changelog/<epoch>/v<version>-<operator>-<subtask>"""
+    size: _builtins.int
+    sha256: _builtins.str
+    """hex"""
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        operator_id: _builtins.str = ...,
+        subtask_index: _builtins.int = ...,
+        path: _builtins.str = ...,
+        size: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "operator_id", b"operator_id", "path", b"path", "sha256", b"sha256", "size", b"size", "subtask_index", b"subtask_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeSetFile: _TypeAlias = ChangeSetFile  # noqa: Y015
+
+@_typing.final
 class EpochCommitRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -697,6 +746,7 @@ class EpochCommitRequest(_message.Message):
     ABORT_FIELD_NUMBER: _builtins.int
     ROUTING_VERSION_FIELD_NUMBER: _builtins.int
     PREPARE_FIELD_NUMBER: _builtins.int
+    UPLOAD_CHANGE_SET_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     epoch: _builtins.int
     abort: _builtins.bool
@@ -706,6 +756,10 @@ class EpochCommitRequest(_message.Message):
     prepare: _builtins.bool
     """Only check, apply nothing: routing version, that every slot holds epoch - 1 (or already
     epoch), and the winners' ledgers against what was staged.
+    """
+    upload_change_set: _builtins.bool
+    """With prepare (execution.checkpointing.commit-mode: overlapped): every slot writes its
+    change set of the epoch to checkpoint storage and answers only once it is durable.
     """
     @_builtins.property
     def winners(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PartitionAttempt]:
@@ -720,10 +774,11 @@ class EpochCommitRequest(_message.Message):
         abort: _builtins.bool = ...,
         routing_version: _builtins.int = ...,
         prepare: _builtins.bool = ...,
+        upload_change_set: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "epoch", b"epoch", "job_id", b"job_id", "prepare", b"prepare", "routing_version", b"routing_version", "winners", b"winners"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "epoch", b"epoch", "job_id", b"job_id", "prepare", b"prepare", "routing_version", b"routing_version", "upload_change_set", b"upload_change_set", "winners", b"winners"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -735,17 +790,23 @@ class EpochCommitResponse(_message.Message):
 
     COMMITTED_EPOCH_FIELD_NUMBER: _builtins.int
     APPLIED_ENTRIES_FIELD_NUMBER: _builtins.int
+    CHANGE_SETS_FIELD_NUMBER: _builtins.int
     committed_epoch: _builtins.int
     applied_entries: _builtins.int
+    @_builtins.property
+    def change_sets(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChangeSetFile]:
+        """prepare with upload_change_set: one per slot here"""
+
     def __init__(
         self,
         *,
         committed_epoch: _builtins.int = ...,
         applied_entries: _builtins.int = ...,
+        change_sets: _abc.Iterable[Global___ChangeSetFile] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "committed_epoch", b"committed_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "change_sets", b"change_sets", "committed_epoch", b"committed_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

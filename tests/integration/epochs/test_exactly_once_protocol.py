@@ -419,6 +419,25 @@ def _renewed(tm: TaskManager) -> None:
     wait_for(tm.lease.valid, 10, "the next heartbeat renewing the lease")
 
 
+def test_barriers_refused_by_a_taskmanager_without_a_lease_never_exhaust_tolerable_failures(leased: Any) -> None:
+    """A TaskManager out of lease refuses barriers (LEASE_EXPIRED): each such checkpoint fails as
+    NOT_ALL_REQUIRED_TASKS_RUNNING, which does not count toward tolerable-failed-checkpoints (0 here),
+    so self-triggered checkpoints (overlapped commits take one after every apply) never fail the job
+    over; the heartbeat timeout deals with such a TaskManager. Found by the model (tests/model)."""
+    cluster, _tm, clock = leased
+    client = cluster.client()
+    clock.skew(3_600_000)  # serving threads see the lease run out; renewals keep real time
+    for _ in range(3):
+        info = client.trigger_checkpoint(JOB, wait=True, timeout_s=30)
+        assert info.status == jm_pb.CHECKPOINT_STATUS_FAILED
+        assert info.failure_reason.startswith("NOT_ALL_REQUIRED_TASKS_RUNNING"), info.failure_reason
+    job = client.job_info(JOB)
+    assert job.status == pb.JOB_STATUS_RUNNING and job.restarts == 0, job
+    clock.skew(0)
+    info = client.trigger_checkpoint(JOB, wait=True, timeout_s=30)
+    assert info.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, info
+
+
 def test_a_taskmanager_out_of_lease_refuses_state_calls_commits_and_barriers(leased: Any) -> None:
     cluster, tm, clock = leased
     client = cluster.client(max_attempts=2)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import CheckpointStatus, ListState, ReducingState, ValueState
 from keyedstate.common.descriptors import OperatorSpec, ReduceField, StateDescriptor, StateKind
 from keyedstate.common.spark import KeyedStateRuntime
@@ -85,11 +86,34 @@ def _verify(runtime: KeyedStateRuntime, events: list[dict[str, Any]]) -> None:
     assert totals == [(len(expected[u]), sum(expected[u])) for u in users]
 
 
+COMMIT_MODES = pytest.mark.parametrize("commit_mode", ["sync", "overlapped"])
+"""execution.checkpointing.commit-mode: retried attempts, re-run batches and driver restarts in both."""
+
+
+def _latest_checkpoint_epoch(runtime: KeyedStateRuntime, timeout_s: float = 60.0, at_least: int = 0) -> int:
+    """The epoch of the job's newest completed checkpoint, waiting for one at ``at_least`` (overlapped
+    commits checkpoint after the driver returned)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        completed = [
+            c
+            for c in runtime.client.list_checkpoints(runtime.job_id).checkpoints
+            if c.status == jm_pb.CHECKPOINT_STATUS_COMPLETED
+        ]
+        epoch = max((c.epoch for c in completed), default=-1)
+        if epoch >= at_least or time.monotonic() > deadline:
+            return epoch
+        time.sleep(0.1)
+
+
+@COMMIT_MODES
 @pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
 def test_failed_attempts_and_a_rerun_batch_apply_exactly_once(
-    spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster], backend: str
+    spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster], backend: str, commit_mode: str
 ) -> None:
-    cluster = inprocess_cluster(taskmanagers=2, slots=1, backend=backend)
+    cluster = inprocess_cluster(
+        taskmanagers=2, slots=1, backend=backend, jm={"execution.checkpointing.commit-mode": commit_mode}
+    )
     runtime = KeyedStateRuntime(cluster.address, f"exo-{backend}", OPS)
     on_batch = runtime.foreach_batch(process_failing_first_attempts, key_col="user", operator="agg")
     batches = [_events(seed, 2000) for seed in range(3)]
@@ -100,19 +124,33 @@ def test_failed_attempts_and_a_rerun_batch_apply_exactly_once(
     # Batch 1 executed again (a driver that replays it): nothing is applied twice.
     on_batch(frames[1], 1)
     assert runtime.batches_skipped == 1
+    if commit_mode == "sync":
+        # Every epoch got its checkpoint, the last one containing exactly epochs 0..2.
+        assert runtime.last_checkpoint is not None and runtime.last_checkpoint.status is CheckpointStatus.COMPLETED
+        assert runtime.last_checkpoint.epoch == 2
+    else:
+        # The driver returned on each decision; the checkpoint of the last applied epoch follows.
+        assert runtime.last_checkpoint is None
+        assert _latest_checkpoint_epoch(runtime, at_least=2) == 2
+        # The checkpoint covers every decided epoch: their change sets and decisions are deleted.
+        changelog = cluster.base / "checkpoints" / f"exo-{backend}" / "changelog"
+        deadline = time.monotonic() + 30
+        while (left := sorted(p.name for p in changelog.rglob("*") if p.is_file())) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], f"changelog files a completed checkpoint covers were kept: {left}"
     _verify(runtime, [e for b in batches for e in b])
-    # Every epoch got its checkpoint, the last one containing exactly epochs 0..2.
-    assert runtime.last_checkpoint is not None and runtime.last_checkpoint.status is CheckpointStatus.COMPLETED
-    assert runtime.last_checkpoint.epoch == 2
 
 
+@COMMIT_MODES
 def test_query_restarts_from_its_spark_checkpoint_location(
-    spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster], tmp_path: Path
+    spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster], tmp_path: Path, commit_mode: str
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cluster = inprocess_cluster(taskmanagers=2, slots=1, backend="rocksdb")
+    cluster = inprocess_cluster(
+        taskmanagers=2, slots=1, backend="rocksdb", jm={"execution.checkpointing.commit-mode": commit_mode}
+    )
     source = tmp_path / "events"
     source.mkdir()
     batches = [_events(100 + i, 500) for i in range(6)]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from keyedstate.common.batches import Winner
+from keyedstate.common.changesets import ChangeSetFile
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import (
@@ -100,7 +101,8 @@ class TaskManagers:
         winners: Sequence[Winner],
         routing_version: int,
         prepare: bool,
-    ) -> int:
+        upload_change_set: bool = False,
+    ) -> list[ChangeSetFile]:
         phase = "prepare" if prepare else "apply"
         assert routing_version == VERSION and job_id == JOB
         self.calls.append((address, phase, epoch))
@@ -110,7 +112,7 @@ class TaskManagers:
         error = self.refuse.get((address, phase))
         if error is not None:
             raise error
-        return epoch if phase == "apply" else epoch - 1
+        return []
 
 
 @dataclass
