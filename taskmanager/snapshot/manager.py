@@ -16,6 +16,10 @@ Where files go (``base`` = ``<state.checkpoints.dir>/<job-id>``, ``target`` = ``
   CURRENT, OPTIONS, the snapshot manifest) goes to ``target/<operator>-<subtask>/``.
 * full checkpoint: every file goes to ``target/<operator>-<subtask>/``.
 * savepoint: every file goes under the savepoint directory, so it is self-contained.
+* changelog checkpoint (``state.changelog.enabled``, :mod:`.changelog`): the sealed segments no
+  completed checkpoint holds go to ``base/shared/chk-<n>/``; the materialization referenced is a
+  background one in ``base/shared/mat-<id>/``, or the slot's first checkpoint's own snapshot,
+  every file of it in ``base/shared/chk-<n>/``.
 
 Handle paths are relative to the directory that will hold ``_metadata``.
 """
