@@ -116,6 +116,8 @@ class Job:
     """The epoch every slot of the job holds (docs/exactly-once.md); moves back on every restore."""
     lineage: EpochLineage = EMPTY_LINEAGE
     """Which Spark query's batches the epochs up to ``committed_epoch`` are."""
+    applying: int | None = None
+    """Overlapped commits: the decided epoch whose apply is running (None: none)."""
     restore_path: str = (
         ""  # what the job was submitted or last restored from: a failover before its first checkpoint restores it
     )
@@ -156,10 +158,22 @@ class Job:
         self.status = status
         self.times.enter(status)
 
-    def set_epochs(self, epoch: int, lineage: EpochLineage) -> None:
-        """What the job's state holds now (after a restore, or a commit)."""
+    def set_epochs(self, epoch: int, lineage: EpochLineage, *, applying: bool = False) -> None:
+        """What the job's state holds now (after a restore, or a commit); ``applying``: an overlapped
+        commit decided ``epoch`` and its apply is still running (see :attr:`applied_epoch`)."""
         self.committed_epoch = epoch
         self.lineage = lineage.up_to(epoch)
+        self.applying = epoch if applying else None
+
+    def applied(self, epoch: int) -> None:
+        """The apply of decided ``epoch`` finished on every slot (caller holds ``lock``)."""
+        if self.applying == epoch:
+            self.applying = None
+
+    @property
+    def applied_epoch(self) -> int:
+        """The epoch every slot holds: ``committed_epoch``, or the one before while its apply runs."""
+        return self.committed_epoch - 1 if self.applying == self.committed_epoch else self.committed_epoch
 
     def durable_epoch(self) -> int:
         """The epoch of the latest completed checkpoint (-1: none)."""
@@ -204,6 +218,7 @@ class Job:
             routing_version=self.routing_version,
             durable_epoch=latest.metadata.epoch if latest is not None else -1,
             lineage=self.lineage.entries,
+            applied_epoch=self.applied_epoch,
         )
 
 
@@ -239,6 +254,8 @@ class JobInfo:
     durable_epoch: int
     """The epoch of the latest completed checkpoint (-1: none)."""
     lineage: tuple[LineageEntry, ...]
+    applied_epoch: int = -1
+    """The epoch every slot has applied (overlapped commits apply behind the driver)."""
 
 
 _LIMIT_FIELDS = ("max_key_bytes", "max_value_bytes", "max_list_elements")

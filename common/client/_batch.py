@@ -82,3 +82,6 @@ class JobProgress:
     failure_cause: str
     restarts: int
     routing_version: int
+    applied_epoch: int = -1
+    """The epoch every slot has applied: reads outside an epoch see it (overlapped commits apply
+    behind the driver, so it can trail ``committed_epoch`` by one for a moment)."""

@@ -141,4 +141,5 @@ def job_progress_from_proto(message: jm_pb.JobInfo) -> JobProgress:
         failure_cause=message.failure_cause,
         restarts=message.restarts,
         routing_version=message.routing_version,
+        applied_epoch=message.applied_epoch,
     )

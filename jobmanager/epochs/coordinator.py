@@ -312,7 +312,7 @@ class EpochCoordinator:
             # A failover since the prepare restored (and sealed) on its own: whether it replays this
             # decision or not, the driver learns where the batch stands from BeginBatch again.
             self._still_current(job, epoch, version)
-            job.set_epochs(epoch, job.lineage.bind(commit.query_id, commit.batch_id, epoch))
+            job.set_epochs(epoch, job.lineage.bind(commit.query_id, commit.batch_id, epoch), applying=True)
         logger.info(
             "job=%s epoch=%d decided (batch %d, %d partitions, %d change sets, routing v%d)",
             job.job_id,
@@ -352,6 +352,8 @@ class EpochCoordinator:
                         self._fail_over_now(job, cause)
                 else:
                     applied = job.status is JobStatus.RUNNING and job.routing_version == version
+                    if applied:
+                        job.applied(epoch)
             crash_point("jobmanager.epoch.applied")
         except Exception:
             logger.exception("job=%s applying decided epoch %d failed", job.job_id, epoch)

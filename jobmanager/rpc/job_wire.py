@@ -95,6 +95,7 @@ def job_info_to_proto(info: JobInfo) -> jm_pb.JobInfo:
         restarts=info.restarts,
         routing_version=info.routing_version,
         durable_epoch=info.durable_epoch,
+        applied_epoch=info.applied_epoch,
         lineage=[
             pb.LineageEntry(query_id=e.query_id, offset=e.offset, first_epoch=e.first_epoch) for e in info.lineage
         ],

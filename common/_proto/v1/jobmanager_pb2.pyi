@@ -562,6 +562,7 @@ class JobInfo(_message.Message):
     ROUTING_VERSION_FIELD_NUMBER: _builtins.int
     DURABLE_EPOCH_FIELD_NUMBER: _builtins.int
     LINEAGE_FIELD_NUMBER: _builtins.int
+    APPLIED_EPOCH_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     status: _common_pb2.JobStatus.ValueType
     max_parallelism: _builtins.int
@@ -573,6 +574,10 @@ class JobInfo(_message.Message):
     routing_version: _builtins.int
     durable_epoch: _builtins.int
     """The epoch of the latest completed checkpoint (-1: none)."""
+    applied_epoch: _builtins.int
+    """The epoch every slot of the job has applied: committed_epoch, except while an overlapped
+    commit's apply runs behind the driver (then committed_epoch - 1). Reads outside an epoch see it.
+    """
     @_builtins.property
     def operators(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.OperatorSpec]: ...
     @_builtins.property
@@ -592,10 +597,11 @@ class JobInfo(_message.Message):
         routing_version: _builtins.int = ...,
         durable_epoch: _builtins.int = ...,
         lineage: _abc.Iterable[_common_pb2.LineageEntry] | None = ...,
+        applied_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_epoch", b"committed_epoch", "durable_epoch", b"durable_epoch", "failure_cause", b"failure_cause", "job_id", b"job_id", "latest_checkpoint_id", b"latest_checkpoint_id", "latest_checkpoint_path", b"latest_checkpoint_path", "lineage", b"lineage", "max_parallelism", b"max_parallelism", "operators", b"operators", "restarts", b"restarts", "routing_version", b"routing_version", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_epoch", b"applied_epoch", "committed_epoch", b"committed_epoch", "durable_epoch", b"durable_epoch", "failure_cause", b"failure_cause", "job_id", b"job_id", "latest_checkpoint_id", b"latest_checkpoint_id", "latest_checkpoint_path", b"latest_checkpoint_path", "lineage", b"lineage", "max_parallelism", b"max_parallelism", "operators", b"operators", "restarts", b"restarts", "routing_version", b"routing_version", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

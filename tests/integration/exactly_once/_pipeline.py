@@ -483,8 +483,12 @@ class ExactlyOncePipeline:
         """
         job_id = job_id or self.job_id
         for attempt in range(1, attempts + 1):
+            # Overlapped commits apply behind the driver: read once every slot applied the last decided epoch.
             self.wait_for_job(
-                lambda i: i.status == pb.JOB_STATUS_RUNNING, "RUNNING (to read its state)", 60, job_id=job_id
+                lambda i: i.status == pb.JOB_STATUS_RUNNING and i.applied_epoch == i.committed_epoch,
+                "RUNNING with its last epoch applied (to read its state)",
+                60,
+                job_id=job_id,
             )
             try:
                 before = self.client.routing(job_id, refresh=True).version

@@ -121,7 +121,8 @@ class EpochDriver:
                     self.reruns += 1
                 time.sleep(0.1)
                 continue
-            assert (
+            # Durable: a completed checkpoint holds the epoch, or (overlapped commits) its decision does.
+            assert (response.decided and response.committed_epoch >= start.epoch) or (
                 response.checkpoint is not None
                 and response.checkpoint.status is CheckpointStatus.COMPLETED
                 and response.checkpoint.epoch >= start.epoch

@@ -18,7 +18,7 @@ from keyedstate.common.batches import Winner
 from keyedstate.common.changesets import ChangeSetFile, change_set_name
 from keyedstate.common.errors import CorruptCheckpointError, InvalidArgumentError
 from keyedstate.common.storage import CheckpointStorage, open_storage
-from keyedstate.jobmanager.checkpoint.decisions import Decision, DecisionLog, DecisionRaceError, Seal
+from keyedstate.jobmanager.checkpoint.decisions import Decision, DecisionLog, DecisionRaceError, Seal, next_generation
 from tests.fixtures.s3 import s3_configuration
 
 LogFactory = Callable[[int], DecisionLog]
@@ -210,3 +210,12 @@ def test_bad_arguments_are_refused(log_factory: LogFactory) -> None:
         log_factory(-1)
     with pytest.raises(InvalidArgumentError, match="needs an epoch >= 0"):
         log_factory(0).decide(decision(-1, 0))
+
+
+def test_a_new_generation_is_above_every_generation_in_storage(log_factory: LogFactory) -> None:
+    g0 = log_factory(0)
+    assert next_generation(g0.storage, g0.job_dir) == 1, "an empty changelog starts at generation 1"
+    g0.decide(decision(0, 0))
+    assert next_generation(g0.storage, g0.job_dir) == 1
+    log_factory(3).decide(decision(0, 0))
+    assert next_generation(g0.storage, g0.job_dir) == 4, "numbers only grow, even past a gap"
