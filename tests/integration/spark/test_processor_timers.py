@@ -373,7 +373,8 @@ class ProcessingTimers(StatefulProcessor):
                     self.handle.registerTimer(now + {"a": 0, "b": 1, "c": 86_400_000}[str(page)])
         seen = self.seen.get()
         self.seen.update(((seen[0] if seen else 0) + n,))
-        timers = json.dumps([t - now for t in self.handle.listTimers()])
+        # Spark lists timers in its storage order (no promised order): compared sorted.
+        timers = json.dumps(sorted(t - now for t in self.handle.listTimers()))
         yield pd.DataFrame([(str(key[0]), "rows", now, -1, n, timers)], columns=PT_COLUMNS)
 
     def handleExpiredTimer(
@@ -381,7 +382,8 @@ class ProcessingTimers(StatefulProcessor):
     ) -> Iterator[Any]:
         now = timerValues.getCurrentProcessingTimeInMs()
         seen = self.seen.get()
-        timers = json.dumps([t - now for t in self.handle.listTimers()])
+        # Spark lists timers in its storage order (no promised order): compared sorted.
+        timers = json.dumps(sorted(t - now for t in self.handle.listTimers()))
         yield pd.DataFrame(
             [(str(key[0]), "timer", now, expiredTimerInfo.getExpiryTimeInMs(), seen[0] if seen else 0, timers)],
             columns=PT_COLUMNS,
