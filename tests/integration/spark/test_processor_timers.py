@@ -210,11 +210,17 @@ def spark_reference(
     return out
 
 
+EventTimeCase = tuple[Path, dict[int, Rows], set[tuple[str, int]]]
+"""The input files, Spark's output per batch, and the timers Spark's state holds at the end."""
+
+
 @pytest.fixture(scope="module")
-def event_time_reference(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, dict[int, Rows], set[tuple[str, int]]]:
-    work = tmp_path_factory.mktemp("tws-timers-reference")
+def event_time_reference(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> EventTimeCase:
+    return event_time_case(spark, tmp_path_factory.mktemp("tws-timers-reference"))
+
+
+def event_time_case(spark: SparkSession, work: Path) -> EventTimeCase:
+    """The EventTime case through Spark's own transformWithStateInPandas, checked to exercise every path."""
     batches = event_batches(seed=11)
     write_files(batches, work / "input")
     expected = spark_reference(spark, work / "input", work / "spark-checkpoint", TimerSessions(), "EventTime")
@@ -242,7 +248,13 @@ def run_ours(
     job_id: str,
     failures: str | None = None,
     around: Callable[[Callable[[Any, int], None], Any, int], None] | None = None,
+    after_sink: Callable[[int, int], None] | None = None,
 ) -> tuple[KeyedStateRuntime, dict[int, Rows], list[tuple[int, Rows]]]:
+    """The EventTime case on keyedstate as a streaming query: (runtime, the rows per batch, every delivery).
+
+    ``around(run, df, batch_id)`` wraps each batch (then through ``processor_batch``, else through
+    ``transform_with_state_in_pandas``); ``after_sink(batch_id, deliveries)`` runs after each sink call.
+    """
     runtime = KeyedStateRuntime(address, job_id, [processor_operator(TimerSessions(), "sessions", 2, "EventTime")])
     received: dict[int, Rows] = {}
     deliveries: list[tuple[int, Rows]] = []
@@ -250,6 +262,8 @@ def run_ours(
     def sink(pdf: pd.DataFrame, batch_id: int) -> None:  # idempotent per batch id, as foreachBatch asks
         received[batch_id] = _rows(pdf)
         deliveries.append((batch_id, received[batch_id]))
+        if after_sink is not None:
+            after_sink(batch_id, len(deliveries))
 
     stream = spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1).parquet(str(source))
     stream = stream.withWatermark("ts", DELAY)
@@ -292,7 +306,7 @@ def test_event_time_timers_give_sparks_output_exactly_once(
     inprocess_cluster: Callable[..., InProcessCluster],
     tmp_path: Path,
     backend: str,
-    event_time_reference: tuple[Path, dict[int, Rows], set[tuple[str, int]]],
+    event_time_reference: EventTimeCase,
 ) -> None:
     source, expected, spark_left = event_time_reference
     cluster = inprocess_cluster(taskmanagers=2, slots=1, backend=backend)
