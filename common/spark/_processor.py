@@ -604,7 +604,7 @@ class LocalTimers:
         key = self._task.key("deleteTimer")
         self._changes.setdefault(key, {})[_timestamp("deleteTimer", timestamp_ms)] = False
 
-    def list(self) -> Iterator[int]:
+    def current(self) -> Iterator[int]:
         """The current key's timers, ascending (a snapshot), with this task's changes."""
         key = self._task.key("listTimers")
         if self._all is None:
@@ -749,7 +749,7 @@ class ProcessorHandle:
         """The current key's timers, ascending."""
         if self.timers is None:
             raise _no_timers("list_timers")
-        return self.timers.list()
+        return self.timers.current()
 
     def flush(self) -> None:
         """Send every state's changes of the task (in the order init asked for the states), then its timers'."""
