@@ -13,8 +13,9 @@ The same processor classes run over the same micro-batches through Spark's
 * **ProcessingTime**: timers relative to the batch timestamp; the batch timestamps Spark recorded
   in its offset log are replayed into the runtime's injected clock, so outputs that contain
   processing times compare exactly.
-* **Exactly once**: on the keyedstate side the first attempt of every even task fails after its
-  writes were staged, one batch is delivered twice, and (in ``test_processor_timers_failover``)
+* **Exactly once**: on the keyedstate side the first attempt of each task fails at a step drawn from a
+  seed (before any key, in a key's rows, in a timer handler, after everything was staged, or not at all),
+  one batch is delivered twice, and (in ``test_processor_timers_failover``)
   a TaskManager process is killed mid-run.
 """
 
@@ -68,13 +69,39 @@ class TimerSessions(StatefulProcessor):
     "gap": its timer was not due yet, the watermark lags). The timer handler emits the session
     (reason "timer") with the timers the key has while the handler runs, and for users named
     ``r*`` registers a timer already due (it must fire in the next batch, as in Spark).
-    ``failures`` (keyedstate only): the first attempt of every even task fails in ``close``.
+    ``failures`` (keyedstate only): the first attempt of each task fails at a step drawn from
+    ``seed`` and the task (:data:`FAULT_STEPS`), and leaves a file naming it there.
     """
 
-    def __init__(self, failures: str | None = None) -> None:
+    def __init__(self, failures: str | None = None, seed: int = 0) -> None:
         self.failures = failures
+        self.seed = seed
+
+    def _maybe_fail(self, step: str) -> None:
+        if not self.failures:
+            return
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is None or ctx.attemptNumber() != 0:
+            return
+        if getattr(self, "_task", None) != ctx.taskAttemptId():
+            # The k-th first attempt of partition p draws its fault from (seed, p, k): the same schedule every run.
+            self._task = ctx.taskAttemptId()
+            p = ctx.partitionId()
+            k = len(list(Path(self.failures).glob(f"first-{p}-*")))
+            Path(self.failures, f"first-{p}-{k}").touch()
+            rnd = random.Random(f"{self.seed}-{p}-{k}")
+            self._fault, self._nth = rnd.choice(FAULT_STEPS), rnd.randrange(1, 4)
+            self._calls = dict.fromkeys(FAULT_STEPS, 0)
+        self._calls[step] += 1
+        # A step that repeats (a key's rows, a timer) fails at its nth call; a task with fewer lives on.
+        if step == self._fault and self._calls[step] == (self._nth if step in ("rows", "timer") else 1):
+            Path(self.failures, f"task-{ctx.taskAttemptId()}-{step}").touch()
+            raise RuntimeError(f"injected task failure at {step}")
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        self._maybe_fail("init")
         self.handle = handle
         self.session = handle.getValueState("session", "start long, last long, count long")
         self.pages = handle.getListState("pages", "page string")
@@ -86,6 +113,7 @@ class TimerSessions(StatefulProcessor):
         return (user, int(start), int(count), pages, reason, expiry, watermark, timers)
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[Any]:
+        self._maybe_fail("rows")
         user = str(key[0])
         watermark = timerValues.getCurrentWatermarkInMs()
         events = sorted((int(ms), str(p)) for pdf in rows for ms, p in zip(pdf["ms"], pdf["page"]))
@@ -114,6 +142,7 @@ class TimerSessions(StatefulProcessor):
     ) -> Iterator[Any]:
         user = str(key[0])
         expiry = expiredTimerInfo.getExpiryTimeInMs()
+        self._maybe_fail("timer")  # after earlier timers of the task fired and wrote
         watermark = timerValues.getCurrentWatermarkInMs()
         rows = []
         if self.session.exists():
@@ -127,15 +156,12 @@ class TimerSessions(StatefulProcessor):
         yield pd.DataFrame(rows, columns=OUT_DDL_COLUMNS)
 
     def close(self) -> None:
-        if self.failures:
-            from pyspark import TaskContext
-
-            ctx = TaskContext.get()
-            if ctx is not None and ctx.attemptNumber() == 0 and ctx.partitionId() % 2 == 0:
-                Path(self.failures, f"task-{ctx.taskAttemptId()}").touch()
-                raise RuntimeError("injected task failure after the writes were staged")
+        self._maybe_fail("close")  # after the task's writes and fired timers were staged
 
 
+FAULT_STEPS = ("none", "init", "rows", "timer", "close")
+"""Where a task's first attempt fails: nowhere, before any key, in a key's rows, in a timer's handler, after
+everything was staged."""
 OUT_DDL_COLUMNS = ["user", "start", "count", "pages", "reason", "expiry", "watermark", "timers"]
 Rows = list[tuple[Any, ...]]
 
@@ -247,6 +273,7 @@ def run_ours(
     checkpoint: Path,
     job_id: str,
     failures: str | None = None,
+    seed: int = 0,
     around: Callable[[Callable[[Any, int], None], Any, int], None] | None = None,
     after_sink: Callable[[int, int], None] | None = None,
 ) -> tuple[KeyedStateRuntime, dict[int, Rows], list[tuple[int, Rows]]]:
@@ -270,7 +297,7 @@ def run_ours(
     if around is None:  # the one-line migration of transformWithStateInPandas
         writer = runtime.transform_with_state_in_pandas(
             stream,
-            TimerSessions(failures),
+            TimerSessions(failures, seed),
             key_col="user",
             output_schema=OUT_DDL,
             sink=sink,
@@ -280,7 +307,7 @@ def run_ours(
         )
     else:
         on_batch = runtime.processor_batch(
-            TimerSessions(failures),
+            TimerSessions(failures, seed),
             key_col="user",
             output_schema=OUT_DDL,
             sink=sink,
@@ -300,12 +327,13 @@ def remaining_timers(runtime: KeyedStateRuntime) -> set[tuple[str, int]]:
     return {(t.key, t.timestamp_ms) for t in timers.due(TimeDomain.EVENT_TIME, (1 << 63) - 1)}
 
 
-@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+@pytest.mark.parametrize(("backend", "seed"), [("rocksdb", 1), ("hashmap", 2)])
 def test_event_time_timers_give_sparks_output_exactly_once(
     spark: SparkSession,
     inprocess_cluster: Callable[..., InProcessCluster],
     tmp_path: Path,
     backend: str,
+    seed: int,
     event_time_reference: EventTimeCase,
 ) -> None:
     source, expected, spark_left = event_time_reference
@@ -319,12 +347,13 @@ def test_event_time_timers_give_sparks_output_exactly_once(
             run(df, batch_id)  # delivered again (a driver restart before Spark recorded it): already committed
 
     runtime, received, deliveries = run_ours(
-        spark, cluster.address, source, tmp_path / "checkpoint", f"tws-timers-{backend}", str(tmp_path), twice
+        spark, cluster.address, source, tmp_path / "checkpoint", f"tws-timers-{backend}", str(tmp_path), seed, twice
     )
     assert received == expected  # every batch: the same rows as Spark, timers fired once
     assert [b for b, _ in deliveries] == sorted(expected)  # each batch reached the sink once
     assert runtime.batches_skipped == 1
-    assert len(list(tmp_path.glob("task-*"))) >= len(expected)  # failed first attempts in every batch
+    # The seeded faults hit every step somewhere: before any key, in rows, in a timer handler, after staging.
+    assert {f.name.split("-")[-1] for f in tmp_path.glob("task-*")} == set(FAULT_STEPS) - {"none"}
     # The timers left registered are Spark's: the flush key's own and those handlers registered in the last batch.
     assert remaining_timers(runtime) == spark_left and len(spark_left) > 1
 
