@@ -616,8 +616,16 @@ class KeyedStateRuntime:
                 raise InvalidArgumentError(
                     f"the DataFrame has no column {column!r} to group by (columns: {df.columns})"
                 )
+        mode = parse_time_mode(time_mode)
         if not isinstance(key_col, str):
-            check_timer_grouping(df, key_col, parse_time_mode(time_mode))
+            check_timer_grouping(df, key_col, mode)
+        if mode == "EventTime" and event_time_column(df) is None:
+            # Spark (4.3, measured) accepts this too: the watermark stays 0 and event-time timers wait for it.
+            logger.warning(
+                "job %s: time_mode 'EventTime' on a stream without withWatermark: the watermark stays 0, so "
+                "event-time timers after 1970 never fire; call withWatermark on the event-time column first",
+                self.job_id,
+            )
         on_batch = self.processor_batch(
             processor,
             key_col=key_col,
