@@ -196,3 +196,43 @@ def twsip_processor() -> Any:
             pass
 
     return Sessionize()
+
+
+def twsip_timer_processor() -> Any:
+    """:func:`twsip_processor` in timeMode "EventTime": an event-time timer at the session's last event + GAP_S
+    closes it (``handleExpiredTimer``), as well as a later event more than GAP_S after it."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class TimerSessionize(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.handle = handle
+            self.session = handle.getValueState(SESSION, "start long, last long, count long")
+            self.times = handle.getListState(TIMES, "ts long")
+
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+            new: list[int] = sorted(t for pdf in rows for t in pdf["ts"].tolist())
+            old: Session | None = None
+            if self.session.exists():
+                start, last, count = self.session.get()
+                old = (int(start), int(last), int(count))
+                self.handle.deleteTimer((old[1] + GAP_S) * 1000)
+            session, closed, tail = advance(old, new)
+            if tail is None:
+                self.times.appendList([(t,) for t in new])
+            else:
+                self.times.put([(t,) for t in new[tail:]])
+            self.session.update(session)
+            self.handle.registerTimer((session[1] + GAP_S) * 1000)  # ms, the watermark's unit
+            yield _closed_frame(int(key[0]), closed)
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+            if self.session.exists():
+                start, last, count = (int(x) for x in self.session.get())
+                self.session.clear()
+                self.times.clear()
+                yield _closed_frame(int(key[0]), [(start, count, last - start)])
+
+        def close(self) -> None:
+            pass
+
+    return TimerSessionize()

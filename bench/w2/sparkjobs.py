@@ -30,12 +30,18 @@ def ship_executor_code() -> None:
     cloudpickle.register_pickle_by_value(executor)
 
 
-def _stream(spark: Any, data: W2Data) -> Any:
-    return (
+def _stream(spark: Any, data: W2Data, event_time: bool = False) -> Any:
+    """The events; ``event_time``: with an ``event_time`` column (from ``ts``) under a zero-delay watermark."""
+    stream = (
         spark.readStream.schema(SCHEMA_DDL)
         .option("maxFilesPerTrigger", data.files_per_batch)
         .parquet(str(data.directory))
     )
+    if event_time:
+        from pyspark.sql import functions as F
+
+        stream = stream.withColumn("event_time", F.timestamp_seconds("ts")).withWatermark("event_time", "0 seconds")
+    return stream
 
 
 class ClosedSessions:
@@ -145,23 +151,31 @@ def read_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]
 
 
 # -- ours, running Spark's StatefulProcessor unchanged ------------------------------------------
-def run_ours_tws(spark: Any, data: W2Data, jobmanager: str, job_id: str, parallelism: int, workdir: Path) -> W2Run:
-    """tWSiP's StatefulProcessor class, unchanged, on this runtime (``processor_batch``): epochs and checkpoints as ours."""
+def run_ours_tws(
+    spark: Any, data: W2Data, jobmanager: str, job_id: str, parallelism: int, workdir: Path, timers: bool = False
+) -> W2Run:
+    """tWSiP's StatefulProcessor class, unchanged, on this runtime (``processor_batch``): epochs and checkpoints as ours.
+
+    ``timers``: the EventTime processor that also closes sessions by timer (:func:`executor.twsip_timer_processor`).
+    """
     from keyedstate.common.spark import KeyedStateRuntime, processor_operator
 
     closed = ClosedSessions()
-    operator = processor_operator(executor.twsip_processor(), executor.OPERATOR, parallelism)
+    mode = "EventTime" if timers else "None"
+    make = executor.twsip_timer_processor if timers else executor.twsip_processor
+    operator = processor_operator(make(), executor.OPERATOR, parallelism, time_mode=mode)
     runtime = KeyedStateRuntime(jobmanager, job_id, [operator])
     try:
-        stream = _stream(spark, data)
+        stream = _stream(spark, data, event_time=timers)
         writer = runtime.transform_with_state_in_pandas(
             stream,
-            executor.twsip_processor(),
+            make(),
             key_col="user",
             output_schema=executor.CLOSED_DDL,
             sink=closed.add_table,
             sink_format="arrow",  # as ours: the emitted rows are gathered on the driver without a Spark job
             operator=executor.OPERATOR,
+            time_mode=mode,
         ).option("checkpointLocation", str(workdir / "spark-checkpoint-ours-tws"))
         query = run_query_with_progress(writer)
         result = closed.sessions("W2 ours-tWS", read_tws_state(runtime, data.users))
@@ -233,18 +247,21 @@ def _aipws_open(spark: Any, checkpoint: Path) -> dict[int, tuple[int, tuple[int,
 
 
 # -- transformWithStateInPandas ----------------------------------------------------------------
-def run_twsip(spark: Any, data: W2Data, workdir: Path) -> W2Run:
-    """``transformWithStateInPandas`` with a ListState of times and a ValueState with the start (append mode)."""
+def run_twsip(spark: Any, data: W2Data, workdir: Path, timers: bool = False) -> W2Run:
+    """``transformWithStateInPandas`` with a ListState of times and a ValueState with the start (append mode).
+
+    ``timers``: the EventTime processor that also closes sessions by timer.
+    """
     closed = ClosedSessions()
     checkpoint = workdir / "spark-checkpoint-twsip"
     out = (
-        _stream(spark, data)
+        _stream(spark, data, event_time=timers)
         .groupBy("user")
         .transformWithStateInPandas(
-            statefulProcessor=executor.twsip_processor(),
+            statefulProcessor=executor.twsip_timer_processor() if timers else executor.twsip_processor(),
             outputStructType=executor.CLOSED_DDL,
             outputMode="Append",
-            timeMode="None",
+            timeMode="EventTime" if timers else "None",
         )
     )
     query = _collected(out, closed, checkpoint)

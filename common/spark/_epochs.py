@@ -39,6 +39,7 @@ retried or re-executed task applies its writes again (at-least-once).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import threading
@@ -85,10 +86,15 @@ from keyedstate.common.spark._credentials import executor_token_name, spark_file
 from keyedstate.common.spark._modes import BatchMode, ReduceInto
 from keyedstate.common.spark._processor import (
     COMPOSITE_KEY,
+    TIMER_DOMAINS,
     ProcessorPartition,
     build_plan,
+    check_timer_grouping,
+    drop_late_rows,
+    event_time_column,
     key_serializer_for,
     output_sink,
+    parse_time_mode,
     with_composite_key,
     with_initial_state,
 )
@@ -135,6 +141,7 @@ class PartitionState:
         epoch: EpochScope | None,
         batch_id: int = -1,
         times: BatchTimes | None = None,
+        partition: int = -1,
     ) -> None:
         self.client = client
         self.job_id = job_id
@@ -144,7 +151,19 @@ class PartitionState:
         """The Spark batch id this task runs for."""
         self.times = times
         """The batch's watermark and processing time (None: the batch fires no timers)."""
+        self.partition = partition
+        """The Spark partition the task runs (in the keyed mode: the operator's subtask it serves)."""
         self._handles: dict[tuple[Any, ...], Any] = {}
+
+    def key_groups(self) -> range:
+        """The key groups of this task's subtask (keyed mode: partition ``i`` holds every key of subtask ``i``)."""
+        if self.partition < 0:
+            raise InvalidArgumentError("this task has no partition, so no key groups of its own")
+        routing = self.client.routing(self.job_id)
+        groups = key_group_range_for_subtask(
+            routing.max_parallelism, routing.operator(self.operator_id).parallelism, self.partition
+        )
+        return range(groups.start, groups.end + 1)
 
     @property
     def epoch(self) -> int | None:
@@ -277,6 +296,11 @@ class BatchOptions:
     on_timer: TimerFn | None = None
     """Called per task with its fired timers, after ``process`` (None: the batches fire no timers)."""
     timers_state: str = "timers"
+    read_times: bool = False
+    """Give ``process`` the batch's times (``state.times``) without ``on_timer``: a StatefulProcessor's timers."""
+    drop_late_events: bool = False
+    """Drop the rows whose event time (the ``withWatermark`` column) is at or before the previous batch's
+    watermark before ``process`` sees them, as Spark's EventTime ``transformWithState`` does."""
 
 
 class KeyedStateRuntime:
@@ -504,7 +528,13 @@ class KeyedStateRuntime:
         each batch's output on the driver before the commit, as a Spark DataFrame
         (``sink_format="spark"``), a pandas DataFrame (``"pandas"``) or a pyarrow Table
         (``"arrow"``); write it idempotently per ``batch_id`` (a batch can run again).
-        ``time_mode``: ``"None"`` only (timers are not offered yet). ``spark``: the session the
+        ``time_mode``: Spark's ``timeMode``: ``"None"``, or ``"ProcessingTime"`` / ``"EventTime"`` with
+        timers (the operator then declares the timers state: ``processor_operator(..., time_mode=...)``):
+        ``registerTimer``/``deleteTimer``/``listTimers`` per key, staged in the task's epoch, and
+        ``handleExpiredTimer`` for the timers due at the batch timestamp / watermark after the task's
+        rows; with ``"EventTime"`` rows at or before the previous batch's watermark are dropped, as in
+        Spark. ``TimerValues`` carry the batch timestamp and watermark Spark recorded for the batch
+        (-1, -1 in mode ``"None"``). ``spark``: the session the
         Spark DataFrames are built in (default: the active one). ``initial_state``: a DataFrame
         with ``key_col`` (Spark's ``initialState``, not grouped): in the query's first batch
         (``batch_id`` 0) each of its keys goes through ``handleInitialState`` before its rows, in
@@ -521,8 +551,9 @@ class KeyedStateRuntime:
         plan, output = build_plan(
             processor, self.operators, op, state_key, key_serializer, output_schema, time_mode, initial_state, grouping
         )
+        partition = ProcessorPartition(processor, plan)
         runner = self.foreach_batch(
-            ProcessorPartition(processor, plan),
+            partition,
             key_col=state_key,
             operator=op,
             key_serializer=key_serializer,
@@ -533,6 +564,14 @@ class KeyedStateRuntime:
             max_batch_attempts=max_batch_attempts,
             batch_timeout_s=batch_timeout_s,
         )
+        timers = plan.time_mode in TIMER_DOMAINS
+        if timers:
+            assert isinstance(runner, _BatchRunner)
+            # TimerValues in every task, and (EventTime) late rows dropped before the processor, as Spark does.
+            options = dataclasses.replace(
+                runner.options, read_times=True, drop_late_events=plan.time_mode == "EventTime"
+            )
+            runner = _BatchRunner(self, partition, options)
         if initial_state is None and not grouping:
             return runner
         initial = (
@@ -541,6 +580,7 @@ class KeyedStateRuntime:
 
         def batch(df: Any, batch_id: int) -> None:
             if grouping:
+                check_timer_grouping(df, grouping, plan.time_mode)
                 df = with_composite_key(df, grouping)
             # The initial state in batch 0 only, as Spark applies it; a re-run of it is deduplicated by its epoch.
             if initial is not None and batch_id == 0:
@@ -576,6 +616,16 @@ class KeyedStateRuntime:
                 raise InvalidArgumentError(
                     f"the DataFrame has no column {column!r} to group by (columns: {df.columns})"
                 )
+        mode = parse_time_mode(time_mode)
+        if not isinstance(key_col, str):
+            check_timer_grouping(df, key_col, mode)
+        if mode == "EventTime" and event_time_column(df) is None:
+            # Spark (4.3, measured) accepts this too: the watermark stays 0 and event-time timers wait for it.
+            logger.warning(
+                "job %s: time_mode 'EventTime' on a stream without withWatermark: the watermark stays 0, so "
+                "event-time timers after 1970 never fire; call withWatermark on the event-time column first",
+                self.job_id,
+            )
         on_batch = self.processor_batch(
             processor,
             key_col=key_col,
@@ -649,10 +699,20 @@ class _BatchRunner:
         self._o = options
         self._times: BatchTimes | None = None
 
+    @property
+    def options(self) -> BatchOptions:
+        """How this function runs batches."""
+        return self._o
+
     def __call__(self, df: Any, batch_id: int) -> None:
         started = time.perf_counter()
         # Read once per call: every run of the batch fires timers at the same times.
-        self._times = batch_times(df, batch_id, _query_id(df), self._rt.clock) if self._o.on_timer is not None else None
+        wants_times = self._o.on_timer is not None or self._o.read_times
+        self._times = batch_times(df, batch_id, _query_id(df), self._rt.clock) if wants_times else None
+        if self._o.drop_late_events and self._times is not None and self._times.late_watermark_ms is not None:
+            column = event_time_column(df)
+            if column is not None:
+                df = drop_late_rows(df, column, self._times.late_watermark_ms)
         if not self._o.exactly_once:
             self._rt.batch_attempts += 1
             routing = self._rt.client.routing(self._rt.job_id, refresh=True)
@@ -899,14 +959,14 @@ def _task_function(
         if plan.epoch >= 0:
             scope = EpochScope.for_task(plan.epoch, partition, attempt, routing_version=plan.routing_version)
         client = worker_client(plan.address, plan.security, plan.token_name)
-        state = PartitionState(client, plan.job_id, plan.operator_id, scope, batch_id=plan.batch_id, times=plan.times)
+        state = PartitionState(
+            client, plan.job_id, plan.operator_id, scope, batch_id=plan.batch_id, times=plan.times, partition=partition
+        )
         # The output is drained before the winner is read: a generator ``process`` writes state as it yields.
         if on_timer is None or plan.times is None:
             output = _encode_output(process(iter(batches), state), plan.output_schema)
         else:
-            output = _encode_output(
-                _rows_then_timers(plan, process, on_timer, batches, state, partition), plan.output_schema
-            )
+            output = _encode_output(_rows_then_timers(plan, process, on_timer, batches, state), plan.output_schema)
         winner = winner_to_bytes(scope.winner()) if scope is not None else b""
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "attempt": [attempt], "winner": [winner], "output": [output]},
@@ -924,20 +984,15 @@ def _rows_then_timers(
     on_timer: TimerFn,
     batches: Iterable[Any],
     state: PartitionState,
-    partition: int,
 ) -> Iterator[Any]:
     """Spark's order: the task's input rows through ``process`` first, then its due timers through ``on_timer``."""
     result = process(iter(batches), state)
     if result is not None:
         yield from result
     assert plan.times is not None
-    routing = state.client.routing(plan.job_id)
     # Partition i holds the keys of subtask i (keyed mode), so it fires the timers of that subtask's key groups.
-    groups = key_group_range_for_subtask(
-        routing.max_parallelism, routing.operator(plan.operator_id).parallelism, partition
-    )
     timers = state.timers(plan.timers_state, key_serializer=plan.key_serializer)
-    fired = fire_due(timers, plan.times, range(groups.start, groups.end + 1))
+    fired = fire_due(timers, plan.times, state.key_groups())
     if fired:
         handled = on_timer(iter(fired), state)
         if handled is not None:

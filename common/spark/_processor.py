@@ -29,24 +29,36 @@ and yields pandas DataFrames) runs here as a keyed ``foreach_batch``:
 An ``initial_state`` DataFrame (Spark's ``initialState``) travels with the query's first batch,
 marked per row, and each of its keys goes through ``handleInitialState`` before its rows.
 
-``timeMode`` "None" only: timers (``registerTimer``, ``handleExpiredTimer``) need the runtime's
-timer service, and the other time modes are refused with an error saying so.
+Timers (``timeMode`` "ProcessingTime" or "EventTime") go through the runtime's
+:class:`~keyedstate.common.client.TimerService`, on a TIMERS state the operator declares
+(:func:`processor_operator` with the time mode): ``registerTimer``/``deleteTimer`` are kept per key
+in the task and staged with its other writes; after the task's last key, the timers due at the
+batch's time (the batch timestamp, or the watermark) as they stood when the rows were done go
+through ``handleExpiredTimer``, each deleted once its handler has run, as Spark 4 does.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from keyedstate.common.client import TimeDomain, timers_state
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind, TtlConfig
 from keyedstate.common.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
 TIME_MODES = ("None", "ProcessingTime", "EventTime")
+TIMER_DOMAINS = {"ProcessingTime": TimeDomain.PROCESSING_TIME, "EventTime": TimeDomain.EVENT_TIME}
+"""The time modes with timers, and the domain their timers live in."""
+TIMERS_STATE = "tws.timers"
+"""The TIMERS state of a processor's operator in a timer mode (a name Spark's state variables do not take:
+:func:`processor_states` refuses it)."""
 SINK_FORMATS = ("spark", "pandas", "arrow")
 MAX_ROWS_PER_FRAME = 10_000
 """A key's rows reach ``handleInputRows`` in DataFrames of at most this many rows, as Spark's
@@ -83,6 +95,10 @@ class _Recorder:
 
     def _add(self, state: ProcessorState) -> _Unbound:
         _check_name(state.name)
+        if state.name == TIMERS_STATE:
+            raise InvalidArgumentError(
+                f"state name {TIMERS_STATE!r} is the runtime's (it holds the processor's timers); rename the state variable"
+            )
         known = self.states.get(state.name)
         if known is not None and known != state:
             raise InvalidArgumentError(
@@ -176,26 +192,47 @@ def processor_states(processor: Any) -> tuple[ProcessorState, ...]:
     return tuple(recorder.states.values())
 
 
-def processor_operator(processor: Any, operator_id: str, parallelism: int) -> OperatorSpec:
-    """The operator a job runs ``processor`` in: one state descriptor per state its ``init`` declares."""
-    return OperatorSpec(operator_id, parallelism, tuple(s.descriptor() for s in processor_states(processor)))
+def parse_time_mode(time_mode: Any) -> str:
+    """Spark's ``timeMode`` in its canonical spelling (matched case-insensitively, as Spark does)."""
+    mode = next((m for m in TIME_MODES if m.lower() == str(time_mode).lower()), None)
+    if mode is None:
+        raise InvalidArgumentError(f"time_mode {time_mode!r} is not one of {', '.join(TIME_MODES)}")
+    return mode
 
 
-def check_operator(states: Sequence[ProcessorState], operators: Sequence[OperatorSpec], operator: str) -> None:
-    """InvalidArgumentError naming the fix unless ``operator`` declares every state of the processor, alike."""
+def processor_operator(processor: Any, operator_id: str, parallelism: int, time_mode: str = "None") -> OperatorSpec:
+    """The operator a job runs ``processor`` in: one state descriptor per state its ``init`` declares.
+
+    ``time_mode`` "ProcessingTime" or "EventTime" (the query's ``timeMode``) adds the TIMERS state
+    :data:`TIMERS_STATE` that holds the processor's timers.
+    """
+    states = tuple(s.descriptor() for s in processor_states(processor))
+    if parse_time_mode(time_mode) in TIMER_DOMAINS:
+        states += (timers_state(TIMERS_STATE),)
+    return OperatorSpec(operator_id, parallelism, states)
+
+
+def check_operator(
+    states: Sequence[ProcessorState], operators: Sequence[OperatorSpec], operator: str, time_mode: str = "None"
+) -> None:
+    """InvalidArgumentError naming the fix unless ``operator`` declares every state of the processor, alike
+    (and, in a timer mode, the timers state)."""
     spec = next((op for op in operators if op.operator_id == operator), None)
     if spec is None:
         raise InvalidArgumentError(
             f"the job has no operator {operator!r} (operators: {', '.join(op.operator_id for op in operators)})"
         )
     declared = {d.name: d for d in spec.states}
-    for s in states:
-        want = s.descriptor()
-        have = declared.get(s.name)
+    wanted = [s.descriptor() for s in states]
+    if time_mode in TIMER_DOMAINS:
+        wanted.append(timers_state(TIMERS_STATE))
+    for want in wanted:
+        have = declared.get(want.name)
         if have != want:
             raise InvalidArgumentError(
-                f"operator {operator!r} declares state {s.name!r} as {have}, but the processor's init asks for {want}; "
-                "submit the job with processor_operator(processor, ...) so the two agree"
+                f"operator {operator!r} declares state {want.name!r} as {have}, but the processor "
+                f"(time_mode {time_mode!r}) needs {want}; submit the job with "
+                f"processor_operator(processor, ..., time_mode={time_mode!r}) so the two agree"
             )
 
 
@@ -518,17 +555,122 @@ class LocalMapState:
             handle.put_many([p[0] for p in puts], [p[1] for p in puts], [p[2] for p in puts])
 
 
+def _timestamp(what: str, value: Any) -> int:
+    """A timer's timestamp as an int (numpy integers too); InvalidArgumentError for anything else."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgumentError(
+            f"{what} takes an int timestamp in milliseconds, got {type(value).__name__} {value!r}"
+        )
+    return operator.index(value)
+
+
+class LocalTimers:
+    """The handle's timer calls for one task: ``registerTimer``/``deleteTimer``/``listTimers`` of the current key.
+
+    Registrations and deletions are kept per key and sent in bulk at the end of the task, staged
+    in its epoch like every other write. The timers stored before the batch are read when needed:
+    the due ones once, before the first key (:meth:`load_due`); all of the task's once, on the
+    first ``listTimers``.
+    """
+
+    def __init__(self, task: _Task, domain: TimeDomain) -> None:
+        self._task = task
+        self.domain = domain
+        self._due: dict[Any, set[int]] | None = None
+        self._due_limit: int | None = None
+        self._all: dict[Any, set[int]] | None = None
+        self._changes: dict[Any, dict[int, bool]] = {}
+        """key -> timestamp -> registered (True) or deleted (False) in this task."""
+
+    def _service(self) -> Any:
+        return self._task.state.timers(TIMERS_STATE, key_serializer=self._task.key_serializer)
+
+    def _read(self, up_to_ms: int) -> dict[Any, set[int]]:
+        stored: dict[Any, set[int]] = {}
+        for t in self._service().due(self.domain, up_to_ms, self._task.state.key_groups()):
+            stored.setdefault(t.key, set()).add(t.timestamp_ms)
+        return stored
+
+    def load_due(self, up_to_ms: int) -> set[Any]:
+        """Read the stored timers due at ``up_to_ms`` (one bounded scan per key group); the keys that have one."""
+        self._due, self._due_limit = self._read(up_to_ms), up_to_ms
+        return set(self._due)
+
+    def register(self, timestamp_ms: Any) -> None:
+        key = self._task.key("registerTimer")
+        self._changes.setdefault(key, {})[_timestamp("registerTimer", timestamp_ms)] = True
+
+    def delete(self, timestamp_ms: Any) -> None:
+        key = self._task.key("deleteTimer")
+        self._changes.setdefault(key, {})[_timestamp("deleteTimer", timestamp_ms)] = False
+
+    def current(self) -> Iterator[int]:
+        """The current key's timers, ascending (a snapshot), with this task's changes."""
+        key = self._task.key("listTimers")
+        if self._all is None:
+            self._all = self._read(_MAX_TIMESTAMP)
+        timers = set(self._all.get(key, ()))
+        for ts, registered in self._changes.get(key, {}).items():
+            if registered:
+                timers.add(ts)
+            else:
+                timers.discard(ts)
+        return iter(sorted(timers))
+
+    def expired(self) -> list[tuple[int, Any]]:
+        """(timestamp, key) of every timer due at :meth:`load_due`'s time as the task stands now, ascending."""
+        if self._due is None or self._due_limit is None:
+            raise RuntimeError("LocalTimers.expired before load_due")
+        limit = self._due_limit
+        due = {(ts, k) for k, stamps in self._due.items() for ts in stamps}
+        for key, changes in self._changes.items():
+            for ts, registered in changes.items():
+                if registered and ts <= limit:
+                    due.add((ts, key))
+                elif not registered:
+                    due.discard((ts, key))
+        return sorted(due)  # by time, then key, as Spark's timer index orders them
+
+    def fired(self, key: Any, timestamp_ms: int) -> None:
+        """Delete a timer whose handler has run (a registration of the same timestamp by the handler too)."""
+        self._changes.setdefault(key, {})[timestamp_ms] = False
+
+    def flush(self) -> None:
+        """Send the task's changes in bulk: one delete and one register call."""
+        if not self._changes:
+            return
+        service = self._service()
+        deleted = [(k, ts) for k, c in self._changes.items() for ts, registered in c.items() if not registered]
+        added = [(k, ts) for k, c in self._changes.items() for ts, registered in c.items() if registered]
+        if deleted:
+            service.delete_many(self.domain, [k for k, _ in deleted], [ts for _, ts in deleted])
+        if added:
+            service.register_many(self.domain, [k for k, _ in added], [ts for _, ts in added])
+
+
+_MAX_TIMESTAMP = (1 << 63) - 1
+
 LocalState = LocalValueState | LocalListState | LocalMapState
 
 
 class ProcessorHandle:
     """PySpark's ``StatefulProcessorHandle`` for one task: the states ``init`` asks for, bound to the task's epoch."""
 
-    def __init__(self, task: _Task, specs: dict[str, ProcessorState], schemas: dict[str, tuple[Any, Any]]) -> None:
+    def __init__(
+        self,
+        task: _Task,
+        specs: dict[str, ProcessorState],
+        schemas: dict[str, tuple[Any, Any]],
+        time_mode: str = "None",
+    ) -> None:
         self._task = task
         self._specs = specs
         self._schemas = schemas
+        self._time_mode = time_mode
         self.states: dict[str, LocalState] = {}
+        domain = TIMER_DOMAINS.get(time_mode)
+        self.timers = LocalTimers(task, domain) if domain is not None else None
+        """The task's timers (None in time mode "None": the timer calls are errors, as in Spark)."""
 
     @classmethod
     def bound(
@@ -538,9 +680,16 @@ class ProcessorHandle:
         key_serializer: str,
         states: Sequence[ProcessorState],
         schemas: dict[str, tuple[Any, Any]],
+        time_mode: str = "None",
     ) -> ProcessorHandle:
-        """A handle for one task: ``state`` is its :class:`PartitionState`, ``keys`` every grouping key it will process."""
-        return cls(_Task(state, keys, key_serializer), {s.name: s for s in states}, schemas)
+        """A handle for one task: ``state`` is its :class:`PartitionState`, ``keys`` every grouping key it will
+        process (states read in bulk are read for these keys)."""
+        return cls(_Task(state, keys, key_serializer), {s.name: s for s in states}, schemas, time_mode)
+
+    def add_keys(self, keys: Iterator[Any] | set[Any]) -> None:
+        """More grouping keys the task will process (keys with due timers only), before any state is read."""
+        known = set(self._task.keys)
+        self._task.keys.extend(k for k in keys if k not in known)
 
     def set_key(self, key: Any) -> None:
         """The grouping key the states act on until the next call (Spark's implicit key)."""
@@ -585,23 +734,37 @@ class ProcessorHandle:
         raise _no_delete_if_exists(stateName)
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
-        raise _no_timers("registerTimer")
+        """Call the current key back through ``handleExpiredTimer`` once the mode's time reaches ``expiryTimestampMs``."""
+        if self.timers is None:
+            raise _no_timers("register_timer")
+        self.timers.register(expiryTimestampMs)
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
-        raise _no_timers("deleteTimer")
+        """Delete the current key's timer at ``expiryTimestampMs`` (an absent one is no error)."""
+        if self.timers is None:
+            raise _no_timers("delete_timer")
+        self.timers.delete(expiryTimestampMs)
 
     def listTimers(self) -> Iterator[int]:
-        raise _no_timers("listTimers")
+        """The current key's timers, ascending."""
+        if self.timers is None:
+            raise _no_timers("list_timers")
+        return self.timers.current()
 
     def flush(self) -> None:
-        """Send every state's changes of the task (in the order init asked for the states)."""
+        """Send every state's changes of the task (in the order init asked for the states), then its timers'."""
         for state in self.states.values():
             state.flush()
+        if self.timers is not None:
+            self.timers.flush()
 
 
-def _no_timers(what: str) -> InvalidArgumentError:
+def _no_timers(operation: str) -> InvalidArgumentError:
+    # Spark's own error class and wording, with the fix.
     return InvalidArgumentError(
-        f"{what}: timers need timeMode 'ProcessingTime' or 'EventTime'; this query runs with 'None'"
+        "[STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE] Failed to perform stateful processor "
+        f"operation={operation} with invalid timeMode=NoTime; run the query with time_mode 'ProcessingTime' or "
+        "'EventTime' to use timers"
     )
 
 
@@ -620,6 +783,17 @@ class _ProcessorPlan:
     """The initial state's columns (empty: no initial state)."""
     grouping: tuple[str, ...] = ()
     """The grouping columns when there are several: ``key_col`` is then :data:`COMPOSITE_KEY`, their JSON."""
+
+    def key_tuple(self, key: Any) -> tuple[Any, ...]:
+        """The grouping key Spark passes for a state key (a key with a due timer and no rows in the batch).
+
+        Several grouping columns: the values of the JSON object their state key is, in column order
+        (exact for the string, integral and boolean columns a timer mode allows).
+        """
+        if not self.grouping:
+            return (key,)
+        values = json.loads(key)
+        return tuple(values.get(c) for c in self.grouping)
 
 
 COMPOSITE_KEY = "__keyedstate_key"
@@ -688,28 +862,39 @@ class ProcessorPartition:
     def __call__(self, batches: Iterator[Any], state: Any) -> list[Any] | None:
         import pyarrow as pa
         import pyarrow.compute as pc
-        from pyspark.sql.streaming.stateful_processor import TimerValues
+        from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
 
-        present = [b for b in batches if b.num_rows]
-        if not present:
-            return None
         plan = self.plan
-        table = pa.Table.from_batches(present)
-        if table.column(plan.key_col).null_count:
-            raise InvalidArgumentError(
-                f"column {plan.key_col!r} holds nulls; filter them out before the processor (a null key has no key group)"
-            )
+        present = [b for b in batches if b.num_rows]
+        groups: _Groups | None = None
         initial: _Groups | None = None
-        if INITIAL_FLAG in table.column_names:
-            flag = table.column(INITIAL_FLAG)
-            inputs = table.column_names[: table.column_names.index(INITIAL_FLAG)]
-            extra = [COMPOSITE_KEY] if plan.grouping else []
-            initial = _Groups(table.filter(flag).select([*plan.initial_columns, *extra]), plan.key_col, plan.grouping)
-            table = table.filter(pc.invert(flag)).select(inputs)
-        groups = _Groups(table, plan.key_col, plan.grouping)
-        keys = sorted(set(groups.bounds) | set(initial.bounds if initial is not None else ()))
-        handle = ProcessorHandle.bound(state, keys, plan.key_serializer, plan.states, plan.schemas)
-        timer_values = TimerValues(-1, -1)
+        if present:
+            table = pa.Table.from_batches(present)
+            if table.column(plan.key_col).null_count:
+                raise InvalidArgumentError(
+                    f"column {plan.key_col!r} holds nulls; filter them out before the processor (a null key has no key group)"
+                )
+            if INITIAL_FLAG in table.column_names:
+                flag = table.column(INITIAL_FLAG)
+                inputs = table.column_names[: table.column_names.index(INITIAL_FLAG)]
+                extra = [COMPOSITE_KEY] if plan.grouping else []
+                initial = _Groups(
+                    table.filter(flag).select([*plan.initial_columns, *extra]), plan.key_col, plan.grouping
+                )
+                table = table.filter(pc.invert(flag)).select(inputs)
+            groups = _Groups(table, plan.key_col, plan.grouping)
+        keys = sorted(set(groups.bounds if groups is not None else ()) | set(initial.bounds if initial else ()))
+        handle = ProcessorHandle.bound(
+            state, list(keys), plan.key_serializer, plan.states, plan.schemas, plan.time_mode
+        )
+        timer_values, due_at = _timer_values(plan.time_mode, state.times)
+        if handle.timers is not None and due_at is not None:
+            # The stored timers due now, read before any key: their keys join the task's bulk reads.
+            handle.add_keys(handle.timers.load_due(due_at))
+        elif not keys:
+            return None
+        if not keys and handle.timers is not None and not handle.timers.expired():
+            return None  # nothing to do: no rows, no due timer (init and close are not called)
         out: list[Any] = []
         self.processor.init(handle)
         try:
@@ -719,21 +904,59 @@ class ProcessorPartition:
                 if initial is not None:
                     for chunk in initial.frames(key) or ():
                         self.processor.handleInitialState(initial.key_tuples[key], chunk, timer_values)
-                rows = groups.frames(key)
+                rows = groups.frames(key) if groups is not None else None
                 if rows is None:
                     continue
-                result = self.processor.handleInputRows(groups.key_tuples[key], rows, timer_values)
-                # Drained while the key is set: a generator reads and writes state as it yields.
-                for item in result if result is not None else ():
-                    emitted = _output_frame(item, plan.output_arrow)
-                    if emitted is not None:
-                        out.append(emitted)
+                self._drain(self.processor.handleInputRows(groups.key_tuples[key], rows, timer_values), out)  # type: ignore[union-attr]
+            if handle.timers is not None and due_at is not None:
+                # Spark's order: after every key's rows, the timers due as the rows left them (those the
+                # handlers register fire in a later batch; one a handler deletes still fires now).
+                for timestamp, key in handle.timers.expired():
+                    handle.set_key(key)
+                    key_tuple = groups.key_tuples.get(key) if groups is not None else None
+                    result = self.processor.handleExpiredTimer(
+                        key_tuple if key_tuple is not None else plan.key_tuple(key),
+                        timer_values,
+                        ExpiredTimerInfo(timestamp),
+                    )
+                    self._drain(result, out)
+                    handle.timers.fired(key, timestamp)  # deleted once its handler ran, as Spark does
             handle.unset_key()
             handle.flush()  # staged in the attempt's epoch transaction: only a winning attempt's apply
         finally:
             self.processor.close()  # Spark's teardown, after the last key (it may fail the attempt too)
-        logger.debug("batch %d: %d keys, %d rows in, %d frames out", state.batch_id, len(keys), groups.rows, len(out))
+        logger.debug(
+            "batch %d: %d keys, %d rows in, %d frames out",
+            state.batch_id,
+            len(keys),
+            groups.rows if groups is not None else 0,
+            len(out),
+        )
         return _output_batches(out, plan.output_arrow)
+
+    def _drain(self, result: Any, out: list[Any]) -> None:
+        """Collect what a handler yielded, while the key is set: a generator reads and writes state as it yields."""
+        for item in result if result is not None else ():
+            emitted = _output_frame(item, self.plan.output_arrow)
+            if emitted is not None:
+                out.append(emitted)
+
+
+def _timer_values(time_mode: str, times: Any) -> tuple[Any, int | None]:
+    """Spark's ``TimerValues`` for the batch, and the time its timers are due at (None: none fire).
+
+    As Spark 4 gives them: -1 and -1 in time mode "None"; otherwise the batch timestamp and the
+    batch watermark Spark recorded (0 in a query without ``withWatermark``), in both timer modes.
+    Outside a streaming query there is no watermark (-1), and event-time timers wait.
+    """
+    from pyspark.sql.streaming.stateful_processor import TimerValues
+
+    domain = TIMER_DOMAINS.get(time_mode)
+    if domain is None or times is None:
+        return TimerValues(-1, -1), None
+    watermark = times.watermark_ms
+    values = TimerValues(times.timestamp_ms, watermark if watermark is not None else -1)
+    return values, times.timestamp_ms if domain is TimeDomain.PROCESSING_TIME else watermark
 
 
 def _frames(frame: Any, start: int, stop: int) -> Iterator[Any]:
@@ -805,6 +1028,46 @@ def parse_schema(schema: Any, what: str) -> Any:
     return parsed
 
 
+_TIMER_KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BooleanType")
+
+
+def check_timer_grouping(df: Any, grouping: Sequence[str], time_mode: str) -> None:
+    """InvalidArgumentError unless a timer mode's several grouping columns come back exactly from their JSON.
+
+    A key whose timer fires in a batch without its rows gets its grouping values from its state
+    key (the JSON of the columns): exact for strings, integers and booleans only.
+    """
+    if time_mode not in TIMER_DOMAINS or not grouping:
+        return
+    for column in grouping:
+        dtype = df.schema[column].dataType
+        if type(dtype).__name__ not in _TIMER_KEY_TYPES:
+            raise InvalidArgumentError(
+                f"grouping column {column!r} is {dtype.simpleString()}; with timers (time_mode {time_mode!r}) and "
+                "several grouping columns, group by string, integral or boolean columns (cast the others to string)"
+            )
+
+
+def event_time_column(df: Any) -> str | None:
+    """The column ``withWatermark`` was set on (Spark marks it with ``spark.watermarkDelayMs``), or None."""
+    for f in df.schema.fields:
+        if "spark.watermarkDelayMs" in (f.metadata or {}):
+            return str(f.name)
+    return None
+
+
+def drop_late_rows(df: Any, column: str, late_watermark_ms: int) -> Any:
+    """``df`` without the rows Spark's EventTime ``transformWithState`` drops as late: an event time at or before
+    the previous batch's watermark (rows with a null event time stay, as in Spark)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    event_time = F.col(column)
+    if isinstance(df.schema[column].dataType, StructType):
+        event_time = event_time.getField("end")  # a window: Spark compares its end
+    return df.filter(event_time.isNull() | (event_time > F.timestamp_millis(F.lit(late_watermark_ms))))
+
+
 def key_serializer_for(df: Any, key_col: str) -> str:
     """The key serializer of a grouping column: ``str`` for strings, ``int`` for integral types."""
     from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType, StringType
@@ -836,20 +1099,13 @@ def build_plan(
     """Check the processor against the job's operator and parse its schemas: the tasks' plan and the output StructType."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    mode = next((m for m in TIME_MODES if m.lower() == str(time_mode).lower()), None)
-    if mode is None:
-        raise InvalidArgumentError(f"time_mode {time_mode!r} is not one of {', '.join(TIME_MODES)}")
-    if mode != "None":
-        raise InvalidArgumentError(
-            f"time_mode {mode!r} needs timers, which this runtime does not offer to StatefulProcessors yet; "
-            "run the processor with time_mode='None' (no registerTimer, no handleExpiredTimer)"
-        )
+    mode = parse_time_mode(time_mode)
     if key_serializer not in ("str", "int"):
         raise InvalidArgumentError(
             f"key_serializer must be 'str' or 'int' (the grouping column's type), not {key_serializer!r}"
         )
     states = processor_states(processor)
-    check_operator(states, operators, operator)
+    check_operator(states, operators, operator, mode)
     schemas = {
         s.name: (
             parse_schema(s.schema, f"state {s.name!r}"),

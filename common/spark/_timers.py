@@ -42,6 +42,8 @@ class BatchTimes:
     """The batch's processing time."""
     from_query: bool
     """Both came from Spark's offset log (a re-run batch gets the same values)."""
+    late_watermark_ms: int | None = None
+    """The previous batch's watermark (Spark's watermark for late events; None: the first batch, or no query)."""
 
 
 def batch_times(df: Any, batch_id: int, query_id: str, clock: Clock) -> BatchTimes:
@@ -53,7 +55,13 @@ def batch_times(df: Any, batch_id: int, query_id: str, clock: Clock) -> BatchTim
     execution = _current_execution(df, query_id)
     if execution is not None and int(execution.currentBatchId()) == batch_id:
         meta = execution.offsetSeqMetadata()
-        return BatchTimes(int(meta.batchWatermarkMs()), int(meta.batchTimestampMs()), True)
+        late = None
+        try:
+            previous = execution.prevOffsetSeqMetadata()
+            late = int(previous.get().batchWatermarkMs()) if previous.isDefined() else None
+        except Exception:  # a Spark without it: late rows are not dropped
+            logger.warning("query %s: Spark does not expose the previous batch's watermark", query_id, exc_info=True)
+        return BatchTimes(int(meta.batchWatermarkMs()), int(meta.batchTimestampMs()), True, late)
     if query_id:
         logger.warning(
             "query %s batch %d: could not read the batch's watermark from Spark; event-time timers wait for the next batch",

@@ -251,7 +251,7 @@ def test_descriptors_come_from_init() -> None:
     assert {d.name: d.ttl for d in spec.states}["seen"] == TtlConfig(60_000)
 
 
-def test_a_processor_unlike_its_operator_or_with_timers_is_refused(
+def test_a_processor_unlike_its_operator_or_without_its_timers_state_is_refused(
     spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster]
 ) -> None:
     cluster = inprocess_cluster(taskmanagers=1, slots=1, backend="hashmap")
@@ -264,7 +264,8 @@ def test_a_processor_unlike_its_operator_or_with_timers_is_refused(
     runtime = KeyedStateRuntime(cluster.address, "tws-refused", [processor_operator(Sessionize(), "sessions", 1)])
     with pytest.raises(InvalidArgumentError, match="processor_operator"):
         runtime.processor_batch(Other(), key_col="user", output_schema=OUTPUT_DDL, sink=print)
-    with pytest.raises(InvalidArgumentError, match="time_mode 'ProcessingTime' needs timers"):
+    # A timer mode needs the timers state, which this operator was submitted without.
+    with pytest.raises(InvalidArgumentError, match=r"time_mode='ProcessingTime'\) so the two agree"):
         runtime.processor_batch(
             Sessionize(), key_col="user", output_schema=OUTPUT_DDL, sink=print, time_mode="processingtime"
         )
