@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
+import tempfile
 import urllib.request
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -241,34 +244,57 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_again(process_cluster: Any) -> None:
+def _control_dirs(tmp: Path) -> list[Path]:
+    """The slot processes' private directories (lease page, Unix sockets) the TaskManagers made in ``tmp``."""
+    return sorted(tmp.glob("keyedstate-slots-*"))
+
+
+def test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_again_and_cleans_up(
+    process_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import psutil
 
-    cluster = process_cluster(taskmanagers=1, slots=2, config=SLOT_PROCESSES)
-    daemon = cluster.taskmanagers[0].process
-    assert daemon is not None
-    slot_pids = [
-        p.pid for p in psutil.Process(daemon.pid).children() if "keyedstate.taskmanager.slot_process" in p.cmdline()
-    ]
-    assert len(slot_pids) == 2
-    with StateClient(cluster.jobmanager_address) as client:
-        client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
-        state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
-        state.put_many([f"k{i}" for i in range(1000)], list(range(1000)))
-        client.trigger_checkpoint("j")
-        before = client.routing("j").version
+    # The daemons' temp directory is this test's own (short: Unix socket paths have 107 bytes at most).
+    tmp = Path(tempfile.mkdtemp(prefix="ks-"))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    try:
+        cluster = process_cluster(taskmanagers=1, slots=2, config=SLOT_PROCESSES)
+        daemon = cluster.taskmanagers[0].process
+        assert daemon is not None
+        slot_pids = [
+            p.pid for p in psutil.Process(daemon.pid).children() if "keyedstate.taskmanager.slot_process" in p.cmdline()
+        ]
+        assert len(slot_pids) == 2
+        first = _control_dirs(tmp)
+        assert len(first) == 1 and (first[0] / "lease").is_file()
+        with StateClient(cluster.jobmanager_address) as client:
+            client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
+            state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
+            state.put_many([f"k{i}" for i in range(1000)], list(range(1000)))
+            client.trigger_checkpoint("j")
+            before = client.routing("j").version
 
-        cluster.taskmanagers[0].kill()
-        # Their socket to the TaskManager closed: they close their RocksDB instances and exit.
-        wait_for(lambda: not any(_running(p) for p in slot_pids), 30, "the slot processes to exit")
-        cluster.restart_taskmanager(0)
+            cluster.taskmanagers[0].kill()
+            # Their socket to the TaskManager closed: they close their RocksDB instances and exit.
+            wait_for(lambda: not any(_running(p) for p in slot_pids), 30, "the slot processes to exit")
+            assert _control_dirs(tmp) == first  # nobody was left to remove it
+            cluster.restart_taskmanager(0)
+            # The restart removed its killed predecessor's directory and made its own.
+            second = _control_dirs(tmp)
+            assert len(second) == 1 and second != first and (second[0] / "lease").is_file()
 
-        def running_again() -> bool:
-            routing = client.routing("j", refresh=True)
-            return routing.version > before and routing.job_status == "RUNNING"
+            def running_again() -> bool:
+                routing = client.routing("j", refresh=True)
+                return routing.version > before and routing.job_status == "RUNNING"
 
-        wait_for(running_again, 90, "the job running again on the restarted TaskManager")
-        assert state.get_many([f"k{i}" for i in range(1000)]) == list(range(1000))
+            wait_for(running_again, 90, "the job running again on the restarted TaskManager")
+            assert state.get_many([f"k{i}" for i in range(1000)]) == list(range(1000))
+
+        # A clean stop (SIGTERM) removes its own directory.
+        assert cluster.taskmanagers[0].terminate() == 0
+        assert _control_dirs(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_slot_processes_killed_together_are_all_replaced(inprocess_cluster: Any) -> None:
