@@ -197,6 +197,7 @@ class TaskManager:
             self.internal_address if internal is not server else "",
             self._metrics_server.port or 0,
             self.slot_processes.slot_addresses() if self.slot_processes is not None else None,
+            self.slot_processes.processes() if self.slot_processes is not None else None,
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()
@@ -334,7 +335,7 @@ class TaskManager:
         logger.warning(
             "taskmanager %s: slot process %d replaced; registering again with its new address", self.id, index
         )
-        self.connection.readvertise_slots(self.slot_processes.slot_addresses())
+        self.connection.readvertise_slots(self.slot_processes.slot_addresses(), self.slot_processes.processes())
 
     def _slot_process_lost(self, why: str) -> None:
         logger.error("taskmanager %s: %s; stopping", self.id, why)

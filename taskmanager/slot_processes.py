@@ -276,6 +276,11 @@ class SlotProcessGroup:
         with self._lock:
             return [self._addresses[i % self.count] for i in range(self.num_slots)]
 
+    def processes(self) -> list[tuple[str, int]]:
+        """``(address, pid)`` of each slot process, by index (pid 0: being replaced; its last address stays)."""
+        with self._lock:
+            return [(self._addresses[i], p.pid if p is not None else 0) for i, p in enumerate(self._processes)]
+
     def pids(self) -> list[int]:
         """The slot processes' pids, by process index (0: none running there right now)."""
         with self._lock:

@@ -9,7 +9,9 @@ replaced and only the jobs it hosted fail over; the processes together stay with
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -297,11 +299,41 @@ def test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_aga
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_slot_processes_killed_together_are_all_replaced(inprocess_cluster: Any) -> None:
-    cluster = inprocess_cluster(taskmanagers=1, slots=2, tm=SLOT_PROCESSES)
+def _statectl_slot_processes(address: str, capsys: pytest.CaptureFixture[str]) -> list[tuple[int, str, str, int]]:
+    """``statectl cluster``'s slot-process rows, checked against its ``--json`` twin: (index, slots, address, pid)."""
+    from keyedstate.cli.statectl import main
+
+    assert main(["cluster", "-m", address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("TASKMANAGER") and "SLOT-PROCESS" in line)
+    rows = []
+    for line in lines[header + 1 :]:
+        if not line.strip():
+            break
+        tm, index, slots, process_address, pid = re.split(r"\s{2,}", line.strip())
+        assert tm == "tm-0"
+        rows.append((int(index), slots, process_address, int(pid)))
+    assert main(["cluster", "-m", address, "--json"]) == 0
+    (described,) = json.loads(capsys.readouterr().out)["taskmanagers"]
+    assert [(p["index"], p["address"], p["pid"]) for p in described["slot_processes"]] == [
+        (index, a, pid) for index, _, a, pid in rows
+    ]
+    return rows
+
+
+def test_slot_processes_killed_together_are_all_replaced(
+    inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, tm=SLOT_PROCESSES)
     tm = cluster.taskmanagers[0]
     assert tm.slot_processes is not None
     old = tm.slot_processes.pids()
+    addresses = tm.slot_processes.slot_addresses()
+    # statectl shows each slot process: its slots (i mod 2), its address and its pid.
+    assert _statectl_slot_processes(cluster.address, capsys) == [
+        (0, "0, 2", addresses[0], old[0]),
+        (1, "1, 3", addresses[1], old[1]),
+    ]
     for pid in old:
         os.kill(pid, signal.SIGKILL)
 
@@ -320,8 +352,13 @@ def test_slot_processes_killed_together_are_all_replaced(inprocess_cluster: Any)
         30,
         "the TaskManager registering its new slot addresses",
     )
+    new = tm.slot_processes.pids()
+    assert [(index, pid) for index, _, _, pid in _statectl_slot_processes(cluster.address, capsys)] == [
+        (0, new[0]),
+        (1, new[1]),
+    ]
     client = cluster.client()
-    client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
+    client.submit_job("j", [OperatorSpec("op", 4, VALUE)])
     assert list(client.routing("j").operator("op").addresses) == tm.slot_processes.slot_addresses()
     state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
     state.put_many([f"k{i}" for i in range(100)], list(range(100)))
