@@ -1,6 +1,6 @@
 """``statectl``: operate a keyedstate cluster from the shell.
 
-    statectl cluster [--json] [--wait N]            TaskManagers, slots, free slots and jobs (--wait: until N registered)
+    statectl cluster [--json] [--wait N]            TaskManagers, slots, slot processes, jobs (--wait: until N registered)
     statectl job list|info|cancel JOB
     statectl job restore JOB --from PATH [--claim-mode CLAIM|NO_CLAIM]
                                                     replace JOB's state with a checkpoint or savepoint (verified first)
@@ -104,6 +104,20 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         )
     print_table(["TASKMANAGER", "ADDRESS", "STATUS", "SLOTS", "FREE", "HEARTBEAT", "ASSIGNED"], rows)
     print()
+    processes = [
+        [
+            tm.taskmanager_id,
+            p.index,
+            ", ".join(str(i) for i in range(p.index, tm.num_slots, len(tm.slot_processes))),
+            p.address,
+            p.pid or "replacing",
+        ]
+        for tm in overview.taskmanagers
+        for p in tm.slot_processes
+    ]
+    if processes:  # only TaskManagers with taskmanager.slot-processes > 1 have them
+        print_table(["TASKMANAGER", "SLOT-PROCESS", "SLOTS", "ADDRESS", "PID"], processes)
+        print()
     jobs = [
         [
             j.job_id,

@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,20 +61,28 @@ class DaemonProcess:
     process: subprocess.Popen[bytes] | None = None
     address: str = ""
 
+    _ready: threading.Event | None = field(default=None, init=False, repr=False)
+    _failed: bool = field(default=False, init=False, repr=False)
+
     def start(self, env: dict[str, str], timeout_s: float = 60.0) -> None:
         """Launch the process and block until it prints `` serving on <address>`` (kept in :attr:`address`).
 
         If it exits first or takes longer than ``timeout_s`` seconds, it is killed and UnavailableError
         is raised with the tail of its log.
         """
+        self.launch(env)
+        self.wait_started(timeout_s)
+
+    def launch(self, env: dict[str, str]) -> None:
+        """Start the process without waiting for it (then :meth:`wait_started`): daemons start side by side."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # The child keeps its own descriptor for stderr; the parent's copy closes at once.
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.args, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True
             )
-        ready = threading.Event()
-        failure: list[str] = []
+        ready = self._ready = threading.Event()
+        self._failed = False
 
         def read_stdout() -> None:
             assert self.process is not None and self.process.stdout is not None
@@ -84,11 +92,16 @@ class DaemonProcess:
                     self.address = line.rsplit(" ", 1)[-1]
                     ready.set()
             if not ready.is_set():
-                failure.append("exited")
+                self._failed = True
                 ready.set()
 
         threading.Thread(target=read_stdout, name=f"{self.name}-stdout", daemon=True).start()
-        if not ready.wait(timeout_s) or failure:
+
+    def wait_started(self, timeout_s: float = 60.0) -> None:
+        """Block until the launched process serves; kills it and raises UnavailableError (its log's tail) if it
+        exits first or takes longer than ``timeout_s`` seconds."""
+        assert self._ready is not None, "launch() first"
+        if not self._ready.wait(timeout_s) or self._failed:
             self.kill()
             tail = self.log_tail()
             raise UnavailableError(f"{self.name} did not start within {timeout_s:.0f} s; log {self.log_path}:\n{tail}")
@@ -212,28 +225,42 @@ class MiniCluster:
         return out
 
     def start(self) -> MiniCluster:
-        """Start the JobManager, then every TaskManager, and wait until all registered; returns self.
+        """Start the JobManager and every TaskManager, and wait until all registered; returns self.
 
         Call :meth:`stop` (or use the cluster as a context manager) so that no daemon outlives the test.
+        If one does not start, every daemon started is killed and UnavailableError raised.
         """
-        self.start_jobmanager()
+        # Side by side: each daemon spends about a second importing and starting its children, and a
+        # TaskManager that is up first retries its registration until the JobManager answers.
+        self.jobmanager = self._jobmanager()
+        self.jobmanager.launch(self._env())
         for i in range(self.num_taskmanagers):
             self.taskmanagers.append(self._taskmanager(i))
-            self.taskmanagers[-1].start(self._env())
-        self.wait_for_taskmanagers(self.num_taskmanagers)
+            self.taskmanagers[-1].launch(self._env())
+        try:
+            self.jobmanager.wait_started()
+            for tm in self.taskmanagers:
+                tm.wait_started()
+            self.wait_for_taskmanagers(self.num_taskmanagers)
+        except BaseException:
+            self.kill_all()
+            raise
         return self
 
     def start_jobmanager(self, env: dict[str, str] | None = None) -> None:
         """Start the JobManager process; ``env`` adds variables (e.g. a crash point, common/faults.py)."""
+        self.jobmanager = self._jobmanager()
+        self.jobmanager.start({**self._env(), **(env or {})})
+
+    def _jobmanager(self) -> DaemonProcess:
         where = self.placement_of("jobmanager")
         # Bound to its own address only with a placement, so the default command line is unchanged.
         extra = {"jobmanager.bind-host": where.host} if self.placement is not None else {}
-        self.jobmanager = DaemonProcess(
+        return DaemonProcess(
             "jobmanager",
             [*where.command_prefix, sys.executable, "-m", "keyedstate.jobmanager", *self._overrides(extra)],
             self.base_dir / "log" / "jobmanager.log",
         )
-        self.jobmanager.start({**self._env(), **(env or {})})
 
     def _taskmanager(self, i: int) -> DaemonProcess:
         where = self.placement_of(f"taskmanager-{i}")

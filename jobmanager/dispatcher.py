@@ -43,6 +43,7 @@ from keyedstate.jobmanager.checkpointing import Checkpointing
 from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobInfo, JobSpec, RestorePlan, RoutingTable
 from keyedstate.jobmanager.registry import (
     HeartbeatReport,
+    SlotProcessReport,
     TaskManagerRecord,
     TaskManagerRegistration,
     TaskManagerRegistry,
@@ -70,6 +71,8 @@ class TaskManagerSummary:
     occupancy: tuple[SubtaskId | None, ...]
     """Slot index -> the subtask placed there (None: free)."""
     metrics_port: int
+    slot_processes: tuple[SlotProcessReport, ...] = ()
+    """Its slot processes (address and pid), as it last registered them; empty: none."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ class Dispatcher:
                 last_heartbeat_age_ms=max(0, now - r.last_heartbeat_ms),
                 occupancy=tuple(r.occupancy),
                 metrics_port=r.metrics_port,
+                slot_processes=r.slot_processes,
             )
             for r in self.registry.all()
         )
@@ -233,6 +237,7 @@ class Dispatcher:
             registration.metrics_port,
             limits=registration.limits,
             slot_addresses=registration.slot_addresses,
+            slot_processes=registration.slot_processes,
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)

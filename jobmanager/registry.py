@@ -76,6 +76,20 @@ class TaskManagerRegistration:
     """What it still hosts (after a restart of either side, or a partition)."""
     slot_addresses: tuple[str, ...] = ()
     """host:port serving each slot's state calls (``taskmanager.slot-processes`` > 1); empty: ``address``."""
+    slot_processes: tuple[SlotProcessReport, ...] = ()
+    """Its slot processes by index; empty: it serves every slot itself."""
+
+
+@dataclass(frozen=True)
+class SlotProcessReport:
+    """One slot process of a TaskManager (``taskmanager.slot-processes`` > 1), as it registered it."""
+
+    index: int
+    """Slot ``i`` is served by the process with index ``i`` mod the process count."""
+    address: str
+    """host:port serving its slots' KeyedState calls."""
+    pid: int
+    """On the TaskManager's host; 0: being replaced when the TaskManager registered."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,8 @@ class TaskManagerRecord:
     """The size limits it enforces (None: it did not say)."""
     slot_addresses: tuple[str, ...] = ()
     """host:port serving each slot (its slot processes'); empty: every slot is served on ``address``."""
+    slot_processes: tuple[SlotProcessReport, ...] = ()
+    """Its slot processes by index, as it last registered them (statectl shows them); empty: none."""
 
     def slot_address(self, slot_index: int) -> str:
         """Where clients reach slot ``slot_index``: its slot process, or the TaskManager's client address."""
@@ -118,6 +134,24 @@ class TaskManagerRecord:
     def free_slots(self) -> list[int]:
         """Indexes of the slots holding no subtask; read under the registry's ``lock`` (occupancy changes under it)."""
         return [i for i, s in enumerate(self.occupancy) if s is None]
+
+
+def _check_slot_processes(
+    taskmanager_id: TaskManagerId, num_slots: int, slot_processes: tuple[SlotProcessReport, ...]
+) -> None:
+    """InvalidArgumentError unless ``slot_processes`` are indexed 0..n-1 in order, n <= num_slots, with valid addresses."""
+    if len(slot_processes) > num_slots:
+        raise InvalidArgumentError(
+            f"TaskManager {taskmanager_id} sent {len(slot_processes)} slot processes for {num_slots} slots; "
+            "taskmanager.slot-processes must be at most taskmanager.numberOfTaskSlots"
+        )
+    for position, process in enumerate(slot_processes):
+        if process.index != position or process.pid < 0:
+            raise InvalidArgumentError(
+                f"TaskManager {taskmanager_id} sent slot process {process.index} (pid {process.pid}) at position "
+                f"{position}; send each slot process once, in index order, with its pid (0 while it is replaced)"
+            )
+        check_address(f"TaskManager {taskmanager_id}", "slot process address", process.address)
 
 
 LostListener = Callable[[TaskManagerRecord, str], None]
@@ -189,6 +223,7 @@ class TaskManagerRegistry:
         metrics_port: int,
         limits: ReportedLimits | None = None,
         slot_addresses: tuple[str, ...] = (),
+        slot_processes: tuple[SlotProcessReport, ...] = (),
     ) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
         """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
         validate_id("taskmanager id", taskmanager_id)
@@ -206,6 +241,7 @@ class TaskManagerRegistry:
             )
         for slot_address in slot_addresses:
             check_address(f"TaskManager {taskmanager_id}", "slot address", slot_address)
+        _check_slot_processes(taskmanager_id, num_slots, slot_processes)
         with self._lock:
             previous = self._records.get(taskmanager_id)
             now = self._clock.monotonic_ms()
@@ -221,6 +257,7 @@ class TaskManagerRegistry:
                 occupancy=[None] * num_slots,
                 limits=limits,
                 slot_addresses=tuple(slot_addresses),
+                slot_processes=tuple(slot_processes),
             )
             self._records[taskmanager_id] = record
             # It fenced itself before registering: whatever it was given before is no longer served.

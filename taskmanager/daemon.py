@@ -43,7 +43,7 @@ from keyedstate.taskmanager.rpc.wire import slot_reports
 from keyedstate.taskmanager.settings import TaskManagerSettings, working_dir
 from keyedstate.taskmanager.slot_host import SlotHost
 from keyedstate.taskmanager.slot_process import SLOT_PROCESS_EXIT_WAIT_S, wait_for_slot_processes_gone
-from keyedstate.taskmanager.slot_processes import MergedMetrics, SlotProcessGroup
+from keyedstate.taskmanager.slot_processes import MergedMetrics, SlotProcessGroup, remove_leftover_control_dir
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import StateLimits
 
@@ -166,7 +166,7 @@ class TaskManager:
         if self.host is not None:
             self.host.start_transfers()  # transfer processes load their storage clients while the servers start
         if self.slot_processes is not None:
-            self.slot_processes.start()
+            self.slot_processes.start(work)
         server, internal = self._bind_servers()
         self._serve(server, internal)
         self.metrics.slots_total.set(s.num_slots)
@@ -197,6 +197,7 @@ class TaskManager:
             self.internal_address if internal is not server else "",
             self._metrics_server.port or 0,
             self.slot_processes.slot_addresses() if self.slot_processes is not None else None,
+            self.slot_processes.processes() if self.slot_processes is not None else None,
         )
         self.connection.register(s.registration_timeout_ms)
         self.connection.start_heartbeats()
@@ -315,6 +316,7 @@ class TaskManager:
         os.write(lock, str(os.getpid()).encode())
         self._lock_file = lock
         wait_for_slot_processes_gone(work, SLOT_PROCESS_EXIT_WAIT_S)
+        remove_leftover_control_dir(work)  # a killed predecessor's lease page and sockets
         return work
 
     def _retain_slots(self, kept: set[SubtaskId], routing_versions: dict[JobId, int]) -> None:
@@ -333,7 +335,7 @@ class TaskManager:
         logger.warning(
             "taskmanager %s: slot process %d replaced; registering again with its new address", self.id, index
         )
-        self.connection.readvertise_slots(self.slot_processes.slot_addresses())
+        self.connection.readvertise_slots(self.slot_processes.slot_addresses(), self.slot_processes.processes())
 
     def _slot_process_lost(self, why: str) -> None:
         logger.error("taskmanager %s: %s; stopping", self.id, why)

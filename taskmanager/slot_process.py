@@ -27,7 +27,6 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 
 from keyedstate.common.auth import AuthMetrics, internal_token, server_interceptors
+from keyedstate.common.child_process import connect_to_parent
 from keyedstate.common.clock import SYSTEM_CLOCK, Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import ConfigError
@@ -52,6 +52,8 @@ from keyedstate.taskmanager.slot_host import SlotHost
 
 logger = logging.getLogger(__name__)
 
+MODULE = "keyedstate.taskmanager.slot_process"
+"""What a TaskManager runs (``python -m``) to start a slot process."""
 _STOP_GRACE_S = 5.0
 
 
@@ -140,9 +142,6 @@ class SlotProcess:
         work = working_dir(s)
         # Held while this process lives: a successor TaskManager waits for it before deploying here.
         self._work_lock = hold_slot_process_lock(work)
-        work = working_dir(s)
-        # Held while this process lives: a successor TaskManager waits for it before deploying here.
-        self._work_lock = hold_slot_process_lock(work)
         self._cell = SharedLeaseCell(Path(spec.lease_path), create=False)
         self.lease = Lease.follow(clock.boottime_ms, self._cell)
         # Only its checkpoint reports use this connection: the TaskManager registers and heartbeats.
@@ -226,18 +225,10 @@ class SlotProcess:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``slot_process <socket fd>``."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m keyedstate.taskmanager.slot_process <socket fd>", file=sys.stderr)
-        return 2
-    conn = Connection(int(args[0]))
-    try:
-        spec = conn.recv()
-    except (EOFError, OSError):
-        return 0  # the TaskManager went away before it said anything
-    if not isinstance(spec, SlotProcessSpec):
-        print(f"slot process: expected SlotProcessSpec first, got {type(spec).__name__}", file=sys.stderr)
-        return 2
+    link = connect_to_parent(sys.argv[1:] if argv is None else argv, MODULE, SlotProcessSpec, "slot process")
+    if isinstance(link, int):
+        return link
+    spec = link.first
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s slot-process-{spec.index}[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
@@ -247,13 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         port = process.start()
     except Exception as exc:  # told to the TaskManager, which stops with it
         logger.exception("slot process %d failed to start", spec.index)
-        conn.send(SlotProcessFailed(getattr(exc, "message", None) or str(exc)))
+        link.conn.send(SlotProcessFailed(getattr(exc, "message", None) or str(exc)))
         return 1
-    conn.send(SlotProcessReady(port))
-    try:
-        conn.recv()  # nothing more is sent: this returns when the TaskManager's end closes
-    except (EOFError, OSError):
-        pass
+    link.conn.send(SlotProcessReady(port))
+    link.wait_parent_gone()  # nothing more is sent: this returns when the TaskManager's end closes
     process.stop()
     return 0
 

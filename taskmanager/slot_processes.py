@@ -21,15 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
-import subprocess
-import sys
+import stat
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +35,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from keyedstate.common.child_process import ChildProcess
 from keyedstate.common.config import Configuration
 from keyedstate.common.config import options as o
 from keyedstate.common.errors import ConfigError, InvalidArgumentError, KeyedStateError, UnavailableError
@@ -45,19 +43,57 @@ from keyedstate.common.exit_status import describe_exit
 from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.ids import JobId, SubtaskId
 from keyedstate.taskmanager.rpc.slot_process_control import SlotProcessChannel
-from keyedstate.taskmanager.slot_process import SlotProcessFailed, SlotProcessReady, SlotProcessSpec
+from keyedstate.taskmanager.slot_process import MODULE, SlotProcessFailed, SlotProcessReady, SlotProcessSpec
 
 logger = logging.getLogger(__name__)
 
-_MODULE = "keyedstate.taskmanager.slot_process"
 _START_TIMEOUT_S = 120.0
 """How long a slot process may take to import, open its transfer processes and bind."""
 _EXIT_WAIT_S = 15.0
 _WATCH_INTERVAL_S = 0.2
 _REPLACE_ATTEMPTS = 3
+_CONTROL_DIR_PREFIX = "keyedstate-slots-"
+_CONTROL_DIR_RECORD = "slot-processes.dir"
+"""The file in the work directory that names the private directory in use (removed on a clean stop)."""
 
 T = TypeVar("T")
 U = TypeVar("U")
+
+
+def remove_leftover_control_dir(work_dir: Path) -> None:
+    """Remove the private directory a TaskManager killed on ``work_dir`` left in the temp directory.
+
+    A TaskManager that stops removes its directory (the lease page and the slot processes' Unix
+    sockets) itself; one killed with -9 cannot, so the next TaskManager on the same work directory
+    does, once no slot process of the killed one lives (call it after ``wait_for_slot_processes_gone``).
+    Only what the record names is removed, and only when it is a directory of ours made for this
+    purpose (the record file is ours, but the temp directory is shared).
+    """
+    record = work_dir / _CONTROL_DIR_RECORD
+    try:
+        leftover = Path(record.read_text().strip())
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as exc:
+        logger.warning("cannot read %s (%s); removing it", record, exc)
+        record.unlink(missing_ok=True)
+        return
+    try:
+        info = os.lstat(leftover)
+    except FileNotFoundError:
+        info = None
+    if info is not None:
+        if (
+            leftover.is_absolute()
+            and leftover.name.startswith(_CONTROL_DIR_PREFIX)
+            and stat.S_ISDIR(info.st_mode)
+            and info.st_uid == os.getuid()
+        ):
+            shutil.rmtree(leftover, ignore_errors=True)
+            logger.info("removed %s, left by a TaskManager that did not stop cleanly on %s", leftover, work_dir)
+        else:
+            logger.warning("%s names %s, which is no slot-process directory of ours; leaving it", record, leftover)
+    record.unlink(missing_ok=True)
 
 
 def process_config(conf: Configuration, count: int, resource_id: str) -> Configuration:
@@ -83,29 +119,14 @@ class SlotProcessHandle:
 
     def __init__(self, spec: SlotProcessSpec, host: str, replacement: bool = False) -> None:
         self.index = spec.index
-        ours, theirs = socket.socketpair()
         env = dict(os.environ)
         if replacement:
             # A crash point armed for the TaskManager fires in the incarnation it was armed for:
             # a replacement is a new incarnation, as a restarted TaskManager is.
             env.pop(CRASH_AT, None)
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", _MODULE, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                close_fds=True,
-                env=env,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()  # only the child holds it now: its death closes the socket for us
-        self.pid = self._proc.pid
-        self._sock = ours
-        self._conn = Connection(os.dup(ours.fileno()))
-        self._closing = False
+        self._child = ChildProcess(MODULE, env=env)
+        self.pid = self._child.pid
+        self._conn = self._child.conn
         self._spec = spec
         self._host = host
         self.address = ""
@@ -129,7 +150,7 @@ class SlotProcessHandle:
         if isinstance(reply, SlotProcessFailed):
             raise ConfigError(f"slot process {self.index} failed to start: {reply.message}")
         raise UnavailableError(
-            f"slot process {self.index} (pid {self.pid}) {describe_exit(self._proc.poll())} before it served"
+            f"slot process {self.index} (pid {self.pid}) {describe_exit(self._child.exit_code())} before it served"
         )
 
     def serving(self) -> SlotProcessChannel:
@@ -140,31 +161,21 @@ class SlotProcessHandle:
 
     def exit_code(self) -> int | None:
         """None while the process runs."""
-        return self._proc.poll()
+        return self._child.exit_code()
 
     def kill(self) -> None:
-        try:
-            self._proc.kill()
-        except OSError:
-            pass
+        self._child.kill()
 
     def close(self) -> None:
         """Close our end of the socket: the process stops serving, closes its backends and exits."""
-        self._closing = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        try:
-            self._proc.wait(_EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            logger.warning("slot process %d (pid %d) did not exit; killing it", self.index, self.pid)
-            self.kill()
-            self._proc.wait()
+        self._child.hang_up()
+        if not self._child.wait_exit(_EXIT_WAIT_S):
+            logger.warning(
+                "slot process %d (pid %d) did not exit within %.0f s; killed it", self.index, self.pid, _EXIT_WAIT_S
+            )
         if self.channel is not None:
             self.channel.close()
-        self._conn.close()
-        self._sock.close()
+        self._child.close_socket()
         try:
             os.unlink(self._spec.control_path)
         except OSError:
@@ -196,7 +207,7 @@ class SlotProcessGroup:
         self._on_replaced = on_replaced
         self._on_failed = on_failed
         # Unix socket paths are limited to 107 bytes: a short private directory, not the work dir.
-        self._control_dir = Path(tempfile.mkdtemp(prefix="keyedstate-slots-"))
+        self._control_dir = Path(tempfile.mkdtemp(prefix=_CONTROL_DIR_PREFIX))
         self.control_dir = self._control_dir
         """The private directory of the lease page and the slot processes' Unix sockets."""
         self.lease_path = self._control_dir / "lease"
@@ -208,6 +219,7 @@ class SlotProcessGroup:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._calls = ThreadPoolExecutor(max_workers=count, thread_name_prefix="slot-process-call")
+        self._record: Path | None = None
 
     def _spec(self, index: int) -> SlotProcessSpec:
         return SlotProcessSpec(
@@ -218,8 +230,17 @@ class SlotProcessGroup:
             control_path=str(self._control_dir / f"slot-{index}.sock"),
         )
 
-    def start(self) -> None:
-        """Start every slot process (concurrently) and wait until all serve, then watch them."""
+    def start(self, work_dir: Path) -> None:
+        """Start every slot process (concurrently) and wait until all serve, then watch them.
+
+        First records the private directory in ``work_dir``, so that a successor can remove it
+        should this TaskManager be killed (:func:`remove_leftover_control_dir`).
+        """
+        record = work_dir / _CONTROL_DIR_RECORD
+        staged = record.with_name(record.name + ".new")
+        staged.write_text(str(self._control_dir))
+        os.replace(staged, record)  # a crash leaves the old record or the new one, never half of one
+        self._record = record
         started = [SlotProcessHandle(self._spec(i), self._host) for i in range(self.count)]
         failure: BaseException | None = None
         for process in started:
@@ -254,6 +275,11 @@ class SlotProcessGroup:
         """
         with self._lock:
             return [self._addresses[i % self.count] for i in range(self.num_slots)]
+
+    def processes(self) -> list[tuple[str, int]]:
+        """``(address, pid)`` of each slot process, by index (pid 0: being replaced; its last address stays)."""
+        with self._lock:
+            return [(self._addresses[i], p.pid if p is not None else 0) for i, p in enumerate(self._processes)]
 
     def pids(self) -> list[int]:
         """The slot processes' pids, by process index (0: none running there right now)."""
@@ -389,6 +415,9 @@ class SlotProcessGroup:
             process.close()
         self._calls.shutdown(wait=False)
         shutil.rmtree(self._control_dir, ignore_errors=True)
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
+            self._record = None
 
 
 class MergedMetrics(Collector):

@@ -20,7 +20,13 @@ from keyedstate.common.rpc.enums import name_of, value_of
 from keyedstate.jobmanager.dispatcher import ClusterOverview, TaskManagerSummary
 from keyedstate.jobmanager.epochs.coordinator import BatchStart
 from keyedstate.jobmanager.jobs import JobInfo, RoutingTable
-from keyedstate.jobmanager.registry import HeartbeatReport, ReportedLimits, SlotReport, TaskManagerRegistration
+from keyedstate.jobmanager.registry import (
+    HeartbeatReport,
+    ReportedLimits,
+    SlotProcessReport,
+    SlotReport,
+    TaskManagerRegistration,
+)
 
 
 def job_status_to_proto(status: JobStatus) -> pb.JobStatus.ValueType:
@@ -123,6 +129,7 @@ def _taskmanager_to_proto(tm: TaskManagerSummary) -> jm_pb.TaskManagerInfo:
         last_heartbeat_age_ms=tm.last_heartbeat_age_ms,
         slots=[_slot_to_proto(i, s) for i, s in enumerate(tm.occupancy)],
         metrics_port=tm.metrics_port,
+        slot_processes=[jm_pb.SlotProcessInfo(index=p.index, address=p.address, pid=p.pid) for p in tm.slot_processes],
     )
 
 
@@ -164,6 +171,7 @@ def registration_from_proto(request: jm_pb.RegisterTaskManagerRequest) -> TaskMa
         cluster_id=request.cluster_id,
         slots=slot_reports_from_proto(request.slots),
         slot_addresses=tuple(request.slot_addresses),
+        slot_processes=tuple(SlotProcessReport(p.index, p.address, p.pid) for p in request.slot_processes),
     )
 
 

@@ -112,6 +112,7 @@ class JobManagerConnection:
         self.registrations = 0
         self._asked_to_register = False
         self._slot_addresses: list[str] = []
+        self._slot_processes: list[tuple[str, int]] = []
         self.registered_slot_addresses: list[str] = []
         """The slot addresses the JobManager accepted with the last registration."""
         self._register_again = threading.Event()
@@ -122,24 +123,32 @@ class JobManagerConnection:
         return self._stub
 
     def advertise(
-        self, address: str, internal_address: str, metrics_port: int, slot_addresses: list[str] | None = None
+        self,
+        address: str,
+        internal_address: str,
+        metrics_port: int,
+        slot_addresses: list[str] | None = None,
+        slot_processes: list[tuple[str, int]] | None = None,
     ) -> None:
         """Where this TaskManager serves, as registrations report it (known once its servers are bound).
 
-        ``slot_addresses``: where each slot is served, when slot processes serve them (None: on ``address``).
+        ``slot_addresses``: where each slot is served, when slot processes serve them (None: on ``address``);
+        ``slot_processes``: their ``(address, pid)`` by index (statectl shows them).
         """
         self._address = address
         self._internal_address = internal_address
         self._metrics_port = metrics_port
         self._slot_addresses = list(slot_addresses or [])
+        self._slot_processes = list(slot_processes or [])
 
-    def readvertise_slots(self, slot_addresses: list[str]) -> None:
+    def readvertise_slots(self, slot_addresses: list[str], slot_processes: list[tuple[str, int]]) -> None:
         """A slot process was replaced on a new port: register again, with the new addresses, at the next beat.
 
         The registration answer lets the TaskManager keep the slots that still run; the JobManager
         fails over the jobs whose slots the replaced process hosted.
         """
         self._slot_addresses = list(slot_addresses)
+        self._slot_processes = list(slot_processes)
         self._register_again.set()
 
     # -- checkpoints (the snapshot layer's CheckpointReporter) ---------------------------------
@@ -253,6 +262,10 @@ class JobManagerConnection:
                 internal_address=self._internal_address,
                 cluster_id=self._cluster_id,
                 slot_addresses=slot_addresses,
+                slot_processes=[
+                    jm_pb.SlotProcessInfo(index=i, address=address, pid=pid)
+                    for i, (address, pid) in enumerate(self._slot_processes)
+                ],
             ),
             timeout=_RPC_TIMEOUT_S,
         )

@@ -30,15 +30,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from multiprocessing.connection import Connection
 
+from keyedstate.common.child_process import ChildProcess
 from keyedstate.common.clock import Clock
 from keyedstate.common.config import Configuration
 from keyedstate.common.errors import CheckpointError
@@ -55,10 +52,10 @@ from keyedstate.taskmanager.snapshot.transfer_protocol import (
     WorkerSettings,
     rebuild_error,
 )
+from keyedstate.taskmanager.snapshot.transfer_worker import MODULE
 
 logger = logging.getLogger(__name__)
 
-_WORKER_MODULE = "keyedstate.taskmanager.snapshot.transfer_worker"
 _POLL_S = 0.1
 """How often a waiting transfer looks at its cancel event."""
 _EXIT_WAIT_S = 10.0
@@ -74,30 +71,15 @@ class _TransferProcess:
     def __init__(self, index: int, settings: WorkerSettings, ids: Callable[[], int], role: str) -> None:
         self.index = index
         self._ids = ids
-        ours, theirs = socket.socketpair()
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", _WORKER_MODULE, str(theirs.fileno()), role],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                close_fds=True,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()  # only the child holds it now: its death closes the socket for us
-        self.pid = self._proc.pid
+        self._child = ChildProcess(MODULE, (role,))
+        self.pid = self._child.pid
         # Lowered from here at once, not only by the process itself once it has read its settings:
         # its interpreter start and imports then run niced too (threads inherit the main thread's).
         try:
             os.setpriority(os.PRIO_PROCESS, self.pid, max(os.getpriority(os.PRIO_PROCESS, self.pid), settings.nice))
         except OSError:  # not permitted here: the process lowers its own priority
             pass
-        # The socket object stays ours so close() can shut it down, which wakes the reader's
-        # recv() on the duplicate descriptor (closing a descriptor another thread reads does not).
-        self._sock = ours
-        self._conn = Connection(os.dup(ours.fileno()))
+        self._conn = self._child.conn
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._pending: dict[int, Future[Reply]] = {}
@@ -133,27 +115,20 @@ class _TransferProcess:
     def kill(self, why: str) -> None:
         """SIGKILL the process; the reader then fails what it was running."""
         logger.warning("killing checkpoint transfer process %d: %s", self.pid, why)
-        try:
-            self._proc.kill()
-        except OSError:
-            pass
+        self._child.kill()
 
     def close(self) -> None:
         """Close our end: the process sees it and exits; requests still running fail."""
         with self._lock:
             self._closing = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # already shut down by the other side
-            pass
-        try:
-            self._proc.wait(_EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.kill("it did not exit after the TaskManager closed its socket")
-            self._proc.wait()
+        self._child.hang_up()
+        if not self._child.wait_exit(_EXIT_WAIT_S):
+            logger.warning(
+                "killed checkpoint transfer process %d: it did not exit after the TaskManager closed its socket",
+                self.pid,
+            )
         self._reader.join(_EXIT_WAIT_S)
-        self._conn.close()
-        self._sock.close()
+        self._child.close_socket()
 
     def _send(self, message: object) -> None:
         with self._lock:
@@ -176,11 +151,9 @@ class _TransferProcess:
                 future = self._pending.pop(reply.request_id, None)
             if future is not None:
                 future.set_result(reply)
-        try:
-            code: int | None = self._proc.wait(_EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:  # it closed its socket but lives on: not ours to keep
-            self.kill("it closed its socket but did not exit")
-            code = self._proc.wait()
+        if not self._child.wait_exit(_EXIT_WAIT_S):  # it closed its socket but lived on: not ours to keep
+            logger.warning("killed checkpoint transfer process %d: it closed its socket but did not exit", self.pid)
+        code = self._child.exit_code()
         with self._lock:
             closing = self._closing
             self._lost = (

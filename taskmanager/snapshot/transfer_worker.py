@@ -23,6 +23,7 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
+from keyedstate.common.child_process import connect_to_parent
 from keyedstate.common.config import Configuration
 from keyedstate.common.faults import crash_point
 from keyedstate.common.storage import StorageCache
@@ -39,6 +40,9 @@ from keyedstate.taskmanager.snapshot.transfer_protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+MODULE = "keyedstate.taskmanager.snapshot.transfer_worker"
+"""What a TaskManager runs (``python -m``) to start a transfer process."""
 
 
 class _Server:
@@ -111,18 +115,12 @@ def _preload_storage_clients() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``transfer_worker <socket fd> [<role>]``."""
-    args = sys.argv[1:] if argv is None else argv
-    if not 1 <= len(args) <= 2 or not args[0].isdigit():
-        print("usage: python -m keyedstate.taskmanager.snapshot.transfer_worker <socket fd> [<role>]", file=sys.stderr)
-        return 2
-    conn = Connection(int(args[0]))
-    try:
-        settings = conn.recv()
-    except (EOFError, OSError):
-        return 0  # the TaskManager went away before it said anything
-    if not isinstance(settings, WorkerSettings):
-        print(f"transfer process: expected WorkerSettings first, got {type(settings).__name__}", file=sys.stderr)
-        return 2
+    link = connect_to_parent(
+        sys.argv[1:] if argv is None else argv, MODULE, WorkerSettings, "transfer process", optional_args=("role",)
+    )
+    if isinstance(link, int):
+        return link
+    settings = link.first
     # Before any thread starts: on Linux every thread started later inherits the niceness.
     lower_priority(settings.nice)
     logging.basicConfig(
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s transfer-process[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
     _preload_storage_clients()
-    _Server(conn, settings).run()
+    _Server(link.conn, settings).run()
     return 0
 
 

@@ -212,6 +212,7 @@ class RegisterTaskManagerRequest(_message.Message):
     INTERNAL_ADDRESS_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     SLOT_ADDRESSES_FIELD_NUMBER: _builtins.int
+    SLOT_PROCESSES_FIELD_NUMBER: _builtins.int
     taskmanager_id: _builtins.str
     address: _builtins.str
     """host:port the TaskManager serves on"""
@@ -237,6 +238,10 @@ class RegisterTaskManagerRequest(_message.Message):
         every slot process has its own port). Empty: every slot is served on address.
         """
 
+    @_builtins.property
+    def slot_processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SlotProcessInfo]:
+        """Its slot processes (taskmanager.slot-processes > 1), by index; empty: the TaskManager serves every slot itself."""
+
     def __init__(
         self,
         *,
@@ -251,14 +256,44 @@ class RegisterTaskManagerRequest(_message.Message):
         internal_address: _builtins.str = ...,
         cluster_id: _builtins.str = ...,
         slot_addresses: _abc.Iterable[_builtins.str] | None = ...,
+        slot_processes: _abc.Iterable[Global___SlotProcessInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "cluster_id", b"cluster_id", "host", b"host", "internal_address", b"internal_address", "limits", b"limits", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slot_addresses", b"slot_addresses", "slots", b"slots", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "cluster_id", b"cluster_id", "host", b"host", "internal_address", b"internal_address", "limits", b"limits", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slot_addresses", b"slot_addresses", "slot_processes", b"slot_processes", "slots", b"slots", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterTaskManagerRequest: _TypeAlias = RegisterTaskManagerRequest  # noqa: Y015
+
+@_typing.final
+class SlotProcessInfo(_message.Message):
+    """One slot process of a TaskManager: slot i is served by the process with index i mod the process count."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    address: _builtins.str
+    """host:port serving its slots' KeyedState calls"""
+    pid: _builtins.int
+    """on the TaskManager's host; 0: being replaced right now"""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        address: _builtins.str = ...,
+        pid: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "index", b"index", "pid", b"pid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SlotProcessInfo: _TypeAlias = SlotProcessInfo  # noqa: Y015
 
 @_typing.final
 class RegisterTaskManagerResponse(_message.Message):
@@ -517,6 +552,7 @@ class TaskManagerInfo(_message.Message):
     LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
     METRICS_PORT_FIELD_NUMBER: _builtins.int
+    SLOT_PROCESSES_FIELD_NUMBER: _builtins.int
     taskmanager_id: _builtins.str
     address: _builtins.str
     num_slots: _builtins.int
@@ -526,6 +562,10 @@ class TaskManagerInfo(_message.Message):
     metrics_port: _builtins.int
     @_builtins.property
     def slots(self) -> _containers.RepeatedCompositeFieldContainer[Global___SlotReport]: ...
+    @_builtins.property
+    def slot_processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SlotProcessInfo]:
+        """Its slot processes as it last registered them (taskmanager.slot-processes > 1); empty: none."""
+
     def __init__(
         self,
         *,
@@ -537,10 +577,11 @@ class TaskManagerInfo(_message.Message):
         last_heartbeat_age_ms: _builtins.int = ...,
         slots: _abc.Iterable[Global___SlotReport] | None = ...,
         metrics_port: _builtins.int = ...,
+        slot_processes: _abc.Iterable[Global___SlotProcessInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_slots", b"free_slots", "last_heartbeat_age_ms", b"last_heartbeat_age_ms", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slots", b"slots", "status", b"status", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_slots", b"free_slots", "last_heartbeat_age_ms", b"last_heartbeat_age_ms", "metrics_port", b"metrics_port", "num_slots", b"num_slots", "slot_processes", b"slot_processes", "slots", b"slots", "status", b"status", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

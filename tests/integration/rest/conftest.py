@@ -11,7 +11,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,10 +111,8 @@ def start_rest_cluster(
     return RestCluster(cluster, client, f"{scheme}://127.0.0.1:{port}")
 
 
-@pytest.fixture
-def rest_cluster(inprocess_cluster: Callable[..., InProcessCluster]) -> RestCluster:
-    """A cluster whose job ``orders`` has two completed checkpoints and one failed savepoint."""
-    rc = start_rest_cluster(inprocess_cluster)
+def _orders_cluster(factory: Callable[..., InProcessCluster]) -> RestCluster:
+    rc = start_rest_cluster(factory)
     rc.client.submit_job(JOB, OPERATORS, max_parallelism=MAX_P)
     write_keys(rc.client, JOB, 300, 1)
     complete_checkpoint(rc.client)
@@ -122,3 +120,42 @@ def rest_cluster(inprocess_cluster: Callable[..., InProcessCluster]) -> RestClus
     complete_checkpoint(rc.client)
     failed_savepoint(rc.client)
     return rc
+
+
+@pytest.fixture
+def rest_cluster(inprocess_cluster: Callable[..., InProcessCluster]) -> RestCluster:
+    """A cluster whose job ``orders`` has two completed checkpoints and one failed savepoint."""
+    return _orders_cluster(inprocess_cluster)
+
+
+@pytest.fixture(scope="module")
+def _module_rest_cluster(module_inprocess_cluster: Callable[..., InProcessCluster]) -> RestCluster:
+    return _orders_cluster(module_inprocess_cluster)
+
+
+def _what_tests_may_not_change(rc: RestCluster) -> Any:
+    """The cluster's jobs, their status, restarts and routing, and every checkpoint: what a reading test leaves alone."""
+    jobs = rc.get("/jobs").body
+    checkpoints = {
+        job["id"]: [
+            (c["id"], c["status"], c["is_savepoint"]) for c in rc.get(f"/jobs/{job['id']}/checkpoints").body["history"]
+        ]
+        for job in jobs["jobs"]
+    }
+    infos = {job["id"]: rc.client.job_info(job["id"]) for job in jobs["jobs"]}
+    states = {job: (i.status, i.restarts, i.routing_version, i.latest_checkpoint_id) for job, i in infos.items()}
+    return jobs, checkpoints, states
+
+
+@pytest.fixture
+def shared_rest_cluster(_module_rest_cluster: RestCluster) -> Iterator[RestCluster]:
+    """``rest_cluster``'s state, set up once per module for the tests that only read it.
+
+    A test that changes it (submits, cancels, restores, checkpoints) fails here: it must take
+    ``rest_cluster``, its own cluster, so that every test sees exactly the state set up above.
+    """
+    before = _what_tests_may_not_change(_module_rest_cluster)
+    yield _module_rest_cluster
+    assert _what_tests_may_not_change(_module_rest_cluster) == before, (
+        "a test changed the shared REST cluster; give it the rest_cluster fixture instead"
+    )

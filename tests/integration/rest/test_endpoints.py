@@ -26,16 +26,16 @@ from tests.integration.rest.conftest import (
 SUBTASKS = sum(op.parallelism for op in OPERATORS)
 
 
-def test_overview_and_taskmanagers_show_the_registered_slots(rest_cluster: RestCluster) -> None:
-    overview = rest_cluster.get("/overview")
+def test_overview_and_taskmanagers_show_the_registered_slots(shared_rest_cluster: RestCluster) -> None:
+    overview = shared_rest_cluster.get("/overview")
     assert overview.status == 200 and overview.headers["Content-Type"] == "application/json"
-    cluster = rest_cluster.client.cluster()
+    cluster = shared_rest_cluster.client.cluster()
     assert overview.body["taskmanagers"] == 2 == len(cluster.taskmanagers)
     assert overview.body["slots-total"] == 8
     assert overview.body["slots-available"] == 8 - SUBTASKS == cluster.free_slots
     assert overview.body["jobs-running"] == 1
 
-    tms = rest_cluster.get("/taskmanagers").body["taskmanagers"]
+    tms = shared_rest_cluster.get("/taskmanagers").body["taskmanagers"]
     assert sorted(tm["id"] for tm in tms) == ["tm-0", "tm-1"]
     occupied = [s for tm in tms for s in tm["slots"] if not s["free"]]
     assert sorted((s["operatorId"], s["subtaskIndex"]) for s in occupied) == sorted(
@@ -45,14 +45,14 @@ def test_overview_and_taskmanagers_show_the_registered_slots(rest_cluster: RestC
         assert tm["slotsNumber"] == 4 and tm["freeSlots"] == sum(s["free"] for s in tm["slots"])
         assert tm["status"] == "ACTIVE"
         assert abs(tm["timeSinceLastHeartbeat"] - time.time() * 1000) < 30_000
-        one = rest_cluster.get(f"/taskmanagers/{tm['id']}")
+        one = shared_rest_cluster.get(f"/taskmanagers/{tm['id']}")
         assert one.status == 200 and len(one.body["allocatedSlots"]) == tm["slotsNumber"] - tm["freeSlots"]
 
 
-def test_jobs_show_status_restarts_and_routing(rest_cluster: RestCluster) -> None:
-    info = rest_cluster.client.job_info(JOB)
-    assert rest_cluster.get("/jobs").body == {"jobs": [{"id": JOB, "status": "RUNNING"}]}
-    (entry,) = rest_cluster.get("/jobs/overview").body["jobs"]
+def test_jobs_show_status_restarts_and_routing(shared_rest_cluster: RestCluster) -> None:
+    info = shared_rest_cluster.client.job_info(JOB)
+    assert shared_rest_cluster.get("/jobs").body == {"jobs": [{"id": JOB, "status": "RUNNING"}]}
+    (entry,) = shared_rest_cluster.get("/jobs/overview").body["jobs"]
     assert entry["jid"] == JOB and entry["state"] == "RUNNING"
     assert entry["restarts"] == info.restarts == 0
     assert entry["routing-version"] == info.routing_version > 0
@@ -66,7 +66,7 @@ def test_jobs_show_status_restarts_and_routing(rest_cluster: RestCluster) -> Non
     }
     assert entry["latest-checkpoint-id"] == info.latest_checkpoint_id > 0
 
-    job = rest_cluster.get(f"/jobs/{JOB}").body
+    job = shared_rest_cluster.get(f"/jobs/{JOB}").body
     assert [(v["id"], v["parallelism"]) for v in job["vertices"]] == [
         (op.operator_id, op.parallelism) for op in OPERATORS
     ]
@@ -81,9 +81,9 @@ def test_jobs_show_status_restarts_and_routing(rest_cluster: RestCluster) -> Non
         assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))
 
 
-def test_checkpoints_document_counts_history_and_latest(rest_cluster: RestCluster) -> None:
-    listed = {c.checkpoint_id: c for c in rest_cluster.client.list_checkpoints(JOB).checkpoints}
-    doc = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body
+def test_checkpoints_document_counts_history_and_latest(shared_rest_cluster: RestCluster) -> None:
+    listed = {c.checkpoint_id: c for c in shared_rest_cluster.client.list_checkpoints(JOB).checkpoints}
+    doc = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints").body
     assert doc["counts"] == {"restored": 0, "total": 3, "in_progress": 0, "completed": 2, "failed": 1}
     history = doc["history"]
     assert [c["id"] for c in history] == sorted(listed, reverse=True)
@@ -107,17 +107,17 @@ def test_checkpoints_document_counts_history_and_latest(rest_cluster: RestCluste
     assert doc["summary"]["state_size"]["min"] == first["state_size"]
 
 
-def test_checkpoint_details_show_every_subtasks_ack_with_sync_and_async_times(rest_cluster: RestCluster) -> None:
-    latest = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["latest"]["completed"]
-    details = rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}").body
+def test_checkpoint_details_show_every_subtasks_ack_with_sync_and_async_times(shared_rest_cluster: RestCluster) -> None:
+    latest = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["latest"]["completed"]
+    details = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}").body
     assert sorted(details["tasks"]) == sorted(op.operator_id for op in OPERATORS)
     assert sum(t["state_size"] for t in details["tasks"].values()) == latest["state_size"]
     # The details carry every subtask's ack too, equal to the per-operator endpoint's.
     for op in OPERATORS:
-        same = rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}/subtasks/{op.operator_id}").body
+        same = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}/subtasks/{op.operator_id}").body
         assert details["tasks"][op.operator_id]["subtasks"] == same["subtasks"]
     for op in OPERATORS:
-        sub = rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}/subtasks/{op.operator_id}").body
+        sub = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints/details/{latest['id']}/subtasks/{op.operator_id}").body
         assert [s["index"] for s in sub["subtasks"]] == list(range(op.parallelism))
         for s in sub["subtasks"]:
             assert s["status"] == "completed"
@@ -161,7 +161,7 @@ def test_config_documents_read_the_configuration_with_secrets_redacted(inprocess
     assert entries["s3.secret-key"] != "very-secret-value" and "very-secret-value" not in str(entries)
 
 
-def test_unknown_job_checkpoint_operator_and_path_are_404_naming_the_fix(rest_cluster: RestCluster) -> None:
+def test_unknown_job_checkpoint_operator_and_path_are_404_naming_the_fix(shared_rest_cluster: RestCluster) -> None:
     cases = {
         "/jobs/nope": "list them at /jobs",
         "/jobs/nope/checkpoints": "known jobs: orders",
@@ -171,21 +171,23 @@ def test_unknown_job_checkpoint_operator_and_path_are_404_naming_the_fix(rest_cl
         "/no/such/thing": "/openapi.json",
     }
     for path, hint in cases.items():
-        answer = rest_cluster.get(path)
+        answer = shared_rest_cluster.get(path)
         assert answer.status == 404, path
         assert answer.headers["Content-Type"] == "application/json"
         (message,) = answer.body["errors"]
         assert hint in message, (path, message)
 
 
-def test_writes_are_405_with_allow(rest_cluster: RestCluster) -> None:
+def test_writes_are_405_with_allow(shared_rest_cluster: RestCluster) -> None:
     for method in ("POST", "PUT", "DELETE", "PATCH"):
-        answer = rest_cluster.get(f"/jobs/{JOB}", method=method)
+        answer = shared_rest_cluster.get(f"/jobs/{JOB}", method=method)
         assert answer.status == 405, method
         assert answer.headers["Allow"] == "GET, HEAD"
         assert f"{method} is not allowed" in answer.body["errors"][0]
-    assert rest_cluster.get(f"/jobs/{JOB}", method="HEAD").status == 200
-    assert rest_cluster.get("/v1/overview").body == rest_cluster.get("/overview").body  # Flink's /v1 prefix
+    assert shared_rest_cluster.get(f"/jobs/{JOB}", method="HEAD").status == 200
+    assert (
+        shared_rest_cluster.get("/v1/overview").body == shared_rest_cluster.get("/overview").body
+    )  # Flink's /v1 prefix
 
 
 def test_a_stalled_client_does_not_stall_checkpoints_or_other_requests(rest_cluster: RestCluster) -> None:

@@ -71,8 +71,8 @@ def test_the_document_is_valid_openapi_and_lists_exactly_the_served_paths() -> N
     assert {s["url"] for s in DOCUMENT["servers"]} == {"/", API_PREFIX}
 
 
-def _concrete(rest_cluster: RestCluster) -> dict[str, str]:
-    history = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["history"]
+def _concrete(shared_rest_cluster: RestCluster) -> dict[str, str]:
+    history = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["history"]
     return {
         "{jobid}": JOB,
         "{checkpointid}": str(history[0]["id"]),  # the failed savepoint: the FAILED shapes are checked too
@@ -87,27 +87,27 @@ def _fill(path: str, values: dict[str, str]) -> str:
     return path
 
 
-def test_every_endpoint_answers_as_documented(rest_cluster: RestCluster) -> None:
-    values = _concrete(rest_cluster)
-    history = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["history"]
+def test_every_endpoint_answers_as_documented(shared_rest_cluster: RestCluster) -> None:
+    values = _concrete(shared_rest_cluster)
+    history = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints").body["history"]
     for path in DOCUMENT["paths"]:
         for checkpoint in {c["id"] for c in history} if "{checkpointid}" in path else {values["{checkpointid}"]}:
             url = _fill(path, {**values, "{checkpointid}": str(checkpoint)})
-            answer = rest_cluster.get(url)
+            answer = shared_rest_cluster.get(url)
             assert answer.status == 200, (url, answer.body)
             check(path, 200, answer.body)
 
 
-def test_errors_answer_as_documented(rest_cluster: RestCluster) -> None:
-    values = _concrete(rest_cluster)
+def test_errors_answer_as_documented(shared_rest_cluster: RestCluster) -> None:
+    values = _concrete(shared_rest_cluster)
     for path, spec in DOCUMENT["paths"].items():
         if "404" in spec["get"]["responses"]:
             wrong = {name: "no-such-" + name.strip("{}") for name in values}
             wrong["{checkpointid}"] = "424242"
-            answer = rest_cluster.get(_fill(path, wrong))
+            answer = shared_rest_cluster.get(_fill(path, wrong))
             assert answer.status == 404, path
             check(path, 404, answer.body)
-        answer = rest_cluster.get(_fill(path, values), method="POST")
+        answer = shared_rest_cluster.get(_fill(path, values), method="POST")
         assert answer.status == 405, path
         check(path, 405, answer.body)
 
@@ -121,8 +121,8 @@ def test_errors_answer_as_documented(rest_cluster: RestCluster) -> None:
     ],
     ids=lambda d: d[0],
 )
-def test_a_drifted_answer_fails_the_check(rest_cluster: RestCluster, drift: Any) -> None:
-    real = rest_cluster.get("/overview").body
+def test_a_drifted_answer_fails_the_check(shared_rest_cluster: RestCluster, drift: Any) -> None:
+    real = shared_rest_cluster.get("/overview").body
     check("/overview", 200, real)
     drifted = copy.deepcopy(real)
     drift[1](drifted)
@@ -130,8 +130,8 @@ def test_a_drifted_answer_fails_the_check(rest_cluster: RestCluster, drift: Any)
         check("/overview", 200, drifted)
 
 
-def test_a_drifted_checkpoint_in_the_history_fails_the_check(rest_cluster: RestCluster) -> None:
-    real = rest_cluster.get(f"/jobs/{JOB}/checkpoints").body
+def test_a_drifted_checkpoint_in_the_history_fails_the_check(shared_rest_cluster: RestCluster) -> None:
+    real = shared_rest_cluster.get(f"/jobs/{JOB}/checkpoints").body
     mutations: tuple[Callable[[dict[str, Any]], object], ...] = (
         lambda d: d["history"][0].pop("failure_reason"),  # a FAILED checkpoint must say why
         lambda d: d["history"][-1].update({"status": "DONE"}),  # not one of Flink's status strings

@@ -9,9 +9,14 @@ replaced and only the jobs it hosted fail over; the processes together stay with
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
+import shutil
 import signal
+import tempfile
 import urllib.request
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -241,41 +246,94 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_again(process_cluster: Any) -> None:
+def _control_dirs(tmp: Path) -> list[Path]:
+    """The slot processes' private directories (lease page, Unix sockets) the TaskManagers made in ``tmp``."""
+    return sorted(tmp.glob("keyedstate-slots-*"))
+
+
+def test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_again_and_cleans_up(
+    process_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import psutil
 
-    cluster = process_cluster(taskmanagers=1, slots=2, config=SLOT_PROCESSES)
-    daemon = cluster.taskmanagers[0].process
-    assert daemon is not None
-    slot_pids = [
-        p.pid for p in psutil.Process(daemon.pid).children() if "keyedstate.taskmanager.slot_process" in p.cmdline()
+    # The daemons' temp directory is this test's own (short: Unix socket paths have 107 bytes at most).
+    tmp = Path(tempfile.mkdtemp(prefix="ks-"))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    try:
+        cluster = process_cluster(taskmanagers=1, slots=2, config=SLOT_PROCESSES)
+        daemon = cluster.taskmanagers[0].process
+        assert daemon is not None
+        slot_pids = [
+            p.pid for p in psutil.Process(daemon.pid).children() if "keyedstate.taskmanager.slot_process" in p.cmdline()
+        ]
+        assert len(slot_pids) == 2
+        first = _control_dirs(tmp)
+        assert len(first) == 1 and (first[0] / "lease").is_file()
+        with StateClient(cluster.jobmanager_address) as client:
+            client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
+            state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
+            state.put_many([f"k{i}" for i in range(1000)], list(range(1000)))
+            client.trigger_checkpoint("j")
+            before = client.routing("j").version
+
+            cluster.taskmanagers[0].kill()
+            # Their socket to the TaskManager closed: they close their RocksDB instances and exit.
+            wait_for(lambda: not any(_running(p) for p in slot_pids), 30, "the slot processes to exit")
+            assert _control_dirs(tmp) == first  # nobody was left to remove it
+            cluster.restart_taskmanager(0)
+            # The restart removed its killed predecessor's directory and made its own.
+            second = _control_dirs(tmp)
+            assert len(second) == 1 and second != first and (second[0] / "lease").is_file()
+
+            def running_again() -> bool:
+                routing = client.routing("j", refresh=True)
+                return routing.version > before and routing.job_status == "RUNNING"
+
+            wait_for(running_again, 90, "the job running again on the restarted TaskManager")
+            assert state.get_many([f"k{i}" for i in range(1000)]) == list(range(1000))
+
+        # A clean stop (SIGTERM) removes its own directory.
+        assert cluster.taskmanagers[0].terminate() == 0
+        assert _control_dirs(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _statectl_slot_processes(address: str, capsys: pytest.CaptureFixture[str]) -> list[tuple[int, str, str, int]]:
+    """``statectl cluster``'s slot-process rows, checked against its ``--json`` twin: (index, slots, address, pid)."""
+    from keyedstate.cli.statectl import main
+
+    assert main(["cluster", "-m", address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("TASKMANAGER") and "SLOT-PROCESS" in line)
+    rows = []
+    for line in lines[header + 1 :]:
+        if not line.strip():
+            break
+        tm, index, slots, process_address, pid = re.split(r"\s{2,}", line.strip())
+        assert tm == "tm-0"
+        rows.append((int(index), slots, process_address, int(pid)))
+    assert main(["cluster", "-m", address, "--json"]) == 0
+    (described,) = json.loads(capsys.readouterr().out)["taskmanagers"]
+    assert [(p["index"], p["address"], p["pid"]) for p in described["slot_processes"]] == [
+        (index, a, pid) for index, _, a, pid in rows
     ]
-    assert len(slot_pids) == 2
-    with StateClient(cluster.jobmanager_address) as client:
-        client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
-        state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
-        state.put_many([f"k{i}" for i in range(1000)], list(range(1000)))
-        client.trigger_checkpoint("j")
-        before = client.routing("j").version
-
-        cluster.taskmanagers[0].kill()
-        # Their socket to the TaskManager closed: they close their RocksDB instances and exit.
-        wait_for(lambda: not any(_running(p) for p in slot_pids), 30, "the slot processes to exit")
-        cluster.restart_taskmanager(0)
-
-        def running_again() -> bool:
-            routing = client.routing("j", refresh=True)
-            return routing.version > before and routing.job_status == "RUNNING"
-
-        wait_for(running_again, 90, "the job running again on the restarted TaskManager")
-        assert state.get_many([f"k{i}" for i in range(1000)]) == list(range(1000))
+    return rows
 
 
-def test_slot_processes_killed_together_are_all_replaced(inprocess_cluster: Any) -> None:
-    cluster = inprocess_cluster(taskmanagers=1, slots=2, tm=SLOT_PROCESSES)
+def test_slot_processes_killed_together_are_all_replaced(
+    inprocess_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, tm=SLOT_PROCESSES)
     tm = cluster.taskmanagers[0]
     assert tm.slot_processes is not None
     old = tm.slot_processes.pids()
+    addresses = tm.slot_processes.slot_addresses()
+    # statectl shows each slot process: its slots (i mod 2), its address and its pid.
+    assert _statectl_slot_processes(cluster.address, capsys) == [
+        (0, "0, 2", addresses[0], old[0]),
+        (1, "1, 3", addresses[1], old[1]),
+    ]
     for pid in old:
         os.kill(pid, signal.SIGKILL)
 
@@ -294,8 +352,13 @@ def test_slot_processes_killed_together_are_all_replaced(inprocess_cluster: Any)
         30,
         "the TaskManager registering its new slot addresses",
     )
+    new = tm.slot_processes.pids()
+    assert [(index, pid) for index, _, _, pid in _statectl_slot_processes(cluster.address, capsys)] == [
+        (0, new[0]),
+        (1, new[1]),
+    ]
     client = cluster.client()
-    client.submit_job("j", [OperatorSpec("op", 2, VALUE)])
+    client.submit_job("j", [OperatorSpec("op", 4, VALUE)])
     assert list(client.routing("j").operator("op").addresses) == tm.slot_processes.slot_addresses()
     state = ValueState[str, Any](client, "j", "op", "v", key_serializer="str", value_serializer="json")
     state.put_many([f"k{i}" for i in range(100)], list(range(100)))

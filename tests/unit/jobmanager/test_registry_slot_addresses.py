@@ -1,4 +1,4 @@
-"""Slot addresses (``taskmanager.slot-processes`` > 1): checked at registration, used by slot assignment."""
+"""Slot addresses and slot processes (``taskmanager.slot-processes`` > 1): checked at registration, used by slot assignment."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.ids import KeyGroupRange, SubtaskId, TaskManagerId
-from keyedstate.jobmanager.registry import TaskManagerRegistry
+from keyedstate.jobmanager.registry import SlotProcessReport, TaskManagerRegistry
 from keyedstate.jobmanager.scheduling import allocate_slots
 from tests.fakes.clock import ManualClock
 from tests.fakes.scheduler import ManualScheduler
@@ -53,5 +53,51 @@ def test_malformed_slot_addresses_are_refused(
 ) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         _register(registry, slot_addresses)
+    assert fragment in info.value.message
+    assert registry.get(TaskManagerId("tm")) is None
+
+
+_ADDRESSES = ("10.0.0.1:7000", "10.0.0.1:7001") * 2
+
+
+def test_slot_processes_are_kept_with_their_pids_for_the_overview(registry: TaskManagerRegistry) -> None:
+    processes = (SlotProcessReport(0, "10.0.0.1:7000", 4242), SlotProcessReport(1, "10.0.0.1:7001", 0))
+    registry.register(
+        TaskManagerId("tm"),
+        "10.0.0.1:6000",
+        "10.0.0.1",
+        4,
+        "rocksdb",
+        0,
+        slot_addresses=_ADDRESSES,
+        slot_processes=processes,
+    )
+    record = registry.get(TaskManagerId("tm"))
+    assert record is not None and record.slot_processes == processes
+
+
+@pytest.mark.parametrize(
+    ("processes", "fragment"),
+    [
+        (tuple(SlotProcessReport(i, f"10.0.0.1:{7000 + i}", 100 + i) for i in range(5)), "5 slot processes for 4"),
+        ((SlotProcessReport(1, "10.0.0.1:7001", 7), SlotProcessReport(0, "10.0.0.1:7000", 8)), "in index order"),
+        ((SlotProcessReport(0, "10.0.0.1:7000", -1),), "with its pid"),
+        ((SlotProcessReport(0, "10.0.0.1:0", 7),), "slot process address '10.0.0.1:0'"),
+    ],
+)
+def test_malformed_slot_processes_are_refused(
+    registry: TaskManagerRegistry, processes: tuple[SlotProcessReport, ...], fragment: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        registry.register(
+            TaskManagerId("tm"),
+            "10.0.0.1:6000",
+            "10.0.0.1",
+            4,
+            "rocksdb",
+            0,
+            slot_addresses=_ADDRESSES,
+            slot_processes=processes,
+        )
     assert fragment in info.value.message
     assert registry.get(TaskManagerId("tm")) is None
