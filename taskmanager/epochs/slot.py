@@ -291,6 +291,16 @@ class SlotEpochs:
                 )
             staged = self._winning_records(epoch, winners)
             mutations = [m for attempt_records in staged for m in fold_attempt(attempt_records, self.states)]
+            try:
+                # Once decided the epoch must apply: a limit its apply would meet (a list grown
+                # past state.limits.list.max-elements) refuses the Prepare, before any decision.
+                self.backend.check_applicable(mutations)
+            except KeyedStateError as exc:
+                raise EpochCommitError(
+                    f"epoch {epoch} cannot be applied on {self.subtask}, so it is not prepared: {exc.message}. "
+                    "Fix the cause, then run the micro-batch again",
+                    reason=exc.reason,
+                ) from exc
             stamp = self.backend.clock.now_ms()
             written = upload(epoch, stamp, mutations)
             self._prepared_stamp = (epoch, routing_version, stamp)

@@ -337,15 +337,53 @@ class KeyedStateBackend(ABC):
 
         Everything is validated first; a bad mutation anywhere means nothing is written.
         """
+        ops = self._mutation_ops(mutations)
+        checked_meta = self._check_meta(meta)
+        self._run(ops, checked_meta)
+        return len(ops)
+
+    def check_applicable(self, mutations: Sequence[Mutation]) -> None:
+        """Raise what :meth:`apply` of ``mutations`` would raise on the current state; write nothing.
+
+        An overlapped commit decides an epoch before it is applied, so its Prepare must meet every
+        failure the apply could: the checks of each mutation, and the list lengths, the only ones
+        that depend on the stored data.
+        """
+        ops = self._mutation_ops(mutations)
+        with self._op:
+            self._check_list_lengths(ops, {})
+
+    def _mutation_ops(self, mutations: Sequence[Mutation]) -> list[Op]:
         ops: list[Op] = []
         for i, m in enumerate(mutations):
             try:
                 ops.append(self._mutation_op(m))
             except (InvalidArgumentError, NotFoundError, WrongStateKindError, SizeLimitError, StaleRoutingError) as exc:
                 raise exc.with_message(f"mutation #{i} ({m.kind.value} on {m.state!r}): {exc.message}") from exc
-        checked_meta = self._check_meta(meta)
-        self._run(ops, checked_meta)
-        return len(ops)
+        return ops
+
+    def _check_list_lengths(self, ops: Sequence[Op], cache: dict[str, Any]) -> None:
+        """Refuse ``ops`` if applying them in order would grow a list past ``state.limits.list.max-elements``."""
+        lengths: dict[tuple[str, bytes, bytes], int] = {}
+        for code, st, kg, key, ns, _uk, _v, values in ops:
+            if st.kind is not StateKind.LIST or code not in (OP_LIST_APPEND, OP_LIST_REPLACE, OP_CLEAR):
+                continue
+            slot = (st.name, key, ns)
+            if code == OP_CLEAR:
+                lengths[slot] = 0
+                continue
+            if code == OP_LIST_REPLACE:
+                current = 0
+            elif slot in lengths:
+                current = lengths[slot]
+            else:
+                current = self._stored_list_length(st, kg, key, ns, cache)
+            self.validation.list_length(current, len(values), key)
+            lengths[slot] = current + len(values)
+
+    @abstractmethod
+    def _stored_list_length(self, st: StateHandle, kg: int, key: bytes, ns: bytes, cache: dict[str, Any]) -> int:
+        """How many elements the stored list of (key, namespace) holds (``cache``: per-call readers, e.g. iterators)."""
 
     def apply_validated(self, ops: list[Op], meta: dict[bytes, bytes] | None = None) -> int:
         """Apply operations checked when they were staged (the epoch commit's fast path), atomically.

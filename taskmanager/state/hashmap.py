@@ -119,22 +119,15 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             st.store.update(zip(tkeys, stored))
 
     # -- batched writes ---------------------------------------------------------------------
+    def _stored_list_length(self, st: StateHandle, kg: int, key: bytes, ns: bytes, cache: dict[str, Any]) -> int:
+        return len(st.store.get((key, ns), ()))
+
     def _execute(self, ops: list[Op], meta: dict[bytes, bytes] | None) -> list[bytes]:
         results: list[bytes] = []
         with self._lock:
             now = self.clock.now_ms()
             # Pass 1: the only data-dependent check (list lengths), before any change.
-            lengths: dict[tuple[str, bytes, bytes], int] = {}
-            for code, st, _kg, key, ns, _uk, _v, values in ops:
-                if st.kind is not StateKind.LIST or code not in (OP_LIST_APPEND, OP_LIST_REPLACE, OP_CLEAR):
-                    continue
-                slot = (st.name, key, ns)
-                if code == OP_CLEAR:
-                    lengths[slot] = 0
-                    continue
-                current = 0 if code == OP_LIST_REPLACE else lengths.get(slot, len(st.store.get((key, ns), ())))
-                self.validation.list_length(current, len(values), key)
-                lengths[slot] = current + len(values)
+            self._check_list_lengths(ops, {})
             # Pass 2: apply; nothing below can fail on valid input.
             for code, st, _kg, key, ns, user_key, value, values in ops:
                 tbl = st.store

@@ -396,6 +396,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         first = int.from_bytes(it.key()[-layout.SEQ_BYTES :], "big")
         return (first, last + 1)
 
+    def _stored_list_length(self, st: StateHandle, kg: int, key: bytes, ns: bytes, cache: dict[str, Any]) -> int:
+        first, nxt = self._list_bounds_of(st, layout.key_prefix(kg, key, ns), cache)
+        return nxt - first
+
     def _reduce_bases(self, ops: list[Op]) -> dict[tuple[str, bytes], bytes | None]:
         """Current stored values of every reduced key of ``ops``, read in one multi-get per state."""
         key_prefix = layout.key_prefix

@@ -34,7 +34,7 @@ from keyedstate.common.storage import StorageCache
 from keyedstate.taskmanager.changelog.change_sets import ChangeSetStore
 from keyedstate.taskmanager.epochs.attempt import TaskAttempt
 from keyedstate.taskmanager.epochs.manager import EpochManager
-from keyedstate.taskmanager.epochs.slot import SlotEpochs
+from keyedstate.taskmanager.epochs.slot import EpochCommitError, SlotEpochs
 from keyedstate.taskmanager.slots import SlotTable
 from keyedstate.taskmanager.state import StateLimits, create_backend
 from tests.fakes.clock import ManualClock
@@ -264,5 +264,53 @@ def test_the_apply_keeps_the_timestamp_of_the_prepare(tmp_path: Path, store: Cha
         assert slot.backend.value_get("v_ttl", [b"k"], b"") == [b"x"]
         clock.advance(1)
         assert slot.backend.value_get("v_ttl", [b"k"], b"") == [None], "expired TTL_MS after the Prepare, not the apply"
+    finally:
+        slot.close()
+
+
+@pytest.mark.parametrize("kind", ["hashmap", "rocksdb"])
+def test_prepare_refuses_an_epoch_whose_apply_would_pass_the_list_limit(
+    tmp_path: Path, store: ChangeSetStore, kind: str
+) -> None:
+    """A decided epoch must apply: the limit the apply enforces is met at Prepare, before any file or decision."""
+    clock = ManualClock()
+    job_dir = f"file://{tmp_path}/job"
+    table = SlotTable(1, TaskManagerId("tm-limit"))
+    key_groups = KeyGroupRange(0, MP - 1)
+    reserved = table.reserve(
+        SUBTASK, OperatorSpec(SUBTASK.operator_id, 1, STATES), key_groups, MP, 0, VERSION, job_dir, False
+    )
+    backend = create_backend(
+        kind,
+        SUBTASK,
+        key_groups,
+        MP,
+        STATES,
+        local_dir=tmp_path / "s",
+        limits=StateLimits(max_list_elements=3),
+        clock=clock,
+    )
+    table.activate(reserved, backend)
+    slot = Slot(backend, SlotEpochs(reserved, backend, tmp_path / "s" / "staging"))
+    try:
+        slot.view(0, 0, 1).list_append("l", [b"k", b"k"], [b"a", b"b"], b"")
+        slot.epochs.commit(0, {0: Winner(0, 1)}, VERSION)
+        # Each attempt alone is within the limit (staging checks only what it stages); together
+        # with the committed two they would make five.
+        slot.view(1, 0, 1).list_append("l", [b"k"], [b"c"], b"")
+        slot.view(1, 1, 1).list_append("l", [b"k", b"k"], [b"d", b"e"], b"")
+        winners = {0: Winner(0, 1), 1: Winner(1, 1)}
+        with pytest.raises(EpochCommitError, match="epoch 1 cannot be applied.*state.limits.list.max-elements") as info:
+            slot.epochs.prepare(1, winners, VERSION, _upload(store, slot, job_dir))
+        assert info.value.reason is Reason.SIZE_LIMIT
+        assert not (tmp_path / "job" / "changelog").exists()  # no change set was written
+        assert backend.committed_epoch() == 0 and backend.list_get("l", [b"k"], b"") == [[b"a", b"b"]]
+        # Within the limit the same Prepare passes and its file is written.
+        slot.epochs.abort(1)
+        slot.view(1, 0, 2).list_append("l", [b"k"], [b"c"], b"")
+        written = slot.epochs.prepare(1, {0: Winner(0, 2)}, VERSION, _upload(store, slot, job_dir))
+        assert written is not None and written.size > 0
+        slot.epochs.commit(1, {0: Winner(0, 2)}, VERSION)
+        assert backend.list_get("l", [b"k"], b"") == [[b"a", b"b", b"c"]]
     finally:
         slot.close()
