@@ -150,17 +150,28 @@ class DaemonProcess:
 
     def terminate(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM and wait for the clean shutdown; SIGKILL if it does not come."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, timeout_s)
-                self.process.kill()
-                self.process.wait(timeout=30)
+        return self.wait_terminated(timeout_s) if self.send_terminate() else self._returncode()
+
+    def send_terminate(self) -> bool:
+        """SIGTERM once (then :meth:`wait_terminated`); False when no process runs, so there is nothing to wait for."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        self.process.terminate()
+        return True
+
+    def wait_terminated(self, timeout_s: float = 30.0) -> int | None:
+        """After :meth:`send_terminate`: wait for the clean shutdown; SIGKILL if it does not come in ``timeout_s``."""
+        assert self.process is not None
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, timeout_s)
+            self.process.kill()
+            self.process.wait(timeout=30)
         return self.process.returncode
+
+    def _returncode(self) -> int | None:
+        return self.process.returncode if self.process is not None else None
 
 
 class MiniCluster:
@@ -309,8 +320,10 @@ class MiniCluster:
 
     def stop(self) -> None:
         """SIGTERM every daemon (TaskManagers first) and wait for clean shutdowns; SIGKILL any that take over 30 s."""
-        for tm in self.taskmanagers:
-            tm.terminate()
+        # The TaskManagers close their backends and child processes side by side, as they started.
+        stopping = [tm for tm in self.taskmanagers if tm.send_terminate()]
+        for tm in stopping:
+            tm.wait_terminated()
         if self.jobmanager is not None:
             self.jobmanager.terminate()
 
