@@ -49,7 +49,8 @@ from keyedstate.common.spark import KeyedStateRuntime, processor_operator
 from keyedstate.common.spark._processor import TIMERS_STATE
 from tests.fixtures.cluster import InProcessCluster
 
-pytestmark = pytest.mark.spark
+# Each test runs a multi-batch query on Spark and on the runtime (with task failures): longer than the default.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 from pyspark import cloudpickle  # noqa: E402
 
