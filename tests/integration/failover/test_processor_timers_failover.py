@@ -21,7 +21,8 @@ from pyspark.sql import SparkSession
 from keyedstate.common.minicluster import MiniCluster
 from tests.integration.spark.test_processor_timers import event_time_case, remaining_timers, run_ours
 
-pytestmark = pytest.mark.spark
+# Each test runs a multi-batch query on Spark and on the runtime (with task failures): longer than the default.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 
 def test_no_processor_timer_fires_twice_or_is_lost_when_taskmanagers_are_killed(

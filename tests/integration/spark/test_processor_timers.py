@@ -49,7 +49,8 @@ from keyedstate.common.spark import KeyedStateRuntime, processor_operator
 from keyedstate.common.spark._processor import TIMERS_STATE
 from tests.fixtures.cluster import InProcessCluster
 
-pytestmark = pytest.mark.spark
+# Each test runs a multi-batch query on Spark and on the runtime (with task failures): longer than the default.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 from pyspark import cloudpickle  # noqa: E402
 
@@ -86,17 +87,20 @@ class TimerSessions(StatefulProcessor):
         if ctx is None or ctx.attemptNumber() != 0:
             return
         if getattr(self, "_task", None) != ctx.taskAttemptId():
-            # The k-th first attempt of partition p draws its fault from (seed, p, k): the same schedule every run.
+            # Partition p's k-th first attempt takes step k of a cycle through every step in an order drawn
+            # from (seed, p), and a call number drawn from (seed, p, k): the same schedule every run.
             self._task = ctx.taskAttemptId()
             p = ctx.partitionId()
             k = len(list(Path(self.failures).glob(f"first-{p}-*")))
             Path(self.failures, f"first-{p}-{k}").touch()
-            rnd = random.Random(f"{self.seed}-{p}-{k}")
-            self._fault, self._nth = rnd.choice(FAULT_STEPS), rnd.randrange(1, 4)
+            order = list(FAULT_STEPS)
+            random.Random(f"{self.seed}-{p}").shuffle(order)
+            self._fault = order[k % len(order)]
+            self._nth = random.Random(f"{self.seed}-{p}-{k}").randrange(1, 4) if self._fault == "rows" else 1
             self._calls = dict.fromkeys(FAULT_STEPS, 0)
         self._calls[step] += 1
-        # A step that repeats (a key's rows, a timer) fails at its nth call; a task with fewer lives on.
-        if step == self._fault and self._calls[step] == (self._nth if step in ("rows", "timer") else 1):
+        # The rows step fails at the nth key (a task with fewer keys lives on), the others at their first call.
+        if step == self._fault and self._calls[step] == self._nth:
             Path(self.failures, f"task-{ctx.taskAttemptId()}-{step}").touch()
             raise RuntimeError(f"injected task failure at {step}")
 
