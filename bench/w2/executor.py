@@ -169,6 +169,15 @@ def aipws_sessionize(key: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]
 
 
 # -- transformWithStateInPandas -----------------------------------------------------------------
+def _times_and_session(rows: Iterator[Any], session_state: Any) -> tuple[list[int], Session | None]:
+    """The event times of one user's rows, sorted, and the session its ValueState holds (None: none)."""
+    new: list[int] = sorted(t for pdf in rows for t in pdf["ts"].tolist())
+    if not session_state.exists():
+        return new, None
+    start, last, count = session_state.get()
+    return new, (int(start), int(last), int(count))
+
+
 def twsip_processor() -> Any:
     """A StatefulProcessor keeping the session in a ValueState (start, last, count) plus a ListState of its times."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
@@ -179,11 +188,7 @@ def twsip_processor() -> Any:
             self.times = handle.getListState(TIMES, "ts long")
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-            new: list[int] = sorted(t for pdf in rows for t in pdf["ts"].tolist())
-            old: Session | None = None
-            if self.session.exists():
-                start, last, count = self.session.get()
-                old = (int(start), int(last), int(count))
+            new, old = _times_and_session(rows, self.session)
             session, closed, tail = advance(old, new)
             if tail is None:
                 self.times.appendList([(t,) for t in new])
@@ -210,11 +215,8 @@ def twsip_timer_processor() -> Any:
             self.times = handle.getListState(TIMES, "ts long")
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-            new: list[int] = sorted(t for pdf in rows for t in pdf["ts"].tolist())
-            old: Session | None = None
-            if self.session.exists():
-                start, last, count = self.session.get()
-                old = (int(start), int(last), int(count))
+            new, old = _times_and_session(rows, self.session)
+            if old is not None:
                 self.handle.deleteTimer((old[1] + GAP_S) * 1000)
             session, closed, tail = advance(old, new)
             if tail is None:

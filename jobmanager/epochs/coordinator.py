@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from keyedstate.common.batches import Winner
 from keyedstate.common.changesets import ChangeSetFile
@@ -323,7 +323,7 @@ class EpochCoordinator:
             version,
         )
 
-    def _refused_prepare(self, job: Job, epoch: int, refused: list[tuple[str, KeyedStateError]]) -> None:
+    def _refused_prepare(self, job: Job, epoch: int, refused: list[tuple[str, KeyedStateError]]) -> NoReturn:
         """Raise for a refused prepare round (caller holds ``job.lock``); fails the job over when only a restore helps."""
         address, error = refused[0]
         if all(isinstance(e, (EpochConflictError, UnavailableError)) for _, e in refused):
@@ -331,6 +331,7 @@ class EpochCoordinator:
                 f"job {job.job_id!r}: epoch {epoch} was refused by TaskManager {address} before anything was "
                 f"applied ({error.message}); run the batch again"
             ) from error
+        # The slots disagree with the JobManager about the job's epochs: only a restore makes them agree.
         cause = f"preparing epoch {epoch} failed on TaskManager {address}: {error.message}"
         self._fail_over_now(job, cause)
         raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint") from error
@@ -445,18 +446,7 @@ class EpochCoordinator:
         with job.lock:
             self._still_current(job, epoch, version)
             if refused:
-                address, error = refused[0]
-                if all(isinstance(e, (EpochConflictError, UnavailableError)) for _, e in refused):
-                    raise EpochConflictError(
-                        f"job {job.job_id!r}: epoch {epoch} was refused by TaskManager {address} before anything was "
-                        f"applied ({error.message}); run the batch again"
-                    ) from error
-                # The slots disagree with the JobManager about the job's epochs: only a restore makes them agree.
-                cause = f"preparing epoch {epoch} failed on TaskManager {address}: {error.message}"
-                self._fail_over_now(job, cause)
-                raise JobStateError(
-                    f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint"
-                ) from error
+                self._refused_prepare(job, epoch, refused)
         crash_point("jobmanager.epoch.before-commit")
         failed = self._on_all(addresses, job.job_id, epoch, commit, prepare=False)
         with job.lock:
