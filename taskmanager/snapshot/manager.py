@@ -133,6 +133,8 @@ class _SlotCheckpoint:
     referenced_shared: dict[str, StateFileHandle] = field(default_factory=dict)
     uploaded_remote: list[str] = field(default_factory=list)
     done: bool = False
+    acknowledged: bool = False
+    """The ack was sent (its outcome may be unknown): the uploaded files are the JobManager's to delete."""
     savepoint: bool = False
     inline: bool = False
     """The files go inline to the JobManager (its memory holds the checkpoint): nothing is uploaded."""
@@ -271,6 +273,7 @@ class SnapshotManager:
             if handle is None:
                 return
             crash_point("taskmanager.checkpoint.before-ack")
+            work.acknowledged = True
             try:
                 self._reporter.acknowledge_checkpoint(barrier.job_id, barrier.checkpoint_id, handle)
             except Exception as exc:
@@ -771,6 +774,13 @@ class SnapshotManager:
             ]
             subsumed = [w for k in older for w in self._inflight.pop(k)]
         for work in subsumed:
+            if work.acknowledged:
+                # Never told the outcome, but it may have completed: a JobManager that died after
+                # its _metadata is taken back by the next one, and newer checkpoints then reference
+                # its shared files. Deleting them is the JobManager's call (subsumption, gc).
+                work.cancel.set()
+                shutil.rmtree(work.local_dir, ignore_errors=True)
+                continue
             self._cancel(work)
 
     def _cancel(self, work: _SlotCheckpoint) -> None:

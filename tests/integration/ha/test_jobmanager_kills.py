@@ -97,6 +97,18 @@ def _assert_no_orphans(cluster: Any, timeout_s: float = 30.0) -> None:
     assert _pointer_ids(cluster) == _completed_ids(cluster)[-RETAINED:]
 
 
+def _assert_restorable(cluster: Any) -> None:
+    """Every file every retained checkpoint references exists (what a restore would download)."""
+    missing = []
+    for cid in _completed_ids(cluster):
+        directory = f"{_job_dir(cluster)}/chk-{cid}"
+        for _op, _sub, f in load_checkpoint(cluster.storage, directory).files():
+            path = _paths.join(directory, f.path)
+            if not cluster.storage.exists(path):
+                missing.append(f"chk-{cid}: {f.path}")
+    assert not missing, "retained checkpoints reference deleted files:\n" + "\n".join(missing)
+
+
 def _start(cluster: Any) -> EpochDriver:
     driver = EpochDriver(cluster.jobmanager_address)
     driver.client.submit_job(JOB, operators(2), max_parallelism=32)
@@ -180,6 +192,7 @@ def test_jobmanager_killed_between_barrier_and_completion(ha_cluster: Any) -> No
         assert info.status == pb.JOB_STATUS_RUNNING and info.committed_epoch == 5 and info.restarts == 0
         driver.verify()
         _assert_no_orphans(cluster)
+        _assert_restorable(cluster)
         print(f"\nJobManager killed between barrier and completion: {figures}, driver re-runs {driver.reruns}")
     finally:
         driver.close()
@@ -200,6 +213,9 @@ def test_jobmanager_killed_right_after_metadata_is_written(ha_cluster: Any) -> N
         assert info.status == pb.JOB_STATUS_RUNNING and info.committed_epoch == 5
         driver.verify()
         _assert_no_orphans(cluster)
+        # The TaskManagers never heard that the taken-back checkpoint completed: when a newer one
+        # subsumes it they must leave its files (newer checkpoints reference its shared ones).
+        _assert_restorable(cluster)
         print(f"\nJobManager killed right after _metadata: {figures}, driver re-runs {driver.reruns}")
     finally:
         driver.close()
