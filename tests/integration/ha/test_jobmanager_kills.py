@@ -40,7 +40,13 @@ def commit_mode() -> str:
 
 
 @pytest.fixture
-def ha_cluster(process_cluster: Any, s3_bucket: tuple[str, str], commit_mode: str) -> Any:
+def retained() -> int:
+    """``execution.checkpointing.num-retained`` of ``ha_cluster`` (a test parametrizes it to keep more)."""
+    return RETAINED
+
+
+@pytest.fixture
+def ha_cluster(process_cluster: Any, s3_bucket: tuple[str, str], commit_mode: str, retained: int) -> Any:
     endpoint, bucket = s3_bucket
     s3 = {k: str(v) for k, v in s3_configuration(endpoint).to_dict().items()}
     config = {
@@ -49,7 +55,7 @@ def ha_cluster(process_cluster: Any, s3_bucket: tuple[str, str], commit_mode: st
         "high-availability.type": "filesystem",
         "high-availability.storageDir": f"s3://{bucket}/ha",
         "high-availability.filesystem.lease-check-interval": "1 s",
-        "execution.checkpointing.num-retained": str(RETAINED),
+        "execution.checkpointing.num-retained": str(retained),
         "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": "20",
         "restart-strategy.fixed-delay.delay": "200 ms",
@@ -57,6 +63,7 @@ def ha_cluster(process_cluster: Any, s3_bucket: tuple[str, str], commit_mode: st
     }
     cluster = process_cluster(taskmanagers=2, slots=2, config=config)
     cluster.bucket = bucket
+    cluster.retained = retained
     cluster.storage = open_storage(f"s3://{bucket}/", s3_configuration(endpoint))
     return cluster
 
@@ -88,13 +95,13 @@ def _assert_no_orphans(cluster: Any, timeout_s: float = 30.0) -> None:
     """Everything under the job's checkpoint directory is referenced by a retained checkpoint."""
     deadline = time.monotonic() + timeout_s
     while True:  # subsumed checkpoints are deleted asynchronously after completion
-        plan = plan_gc(cluster.storage, _job_dir(cluster), num_retained=RETAINED)
+        plan = plan_gc(cluster.storage, _job_dir(cluster), num_retained=cluster.retained)
         if not plan.remove:
             break
         if time.monotonic() > deadline:
             raise AssertionError("orphan files in checkpoint storage:\n" + plan.describe())
         time.sleep(0.2)
-    assert _pointer_ids(cluster) == _completed_ids(cluster)[-RETAINED:]
+    assert _pointer_ids(cluster) == _completed_ids(cluster)[-cluster.retained :]
 
 
 def _assert_restorable(cluster: Any) -> None:
@@ -198,6 +205,10 @@ def test_jobmanager_killed_between_barrier_and_completion(ha_cluster: Any) -> No
         driver.close()
 
 
+# Retained long enough that the taken-back checkpoint is still retained at the end: its files
+# must all be there (the TaskManagers, never told it completed, once deleted them when a newer
+# checkpoint completed).
+@pytest.mark.parametrize("retained", [10])
 def test_jobmanager_killed_right_after_metadata_is_written(ha_cluster: Any) -> None:
     cluster = ha_cluster
     driver, figures = _run_through_a_crash(cluster, "jobmanager.checkpoint.metadata-written@1", 3, 6)
