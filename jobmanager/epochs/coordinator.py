@@ -204,13 +204,7 @@ class EpochCoordinator:
             return self._commit_overlapped(job, request, log)
         with job.epoch_lock:
             with job.lock:
-                _require_running(job)
-                epoch = self._epoch_of(job, request.query_id, request.batch_id)
-                if epoch != request.epoch:
-                    raise EpochConflictError(
-                        f"job {job.job_id!r}: batch {request.batch_id} is epoch {epoch} now, not {request.epoch} (the "
-                        "job restored a checkpoint since the batch began); run the batch again"
-                    )
+                epoch = self._request_epoch(job, request)
                 already = epoch <= job.committed_epoch
                 if not already and request.routing_version != job.routing_version:
                     raise EpochConflictError(
@@ -228,6 +222,18 @@ class EpochCoordinator:
         completed = self.ensure_durable(job, epoch, request.query_id, request.batch_id, request.checkpoint, timeout)
         return CommitOutcome(epoch, already, completed)
 
+    def _request_epoch(self, job: Job, request: EpochCommit) -> int:
+        """The epoch of the request's batch (caller holds ``job.lock``); refused unless the job runs and it is the
+        epoch the batch began with."""
+        _require_running(job)
+        epoch = self._epoch_of(job, request.query_id, request.batch_id)
+        if epoch != request.epoch:
+            raise EpochConflictError(
+                f"job {job.job_id!r}: batch {request.batch_id} is epoch {epoch} now, not {request.epoch} (the "
+                "job restored a checkpoint since the batch began); run the batch again"
+            )
+        return epoch
+
     # -- overlapped commits ------------------------------------------------------------------
     def _commit_overlapped(self, job: Job, request: EpochCommit, log: DecisionLog) -> CommitOutcome:
         """Prepare with change sets, decide, answer; the apply goes on in the background holding the epoch lock."""
@@ -235,13 +241,7 @@ class EpochCoordinator:
         handed_off = False
         try:
             with job.lock:
-                _require_running(job)
-                epoch = self._epoch_of(job, request.query_id, request.batch_id)
-                if epoch != request.epoch:
-                    raise EpochConflictError(
-                        f"job {job.job_id!r}: batch {request.batch_id} is epoch {epoch} now, not {request.epoch} (the "
-                        "job restored a checkpoint since the batch began); run the batch again"
-                    )
+                epoch = self._request_epoch(job, request)
                 if epoch <= job.committed_epoch:
                     # Decided before (or restored from a checkpoint or decisions holding it): durable.
                     return CommitOutcome(epoch, True, None, decided=True)
