@@ -442,13 +442,13 @@ class EpochCoordinator:
         the job was not redeployed meanwhile.
         """
         version = commit.routing_version
-        refused = self._on_all(addresses, job.job_id, epoch, commit, prepare=True)
+        _, refused = self._round(addresses, job.job_id, epoch, commit, prepare=True, upload=False)
         with job.lock:
             self._still_current(job, epoch, version)
             if refused:
                 self._refused_prepare(job, epoch, refused)
         crash_point("jobmanager.epoch.before-commit")
-        failed = self._on_all(addresses, job.job_id, epoch, commit, prepare=False)
+        _, failed = self._round(addresses, job.job_id, epoch, commit, prepare=False, upload=False)
         with job.lock:
             if failed:
                 # Some TaskManagers may have applied the epoch and others not. The failover starts
@@ -480,32 +480,6 @@ class EpochCoordinator:
                 f"job {job.job_id!r} is {job.status.value} under routing v{job.routing_version} since the commit of epoch "
                 f"{epoch} began (v{version}): {job.failure_cause or 'redeployed'}; run the batch again"
             )
-
-    def _on_all(
-        self, addresses: list[str], job_id: JobId, epoch: int, commit: EpochCommit, *, prepare: bool
-    ) -> list[tuple[str, KeyedStateError]]:
-        """One round (prepare, or apply) on every TaskManager in parallel; the refusals, by address."""
-
-        def send(address: str) -> object:
-            return self._commit_on(
-                address,
-                job_id=job_id,
-                epoch=epoch,
-                winners=commit.winners,
-                routing_version=commit.routing_version,
-                prepare=prepare,
-            )
-
-        futures = [(a, self._executor.submit(send, a)) for a in addresses]
-        errors: list[tuple[str, KeyedStateError]] = []
-        for address, future in futures:
-            try:
-                future.result()
-            except KeyedStateError as exc:
-                errors.append((address, exc))
-            except Exception as exc:  # a bug in the gateway must not pass for a commit
-                errors.append((address, KeyedStateError(repr(exc))))
-        return errors
 
     # -- durability --------------------------------------------------------------------------
     def ensure_durable(
