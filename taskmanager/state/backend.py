@@ -59,6 +59,9 @@ OP_MAP_REMOVE = 6
 # (code, state handle, key group, key, namespace, user key, value, values)
 Op = tuple[int, "StateHandle", int, bytes, bytes, bytes, bytes, tuple[bytes, ...]]
 
+_LIST_CHANGES = frozenset({MutationKind.LIST_APPEND, MutationKind.LIST_REPLACE, MutationKind.CLEAR})
+"""The mutation kinds whose apply may meet ``state.limits.list.max-elements`` (a clear resets a list's count)."""
+
 _MUTATION_CODES = {
     MutationKind.VALUE_PUT: (OP_VALUE_PUT, (StateKind.VALUE,)),
     MutationKind.CLEAR: (OP_CLEAR, tuple(StateKind)),
@@ -346,10 +349,12 @@ class KeyedStateBackend(ABC):
         """Raise what :meth:`apply` of ``mutations`` would raise on the current state; write nothing.
 
         An overlapped commit decides an epoch before it is applied, so its Prepare must meet every
-        failure the apply could: the checks of each mutation, and the list lengths, the only ones
-        that depend on the stored data.
+        failure the apply could. Each staged mutation passed this backend's checks when it was
+        staged (what :meth:`apply_validated` relies on too); the list lengths are the only checks
+        that depend on the stored data, so only the mutations that can change a list are looked at
+        (a reduce-only epoch costs nothing here).
         """
-        ops = self._mutation_ops(mutations)
+        ops = self._mutation_ops([m for m in mutations if m.kind in _LIST_CHANGES])
         with self._op:
             self._check_list_lengths(ops, {})
 
