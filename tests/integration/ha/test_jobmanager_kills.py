@@ -86,6 +86,14 @@ def _latest_checkpoint_epoch(cluster: Any) -> int:
     return load_checkpoint(cluster.storage, f"{_job_dir(cluster)}/chk-{ids[-1]}").epoch if ids else -1
 
 
+def _await_checkpoint_at(cluster: Any, epoch: int, timeout_s: float = 60.0) -> None:
+    """Wait for a completed checkpoint holding ``epoch`` (overlapped commits checkpoint behind the driver)."""
+    deadline = time.monotonic() + timeout_s
+    while _latest_checkpoint_epoch(cluster) < epoch:
+        assert time.monotonic() < deadline, f"no checkpoint at epoch {epoch} after the overlapped commits"
+        time.sleep(0.1)
+
+
 def _pointer_ids(cluster: Any) -> list[int]:
     base = f"s3://{cluster.bucket}/ha/default/jobs/{JOB}/checkpoints"
     return sorted(json.loads(cluster.storage.read_bytes(i.path))["checkpoint_id"] for i in cluster.storage.list(base))
@@ -246,10 +254,7 @@ def test_restarted_jobmanager_resumes_its_job(ha_cluster: Any, commit_mode: str)
         if commit_mode == "overlapped":
             # The checkpoint after the last apply runs behind the driver: let it finish, so that no
             # half-written chk-<n> of the killed leader is left for the orphan check below.
-            deadline = time.monotonic() + 60
-            while _latest_checkpoint_epoch(cluster) < 1:
-                assert time.monotonic() < deadline, "no checkpoint at epoch 1 after the overlapped commits"
-                time.sleep(0.1)
+            _await_checkpoint_at(cluster, 1)
         version = driver.client.routing(JOB, refresh=True).version
         tm_pids = [tm.process.pid for tm in cluster.taskmanagers]
         killed = time.monotonic()
@@ -267,6 +272,9 @@ def test_restarted_jobmanager_resumes_its_job(ha_cluster: Any, commit_mode: str)
             while driver.client.job_info(JOB).applied_epoch < 2:
                 assert time.monotonic() < deadline, "epoch 2 was not applied after the overlapped commit"
                 time.sleep(0.05)
+            # ... and so does its checkpoint: the orphan check compares the store's pointers with the
+            # completed chk-<n> directories, which a checkpoint completing in between sets apart.
+            _await_checkpoint_at(cluster, 2)
         driver.verify()
         _assert_no_orphans(cluster)
     finally:
