@@ -223,16 +223,18 @@ def run_ours(
     workdir: Path,
     process: Callable[..., None] | None = None,
     mode: str = "keyed",
+    job_config: dict[str, str] | None = None,
 ) -> OursRun:
     """foreachBatch through KeyedStateRuntime: epoch commit and a checkpoint per micro-batch.
 
     ``mode`` ``keyed``: ``process`` (default: pre-aggregate, then reduce) after the key-group
     shuffle; ``shuffle_free``: ``runtime.reduce_batch`` on the input partitions as they come.
+    ``job_config``: per-job keys the job is submitted with (``state.changelog.enabled``, ...).
     """
     from bench.w1 import executor
     from keyedstate.common.spark import KeyedStateRuntime
 
-    runtime = KeyedStateRuntime(jobmanager, job_id, operators(parallelism))
+    runtime = KeyedStateRuntime(jobmanager, job_id, operators(parallelism), job_config=job_config)
     try:
         if mode == "shuffle_free":
             on_batch = runtime.reduce_batch(
