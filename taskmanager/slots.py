@@ -18,7 +18,7 @@ from keyedstate.common.errors import (
     StaleRoutingError,
     UnavailableError,
 )
-from keyedstate.common.handles import StateFileHandle
+from keyedstate.common.handles import StateFileHandle, SubtaskStateHandle
 from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId, TaskManagerId, validate_id
 from keyedstate.taskmanager.changelog import SlotChangelog
 from keyedstate.taskmanager.state import KeyedStateBackend
@@ -51,6 +51,12 @@ class Slot:
     """Changelog checkpoints (``state.changelog.enabled``): the slot's local log, written before each commit applies."""
     materialize_interval_ms: int = 0
     """With :attr:`changelog`: how often the slot materializes its state in the background."""
+    max_materialization_failures: int = 3
+    """With :attr:`changelog`: consecutive failed materializations tolerated before the slot fails its job
+    over (``state.changelog.max-failures-allowed``)."""
+    restored_materialization: SubtaskStateHandle | None = None
+    """A changelog restore whose materialization and segments the job owns, paths relative to a checkpoint
+    directory: the slot's checkpoints reference them instead of materializing again."""
 
     def require_backend(self) -> KeyedStateBackend:
         """The backend of a running slot; UNAVAILABLE while it restores or is released."""

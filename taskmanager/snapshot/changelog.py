@@ -94,6 +94,23 @@ class ChangelogCheckpoints:
     """A checkpoint referenced the candidate: its files may end up the JobManager's."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def restored(self, handle: SubtaskStateHandle) -> None:
+        """Start from a restored changelog checkpoint the job owns: its materialization is confirmed.
+
+        ``handle``'s paths are relative to a checkpoint directory. Its segments (already durable,
+        in no local file) are referenced by the next checkpoints as uploaded ones are, so the first
+        checkpoint after a restore uploads only what was committed since, not the whole state again.
+        """
+        with self._lock:
+            self.confirmed = Materialization(
+                handle.snapshot_epoch, tuple(handle.files), sum(f.size for f in handle.files)
+            )
+            self.segments = [
+                LocalSegment(SealedSegment(Path(s.path), s.first_epoch, s.last_epoch, s.size), remote=s)
+                for s in handle.changelog
+                if s.last_epoch > handle.snapshot_epoch
+            ]
+
     def cut(self, epoch: int) -> ChangelogCut:
         """Seal the active segment at ``epoch``; what a checkpoint of that epoch references. Hold ``log.lock``."""
         sealed = self.log.seal()

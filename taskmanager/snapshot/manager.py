@@ -26,6 +26,7 @@ Handle paths are relative to the directory that will hold ``_metadata``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -414,6 +415,8 @@ class SnapshotManager:
             if entry is None or entry.log is not slot.changelog:
                 # A new deployment of the subtask: its log, and what it materialized, start again.
                 entry = ChangelogCheckpoints(slot.changelog)
+                if slot.restored_materialization is not None:
+                    entry.restored(slot.restored_materialization)
                 self._changelogs[slot.subtask] = entry
             return entry
 
@@ -861,6 +864,7 @@ class SnapshotManager:
         self._keep_restored_copy(slot, instance_dir, restore, snapshot_dirs)
         shutil.rmtree(work_root, ignore_errors=True)
         slot.uploaded_shared = owned_shared_files(slot, restore)
+        slot.restored_materialization = owned_materialization(slot, restore)
         ms = self._clock.monotonic_ms() - t0
         labels = (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
         self._metrics.restore_seconds.labels(*labels).set(ms / 1000.0)
@@ -1028,3 +1032,33 @@ def owned_shared_files(slot: Slot, restore: SlotRestore) -> dict[str, StateFileH
             pool,
         )
     return owned
+
+
+def owned_materialization(slot: Slot, restore: SlotRestore) -> SubtaskStateHandle | None:
+    """The restored changelog snapshot the slot's next checkpoints reference, paths made relative; None: none.
+
+    Only when the job owns the restored files (as for :func:`owned_shared_files`), the slot
+    restored exactly one snapshot of its own key groups (a rescale merges or splits them), and
+    that snapshot is a changelog one: every file and segment in this job's ``shared/``, where the
+    shared-state registry keeps what a retained checkpoint references. A plain checkpoint's
+    private files live in its ``chk-<n>/`` and go with it, so it cannot serve as a materialization.
+    """
+    if not restore.owned or len(restore.handles) != 1 or not slot.checkpoint_base:
+        return None
+    handle = restore.handles[0]
+    if (handle.key_groups.start, handle.key_groups.end) != (slot.key_groups.start, slot.key_groups.end):
+        return None
+    pool = _join(slot.checkpoint_base, "shared") + "/"
+    paths = [f.path for f in handle.files] + [s.path for s in handle.changelog]
+    if not handle.files or not all(f.shared for f in handle.files) or not all(p.startswith(pool) for p in paths):
+        return None
+
+    def relative(path: str) -> str:
+        return f"../shared/{path[len(pool) :]}"
+
+    return dataclasses.replace(
+        handle,
+        files=[dataclasses.replace(f, path=relative(f.path), data=None) for f in handle.files],
+        changelog=[dataclasses.replace(s, path=relative(s.path)) for s in handle.changelog],
+        materialized_epoch=handle.snapshot_epoch,
+    )
