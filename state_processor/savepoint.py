@@ -6,6 +6,12 @@ scratch directory once, verified against the size and SHA-256 ``_metadata`` reco
 with the TaskManager's snapshot readers (RocksDB checkpoints read-only, HashMap ``.kvs`` files),
 so either backend's snapshots read the same. Incremental checkpoints need nothing special: their
 ``../shared/`` files are listed in ``_metadata`` like the others.
+
+A changelog checkpoint (``state.changelog.enabled``) holds each subtask's materialized snapshot
+plus the changelog segments committed after it. Its subtasks are rebuilt exactly as a restore
+rebuilds a slot: the snapshot restored into a scratch backend, the verified segments replayed
+on top by the TaskManager's own replay (:func:`replay_changelog`, the restore path's), and the
+result snapshotted locally, so the readers see the checkpoint's epoch.
 """
 
 from __future__ import annotations
@@ -21,24 +27,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from keyedstate.common.clock import SystemClock
 from keyedstate.common.config import Configuration
 from keyedstate.common.descriptors import StateDescriptor
 from keyedstate.common.errors import (
     CorruptCheckpointError,
-    IncompatibleCheckpointError,
     InvalidArgumentError,
     KeyedStateError,
     StorageError,
 )
-from keyedstate.common.ids import KeyGroupRange, OperatorId
+from keyedstate.common.handles import SubtaskStateHandle
+from keyedstate.common.ids import KeyGroupRange, OperatorId, SubtaskId
 from keyedstate.common.storage import CheckpointStorage, open_storage
 from keyedstate.jobmanager.checkpoint import CheckpointMetadata
 from keyedstate.jobmanager.checkpoint.metadata import OperatorSnapshot, SubtaskSnapshot
 from keyedstate.jobmanager.checkpoint.restore import checkpoint_dir_of, load_checkpoint
+from keyedstate.taskmanager.snapshot.changelog import replay_changelog
 from keyedstate.taskmanager.state import layout
+from keyedstate.taskmanager.state.factory import restore_backend
+from keyedstate.taskmanager.state.limits import StateLimits
 from keyedstate.taskmanager.state.snapshot import SnapshotReader, open_snapshot
 
 logger = logging.getLogger(__name__)
+
+_COMMITTED = StateLimits(
+    max_key_bytes=1 << 62, max_value_bytes=1 << 62, max_list_response_bytes=1 << 62, max_list_elements=1 << 62
+)
+"""The limits of a replay: the job already accepted every change set a checkpoint holds, under its own limits."""
 
 
 @dataclass(frozen=True)
@@ -97,14 +112,6 @@ class Savepoint:
         conf = _as_configuration(config)
         storage = open_storage(path, conf)
         metadata = load_checkpoint(storage, path)
-        if metadata.has_changelog:
-            # Its state is a materialized snapshot plus change sets to replay: what a slot's restore
-            # rebuilds, not a set of files to read. A savepoint is always self-contained.
-            raise IncompatibleCheckpointError(
-                f"{path} is a changelog checkpoint (state.changelog.enabled): its state is a materialized snapshot "
-                "plus changelog segments that only a restore replays, so the State Processor cannot read it. Take "
-                f"a savepoint of the job (statectl savepoint {metadata.job_id}) and read that instead"
-            )
         return cls(storage, checkpoint_dir_of(path), metadata)
 
     # -- what the checkpoint holds ----------------------------------------------------------------
@@ -179,8 +186,47 @@ class Savepoint:
             handle = sub.to_handle(OperatorId(operator_id), self.directory)
             for f in handle.files:
                 self._download(f.path, target / (f.local_name or Path(f.path).name), f.size, f.sha256)
+            if handle.changelog:
+                target = self._replayed(operator_id, handle, target)
             self._downloaded[(operator_id, sub.subtask_index)] = target
             return target
+
+    def _replayed(self, operator_id: str, handle: SubtaskStateHandle, materialization: Path) -> Path:
+        """A local snapshot of a changelog subtask at the checkpoint's epoch: ``materialization`` plus its segments.
+
+        What a TaskManager's restore does, with the same code: the segments downloaded and verified,
+        the snapshot restored into a backend of the subtask's kind and key groups, the change sets
+        after its materialized epoch replayed, and the epoch reached checked against ``_metadata``.
+        """
+        segments: dict[str, bytes] = {}
+        segment_dir = materialization.with_name(f"{materialization.name}-changelog")
+        segment_dir.mkdir()
+        for i, s in enumerate(handle.changelog):
+            local = segment_dir / f"{i:06d}.seg"
+            self._download(s.path, local, s.size, s.sha256)
+            segments[s.path] = local.read_bytes()
+        work = materialization.with_name(f"{materialization.name}-replay")
+        replayed = materialization.with_name(f"{materialization.name}-epoch-{handle.committed_epoch}")
+        subtask = SubtaskId(self.metadata.job_id, operator_id, handle.subtask_index)
+        backend = restore_backend(
+            handle.backend,
+            subtask,
+            handle.key_groups,
+            self.metadata.max_parallelism,
+            self.operator(operator_id).states,
+            snapshot_dirs=[materialization],
+            local_dir=work,
+            limits=_COMMITTED,
+            clock=SystemClock(),
+        )
+        try:
+            replay_changelog(backend, [handle], segments)
+            backend.snapshot(replayed).materialize()
+        finally:
+            backend.close()
+        for done in (materialization, segment_dir, work):
+            shutil.rmtree(done, ignore_errors=True)
+        return replayed
 
     def _download(self, remote: str, local: Path, size: int, sha256: str) -> None:
         try:

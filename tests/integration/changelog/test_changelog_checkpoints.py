@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from keyedstate.common.config import Configuration
-from keyedstate.common.errors import IncompatibleCheckpointError
+from keyedstate.common.errors import CorruptCheckpointError
 from keyedstate.common.storage import open_storage
-from keyedstate.state_processor import Savepoint
+from keyedstate.state_processor import Savepoint, read_columns
+from keyedstate.taskmanager.state.metadata import COMMITTED_EPOCH
 from tests.integration.checkpoints.conftest import read_metadata
-from tests.integration.failover._support import EpochWriter, key_names, operators
+from tests.integration.failover._support import OPERATOR, EpochWriter, key_names, operators
 
 CHANGELOG = {"state.changelog.enabled": "true", "execution.checkpointing.incremental": "true"}
 
@@ -85,30 +86,77 @@ def test_background_materialization_moves_checkpoints_onto_it_and_drops_covered_
     assert writer.read() == writer.expected(through)
 
 
-def test_a_savepoint_is_self_contained_and_the_state_processor_refuses_a_changelog_checkpoint(
-    inprocess_cluster: Callable[..., Any], tmp_path: Path
+def _every_entry(sp: Savepoint) -> dict[str, list[tuple[int, bytes, bytes, bytes, bytes]]]:
+    """Every stored entry of every state, as raw bytes: what a comparison must match exactly."""
+    return {
+        d.name: sorted(
+            (e.key_group, e.key, e.namespace, e.suffix, e.stored_value) for e in sp.entries(OPERATOR, d.name)
+        )
+        for d in sp.operator(OPERATOR).states
+    }
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+def test_the_state_processor_reads_a_changelog_checkpoint_exactly_as_a_savepoint_of_the_same_epoch(
+    inprocess_cluster: Callable[..., Any], tmp_path: Path, backend: str
 ) -> None:
-    cluster = inprocess_cluster(taskmanagers=1, slots=4)
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, backend=backend)
     client = cluster.client()
     job = "cl-sp"
-    client.submit_job(job, operators(2), max_parallelism=16, config=CHANGELOG)
-    writer = EpochWriter(client, job, key_names(40))
-    writer.run(4)
-    checkpoint = client.job_info(job).latest_checkpoint_path
+    config = {**CHANGELOG, "state.changelog.periodic-materialize.interval": "300 ms"}
+    client.submit_job(job, operators(2), max_parallelism=16, config=config)
+    writer = EpochWriter(client, job, key_names(80), blob_bytes=64, blob_epochs=frozenset({0, 3, 7}))
     storage = open_storage(str(cluster.base / "checkpoints"), Configuration({}))
-    assert read_metadata(storage, checkpoint).has_changelog
-    with pytest.raises(IncompatibleCheckpointError) as info:
-        Savepoint.open(checkpoint)
-    assert "changelog checkpoint" in info.value.message and f"statectl savepoint {job}" in info.value.message
+    writer.run(2)
+    # A background materialization, then more epochs: the checkpoint is a materialization of a
+    # later epoch than the first plus segments on top of it, some overwriting what it holds.
+    deadline = time.monotonic() + 30
+    while True:
+        time.sleep(0.4)
+        writer.run(writer.committed + 1)
+        meta = read_metadata(storage, client.job_info(job).latest_checkpoint_path)
+        if min(s.snapshot_epoch for s in meta.operators[0].subtasks) > 0:
+            break
+        assert time.monotonic() < deadline, f"no checkpoint referenced a background materialization: {meta}"
+    writer.run(writer.committed + 3)
+    epoch = writer.committed
+    checkpoint = client.job_info(job).latest_checkpoint_path
+    meta = read_metadata(storage, checkpoint)
+    assert meta.has_changelog and meta.epoch == epoch
+    assert all(s.changelog and s.snapshot_epoch < epoch for s in meta.operators[0].subtasks), meta
 
     savepoint = client.trigger_checkpoint(
         job, savepoint=True, target_directory=(tmp_path / "sps").as_uri(), timeout_s=60
     )
     with Savepoint.open(savepoint.path) as sp:
-        assert not sp.metadata.has_changelog and sp.metadata.epoch == 4
+        assert not sp.metadata.has_changelog and sp.metadata.epoch == epoch
         assert sp.metadata.to_dict()["version"] == 1  # no segments: still the format older releases read
-        totals = {e.key for e in sp.entries("counts", "totals")}
-    assert len(totals) == len(writer.expected(4).totals)
-    writer.run(6)
-    client.restore_job(job, savepoint.path)
-    assert writer.read() == writer.expected(4)
+        expected = _every_entry(sp)
+        expected_totals = read_columns(sp, OPERATOR, "totals")
+    with Savepoint.open(checkpoint) as cp:
+        assert _every_entry(cp) == expected
+        assert read_columns(cp, OPERATOR, "totals") == expected_totals
+        for sub in cp.metadata.operators[0].subtasks:
+            assert int(cp.meta(OPERATOR, sub.subtask_index)[COMMITTED_EPOCH]) == epoch
+    # And both equal the reference of epochs 0..epoch, applied once each.
+    ref = writer.expected(epoch)
+    assert len(expected["events"]) == sum(len(v) for v in ref.events.values())
+    assert (len(expected["totals"]), len(expected["blob"])) == (len(ref.totals), len(ref.blob))
+
+
+def test_a_damaged_segment_fails_the_state_processor_naming_it(inprocess_cluster: Callable[..., Any]) -> None:
+    cluster = inprocess_cluster(taskmanagers=1, slots=4)
+    client = cluster.client()
+    job = "cl-sp-damaged"
+    client.submit_job(job, operators(2), max_parallelism=16, config=CHANGELOG)
+    writer = EpochWriter(client, job, key_names(40))
+    writer.run(3)
+    checkpoint = client.job_info(job).latest_checkpoint_path
+    storage = open_storage(str(cluster.base / "checkpoints"), Configuration({}))
+    segment = read_metadata(storage, checkpoint).operators[0].subtasks[0].changelog[-1]
+    path = Path(checkpoint.removeprefix("file://")) / segment.path
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    with Savepoint.open(checkpoint) as cp, pytest.raises(CorruptCheckpointError) as info:
+        list(cp.entries(OPERATOR, "totals"))
+    assert path.name in info.value.message
