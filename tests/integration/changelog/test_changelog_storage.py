@@ -92,6 +92,12 @@ def test_retention_deletes_segments_no_checkpoint_references_and_keeps_the_other
         writer.run(writer.committed + 1)
         time.sleep(0.25)
     writer.run(writer.committed + 2)
+    # Subsumed checkpoints go after their files: until then a subsumed _metadata names deleted segments.
+    wait_until(
+        lambda: len(list(job_dir.glob("chk-*/_metadata"))) == 2,
+        "retention to leave the 2 retained checkpoints",
+        timeout_s=15,
+    )
     referenced = _referenced_segments(cluster, job)
     assert referenced, "the retained checkpoints reference segments"
     wait_until(
