@@ -57,6 +57,7 @@ class Unit(Enum):
     SECONDS = "seconds"
     BYTES = "bytes"
     MILLISECONDS = "milliseconds"  # only Flink's own names (Flink's unit for durations)
+    NANOSECONDS = "nanoseconds"  # only Flink's own names (the changelog storage's upload latencies)
     TIMESTAMP_MS = "milliseconds since the epoch"  # only Flink's own names
     BYTES_PER_SECOND = "bytes per second"
     COUNT = "count"
@@ -126,7 +127,7 @@ def naming_problem(spec: MetricSpec) -> str:
     rest = name[len(OWN_PREFIX) :]
     if not any(rest.startswith(scope + "_") for scope in SCOPES):
         return f"a keyedstate-only name starts with a Flink scope after the prefix: one of {', '.join(SCOPES)}"
-    if spec.unit in (Unit.MILLISECONDS, Unit.TIMESTAMP_MS) or re.search(r"_ms(_|$)", name):
+    if spec.unit in (Unit.MILLISECONDS, Unit.NANOSECONDS, Unit.TIMESTAMP_MS) or re.search(r"_ms(_|$)", name):
         return "keyedstate-only durations are in seconds (_seconds); milliseconds only under Flink's own names"
     suffix = _SUFFIX.get(spec.unit)
     if suffix is not None and not name.endswith(suffix):

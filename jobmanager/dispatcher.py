@@ -501,6 +501,7 @@ class Dispatcher:
         checkpoint_base = self.checkpointing.job_dir(job)
         incremental = job.config.get(o.CHECKPOINT_INCREMENTAL)
         changelog = job.config.get(o.CHANGELOG_MATERIALIZE_INTERVAL) if job.config.get(o.CHANGELOG_ENABLED) else None
+        changelog_failures = job.config.get(o.CHANGELOG_MAX_FAILURES)
         ops = {op.operator_id: op for op in job.spec.operators}
 
         def deploy_one(a: SlotAssignment) -> DeployedSlot:
@@ -516,6 +517,7 @@ class Dispatcher:
                 incremental=incremental,
                 restore=plan.slots.get(a.subtask),
                 changelog_materialize_interval_ms=changelog,
+                changelog_max_failures_allowed=changelog_failures,
                 replay=_replay_for(plan, a, ops[a.subtask.operator_id].parallelism),
             )
             response = self.gateways.deploy(a.address, deployment)
@@ -895,6 +897,18 @@ class Dispatcher:
                     job.failure_cause = cause + " (no state.checkpoints.dir: the job cannot recover its state)"
             return
         failover.fail_over(self, self.checkpointing, job_id, cause, seen_version)
+
+    def task_failed(
+        self, job_id: JobId, subtask: SubtaskId, taskmanager_id: TaskManagerId, routing_version: int, cause: str
+    ) -> None:
+        """A subtask failed on its TaskManager while running: fail its job over, as Flink does for a failed task.
+
+        The failover runs on the pool (the report's answer does not wait for the restart); a report
+        about a deployment the job has replaced since changes nothing (``routing_version``).
+        """
+        self.job(job_id)  # NOT_FOUND for a job this JobManager does not know
+        what = f"{subtask.operator_id}[{subtask.subtask_index}] on TaskManager {taskmanager_id} failed: {cause}"
+        self._pool.submit(self.fail_over, job_id, what, routing_version)
 
     def fail_over_now(self, job: Job, cause: str) -> None:
         """Start a failover before the caller (holding ``job.lock``) releases the lock (see failover.fail_over_now)."""

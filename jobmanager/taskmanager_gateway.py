@@ -53,9 +53,11 @@ class SlotDeployment:
     """The job's checkpoint storage (state.checkpoints.dir/<job-id>), for snapshot uploads."""
     incremental: bool
     restore: SlotRestore | None = None
+    """What the slot restores first (None: it starts empty)."""
     changelog_materialize_interval_ms: int | None = None
     """Changelog checkpoints (``state.changelog.enabled``): how often the slot materializes; None: off."""
-    """What the slot restores first (None: it starts empty)."""
+    changelog_max_failures_allowed: int = 3
+    """With changelog checkpoints: consecutive failed materializations tolerated (``state.changelog.max-failures-allowed``)."""
     replay: tuple[ChangeSetFile, ...] = ()
     """Overlapped commits: the decided epochs' change sets the slot folds in after its restore."""
 
@@ -212,6 +214,7 @@ class TaskManagerGateways:
         if deployment.changelog_materialize_interval_ms is not None:
             request.changelog.enabled = True
             request.changelog.materialize_interval_ms = deployment.changelog_materialize_interval_ms
+            request.changelog.max_failures_allowed = deployment.changelog_max_failures_allowed
         try:
             response: pb.DeploySlotResponse = self._stub(address).DeploySlot(request, timeout=self.deploy_timeout_s)
         except grpc.RpcError as exc:

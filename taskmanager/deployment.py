@@ -37,6 +37,8 @@ class DeployRequest:
     incremental: bool
     changelog_materialize_interval_ms: int | None = None
     """Changelog checkpoints (``state.changelog.enabled``): how often the slot materializes; None: off."""
+    changelog_max_failures_allowed: int = 3
+    """With changelog checkpoints: consecutive failed materializations the slot tolerates before it fails its job."""
     replay: tuple[ChangeSetFile, ...] = ()
     """Overlapped commits: change sets of the decided epochs above the restored state, folded in before serving."""
 
@@ -51,6 +53,11 @@ class DeployRequest:
             raise InvalidArgumentError(
                 f"changelog materialize interval {self.changelog_materialize_interval_ms} ms must be positive "
                 "(state.changelog.periodic-materialize.interval)"
+            )
+        if self.changelog_max_failures_allowed < 0:
+            raise InvalidArgumentError(
+                f"changelog max failures allowed {self.changelog_max_failures_allowed} must be at least 0 "
+                "(state.changelog.max-failures-allowed)"
             )
         kg = self.key_groups
         if not (0 <= kg.start <= kg.end < self.max_parallelism):
@@ -137,6 +144,7 @@ class SlotDeployer:
                 self.instance_dir(request.subtask) / CHANGELOG_DIR, request.subtask, self._clock
             )
             slot.materialize_interval_ms = request.changelog_materialize_interval_ms
+            slot.max_materialization_failures = request.changelog_max_failures_allowed
         self._slots.activate(slot, backend)
         result = dataclasses.replace(result, committed_epoch=backend.committed_epoch())
         logger.info(

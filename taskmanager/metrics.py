@@ -125,6 +125,99 @@ WRITE_BUFFER_MANAGER_USAGE = MetricSpec(
     SLOT_LABELS,
 )
 
+# Changelog checkpoints (state.changelog.enabled), under the names Flink's changelog state backend
+# registers: its counters are exported as gauges, as Flink's PrometheusReporter exports counters.
+_MAT = "flink_taskmanager_job_task_operator_ChangelogMaterialization_"
+_CSB = "flink_taskmanager_job_task_operator_ChangelogStateBackend_"
+_DSTL = "flink_taskmanager_job_ChangelogStorage_"
+MATERIALIZATION_STARTED = MetricSpec(
+    _MAT + "startedMaterialization",
+    _G,
+    Unit.COUNT,
+    "Periodic materializations of a changelog slot started (one with nothing new since the last counts as "
+    "started and completed, as in Flink).",
+    SLOT_LABELS,
+)
+MATERIALIZATION_COMPLETED = MetricSpec(
+    _MAT + "completedMaterialization", _G, Unit.COUNT, "Materializations of a changelog slot completed.", SLOT_LABELS
+)
+MATERIALIZATION_FAILED = MetricSpec(
+    _MAT + "failedMaterialization",
+    _G,
+    Unit.COUNT,
+    "Materializations of a changelog slot that failed; past state.changelog.max-failures-allowed in a row the "
+    "slot fails its job over.",
+    SLOT_LABELS,
+)
+MATERIALIZATION_LAST_DURATION = MetricSpec(
+    _MAT + "lastDurationOfMaterialization",
+    _G,
+    Unit.MILLISECONDS,
+    "Duration of the last completed materialization (snapshot and upload); -1 before the first.",
+    SLOT_LABELS,
+)
+CHANGELOG_SIZES: dict[str, tuple[str, str]] = {
+    "full_materialized": (
+        "lastFullSizeOfMaterialization",
+        "Full size of the materialization the last changelog checkpoint of a slot references.",
+    ),
+    "inc_materialized": (
+        "lastIncSizeOfMaterialization",
+        "Bytes the materialization the last changelog checkpoint references uploaded itself (SST files an earlier "
+        "one holds are referenced, not counted; 0 for one restored from a checkpoint).",
+    ),
+    "full_changelog": (
+        "lastFullSizeOfNonMaterialization",
+        "Size of the changelog segments the last changelog checkpoint of a slot references.",
+    ),
+    "inc_changelog": (
+        "lastIncSizeOfNonMaterialization",
+        "Bytes of changelog segments the last changelog checkpoint of a slot uploaded itself.",
+    ),
+}
+CHANGELOG_SIZE_SPECS = {
+    part: MetricSpec(_CSB + name, _G, Unit.BYTES, meaning, SLOT_LABELS)
+    for part, (name, meaning) in CHANGELOG_SIZES.items()
+}
+UPLOAD_REQUESTS = MetricSpec(
+    _DSTL + "numberOfUploadRequests",
+    _G,
+    Unit.COUNT,
+    "Changelog segments the job's slots on this TaskManager uploaded to checkpoint storage.",
+    ("job_id",),
+)
+UPLOAD_FAILURES = MetricSpec(
+    _DSTL + "numberOfUploadFailures",
+    _G,
+    Unit.COUNT,
+    "Changelog segment uploads that failed (their checkpoint is declined).",
+    ("job_id",),
+)
+UPLOAD_SIZES = MetricSpec(
+    _DSTL + "uploadSizes",
+    _H,
+    Unit.BYTES,
+    "Size of each uploaded changelog segment (a Prometheus histogram; Flink's reporter shows quantiles).",
+    ("job_id",),
+    (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30),
+)
+UPLOAD_LATENCIES = MetricSpec(
+    _DSTL + "uploadLatenciesNanos",
+    _H,
+    Unit.NANOSECONDS,
+    "Time to upload the changelog segments of one slot's checkpoint (a Prometheus histogram).",
+    ("job_id",),
+    (1e6, 5e6, 1e7, 5e7, 1e8, 5e8, 1e9, 5e9, 3e10),
+)
+UPLOAD_BATCH_SIZES = MetricSpec(
+    _DSTL + "uploadBatchSizes",
+    _H,
+    Unit.COUNT,
+    "Change sets (committed epochs) in each uploaded changelog segment (a Prometheus histogram).",
+    ("job_id",),
+    (1, 2, 5, 10, 20, 50, 100, 1000),
+)
+
 LOCAL_DIR_AVAILABLE = MetricSpec(
     "keyedstate_taskmanager_local_dir_available_bytes",
     _G,
@@ -213,6 +306,16 @@ SPECS: tuple[MetricSpec, ...] = (
     HASHMAP_ENTRIES,
     HASHMAP_KEYS,
     WRITE_BUFFER_MANAGER_USAGE,
+    MATERIALIZATION_STARTED,
+    MATERIALIZATION_COMPLETED,
+    MATERIALIZATION_FAILED,
+    MATERIALIZATION_LAST_DURATION,
+    *CHANGELOG_SIZE_SPECS.values(),
+    UPLOAD_REQUESTS,
+    UPLOAD_FAILURES,
+    UPLOAD_SIZES,
+    UPLOAD_LATENCIES,
+    UPLOAD_BATCH_SIZES,
     LOCAL_DIR_AVAILABLE,
     LOCAL_DIR_CAPACITY,
     *(rocksdb_spec(p) for p in ROCKSDB_PROPERTIES),
@@ -264,6 +367,61 @@ class TaskManagerMetrics:
         self._ttl_expired = TTL_EXPIRED.counter(registry)
         self._ttl_failures = TTL_FAILURES.counter(registry)
         self._counters: dict[str, tuple[Counter, Counter]] = {}
+        self._materializations = tuple(
+            spec.gauge(registry)
+            for spec in (MATERIALIZATION_STARTED, MATERIALIZATION_COMPLETED, MATERIALIZATION_FAILED)
+        )
+        self._materialization_duration = MATERIALIZATION_LAST_DURATION.gauge(registry)
+        self._timed: set[tuple[str, str, str]] = set()
+        self._changelog_sizes = {part: spec.gauge(registry) for part, spec in CHANGELOG_SIZE_SPECS.items()}
+        self._uploads = UPLOAD_REQUESTS.gauge(registry)
+        self._upload_failures = UPLOAD_FAILURES.gauge(registry)
+        self._upload_sizes = UPLOAD_SIZES.histogram(registry)
+        self._upload_latencies = UPLOAD_LATENCIES.histogram(registry)
+        self._upload_batches = UPLOAD_BATCH_SIZES.histogram(registry)
+
+    def record_materialization(
+        self, labels: tuple[str, str, str], outcome: str, duration_ms: int | None = None
+    ) -> None:
+        """Count one materialization of a changelog slot: ``started``, ``completed`` (with its duration) or ``failed``."""
+        started, completed, failed = self._materializations
+        {"started": started, "completed": completed, "failed": failed}[outcome].labels(*labels).inc()
+        if duration_ms is not None:
+            self._materialization_duration.labels(*labels).set(duration_ms)
+        elif labels not in self._timed:
+            self._materialization_duration.labels(*labels).set(-1)  # Flink's value before the first completes
+        self._timed.add(labels)
+
+    def record_changelog_checkpoint(
+        self,
+        labels: tuple[str, str, str],
+        full_materialized: int,
+        inc_materialized: int,
+        full_changelog: int,
+        inc_changelog: int,
+    ) -> None:
+        """What the last changelog checkpoint of a slot references and uploaded (Flink's ChangelogStateBackend sizes)."""
+        for part, value in (
+            ("full_materialized", full_materialized),
+            ("inc_materialized", inc_materialized),
+            ("full_changelog", full_changelog),
+            ("inc_changelog", inc_changelog),
+        ):
+            self._changelog_sizes[part].labels(*labels).set(value)
+
+    def record_segment_uploads(self, job_id: str, sizes: list[tuple[int, int]], latency_ns: int) -> None:
+        """One slot's checkpoint uploaded these changelog segments (``(bytes, change sets)`` each) in ``latency_ns``."""
+        if not sizes:
+            return
+        self._uploads.labels(job_id).inc(len(sizes))
+        for size, change_sets in sizes:
+            self._upload_sizes.labels(job_id).observe(size)
+            self._upload_batches.labels(job_id).observe(change_sets)
+        self._upload_latencies.labels(job_id).observe(latency_ns)
+
+    def record_segment_upload_failure(self, job_id: str, segments: int) -> None:
+        """A slot's checkpoint failed to upload ``segments`` changelog segments."""
+        self._upload_failures.labels(job_id).inc(segments)
 
     def record_restore(
         self,

@@ -527,6 +527,16 @@ CHANGELOG_MATERIALIZE_INTERVAL = _opt(
     "checkpoints reference the snapshot and no longer the segments before it.",
     fallback_keys=("state.backend.changelog.periodic-materialize.interval",),
 )
+CHANGELOG_MAX_FAILURES = _opt(
+    "state.changelog.max-failures-allowed",
+    int_parser(0),
+    3,
+    "int",
+    "Consecutive failed materializations a slot tolerates (checkpoints meanwhile reference the previous "
+    "materialization); the next failure fails the slot's job over, as a task failure: the restart strategy "
+    "restarts it from its latest completed checkpoint. A successful materialization resets the count.",
+    fallback_keys=("state.backend.changelog.max-failures-allowed",),
+)
 
 # --- Restart strategy -------------------------------------------------------------------------
 RESTART_STRATEGY = _opt(

@@ -1,6 +1,6 @@
 """The JobManager's internal-plane services: only TaskManagers call them.
 
-ResourceManager (registration, heartbeats) and CheckpointCoordinatorGateway (checkpoint
+ResourceManager (registration, heartbeats, a running subtask's failure) and CheckpointCoordinatorGateway (checkpoint
 acknowledgements), named after Flink's gateways. They run on the internal server, which with
 security.ssl.internal.enabled requires a certificate of the cluster's CA.
 """
@@ -11,7 +11,7 @@ import grpc
 
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common._proto.v1 import jobmanager_pb2_grpc as jm_grpc
-from keyedstate.common.ids import CheckpointId, JobId, TaskManagerId
+from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, TaskManagerId
 from keyedstate.common.rpc.convert import handle_from_proto
 from keyedstate.common.rpc.status import rpc_method
 from keyedstate.jobmanager.checkpointing import Checkpointing
@@ -53,6 +53,20 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
         """Forget a TaskManager that shut its slots down (it counts as fenced at once)."""
         self._d.registry.deregister(TaskManagerId(request.taskmanager_id))
         return jm_pb.DeregisterTaskManagerResponse()
+
+    @rpc_method
+    def ReportTaskFailure(
+        self, request: jm_pb.ReportTaskFailureRequest, context: grpc.ServicerContext
+    ) -> jm_pb.ReportTaskFailureResponse:
+        """A subtask failed on its TaskManager (materializations failed past the limit): its job fails over."""
+        self._d.task_failed(
+            JobId(request.job_id),
+            SubtaskId(request.job_id, request.operator_id, request.subtask_index),
+            TaskManagerId(request.taskmanager_id),
+            request.routing_version,
+            request.cause,
+        )
+        return jm_pb.ReportTaskFailureResponse()
 
 
 class CheckpointCoordinatorGatewayServicer(jm_grpc.CheckpointCoordinatorGatewayServicer):

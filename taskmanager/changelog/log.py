@@ -44,6 +44,8 @@ class SealedSegment:
     first_epoch: int
     last_epoch: int
     size: int
+    records: int = 0
+    """Change sets (committed epochs) the segment holds."""
 
 
 class _PinnedClock:
@@ -92,10 +94,11 @@ class SlotChangelog:
         self._active_first = -1
         self._active_last = -1
         self._active_size = 0
+        self._active_records = 0
         self._sealed: list[SealedSegment] = []
         self._handed_out: list[SealedSegment] = []
         self._last_epoch = -1
-        self._retract_to: tuple[int, int, int] | None = None
+        self._retract_to: tuple[int, int, int, int] | None = None
         self.lock = threading.Lock()
         """Held by a commit from its append to its apply (or retract), and by a checkpoint or a
         materialization across its seal and its cut of the backend: a cut never sees an epoch
@@ -118,9 +121,10 @@ class SlotChangelog:
         assert self._fd is not None
         os.write(self._fd, record)
         os.fsync(self._fd)
-        self._retract_to = (self._active_size, self._active_last, self._last_epoch)
+        self._retract_to = (self._active_size, self._active_last, self._last_epoch, self._active_records)
         self._active_last = epoch
         self._active_size += len(record)
+        self._active_records += 1
         self._last_epoch = epoch
         return now
 
@@ -132,10 +136,11 @@ class SlotChangelog:
         """
         if self._retract_to is None or self._last_epoch != epoch or self._fd is None:
             raise InvalidArgumentError(f"changelog of {self.subtask}: epoch {epoch} is not the last appended record")
-        size, active_last, last_epoch = self._retract_to
+        size, active_last, last_epoch, records = self._retract_to
         os.ftruncate(self._fd, size)
         os.fsync(self._fd)
         self._active_size, self._active_last, self._last_epoch = size, active_last, last_epoch
+        self._active_records = records
         self._retract_to = None
 
     def _open_segment(self, epoch: int) -> None:
@@ -151,6 +156,7 @@ class SlotChangelog:
             os.close(dir_fd)
         self._fd, self._active = fd, path
         self._active_first, self._active_last, self._active_size = epoch, epoch, len(HEADER)
+        self._active_records = 0
 
     def seal(self) -> list[SealedSegment]:
         """Close the active segment; the segments sealed since the previous call (oldest first).
@@ -160,7 +166,11 @@ class SlotChangelog:
         if self._fd is not None:
             assert self._active is not None
             os.close(self._fd)
-            self._sealed.append(SealedSegment(self._active, self._active_first, self._active_last, self._active_size))
+            self._sealed.append(
+                SealedSegment(
+                    self._active, self._active_first, self._active_last, self._active_size, self._active_records
+                )
+            )
             self._fd, self._active = None, None
         self._retract_to = None
         sealed, self._sealed = self._sealed, []

@@ -185,6 +185,21 @@ class JobManagerConnection:
             lambda: self._checkpoints.DeclineCheckpoint(request, timeout=_CHECKPOINT_RPC_TIMEOUT_S),
         )
 
+    def report_task_failure(self, subtask: SubtaskId, routing_version: int, cause: str) -> None:
+        """Report that ``subtask`` (deployed under ``routing_version``) failed while running, so its job fails over."""
+        request = jm_pb.ReportTaskFailureRequest(
+            job_id=subtask.job_id,
+            taskmanager_id=self._tm_id,
+            operator_id=subtask.operator_id,
+            subtask_index=subtask.subtask_index,
+            routing_version=routing_version,
+            cause=cause,
+        )
+        self._report(
+            f"reporting the failure of {subtask}",
+            lambda: self._stub.ReportTaskFailure(request, timeout=_CHECKPOINT_RPC_TIMEOUT_S),
+        )
+
     def _report(self, what: str, call: Callable[[], object]) -> None:
         call_with_retries(
             call, what=what, policy=_CHECKPOINT_REPORT_RETRIES, waiter=self._stop, is_transient=is_unreachable

@@ -72,6 +72,10 @@ class TaskExecutorServicer(pb_grpc.TaskExecutorServicer):
             changelog_materialize_interval_ms=request.changelog.materialize_interval_ms
             if request.changelog.enabled
             else None,
+            # Absent (a JobManager that predates the key): Flink's default.
+            changelog_max_failures_allowed=request.changelog.max_failures_allowed
+            if request.changelog.HasField("max_failures_allowed")
+            else 3,
             replay=tuple(change_set_from_proto(f) for f in request.replay),
         )
         restore = restore_from_proto(request.restore) if request.HasField("restore") else None

@@ -42,6 +42,8 @@ class Materialization:
     full_size: int
     uploaded: frozenset[str] = frozenset()
     """The paths of the files this materialization uploaded itself (the rest it reused)."""
+    incremental_size: int = 0
+    """Bytes of the files this materialization uploaded itself."""
 
     def sst_files(self) -> dict[str, StateFileHandle]:
         """The SST files by local name: what the next snapshot of the slot may reference instead of uploading."""
@@ -90,6 +92,9 @@ class ChangelogCheckpoints:
     next_materialization_ms: int = 0
     failures: int = 0
     """Consecutive failed materializations (reset by a successful one)."""
+    failed: bool = False
+    """More than ``state.changelog.max-failures-allowed`` failed in a row: the slot reported itself failed
+    and materializes no more (its job fails over and redeploys it)."""
     _candidate_cut: bool = False
     """A checkpoint referenced the candidate: its files may end up the JobManager's."""
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -110,6 +110,9 @@ class CheckpointReporter(Protocol):
     ) -> None:
         """Report that ``subtask`` cannot complete ``checkpoint_id``, and why (shown to the operator)."""
 
+    def report_task_failure(self, subtask: SubtaskId, routing_version: int, cause: str) -> None:
+        """Report that ``subtask`` failed while running (its materializations kept failing): its job fails over."""
+
 
 class StateSizeLimitExceeded(SizeLimitError):
     """A slot's snapshot is larger than the JobManager checkpoint storage takes inline."""
@@ -430,7 +433,9 @@ class SnapshotManager:
         if cut.materializes:
             assert snapshot is not None
             own = self._upload(work, snapshot, barrier)
-            materialization = Materialization(barrier.epoch, tuple(own.files), own.full_size)
+            materialization = Materialization(
+                barrier.epoch, tuple(own.files), own.full_size, incremental_size=own.incremental_size
+            )
             uploaded_bytes = own.incremental_size
         else:
             materialization = self._usable_materialization(slot, cut)
@@ -447,13 +452,25 @@ class SnapshotManager:
         # Recorded before uploading, as for snapshot files: a discard deletes whatever arrived.
         work.uploaded_remote.extend(remote for _, remote, _ in plan)
         crash_point("taskmanager.changelog.before-segment-upload")
-        uploaded = self._transfers.upload(
-            barrier.target_path,
-            [(str(segment.local.path), remote) for segment, remote, _ in plan],
-            self._threads,
-            work.cancel,
-            self.stats,
+        t0 = self._clock.monotonic_ms()
+        try:
+            uploaded = self._transfers.upload(
+                barrier.target_path,
+                [(str(segment.local.path), remote) for segment, remote, _ in plan],
+                self._threads,
+                work.cancel,
+                self.stats,
+            )
+        except Exception:
+            if not work.cancel.is_set():
+                self._metrics.record_segment_upload_failure(slot.subtask.job_id, len(plan))
+            raise
+        self._metrics.record_segment_uploads(
+            slot.subtask.job_id,
+            [(up.size, segment.local.records) for (segment, _, _), up in zip(plan, uploaded)],
+            (self._clock.monotonic_ms() - t0) * 1_000_000,
         )
+        segment_bytes = 0
         for (segment, _remote, relative), up in zip(plan, uploaded):
             if up.size != segment.local.size:
                 raise CorruptCheckpointError(
@@ -463,9 +480,17 @@ class SnapshotManager:
             work.new_segments[segment.local.path] = ChangelogSegmentHandle(
                 relative, segment.local.first_epoch, segment.local.last_epoch, up.size, up.sha256
             )
-            uploaded_bytes += up.size
+            segment_bytes += up.size
+        uploaded_bytes += segment_bytes
         crash_point("taskmanager.changelog.segments-uploaded")
         segments = [s.remote or work.new_segments[s.local.path] for s in needed]
+        self._metrics.record_changelog_checkpoint(
+            _labels(slot),
+            full_materialized=materialization.full_size,
+            inc_materialized=materialization.incremental_size,
+            full_changelog=sum(s.size for s in segments),
+            inc_changelog=segment_bytes,
+        )
         logger.info(
             "checkpoint %d of %s: changelog on top of the materialization of epoch %d, %d segment(s) (%d uploaded now)",
             barrier.checkpoint_id,
@@ -510,7 +535,7 @@ class SnapshotManager:
                 state = self.changelog_of(slot)
                 if state.next_materialization_ms == 0:
                     state.next_materialization_ms = now + slot.materialize_interval_ms
-                if state.materializing or now < state.next_materialization_ms:
+                if state.materializing or state.failed or now < state.next_materialization_ms:
                     continue
                 state.materializing = True
                 try:
@@ -520,22 +545,59 @@ class SnapshotManager:
                     return
 
     def _materialize_guarded(self, slot: Slot, state: ChangelogCheckpoints) -> None:
+        labels = _labels(slot)
+        self._metrics.record_materialization(labels, "started")
+        t0 = self._clock.monotonic_ms()
         try:
-            self.materialize(slot)
+            done = self.materialize(slot)
         except Exception as exc:
-            # Checkpoints go on referencing the previous materialization; retried after a backoff.
             state.failures += 1
+            self._metrics.record_materialization(labels, "failed")
+            reason = exc.message if isinstance(exc, KeyedStateError) else repr(exc)
+            if state.failures > slot.max_materialization_failures:
+                self._fail_slot(slot, state, reason)
+                return
+            # Checkpoints go on referencing the previous materialization; retried after a backoff.
             delay_ms = int(min(slot.materialize_interval_ms, _MATERIALIZE_RETRY.backoff_s(state.failures) * 1000))
             state.next_materialization_ms = self._clock.monotonic_ms() + delay_ms
             logger.warning(
-                "materialization of %s failed (%d in a row), retried in %d ms: %s",
+                "materialization of %s failed (%d in a row, %d tolerated), retried in %d ms: %s",
                 slot.subtask,
                 state.failures,
+                slot.max_materialization_failures,
                 delay_ms,
-                exc.message if isinstance(exc, KeyedStateError) else repr(exc),
+                reason,
             )
+        else:
+            # Nothing new since the last one counts as completed, as in Flink, but leaves the duration.
+            duration = self._clock.monotonic_ms() - t0 if done is not None else None
+            self._metrics.record_materialization(labels, "completed", duration)
         finally:
             state.materializing = False
+
+    def _fail_slot(self, slot: Slot, state: ChangelogCheckpoints, reason: str) -> None:
+        """Too many materializations failed in a row: report the subtask failed, so its job fails over.
+
+        As Flink fails the task: the restart strategy restarts the job from its latest completed
+        checkpoint, which a new deployment of the slot materializes afresh. Should the report not
+        reach the JobManager, the slot goes on materializing, and the next failure reports again.
+        """
+        cause = (
+            f"{state.failures} consecutive materializations failed, more than "
+            f"state.changelog.max-failures-allowed={slot.max_materialization_failures}; the last: {reason}"
+        )
+        logger.error("%s fails its job over: %s", slot.subtask, cause)
+        state.failed = True
+        try:
+            self._reporter.report_task_failure(slot.subtask, slot.routing_version, cause)
+        except Exception as exc:
+            state.failed = False
+            state.next_materialization_ms = self._clock.monotonic_ms() + slot.materialize_interval_ms
+            logger.warning(
+                "could not report the failure of %s (%s); it goes on materializing",
+                slot.subtask,
+                exc.message if isinstance(exc, KeyedStateError) else repr(exc),
+            )
 
     def materialize(self, slot: Slot) -> Materialization | None:
         """Snapshot a changelog slot off the commit path and upload it to ``shared/mat-<id>/``.
@@ -623,7 +685,13 @@ class SnapshotManager:
             handles.append(
                 StateFileHandle(path=relative, size=up.size, sha256=up.sha256, local_name=Path(local).name, shared=True)
             )
-        return Materialization(epoch, tuple(handles), full_size, frozenset(relative for _, _, relative in plan))
+        return Materialization(
+            epoch,
+            tuple(handles),
+            full_size,
+            frozenset(relative for _, _, relative in plan),
+            incremental_size=sum(up.size for up in uploaded),
+        )
 
     def _delete_unreferenced(self, slot: Slot, files: list[StateFileHandle]) -> None:
         """Delete a superseded materialization's own files, which no checkpoint ever referenced."""
@@ -975,6 +1043,11 @@ class SnapshotManager:
                 for w in works:
                     w.cancel.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _labels(slot: Slot) -> tuple[str, str, str]:
+    """The slot's operator-scope metric labels (job, operator, subtask)."""
+    return (slot.subtask.job_id, slot.subtask.operator_id, str(slot.subtask.subtask_index))
 
 
 def _write_inline(f: StateFileHandle, path: Path) -> None:

@@ -443,6 +443,62 @@ class DeregisterTaskManagerResponse(_message.Message):
 Global___DeregisterTaskManagerResponse: _TypeAlias = DeregisterTaskManagerResponse  # noqa: Y015
 
 @_typing.final
+class ReportTaskFailureRequest(_message.Message):
+    """A subtask failed on its TaskManager while it runs (not a checkpoint's decline): its job fails
+    over, as Flink fails over a job whose task failed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TASKMANAGER_ID_FIELD_NUMBER: _builtins.int
+    OPERATOR_ID_FIELD_NUMBER: _builtins.int
+    SUBTASK_INDEX_FIELD_NUMBER: _builtins.int
+    ROUTING_VERSION_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    taskmanager_id: _builtins.str
+    operator_id: _builtins.str
+    subtask_index: _builtins.int
+    routing_version: _builtins.int
+    """The routing version the subtask was deployed under: a report about an older deployment
+    (the job was redeployed since) changes nothing.
+    """
+    cause: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        taskmanager_id: _builtins.str = ...,
+        operator_id: _builtins.str = ...,
+        subtask_index: _builtins.int = ...,
+        routing_version: _builtins.int = ...,
+        cause: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "job_id", b"job_id", "operator_id", b"operator_id", "routing_version", b"routing_version", "subtask_index", b"subtask_index", "taskmanager_id", b"taskmanager_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportTaskFailureRequest: _TypeAlias = ReportTaskFailureRequest  # noqa: Y015
+
+@_typing.final
+class ReportTaskFailureResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportTaskFailureResponse: _TypeAlias = ReportTaskFailureResponse  # noqa: Y015
+
+@_typing.final
 class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -556,6 +556,11 @@ class ResourceManagerStub:
                 request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.SerializeToString,
                 response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.FromString,
                 _registered_method=True)
+        self.ReportTaskFailure = channel.unary_unary(
+                '/keyedstate.v1.ResourceManager/ReportTaskFailure',
+                request_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.ReportTaskFailureRequest.SerializeToString,
+                response_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.ReportTaskFailureResponse.FromString,
+                _registered_method=True)
 
 
 class ResourceManagerServicer:
@@ -580,6 +585,12 @@ class ResourceManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportTaskFailure(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResourceManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -597,6 +608,11 @@ def add_ResourceManagerServicer_to_server(servicer, server):
                     servicer.DeregisterTaskManager,
                     request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.FromString,
                     response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.SerializeToString,
+            ),
+            'ReportTaskFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTaskFailure,
+                    request_deserializer=keyedstate_dot_v1_dot_jobmanager__pb2.ReportTaskFailureRequest.FromString,
+                    response_serializer=keyedstate_dot_v1_dot_jobmanager__pb2.ReportTaskFailureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -681,6 +697,33 @@ class ResourceManager:
             '/keyedstate.v1.ResourceManager/DeregisterTaskManager',
             keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerRequest.SerializeToString,
             keyedstate_dot_v1_dot_jobmanager__pb2.DeregisterTaskManagerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTaskFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keyedstate.v1.ResourceManager/ReportTaskFailure',
+            keyedstate_dot_v1_dot_jobmanager__pb2.ReportTaskFailureRequest.SerializeToString,
+            keyedstate_dot_v1_dot_jobmanager__pb2.ReportTaskFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -162,6 +162,7 @@ class ResourceManagerStub:
     RegisterTaskManager: _grpc.UnaryUnaryMultiCallable[_jobmanager_pb2.RegisterTaskManagerRequest, _jobmanager_pb2.RegisterTaskManagerResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_jobmanager_pb2.HeartbeatRequest, _jobmanager_pb2.HeartbeatResponse]
     DeregisterTaskManager: _grpc.UnaryUnaryMultiCallable[_jobmanager_pb2.DeregisterTaskManagerRequest, _jobmanager_pb2.DeregisterTaskManagerResponse]
+    ReportTaskFailure: _grpc.UnaryUnaryMultiCallable[_jobmanager_pb2.ReportTaskFailureRequest, _jobmanager_pb2.ReportTaskFailureResponse]
 
 @_typing.type_check_only
 class ResourceManagerAsyncStub(ResourceManagerStub):
@@ -171,6 +172,7 @@ class ResourceManagerAsyncStub(ResourceManagerStub):
     RegisterTaskManager: _aio.UnaryUnaryMultiCallable[_jobmanager_pb2.RegisterTaskManagerRequest, _jobmanager_pb2.RegisterTaskManagerResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_jobmanager_pb2.HeartbeatRequest, _jobmanager_pb2.HeartbeatResponse]  # type: ignore[assignment]
     DeregisterTaskManager: _aio.UnaryUnaryMultiCallable[_jobmanager_pb2.DeregisterTaskManagerRequest, _jobmanager_pb2.DeregisterTaskManagerResponse]  # type: ignore[assignment]
+    ReportTaskFailure: _aio.UnaryUnaryMultiCallable[_jobmanager_pb2.ReportTaskFailureRequest, _jobmanager_pb2.ReportTaskFailureResponse]  # type: ignore[assignment]
 
 class ResourceManagerServicer(metaclass=_abc_1.ABCMeta):
     """Internal plane: TaskManagers register and heartbeat here."""
@@ -195,6 +197,13 @@ class ResourceManagerServicer(metaclass=_abc_1.ABCMeta):
         request: _jobmanager_pb2.DeregisterTaskManagerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_jobmanager_pb2.DeregisterTaskManagerResponse, _abc.Awaitable[_jobmanager_pb2.DeregisterTaskManagerResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportTaskFailure(
+        self,
+        request: _jobmanager_pb2.ReportTaskFailureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobmanager_pb2.ReportTaskFailureResponse, _abc.Awaitable[_jobmanager_pb2.ReportTaskFailureResponse]]: ...
 
 def add_ResourceManagerServicer_to_server(servicer: ResourceManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -492,20 +492,28 @@ class ChangelogSettings(_message.Message):
 
     ENABLED_FIELD_NUMBER: _builtins.int
     MATERIALIZE_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    MAX_FAILURES_ALLOWED_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     materialize_interval_ms: _builtins.int
     """How often the slot materializes its state in the background (state.changelog.periodic-materialize.interval)."""
+    max_failures_allowed: _builtins.int
+    """Consecutive failed materializations tolerated before the slot fails its job over
+    (state.changelog.max-failures-allowed); absent: Flink's default, 3.
+    """
     def __init__(
         self,
         *,
         enabled: _builtins.bool = ...,
         materialize_interval_ms: _builtins.int = ...,
+        max_failures_allowed: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_failures_allowed", b"_max_failures_allowed", "max_failures_allowed", b"max_failures_allowed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "materialize_interval_ms", b"materialize_interval_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_failures_allowed", b"_max_failures_allowed", "enabled", b"enabled", "materialize_interval_ms", b"materialize_interval_ms", "max_failures_allowed", b"max_failures_allowed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_failures_allowed: _TypeAlias = _typing.Literal["max_failures_allowed"]  # noqa: Y015
+    _WhichOneofArgType__max_failures_allowed: _TypeAlias = _typing.Literal["_max_failures_allowed", b"_max_failures_allowed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_failures_allowed) -> _WhichOneofReturnType__max_failures_allowed | None: ...
 
 Global___ChangelogSettings: _TypeAlias = ChangelogSettings  # noqa: Y015
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keyedstate.common.handles import ChangelogSegmentHandle, StateFileHandle
-from keyedstate.common.ids import JobId, OperatorId, SubtaskId
+from keyedstate.common.handles import ChangelogSegmentHandle, StateFileHandle, SubtaskStateHandle
+from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId
 from keyedstate.taskmanager.changelog import SlotChangelog
 from keyedstate.taskmanager.snapshot.changelog import ChangelogCheckpoints, Materialization
 from tests.fakes.clock import ManualClock
@@ -104,3 +104,44 @@ def test_a_candidate_a_checkpoint_referenced_is_never_given_back(tmp_path: Path)
     with log.lock:
         state.cut(1)  # that checkpoint may still complete: its files may become the JobManager's
     assert state.offer(_materialization(9, (), ("../shared/mat-2/c.sst",))) == []
+
+
+def test_a_restored_materialization_is_confirmed_and_its_segments_are_referenced_not_uploaded(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    state = ChangelogCheckpoints(log)
+    restored = SubtaskStateHandle(
+        OperatorId("op"),
+        0,
+        KeyGroupRange(0, 7),
+        "rocksdb",
+        files=[_file("../shared/chk-1/a.sst")],
+        committed_epoch=4,
+        changelog=[
+            ChangelogSegmentHandle("../shared/chk-2/s1.seg", 1, 2, 30, SHA),
+            ChangelogSegmentHandle("../shared/chk-4/s2.seg", 3, 4, 40, SHA),
+        ],
+        materialized_epoch=0,
+    )
+    state.restored(restored)
+    _commit(log, 5, 6)
+    with log.lock:
+        cut = state.cut(6)
+    # No snapshot of its own: the restored materialization, the restored segments, then the new one.
+    assert not cut.materializes and cut.confirmed is not None and cut.confirmed.epoch == 0
+    assert cut.confirmed.files == (_file("../shared/chk-1/a.sst"),) and cut.confirmed.incremental_size == 0
+    assert [(s.local.first_epoch, s.local.last_epoch, s.remote) for s in cut.after(cut.confirmed)] == [
+        (1, 2, restored.changelog[0]),
+        (3, 4, restored.changelog[1]),
+        (5, 6, None),
+    ]
+
+
+def test_a_sealed_segment_counts_its_change_sets_and_a_retracted_one_is_not_counted(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    _commit(log, 0, 1, 2)
+    with log.lock:
+        log.append(3, [])
+        log.retract(3)
+    with log.lock:
+        (sealed,) = log.seal()
+    assert (sealed.first_epoch, sealed.last_epoch, sealed.records) == (0, 2, 3)
