@@ -135,6 +135,9 @@ class SlotDeployer:
                 result = DeployResult()
             if request.replay:
                 self._replay(backend, request)
+                # The decided epochs folded in are in no segment and not in the restored
+                # materialization: the slot's first checkpoint materializes a snapshot that holds them.
+                slot.restored_materialization = None
         except BaseException:
             self._slots.remove(request.subtask)
             raise

@@ -115,12 +115,3 @@ def validate_commit_mode(conf: Configuration) -> None:
             f"checkpoint storage; set {o.CHECKPOINT_STORAGE.key}: filesystem with {o.CHECKPOINTS_DIR.key}, or use "
             "commit-mode sync"
         )
-    if conf.get(o.CHANGELOG_ENABLED):
-        # A restore of an overlapped job folds the decided epochs above the checkpoint into the
-        # backend before the slot's changelog starts, so a changelog checkpoint taken before the
-        # next materialization would hold neither the replayed epochs nor a segment with them.
-        raise ConfigError(
-            f"{o.CHECKPOINT_COMMIT_MODE.key}: overlapped commits cannot run with {o.CHANGELOG_ENABLED.key} yet "
-            "(a restore's replayed epochs would be missing from the changelog); use commit-mode sync with "
-            "changelog checkpoints, or overlapped commits with ordinary (incremental) checkpoints"
-        )

@@ -104,17 +104,18 @@ class SlotChangelog:
         materialization across its seal and its cut of the backend: a cut never sees an epoch
         that is logged but not applied, or applied but not logged."""
 
-    def append(self, epoch: int, mutations: Sequence[Mutation]) -> int:
+    def append(self, epoch: int, mutations: Sequence[Mutation], timestamp_ms: int | None = None) -> int:
         """Make ``epoch``'s change set durable in the active segment; the timestamp to apply it with.
 
         Returns only after the record is fsynced, so an epoch applied to the backend is always in
-        the log. Epochs must increase.
+        the log. Epochs must increase. ``timestamp_ms``: the commit's time when it was fixed
+        earlier (an overlapped commit's change set carries the time of its Prepare); default now.
         """
         if epoch <= self._last_epoch:
             raise InvalidArgumentError(
                 f"changelog of {self.subtask}: epoch {epoch} follows epoch {self._last_epoch}; epochs must increase"
             )
-        now = self._clock.now_ms()
+        now = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
         record = encode_record(ChangeSet(epoch, now, tuple(mutations)))
         if self._fd is None:
             self._open_segment(epoch)

@@ -328,7 +328,7 @@ class SlotEpochs:
                 else:
                     # The change set this slot uploaded at Prepare carries this timestamp.
                     with pinned_clock(self.backend, stamp):
-                        applied = self._apply_winners(epoch, winners)
+                        applied = self._apply_winners(epoch, winners, stamp)
             except KeyedStateError as exc:
                 logger.error(
                     "commit of epoch %d on %s failed (%s): %s", epoch, self.subtask, exc.reason.value, exc.message
@@ -351,8 +351,11 @@ class SlotEpochs:
             )
             return epoch, applied
 
-    def _apply_winners(self, epoch: int, winners: Mapping[int, Winner]) -> int:
-        """Apply the winners' staged records with the committed-epoch marker in one atomic write; mutations applied."""
+    def _apply_winners(self, epoch: int, winners: Mapping[int, Winner], stamp: int | None = None) -> int:
+        """Apply the winners' staged records with the committed-epoch marker in one atomic write; mutations applied.
+
+        ``stamp``: the commit's time fixed at its Prepare (overlapped commits), which the changelog records too.
+        """
         meta = {COMMITTED_EPOCH: str(epoch).encode("ascii")}
         staged = self._winning_records(epoch, winners)
         if self.changelog is not None:
@@ -360,7 +363,9 @@ class SlotEpochs:
             # applies at the logged timestamp, so a replay reproduces the commit (TTL stamps too).
             logged = [m for attempt_records in staged for m in fold_attempt(attempt_records, self.states)]
             with self.changelog.lock:
-                stamp = self.changelog.append(epoch, logged)
+                # An overlapped commit logs the time its Prepare's change set carries: a restore then
+                # stamps TTL alike whether it replays the segment or the decided change set.
+                stamp = self.changelog.append(epoch, logged, stamp)
                 try:
                     with pinned_clock(self.backend, stamp):
                         # The fast path writes the same bytes as applying the logged mutations (the

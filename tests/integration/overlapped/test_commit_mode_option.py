@@ -44,14 +44,8 @@ def test_overlapped_commits_are_accepted_with_filesystem_storage_and_refused_wit
     assert client.submit_job("ov-mem", OPS, max_parallelism=8, config={MODE: "sync"}).job_id == "ov-mem"
 
 
-def test_overlapped_commits_are_refused_with_changelog_checkpoints(inprocess_cluster: Callable[..., Any]) -> None:
+def test_overlapped_commits_are_accepted_with_changelog_checkpoints(inprocess_cluster: Callable[..., Any]) -> None:
+    """Both at once: tests/integration/changelog/test_changelog_overlapped_kill.py proves restores keep every epoch."""
     client = inprocess_cluster(taskmanagers=1, slots=2).client()
-    with pytest.raises(KeyedStateError) as info:
-        client.submit_job(
-            "ov-changelog", OPS, max_parallelism=8, config={MODE: "overlapped", "state.changelog.enabled": "true"}
-        )
-    assert info.value.reason is Reason.CONFIG
-    assert "cannot run with state.changelog.enabled" in info.value.message
-    assert "commit-mode sync with changelog checkpoints" in info.value.message
-    # Nothing was deployed: each alone is accepted under the same id.
-    assert client.submit_job("ov-changelog", OPS, max_parallelism=8, config={MODE: "overlapped"}).job_id
+    config = {MODE: "overlapped", "state.changelog.enabled": "true"}
+    assert client.submit_job("ov-changelog", OPS, max_parallelism=8, config=config).job_id == "ov-changelog"
