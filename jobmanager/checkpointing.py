@@ -359,7 +359,7 @@ class Checkpointing:
         storage = self.storage(job_dir, job)
         id_counter = self.ha.checkpoint_id_counter(job.job_id, floor=_next_unused_checkpoint_id(storage, job_dir))
         generation = job.changelog_generation
-        if overlapped_commits(job):
+        if self.decision_log(job) is not None:  # overlapped commits with decisions in checkpoint storage
             generation = next_generation(storage, job_dir, above=generation)
         return JobRun(checkpoint.external_path, claim_mode, id_counter.get(), generation)
 
