@@ -59,8 +59,9 @@ from keyedstate.jobmanager.checkpoint import (
 )
 from keyedstate.jobmanager.checkpoint.decisions import DecisionLog, next_generation
 from keyedstate.jobmanager.ha import HighAvailabilityServices, create_ha_services
+from keyedstate.jobmanager.ha.checkpoint_store import CheckpointPointer
 from keyedstate.jobmanager.ha.job_store import JobRecord
-from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobSpec, RestorePlan
+from keyedstate.jobmanager.jobs import EMPTY_PLAN, Job, JobRun, JobSpec, RestorePlan
 from keyedstate.jobmanager.status_times import JobStatusTimes
 from keyedstate.jobmanager.taskmanager_gateway import TaskManagerGateways
 
@@ -241,9 +242,9 @@ class Checkpointing:
         if not recovering:
             job.checkpoints_from = id_counter.get()
             if overlapped_commits(job):
-                # A new job, or an operator restore: decisions made on top of the state it replaces
-                # stay in their generation and are never replayed.
-                job.changelog_generation = next_generation(storage, job_dir)
+                # A new job: decisions made on top of the state of an earlier job under this id stay in
+                # their generation and are never replayed.
+                job.changelog_generation = next_generation(storage, job_dir, above=job.changelog_generation)
         config = CoordinatorConfig(
             JobId(job.job_id),
             job_dir,
@@ -347,20 +348,47 @@ class Checkpointing:
         )
         return checkpoint
 
+    def next_run(self, job: Job, checkpoint: CompletedCheckpoint, claim_mode: RecoveryClaimMode) -> JobRun:
+        """The run an operator restore of ``job`` from ``checkpoint`` starts (nothing is changed or written).
+
+        Its checkpoint ids start at the next unused one, and (overlapped commits) its decisions go to a
+        changelog generation above every one in storage and the job's own, so that neither a decision
+        of the replaced state nor one of an earlier run still in flight is ever replayed over ``checkpoint``.
+        """
+        job_dir = self.job_dir(job)
+        storage = self.storage(job_dir, job)
+        id_counter = self.ha.checkpoint_id_counter(job.job_id, floor=_next_unused_checkpoint_id(storage, job_dir))
+        generation = job.changelog_generation
+        if self.decision_log(job) is not None:  # overlapped commits with decisions in checkpoint storage
+            generation = next_generation(storage, job_dir, above=generation)
+        return JobRun(checkpoint.external_path, claim_mode, id_counter.get(), generation)
+
     def adopt_restore(
         self, job: Job, checkpoint: CompletedCheckpoint, ownership: RestoreOwnership, fail_over: FailOver
     ) -> None:
         """After ``job`` was redeployed from ``checkpoint`` in place: its checkpoints start over from it.
 
-        The job gets a new coordinator, as a resubmitted job would: the checkpoints taken before
-        the restore stay in storage but are no longer the job's (``Job.checkpoints_from`` moves
-        past them), so a later failover, even a new leader's, restores ``checkpoint`` or a newer
-        one, never the state the restore replaced.
+        The job gets a new coordinator for the run the restore recorded before it deployed
+        (:meth:`next_run`): the checkpoints taken before the restore stay in storage but are no
+        longer the job's (``Job.checkpoints_from`` is past them), so a later failover, even a new
+        leader's, restores ``checkpoint`` or a newer one, never the state the restore replaced.
         """
         self.detach(job)
         job.coordinator = None
-        self.attach(job, fail_over)
+        self.attach(job, fail_over, recovering=True)  # the run is recorded already: keep it
+        self._drop_earlier_runs(job)
         self._restored_from(job, checkpoint, ownership)
+
+    def _of_current_run(self, job: Job, pointer: CheckpointPointer) -> bool:
+        """Whether an HA pointer names a checkpoint of ``job``'s current run (or the source it claimed)."""
+        claimed_source = job.claim_mode is RecoveryClaimMode.CLAIM and pointer.external_path == job.restore_path
+        return pointer.checkpoint_id >= job.checkpoints_from or claimed_source
+
+    def _drop_earlier_runs(self, job: Job) -> None:
+        """Remove the HA pointers of checkpoints that hold state an operator restore replaced."""
+        for pointer in self.ha.checkpoint_pointers(job.job_id):
+            if not self._of_current_run(job, pointer):
+                self.ha.remove_checkpoint_pointer(job.job_id, pointer.checkpoint_id)
 
     def _restored_from(self, job: Job, checkpoint: CompletedCheckpoint, ownership: RestoreOwnership) -> None:
         # CLAIMED joins the store and the shared-state registry (deleted once subsumed); OWNED is there
@@ -618,6 +646,17 @@ class Checkpointing:
         """
         loaded = []
         for pointer in self.ha.checkpoint_pointers(job.job_id):
+            if not self._of_current_run(job, pointer):
+                # An operator restore recorded its run, then its JobManager died before it dropped
+                # the replaced run's pointers: their state is not the job's any more.
+                logger.info(
+                    "job %s: checkpoint %d (%s) is of a run an operator restore replaced; not taken back",
+                    job.job_id,
+                    pointer.checkpoint_id,
+                    pointer.external_path,
+                )
+                self.ha.remove_checkpoint_pointer(job.job_id, pointer.checkpoint_id)
+                continue
             try:
                 checkpoint = load_completed_checkpoint(self.storage(pointer.external_path, job), pointer.external_path)
                 # A savepoint the job claimed is one of its checkpoints: its pointer says so, its _metadata cannot.

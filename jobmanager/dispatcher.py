@@ -30,6 +30,7 @@ from keyedstate.common.errors import (
     NotFoundError,
     Reason,
 )
+from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
 from keyedstate.common.keygroups import past_max_parallelism
 from keyedstate.common.lifecycle import JobStatus
@@ -740,23 +741,33 @@ class Dispatcher:
             job.move_to(JobStatus.RESTARTING)
             self.release_slots(job, previous, discard_local=False)
             job.assignments = {}
+            replaced = job.run()
             try:
                 unfenced = sorted(
                     a.taskmanager_id for a in previous if self.registry.fenced_at_ms(a.taskmanager_id) > 0
                 )
                 if unfenced:
                     raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
+                # The restored run (its source, checkpoint ids and changelog generation) is durable
+                # before any TaskManager sees the source: a JobManager that dies from here on leaves
+                # its successor the restored job, one that died before it the old one, never a mix
+                # (the old run's decisions replayed over the source).
+                crash_point("jobmanager.restore.before-record")
+                job.switch_run(self.checkpointing.next_run(job, checkpoint, mode))
+                self.checkpointing.persist(job, strict=True)
+                crash_point("jobmanager.restore.recorded")
                 self.deploy(
                     job,
                     self.checkpointing.restore_plan(job, checkpoint, ownership),
                     prefer={a.subtask: a.taskmanager_id for a in previous},
                 )
+                crash_point("jobmanager.restore.deployed")
             except Exception as exc:  # whatever failed, the job must not stay RESTARTING
+                job.switch_run(replaced)  # recorded again by the redeploy, before it reaches a TaskManager
                 error = exc if isinstance(exc, KeyedStateError) else KeyedStateError(f"unexpected error: {exc!r}")
                 raise self._restore_failed(job, path, before.external_path, error) from exc
-            job.claim_mode = mode
             self.checkpointing.adopt_restore(job, checkpoint, ownership, self._fail_over_later)
-            job.restore_path = checkpoint.external_path
+            crash_point("jobmanager.restore.adopted")
             job.restarts = 0
             job.failure_cause = ""
             job.predecessor = ""  # its state is the source's now, not a cancelled run's

@@ -103,6 +103,24 @@ class JobSpec:
         )
 
 
+@dataclass(frozen=True)
+class JobRun:
+    """Which run of checkpoints and decisions a job's state belongs to, as its HA record names it.
+
+    A submission and an operator restore start a new run; a failover continues the current one.
+    An operator restore records the new run before any TaskManager sees the restored state, so a
+    JobManager that dies in the middle leaves its successor either the old run or the new one.
+    """
+
+    restore_path: str
+    """The checkpoint or savepoint the run started from ("" for empty state)."""
+    claim_mode: RecoveryClaimMode
+    checkpoints_from: int
+    """The first checkpoint id of the run: completed checkpoints below it belong to an earlier run."""
+    changelog_generation: int
+    """Overlapped commits: the run's decisions live in ``changelog/g<n>/``; no other run's are replayed."""
+
+
 @dataclass
 class Job:
     spec: JobSpec
@@ -152,6 +170,17 @@ class Job:
 
     def __post_init__(self) -> None:
         self.times.enter(self.status)
+
+    def run(self) -> JobRun:
+        """The job's current run (see :class:`JobRun`)."""
+        return JobRun(self.restore_path, self.claim_mode, self.checkpoints_from, self.changelog_generation)
+
+    def switch_run(self, run: JobRun) -> None:
+        """Make ``run`` the job's run (an operator restore, or its undoing); the caller persists the job."""
+        self.restore_path = run.restore_path
+        self.claim_mode = run.claim_mode
+        self.checkpoints_from = run.checkpoints_from
+        self.changelog_generation = run.changelog_generation
 
     def move_to(self, status: JobStatus) -> None:
         """The job is in ``status`` from now on; the one way a status changes, so that every change is timed."""

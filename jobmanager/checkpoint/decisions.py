@@ -372,14 +372,15 @@ def _first_free(records: Sequence[Record]) -> int:
     return n
 
 
-def next_generation(storage: CheckpointStorage, job_dir: str) -> int:
+def next_generation(storage: CheckpointStorage, job_dir: str, above: int = 0) -> int:
     """A changelog generation no record of ``job_dir`` uses yet (a new job, or an operator restore).
 
     Generation 0 is the ``changelog/`` directory itself, so the first new one is 1 whenever it holds
-    any record; numbers only grow.
+    any record; numbers only grow. ``above``: the job's current generation, which may hold no record
+    yet while one is being written (a decision in flight), so the new one is above it too.
     """
     root = _paths.join(job_dir, CHANGELOG_DIR)
-    highest = 0
+    highest = above
     for info in storage.list(root):
         generation = _GENERATION_NAME.match(_paths.name(info.path))
         if generation is not None:

@@ -255,7 +255,7 @@ class EpochCoordinator:
             self._decide(job, addresses, subtasks, epoch, request, log)
             applier = threading.Thread(
                 target=self._apply_decided,
-                args=(job, addresses, epoch, request),
+                args=(job, addresses, epoch, request, log),
                 name=f"apply-{job.job_id}-{epoch}",
                 daemon=True,
             )
@@ -336,7 +336,7 @@ class EpochCoordinator:
         self._fail_over_now(job, cause)
         raise JobStateError(f"job {job.job_id!r}: {cause}; the job restarts from its latest checkpoint") from error
 
-    def _apply_decided(self, job: Job, addresses: list[str], epoch: int, commit: EpochCommit) -> None:
+    def _apply_decided(self, job: Job, addresses: list[str], epoch: int, commit: EpochCommit, log: DecisionLog) -> None:
         """Apply a decided epoch everywhere, then release the epoch lock; a failed apply fails the job over
         (the restore replays the epoch from its change sets). Then a checkpoint at the newest applied epoch."""
         version = commit.routing_version
@@ -361,16 +361,23 @@ class EpochCoordinator:
         finally:
             job.epoch_lock.release()
         if applied and commit.checkpoint and job.coordinator is not None:
-            self._checkpoint_applied(job, job.coordinator, epoch)
+            self._checkpoint_applied(job, job.coordinator, epoch, log)
 
-    def _checkpoint_applied(self, job: Job, coordinator: CheckpointCoordinator, epoch: int) -> None:
+    def _checkpoint_applied(self, job: Job, coordinator: CheckpointCoordinator, epoch: int, log: DecisionLog) -> None:
         """One checkpoint at the newest applied epoch, coalescing: one in flight is waited for, a newer
-        apply's own checkpoint makes this one unnecessary. Then the changelog it covers is deleted."""
+        apply's own checkpoint makes this one unnecessary. Then the changelog it covers is deleted.
+
+        ``coordinator`` and ``log`` are the run's that decided ``epoch``: after an operator restore they are
+        not the job's any more, and neither checkpoints nor deletes anything of the restored run."""
         deadline = self._clock.monotonic_ms() + coordinator.settings.timeout_ms
         while not self._closed.is_set():
             with job.lock:
-                if job.status is not JobStatus.RUNNING or job.committed_epoch > epoch:
-                    return  # restarted, or a newer decided epoch checkpoints itself
+                if (
+                    job.status is not JobStatus.RUNNING
+                    or job.committed_epoch > epoch
+                    or job.coordinator is not coordinator
+                ):
+                    return  # restarted, a newer decided epoch checkpoints itself, or an operator restore replaced the run
             latest = coordinator.latest_completed()
             if latest is not None and latest.metadata.epoch >= epoch:
                 break
@@ -389,13 +396,12 @@ class EpochCoordinator:
             except CheckpointException as exc:
                 logger.info("job=%s checkpoint after decided epoch %d: %s", job.job_id, epoch, exc.detail)
                 self._closed.wait(_RETRY_PAUSE_S)
-        self._collect_changelog(job, coordinator)
+        self._collect_changelog(job, coordinator, log)
 
-    def _collect_changelog(self, job: Job, coordinator: CheckpointCoordinator) -> None:
+    def _collect_changelog(self, job: Job, coordinator: CheckpointCoordinator, log: DecisionLog) -> None:
         """Delete change sets and decisions every retained checkpoint covers (the oldest's epoch and below)."""
-        log = self._decisions(job)
         retained = coordinator.store.all()
-        if log is None or not retained:
+        if not retained:
             return
         try:
             log.collect_garbage(min(c.metadata.epoch for c in retained))

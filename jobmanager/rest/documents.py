@@ -66,7 +66,8 @@ def web_config(now_ms: int, refresh_interval_ms: int) -> Json:
 
 
 def taskmanager(tm: TaskManagerSummary, now_ms: int) -> Json:
-    """One entry of ``/taskmanagers``: Flink's fields plus its status, metrics port and slots' occupants."""
+    """One entry of ``/taskmanagers``: Flink's fields plus its status, metrics port, slots' occupants and
+    slot processes (``taskmanager.slot-processes`` > 1; empty when it serves every slot itself)."""
     _host, _, port = tm.address.rpartition(":")
     return {
         "id": tm.taskmanager_id,
@@ -87,6 +88,16 @@ def taskmanager(tm: TaskManagerSummary, now_ms: int) -> Json:
                 "subtaskIndex": None if s is None else s.subtask_index,
             }
             for i, s in enumerate(tm.occupancy)
+        ],
+        "slotProcesses": [
+            {
+                "index": p.index,
+                "address": p.address,
+                "pid": p.pid,
+                # Slot i is served by process i mod the process count.
+                "slots": list(range(p.index, tm.num_slots, len(tm.slot_processes))),
+            }
+            for p in tm.slot_processes
         ],
     }
 

@@ -68,7 +68,15 @@ function renderCluster(overview, tms) {
     el("td", {}, tm.id), el("td", {}, tm.path), el("td", {}, status(tm.status)),
     el("td", { class: "slots" }, tm.slotsNumber), el("td", { class: "free" }, tm.freeSlots),
     el("td", {}, time(tm.timeSinceLastHeartbeat)),
-    el("td", { class: "muted" }, tm.slots.map((s) => s.free ? "free" : s.jobId + "/" + s.operatorId + "/" + s.subtaskIndex).join(", ")))));
+    el("td", { class: "muted" }, tm.slots.map((s) => s.free ? "free" : s.jobId + "/" + s.operatorId + "/" + s.subtaskIndex).join(", ")),
+    el("td", { class: "slot-processes" }, slotProcesses(tm.slotProcesses)))));
+}
+
+// "–" for a TaskManager that serves every slot itself (taskmanager.slot-processes 1).
+function slotProcesses(processes) {
+  if (!processes.length) return "–";
+  return processes.map((p) => "#" + p.index + " " + p.address + " pid " + (p.pid || "replacing") +
+    " (slots " + p.slots.join(", ") + ")").join("; ");
 }
 
 function renderJobs(jobs) {

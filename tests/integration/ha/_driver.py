@@ -50,6 +50,7 @@ class EpochDriver:
     keys: int = 2_000
     events_per_epoch: int = 3_000
     seed: int = 7
+    job: str = JOB
     reference: dict[str, list[int]] = field(default_factory=dict)
     events: dict[str, list[str]] = field(default_factory=dict)
     attempts: int = 0
@@ -67,7 +68,7 @@ class EpochDriver:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                info = self.client.job_info(JOB)
+                info = self.client.job_info(self.job)
                 if info.status == pb.JOB_STATUS_RUNNING:
                     return info
                 if info.status in (pb.JOB_STATUS_FAILED, pb.JOB_STATUS_CANCELED):
@@ -87,7 +88,7 @@ class EpochDriver:
         rows = self.batch(epoch)
         while True:
             try:
-                start = self.client.begin_batch(JOB, "", epoch)
+                start = self.client.begin_batch(self.job, "", epoch)
             except KeyedStateError:
                 time.sleep(0.1)  # the JobManager is restarting
                 continue
@@ -112,7 +113,7 @@ class EpochDriver:
                 winners = [scope.winner()]
             try:
                 response = self.client.commit_epoch(
-                    JOB, start.epoch, winners, batch_id=epoch, expected_routing_version=start.routing.version
+                    self.job, start.epoch, winners, batch_id=epoch, expected_routing_version=start.routing.version
                 )
             except EpochGapError:
                 raise
@@ -137,8 +138,8 @@ class EpochDriver:
             a[0] += 1
             a[1] += amount
         keys = sorted(agg)
-        ReducingState[str](self.client, JOB, OP, "sums", epoch=scope).add_many(keys, [agg[k] for k in keys])
-        ListState[str, str](self.client, JOB, OP, "events", value_serializer="str", epoch=scope).append_many(
+        ReducingState[str](self.client, self.job, OP, "sums", epoch=scope).add_many(keys, [agg[k] for k in keys])
+        ListState[str, str](self.client, self.job, OP, "events", value_serializer="str", epoch=scope).append_many(
             [k for k, _ in rows], [f"{epoch}:{i}:{amount}" for i, (_, amount) in enumerate(rows)]
         )
 
@@ -152,11 +153,11 @@ class EpochDriver:
     def verify(self) -> None:
         """Every key equals the plain-Python reference: nothing lost, nothing doubled."""
         keys = sorted(self.reference)
-        sums = ReducingState[str](self.client, JOB, OP, "sums").get_many(keys)
+        sums = ReducingState[str](self.client, self.job, OP, "sums").get_many(keys)
         got = {k: [int(v) for v in s] if s is not None else None for k, s in zip(keys, sums)}
         wrong = {k: (got[k], self.reference[k]) for k in keys if got[k] != self.reference[k]}
         assert not wrong, f"{len(wrong)} of {len(keys)} keys differ, e.g. {list(wrong.items())[:3]}"
-        lists = ListState[str, str](self.client, JOB, OP, "events", value_serializer="str").get_many(keys)
+        lists = ListState[str, str](self.client, self.job, OP, "events", value_serializer="str").get_many(keys)
         bad = [k for k, values in zip(keys, lists) if values != self.events[k]]
         assert not bad, f"{len(bad)} event lists differ, e.g. {bad[0]}"
 

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
+from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.errors import KeyedStateError
+from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import _paths, load_checkpoint, plan_gc
 from tests.fixtures.s3 import s3_configuration
@@ -64,6 +68,7 @@ def ha_cluster(process_cluster: Any, s3_bucket: tuple[str, str], commit_mode: st
     cluster = process_cluster(taskmanagers=2, slots=2, config=config)
     cluster.bucket = bucket
     cluster.retained = retained
+    cluster.commit_mode = commit_mode
     cluster.storage = open_storage(f"s3://{bucket}/", s3_configuration(endpoint))
     return cluster
 
@@ -92,6 +97,29 @@ def _await_checkpoint_at(cluster: Any, epoch: int, timeout_s: float = 60.0) -> N
     while _latest_checkpoint_epoch(cluster) < epoch:
         assert time.monotonic() < deadline, f"no checkpoint at epoch {epoch} after the overlapped commits"
         time.sleep(0.1)
+
+
+def _await_applied(driver: EpochDriver, epoch: int, timeout_s: float = 60.0) -> None:
+    """Wait until every slot applied ``epoch``: reads outside an epoch see only what is applied (overlapped)."""
+    deadline = time.monotonic() + timeout_s
+    while (info := driver.client.job_info(driver.job)).applied_epoch < epoch:
+        assert time.monotonic() < deadline, f"epoch {epoch} was not applied: {info}"
+        time.sleep(0.05)
+
+
+def _settle(cluster: Any, driver: EpochDriver, epoch: int) -> None:
+    """Overlapped commits: wait until ``epoch``, which the driver saw decided, is applied, then take a
+    checkpoint holding it.
+
+    The apply and the checkpoint run behind the driver: reads see the epoch only once it is applied,
+    and a checkpoint completing between reading the HA store's pointers and listing the ``chk-<n>``
+    directories would set the two apart (a race of the test, not of the JobManager). A new leader
+    that replayed decided epochs takes no checkpoint by itself until the next epoch commits, so the
+    test triggers one (it waits for one in flight instead of failing)."""
+    if cluster.commit_mode == "overlapped":
+        _await_applied(driver, epoch)
+        taken = driver.client.trigger_checkpoint(JOB, wait=True, timeout_s=60)
+        assert taken.status == jm_pb.CHECKPOINT_STATUS_COMPLETED and taken.epoch >= epoch, taken
 
 
 def _pointer_ids(cluster: Any) -> list[int]:
@@ -144,13 +172,13 @@ def _run_through_a_crash(
     driver = _start(cluster)
     for epoch in range(epochs_before):
         driver.run_epoch(epoch)
+    # Overlapped: the checkpoint of the last epoch must not complete behind the ids read here.
+    _settle(cluster, driver, epochs_before - 1)
     before = _completed_ids(cluster)
     assert before, "no checkpoint completed before the crash"
     # Arm the crash point in a JobManager started afresh, so the count of passes starts at 0.
     cluster.restart_jobmanager(env={"KEYEDSTATE_CRASH_AT": crash_at})
     driver.wait_running()
-    import threading
-
     errors: list[BaseException] = []
     done = threading.Event()
 
@@ -179,6 +207,7 @@ def _run_through_a_crash(
     recovered_s = time.monotonic() - killed_at
     assert done.wait(300), "the driver did not finish after the JobManager came back"
     assert not errors, errors
+    _settle(cluster, driver, total_epochs - 1)
     figures = {
         "kill_to_running_s": round(recovered_s, 2),
         "before": before,
@@ -189,11 +218,14 @@ def _run_through_a_crash(
     return driver, figures
 
 
-def test_jobmanager_killed_between_barrier_and_completion(ha_cluster: Any) -> None:
+@pytest.mark.parametrize("commit_mode", ["sync", "overlapped"])
+def test_jobmanager_killed_between_barrier_and_completion(ha_cluster: Any, commit_mode: str) -> None:
     cluster = ha_cluster
     # 2 subtasks acknowledge each checkpoint. The restarted JobManager first recovers (no acks),
     # then epochs 3.. run: ack 1 is the first of the next checkpoint: kill -9 right there, after
-    # the barrier reached every TaskManager and before the checkpoint could complete.
+    # the barrier reached every TaskManager and before the checkpoint could complete. Overlapped,
+    # that checkpoint runs after epoch 3 was decided and applied, while the driver runs on: the
+    # new leader restores the checkpoint before it and replays the decisions above it.
     driver, figures = _run_through_a_crash(cluster, "jobmanager.checkpoint.acknowledged@1", 3, 6)
     try:
         in_flight = max(figures["after_crash"]) + 1
@@ -217,7 +249,8 @@ def test_jobmanager_killed_between_barrier_and_completion(ha_cluster: Any) -> No
 # must all be there (the TaskManagers, never told it completed, once deleted them when a newer
 # checkpoint completed).
 @pytest.mark.parametrize("retained", [10])
-def test_jobmanager_killed_right_after_metadata_is_written(ha_cluster: Any) -> None:
+@pytest.mark.parametrize("commit_mode", ["sync", "overlapped"])
+def test_jobmanager_killed_right_after_metadata_is_written(ha_cluster: Any, commit_mode: str) -> None:
     cluster = ha_cluster
     driver, figures = _run_through_a_crash(cluster, "jobmanager.checkpoint.metadata-written@1", 3, 6)
     try:
@@ -225,7 +258,14 @@ def test_jobmanager_killed_right_after_metadata_is_written(ha_cluster: Any) -> N
         assert crashed > max(figures["before"]), "the crash point fires after _metadata is written"
         # The checkpoint whose _metadata beat its HA pointer is complete and was taken back: the
         # epoch it holds is committed, so the driver's retry of that epoch applied nothing twice.
-        assert figures["newest_epoch_at_crash"] == 3 and crashed not in figures["pointers_at_crash"]
+        # Overlapped, the first checkpoint after the restart runs behind the driver and holds the
+        # newest applied epoch then (3, or a later one when the next commits came first); the
+        # decisions above it are replayed on top of it.
+        if commit_mode == "sync":
+            assert figures["newest_epoch_at_crash"] == 3
+        else:
+            assert 3 <= figures["newest_epoch_at_crash"] <= 5, figures
+        assert crashed not in figures["pointers_at_crash"]
         ids = _completed_ids(cluster)
         assert ids[-1] > crashed and all(b > a for a, b in itertools.pairwise(ids))
         info = driver.client.job_info(JOB)
@@ -279,3 +319,119 @@ def test_restarted_jobmanager_resumes_its_job(ha_cluster: Any, commit_mode: str)
         _assert_no_orphans(cluster)
     finally:
         driver.close()
+
+
+# -- an operator restore (statectl job restore) of the running job, killed at each step ----------------
+
+SOURCE_JOB = "ha-source"
+SOURCE_EPOCH = 1
+"""The epoch of the restored checkpoint (another job's, with the same operators)."""
+JOB_EPOCHS = 5
+"""Epochs 0..4 of the job before its restore: with 10 checkpoints retained their decisions stay (overlapped)."""
+FIRST_EPOCH = {"sync": "jobmanager.epoch.committed@1", "overlapped": "jobmanager.epoch.decided@1"}
+RESTORE_STEPS = [
+    "jobmanager.restore.before-record",  # the old run's slots released, the restored run not recorded
+    "jobmanager.restore.recorded",  # the restored run recorded, nothing deployed
+    "jobmanager.restore.deployed",  # the source deployed, the old run's checkpoints still in the HA store
+    "jobmanager.restore.adopted",  # the job's new coordinator claimed the source, not yet RUNNING
+    "first-epoch",  # the first epoch after the restore committed (overlapped: decided, not applied)
+]
+
+
+def _source_checkpoint(cluster: Any) -> tuple[str, EpochDriver]:
+    """A checkpoint of another job at epoch SOURCE_EPOCH whose id is above every id the restored job reaches.
+
+    A new leader takes back the newest completed checkpoint among the HA pointers, so a source with a
+    higher id than the job's own checkpoints is what it would restore if the restore had claimed it
+    without recording the restored run: the window the old order left open."""
+    source = EpochDriver(cluster.jobmanager_address, seed=11, job=SOURCE_JOB)
+    source.client.submit_job(SOURCE_JOB, operators(2), max_parallelism=32)
+    for epoch in range(SOURCE_EPOCH + 1):
+        source.run_epoch(epoch)
+    latest = None
+    for _ in range(JOB_EPOCHS + 8):
+        latest = source.client.trigger_checkpoint(SOURCE_JOB, wait=True)
+        assert latest.status == jm_pb.CHECKPOINT_STATUS_COMPLETED, latest
+    assert latest is not None and latest.epoch == SOURCE_EPOCH
+    source.client.cancel_job(SOURCE_JOB)  # its checkpoints stay; nothing of it runs on
+    return latest.path, source
+
+
+# The changelog generation is what overlapped commits add to a restore; sync mode shares the rest of
+# the record's order (source, checkpoint ids) and runs with the slow tests (about 25 s a step).
+RESTORE_CASES = [pytest.param(step, "overlapped") for step in RESTORE_STEPS] + [
+    pytest.param(step, "sync", marks=pytest.mark.slow) for step in RESTORE_STEPS
+]
+
+
+@pytest.mark.parametrize("retained", [10])
+@pytest.mark.parametrize(("step", "commit_mode"), RESTORE_CASES)
+def test_jobmanager_killed_at_a_step_of_an_operator_restore_leaves_the_old_job_or_the_restored_one(
+    ha_cluster: Any, commit_mode: str, step: str
+) -> None:
+    """kill -9 at each step of ``statectl job restore`` of a running job: the new leader runs either the
+    old job (its checkpoint and the decisions of its changelog generation) or the restored one (the
+    source and what committed after it), decided by whether the restored run was recorded, never a
+    mix of the two; every key is compared with the reference of the outcome the step must give."""
+    cluster = ha_cluster
+    source_path, source = _source_checkpoint(cluster)
+    driver = _start(cluster)
+    # After the restore the job holds the source's state and runs on from the source's epoch.
+    restored = EpochDriver(cluster.jobmanager_address, seed=7)
+    restored.reference = {k: list(v) for k, v in source.reference.items()}
+    restored.events = {k: list(v) for k, v in source.events.items()}
+    source.close()
+    try:
+        for epoch in range(JOB_EPOCHS):
+            driver.run_epoch(epoch)
+        ids = _completed_ids(cluster)
+        source_id = _paths.parse_checkpoint_dir_name(_paths.name(source_path))
+        assert source_id is not None and source_id > max(ids) + 2, (source_id, ids)
+        crash_at = FIRST_EPOCH[commit_mode] if step == "first-epoch" else step
+        cluster.restart_jobmanager(env={CRASH_AT: crash_at})  # armed afresh: the count of passes starts at 0
+        driver.wait_running()
+        if step == "first-epoch":
+            restored.client.restore_job(JOB, source_path, claim_mode="CLAIM")
+            first = threading.Thread(target=restored.run_epoch, args=(SOURCE_EPOCH + 1,), daemon=True)
+            first.start()
+            _await_crash(cluster)
+        else:
+            with pytest.raises(KeyedStateError):
+                driver.client.restore_job(JOB, source_path, claim_mode="CLAIM")
+            _await_crash(cluster)
+        assert f"crash point {crash_at.partition('@')[0]} reached" in cluster.jobmanager.log_tail(50)
+        cluster.start_jobmanager()  # same port, no crash point: the new leader recovers the job
+        info = driver.wait_running(120)
+        if step == "jobmanager.restore.before-record":
+            # The old job, with everything it committed; it runs on.
+            assert info.committed_epoch == JOB_EPOCHS - 1, info
+            _await_applied(driver, JOB_EPOCHS - 1)
+            driver.verify()
+            driver.run_epoch(JOB_EPOCHS)
+            _await_applied(driver, JOB_EPOCHS)
+            driver.verify()
+            _assert_restorable(cluster)
+            return
+        if step == "first-epoch":
+            if commit_mode == "overlapped":
+                # The new leader continued the source with the restored run's own decision, and only with it.
+                assert info.committed_epoch == SOURCE_EPOCH + 1, info
+            else:
+                assert info.committed_epoch == SOURCE_EPOCH, info  # not durable yet: the driver runs it again
+            first.join(120)
+            assert not first.is_alive(), (
+                "the first epoch after the restore did not finish after the JobManager came back"
+            )
+        else:
+            assert info.committed_epoch == SOURCE_EPOCH, info
+            restored.run_epoch(SOURCE_EPOCH + 1)
+        _await_applied(restored, SOURCE_EPOCH + 1)  # overlapped: reads see an epoch once it is applied
+        restored.verify()
+        restored.run_epoch(SOURCE_EPOCH + 2)
+        _await_applied(restored, SOURCE_EPOCH + 2)
+        assert restored.client.job_info(JOB).committed_epoch == SOURCE_EPOCH + 2
+        restored.verify()
+        _assert_restorable(cluster)
+    finally:
+        driver.close()
+        restored.close()

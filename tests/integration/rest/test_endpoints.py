@@ -8,11 +8,17 @@ savepoint with its reason, and an ack with sync and async times for every subtas
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from keyedstate.common.descriptors import OperatorSpec
+from tests.fixtures.cluster import InProcessCluster
+from tests.fixtures.waiting import wait_for
 from tests.integration.rest.conftest import (
     JOB,
     MAX_P,
@@ -22,6 +28,7 @@ from tests.integration.rest.conftest import (
     complete_checkpoint,
     write_keys,
 )
+from tests.integration.rest.test_openapi import check
 
 SUBTASKS = sum(op.parallelism for op in OPERATORS)
 
@@ -275,3 +282,52 @@ def test_start_end_time_and_duration_follow_the_jobs_life(rest_cluster: RestClus
     # The first job started before the second and has not ended.
     (first,) = [j for j in rest_cluster.get("/jobs/overview").body["jobs"] if j["jid"] == JOB]
     assert 0 < first["start-time"] <= running["start-time"] and first["end-time"] == -1
+
+
+def test_taskmanagers_list_their_slot_processes(inprocess_cluster: Callable[..., InProcessCluster]) -> None:
+    """``taskmanager.slot-processes: 2`` on one of two TaskManagers: ``/taskmanagers`` lists each slot process
+    (index, address, pid, slots) as the TaskManager runs it and as ``statectl cluster`` (the gRPC overview)
+    shows it, an empty list for the TaskManager that serves its slots itself, and a replaced process's new
+    pid and address once the TaskManager registered them."""
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, jm={"rest.port": 0})
+    tm = cluster.add_taskmanager(**{"taskmanager.slot-processes": 2})
+    client = cluster.client()
+    client.wait_for_taskmanagers(2)
+    rest = RestCluster(cluster, client, f"http://127.0.0.1:{cluster.jobmanager.rest_port}")
+    assert tm.slot_processes is not None
+
+    def expected() -> list[dict[str, Any]]:
+        assert tm.slot_processes is not None
+        addresses, pids = tm.slot_processes.slot_addresses(), tm.slot_processes.pids()
+        return [{"index": i, "address": addresses[i], "pid": pids[i], "slots": [i, i + 2]} for i in range(2)]
+
+    def listed() -> dict[str, list[dict[str, Any]]]:
+        answer = rest.get("/taskmanagers")
+        assert answer.status == 200
+        check("/taskmanagers", 200, answer.body)
+        return {t["id"]: t["slotProcesses"] for t in answer.body["taskmanagers"]}
+
+    before = expected()
+    assert len({p["pid"] for p in before}) == 2 and len({p["address"] for p in before}) == 2
+    assert listed() == {"tm-0": [], "tm-1": before}
+    grpc_view = {t.taskmanager_id: t for t in client.cluster().taskmanagers}
+    assert [(p.index, p.address, p.pid) for p in grpc_view["tm-1"].slot_processes] == [
+        (p["index"], p["address"], p["pid"]) for p in before
+    ]
+    one = rest.get("/taskmanagers/tm-1")
+    check("/taskmanagers/{taskmanagerid}", 200, one.body)
+    assert one.body["slotProcesses"] == before
+
+    os.kill(before[1]["pid"], signal.SIGKILL)
+    # The TaskManager replaces it and registers the new process with its next heartbeat.
+    wait_for(
+        lambda: (
+            tm.slot_processes is not None
+            and tm.slot_processes.pids()[1] not in (0, before[1]["pid"])
+            and listed()["tm-1"] == expected()
+        ),
+        60,
+        "/taskmanagers showing the replaced slot process",
+    )
+    after = listed()["tm-1"]
+    assert after[0] == before[0] and after[1]["pid"] != before[1]["pid"]

@@ -110,6 +110,7 @@ def test_the_page_shows_the_cluster_jobs_and_checkpoints_and_refreshes_by_itself
     tms = _cells(p, "#taskmanagers tbody tr")
     assert sorted(r[0] for r in tms) == ["tm-0", "tm-1"]
     assert all(r[2] == "ACTIVE" and r[3] == "4" for r in tms)
+    assert all(r[7] == "–" for r in tms)  # no slot processes: each TaskManager serves its slots itself
     assert sum(int(r[4]) for r in tms) == 8 - SUBTASKS
 
     # The job: status, restarts, routing version as the gRPC API reports them.
@@ -175,6 +176,25 @@ def test_the_page_shows_the_cluster_jobs_and_checkpoints_and_refreshes_by_itself
     assert shot.stat().st_size > 10_000
     if os.environ.get("KEYEDSTATE_UPDATE_SCREENSHOT") == "1":
         shutil.copyfile(shot, SCREENSHOT)
+
+
+def test_the_page_shows_each_taskmanagers_slot_processes(
+    inprocess_cluster: Callable[..., InProcessCluster], page: Page
+) -> None:
+    """A TaskManager with ``taskmanager.slot-processes: 2`` next to one without: the page lists its two
+    processes (index, address, pid, slots) as the TaskManager runs them, and "–" for the other."""
+    cluster = inprocess_cluster(taskmanagers=1, slots=4, jm={"rest.port": 0})
+    tm = cluster.add_taskmanager(**{"taskmanager.slot-processes": 2})
+    cluster.client().wait_for_taskmanagers(2)
+    assert tm.slot_processes is not None
+    addresses, pids = tm.slot_processes.slot_addresses(), tm.slot_processes.pids()
+    page.goto(f"http://127.0.0.1:{cluster.jobmanager.rest_port}/")
+    page.wait_for_selector('#taskmanagers tbody tr[data-taskmanager="tm-1"]')
+    rows = {r[0]: r for r in _cells(page, "#taskmanagers tbody tr")}
+    assert rows["tm-0"][7] == "–"
+    assert rows["tm-1"][7] == (
+        f"#0 {addresses[0]} pid {pids[0]} (slots 0, 2); #1 {addresses[1]} pid {pids[1]} (slots 1, 3)"
+    )
 
 
 def test_the_page_asks_for_a_token_when_auth_is_on(

@@ -1,13 +1,15 @@
 """A Spark application with speculative execution, run as its own process by test_speculation.py.
 
 It runs on a standalone Spark cluster whose workers are different hosts (Spark never starts a
-speculative copy on the host of the original). Partition 0's first attempt writes its events and
-then stalls; its speculative copy writes the same events and wins. Every attempt that ran the
-process function appends a line to ``<out>/attempts.jsonl`` (the workers share this machine's disk).
+speculative copy on the host of the original). In the first batch, partition 0's first attempt
+writes its events and then stalls until its speculative copy has written the same events (or
+``STALL_S`` passed): the two race to finish. Every attempt that ran the process function appends a
+line to ``<out>/attempts.jsonl`` (the workers share this machine's disk).
 
-It runs the batches once per foreach_batch mode, as jobs ``<JOB_ID>-keyed`` and
-``<JOB_ID>-shuffle_free`` (there each batch is first spread round-robin over four partitions, as an
-unkeyed source delivers it); attempts and the summary are recorded per mode.
+It runs the batches once per foreach_batch mode and commit mode
+(``execution.checkpointing.commit-mode``), as jobs ``<JOB_ID>-<mode>-<commit mode>`` (in the
+shuffle-free mode each batch is first spread round-robin over four partitions, as an unkeyed source
+delivers it); attempts and the summary are recorded per job.
 
 Usage: python _speculation_driver.py JOBMANAGER JOB_ID OUT_DIR SPARK_MASTER
 """
@@ -25,7 +27,14 @@ BATCHES = 2
 EVENTS_PER_BATCH = 400
 USERS = 40
 STALL_S = 20.0
+"""The longest a straggler waits for its speculative copy (the test fails if none came)."""
 MODES = ("keyed", "shuffle_free")
+COMMIT_MODES = ("sync", "overlapped")
+
+
+def jobs() -> list[tuple[str, str]]:
+    """Every (foreach_batch mode, commit mode) the application runs, one job each."""
+    return [(mode, commit) for commit in COMMIT_MODES for mode in MODES]
 
 
 def events(batch: int) -> list[tuple[str, int, str]]:
@@ -73,18 +82,27 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
             ),
         )
     ]
+    # Warm both executors' Python workers (later tasks reuse them): under load a cold worker boots for
+    # seconds, long enough for Spark to speculate on a task and finish the copy before the original ran
+    # a line of it, so the straggler below would never race its copy.
+    spark.sparkContext.parallelize(range(8), 8).map(_warm).collect()
     log = str(Path(out) / "attempts.jsonl")
     summary: dict[str, Any] = {}
-    for mode in MODES:  # one Spark application for both: its standalone cluster is the slow part
-        runtime = KeyedStateRuntime(jobmanager, f"{job_id}-{mode}", operators)
-        on_batch = runtime.foreach_batch(_process(log, mode), key_col="user", operator="agg", mode=mode)
+    for mode, commit in jobs():  # one Spark application for all: its standalone cluster is the slow part
+        runtime = KeyedStateRuntime(
+            jobmanager,
+            f"{job_id}-{mode}-{commit}",
+            operators,
+            job_config={"execution.checkpointing.commit-mode": commit},
+        )
+        on_batch = runtime.foreach_batch(_process(log, mode, commit), key_col="user", operator="agg", mode=mode)
         started = time.monotonic()
         for batch in range(BATCHES):
             df = spark.createDataFrame(events(batch), "user string, amount long, event string")
             if mode == "shuffle_free":
                 df = df.repartition(4)  # as an unkeyed source delivers it: every user over several tasks
             on_batch(df, batch)
-        summary[mode] = {
+        summary[f"{mode}-{commit}"] = {
             "seconds": time.monotonic() - started,
             "batches_run": runtime.batches_run,
             "batch_attempts": runtime.batch_attempts,
@@ -96,7 +114,12 @@ def main(jobmanager: str, job_id: str, out: str, master: str) -> int:
     return 0
 
 
-def _process(log: str, mode: str) -> Any:
+def _warm(x: int) -> int:
+    time.sleep(0.3)  # long enough that both one-core executors get some of the eight tasks
+    return x
+
+
+def _process(log: str, mode: str, commit: str) -> Any:
     def process(batches: Any, state: Any) -> None:
         from pyspark import TaskContext
 
@@ -112,6 +135,7 @@ def _process(log: str, mode: str) -> Any:
                 json.dumps(
                     {
                         "mode": mode,
+                        "commit": commit,
                         "batch": state.batch_id,
                         "partition": ctx.partitionId(),
                         "attempt": ctx.attemptNumber(),
@@ -123,10 +147,23 @@ def _process(log: str, mode: str) -> Any:
                 )
                 + "\n"
             )
-        if ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
-            time.sleep(STALL_S)  # a straggler: Spark launches a speculative copy on the other executor
+        if state.batch_id == 0 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+            _straggle(log, mode, commit)
 
     return process
+
+
+def _straggle(log: str, mode: str, commit: str) -> None:
+    """Stall like a straggler until Spark's speculative copy of this task (launched on the other
+    executor) has written the same events, then race it to finish; at most ``STALL_S``."""
+    deadline = time.monotonic() + STALL_S
+    while time.monotonic() < deadline:
+        with open(log) as f:
+            for line in f:
+                a = json.loads(line)
+                if (a["mode"], a["commit"], a["batch"], a["partition"]) == (mode, commit, 0, 0) and a["attempt"] > 0:
+                    return
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

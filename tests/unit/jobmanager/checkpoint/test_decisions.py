@@ -219,3 +219,6 @@ def test_a_new_generation_is_above_every_generation_in_storage(log_factory: LogF
     assert next_generation(g0.storage, g0.job_dir) == 1
     log_factory(3).decide(decision(0, 0))
     assert next_generation(g0.storage, g0.job_dir) == 4, "numbers only grow, even past a gap"
+    # The job's own generation may hold no record yet (a decision in flight): the next one is above it too.
+    assert next_generation(g0.storage, g0.job_dir, above=6) == 7
+    assert next_generation(g0.storage, g0.job_dir, above=2) == 4
