@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-all test-deps browser-deps metrics-deps metrics-doc check typecheck-tree format bench bench-quick bench-deps proto clean
+.PHONY: setup run test test-all test-exhaustive test-deps browser-deps metrics-deps metrics-doc check typecheck-tree format bench bench-quick bench-deps proto clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -44,9 +44,14 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-## Everything, including soak runs marked slow.
+## Everything: the default suite plus the exhaustive tier (variants a default test covers per failure
+## class and commit mode), the soak and benchmark runs marked slow, fuzz_long and chaos_soak.
 test-all: $(STAMP) test-deps bench-deps browser-deps metrics-deps
 	$(PY) -m pytest -q -m ''
+
+## Only the exhaustive tier (each test names the default test that covers its failure class).
+test-exhaustive: $(STAMP) test-deps
+	$(PY) -m pytest -q -m exhaustive
 
 ## iptables makes the network partitions of the netns tests (tests/fixtures/netns.py); Debian's package.
 ## systemd-analyze and systemd-sysusers check deploy/systemd (tests/integration/deploy); Debian's systemd.

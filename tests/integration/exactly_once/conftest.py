@@ -13,7 +13,8 @@ from tests.integration.exactly_once._pipeline import ExactlyOncePipeline
 
 @pytest.fixture(params=["sync", "overlapped"])
 def commit_mode(request: pytest.FixtureRequest) -> str:
-    """``execution.checkpointing.commit-mode``: every exactly-once test runs in both modes."""
+    """``execution.checkpointing.commit-mode``: every exactly-once test runs in both modes (a test that
+    parametrizes ``commit_mode`` itself lists its combinations, some in the exhaustive tier)."""
     return str(request.param)
 
 

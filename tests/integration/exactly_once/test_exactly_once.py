@@ -4,6 +4,24 @@ Each test drives the README's PySpark pipeline (``_pipeline.py``: real JobManage
 TaskManager processes, real PySpark, Parquet files, one file per micro-batch) through one fault
 or operator action, and compares every key's count, sum and exact multiset of event ids with a
 plain-Python reference. Tests are numbered after the failures of the exactly-once issue.
+
+Every test runs in both commit modes (``commit_mode``, conftest.py). The default suite keeps, per
+commit mode, one test per failure class; the other combinations of a class run in the exhaustive
+tier (``make test-all``, ``pytest -m exhaustive``), each naming the default test that covers it:
+
+* the shuffle-free twins of tests 1 and 2: the kill and its detection are the same, and the
+  shuffle-free commit path (a slot applying the winners of several partitions) meets a TaskManager
+  death in test 4's shuffle-free case, kept in the default suite in both commit modes;
+* test 4 (a TaskManager dying in the commit) keeps one crash point per foreach_batch mode: in
+  sync mode ``before-commit`` keyed and ``committed`` shuffle-free; in overlapped mode
+  ``before-commit`` shuffle-free, while its keyed cases are the very kills of
+  tests/integration/overlapped/test_overlapped_kills.py (which kills TaskManagers at two more steps
+  of the overlapped commit); the slot-process variant keeps ``before-commit`` in sync mode and
+  ``committed`` in overlapped mode, so each crash point stays in the default suite in one mode;
+* test 7 with 2 slot processes: the restart counted once is the JobManager's; that a kill -9 of
+  the TaskManager takes its slot processes down and its restart serves again is
+  tests/integration/serving/test_slot_processes.py's
+  ``test_slot_processes_die_with_a_killed_taskmanager_and_its_restart_serves_again_and_cleans_up``.
 """
 
 from __future__ import annotations
@@ -22,6 +40,7 @@ from keyedstate.common.client import CheckpointStatus
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.keygroups import subtask_for_key_group
+from tests.fixtures.tiers import exhaustive
 from tests.integration.exactly_once._asserts import (
     QUERY_TIMEOUT_S,
     assert_finished_exactly,
@@ -37,11 +56,22 @@ from tests.integration.exactly_once._pipeline import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 
-BOTH_MODES = pytest.mark.parametrize("mode", ["keyed", "shuffle_free"])
-"""The process failures every foreach_batch mode must survive: both modes' batches go through them."""
+
+def _keyed_by_default(test: str) -> pytest.MarkDecorator:
+    """``commit_mode`` x ``mode`` (the foreach_batch mode): the keyed case in the default suite, the
+    shuffle-free twin in the exhaustive tier (the module docstring says why)."""
+    return pytest.mark.parametrize(
+        ("commit_mode", "mode"),
+        [
+            ("sync", "keyed"),
+            exhaustive("sync", "shuffle_free", covered_by=f"{test}[sync-keyed]"),
+            ("overlapped", "keyed"),
+            exhaustive("overlapped", "shuffle_free", covered_by=f"{test}[overlapped-keyed]"),
+        ],
+    )
 
 
-@BOTH_MODES
+@_keyed_by_default("test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch")
 def test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch(
     exo_pipeline: Callable[..., ExactlyOncePipeline], mode: str
 ) -> None:
@@ -57,7 +87,7 @@ def test_1_kill_between_epoch_commit_and_its_checkpoint_loses_no_batch(
     assert_finished_exactly(pipeline, outcome)
 
 
-@BOTH_MODES
+@_keyed_by_default("test_2_kill_noticed_by_heartbeat_only_loses_no_batch")
 def test_2_kill_noticed_by_heartbeat_only_loses_no_batch(
     exo_pipeline: Callable[..., ExactlyOncePipeline], mode: str
 ) -> None:
@@ -113,8 +143,33 @@ def test_3_failing_checkpoints_on_slow_storage_never_lose_a_batch_silently(
     )
 
 
-@BOTH_MODES
-@pytest.mark.parametrize("crash_point", ["taskmanager.epoch.before-commit", "taskmanager.epoch.committed"])
+BEFORE_COMMIT = "taskmanager.epoch.before-commit"
+COMMITTED = "taskmanager.epoch.committed"
+_T4 = "test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch"
+
+
+_OVERLAPPED_KILLS = (
+    "tests/integration/overlapped/test_overlapped_kills.py::"
+    "test_a_taskmanager_killed_at_a_step_of_the_overlapped_commit_loses_and_doubles_nothing"
+)
+
+
+@pytest.mark.parametrize(
+    ("commit_mode", "crash_point", "mode"),
+    [
+        ("sync", BEFORE_COMMIT, "keyed"),
+        exhaustive("sync", BEFORE_COMMIT, "shuffle_free", covered_by=f"{_T4}[sync-{COMMITTED}-shuffle_free]"),
+        exhaustive("sync", COMMITTED, "keyed", covered_by=f"{_T4}[sync-{BEFORE_COMMIT}-keyed]"),
+        ("sync", COMMITTED, "shuffle_free"),
+        # The same kill as the overlapped kill tests' (crash point @2, keyed, 5 files, FAST_RESTARTS).
+        exhaustive("overlapped", BEFORE_COMMIT, "keyed", covered_by=f"{_OVERLAPPED_KILLS}[{BEFORE_COMMIT}@2]"),
+        ("overlapped", BEFORE_COMMIT, "shuffle_free"),
+        exhaustive("overlapped", COMMITTED, "keyed", covered_by=f"{_OVERLAPPED_KILLS}[{COMMITTED}@2]"),
+        exhaustive(
+            "overlapped", COMMITTED, "shuffle_free", covered_by=f"{_T4}[overlapped-{BEFORE_COMMIT}-shuffle_free]"
+        ),
+    ],
+)
 def test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch(
     exo_pipeline: Callable[..., ExactlyOncePipeline], crash_point: str, mode: str
 ) -> None:
@@ -129,7 +184,18 @@ def test_4_taskmanager_dying_during_an_epoch_commit_reruns_the_batch(
     assert_finished_exactly(pipeline, outcome)
 
 
-@pytest.mark.parametrize("crash_point", ["taskmanager.epoch.before-commit", "taskmanager.epoch.committed"])
+_T4S = "test_4_slot_process_dying_during_an_epoch_commit_reruns_the_batch"
+
+
+@pytest.mark.parametrize(
+    ("commit_mode", "crash_point"),
+    [
+        ("sync", BEFORE_COMMIT),
+        exhaustive("sync", COMMITTED, covered_by=f"{_T4S}[sync-{BEFORE_COMMIT}]"),
+        exhaustive("overlapped", BEFORE_COMMIT, covered_by=f"{_T4S}[overlapped-{COMMITTED}]"),
+        ("overlapped", COMMITTED),
+    ],
+)
 def test_4_slot_process_dying_during_an_epoch_commit_reruns_the_batch(
     exo_pipeline: Callable[..., ExactlyOncePipeline], crash_point: str
 ) -> None:
@@ -214,7 +280,18 @@ def test_6_commit_whose_checkpoint_was_refused_survives_a_later_failover(
         raise AssertionError(f"{exc}\nTaskManager 1 killed: {shown}") from None
 
 
-@pytest.mark.parametrize("slot_processes", [1, 2], ids=["one-process", "slot-processes-2"])
+_T7 = "test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart"
+
+
+@pytest.mark.parametrize(
+    ("commit_mode", "slot_processes"),
+    [
+        pytest.param("sync", 1, id="sync-one-process"),
+        exhaustive("sync", 2, covered_by=f"{_T7}[sync-one-process]", case_id="sync-slot-processes-2"),
+        pytest.param("overlapped", 1, id="overlapped-one-process"),
+        exhaustive("overlapped", 2, covered_by=f"{_T7}[overlapped-one-process]", case_id="overlapped-slot-processes-2"),
+    ],
+)
 def test_7_waiting_for_a_lost_taskmanager_counts_as_one_restart(
     exo_pipeline: Callable[..., ExactlyOncePipeline], slot_processes: int
 ) -> None:

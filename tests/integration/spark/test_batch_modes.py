@@ -22,6 +22,7 @@ from keyedstate.common.descriptors import OperatorSpec, ReduceField, ReduceFunct
 from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.spark import KeyedStateRuntime
 from tests.fixtures.cluster import InProcessCluster
+from tests.fixtures.tiers import exhaustive
 
 pytestmark = pytest.mark.spark
 
@@ -92,7 +93,17 @@ def _frames(spark: SparkSession, batches: list[list[dict[str, Any]]]) -> list[An
     return [spark.createDataFrame(b, "user string, amount int").repartition(INPUT_PARTITIONS) for b in batches]
 
 
-@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "rocksdb",
+        # The same failed attempts on the other backend: the epoch staging and apply are the slots', run on
+        # each backend by tests/integration/epochs and tests/contract; test_spark_epochs keeps hashmap retries.
+        exhaustive(
+            "hashmap", covered_by="test_shuffle_free_failed_attempts_and_a_rerun_batch_apply_exactly_once[rocksdb]"
+        ),
+    ],
+)
 def test_shuffle_free_failed_attempts_and_a_rerun_batch_apply_exactly_once(
     spark: SparkSession, inprocess_cluster: Callable[..., InProcessCluster], backend: str
 ) -> None:

@@ -29,6 +29,7 @@ from keyedstate.common.errors import InvalidArgumentError
 from keyedstate.common.minicluster import MiniCluster
 from keyedstate.common.spark import KeyedStateRuntime, processor_operator, processor_states
 from tests.fixtures.cluster import InProcessCluster
+from tests.fixtures.tiers import exhaustive
 
 pytestmark = pytest.mark.spark
 
@@ -191,7 +192,14 @@ def reference(
     return batches, paths, expected
 
 
-@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "rocksdb",
+        # The handles' value and list state are the backends' (tests/contract runs each on both).
+        exhaustive("hashmap", covered_by="test_the_same_processor_gives_sparks_output_exactly_once[rocksdb]"),
+    ],
+)
 def test_the_same_processor_gives_sparks_output_exactly_once(
     spark: SparkSession,
     inprocess_cluster: Callable[..., InProcessCluster],
