@@ -30,6 +30,7 @@ from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import _paths, load_checkpoint, plan_gc
 from tests.fixtures.s3 import s3_configuration
+from tests.fixtures.tiers import exhaustive
 from tests.integration.ha._driver import JOB, EpochDriver, operators
 
 pytestmark = pytest.mark.s3
@@ -358,9 +359,11 @@ def _source_checkpoint(cluster: Any) -> tuple[str, EpochDriver]:
 
 
 # The changelog generation is what overlapped commits add to a restore; sync mode shares the rest of
-# the record's order (source, checkpoint ids) and runs with the slow tests (about 25 s a step).
+# the record's order (source, checkpoint ids), so its steps (about 25 s each) run in the exhaustive
+# tier, each covered by the same step in overlapped mode, which crosses every sync step and more.
+RESTORE_TEST = "test_jobmanager_killed_at_a_step_of_an_operator_restore_leaves_the_old_job_or_the_restored_one"
 RESTORE_CASES = [pytest.param(step, "overlapped") for step in RESTORE_STEPS] + [
-    pytest.param(step, "sync", marks=pytest.mark.slow) for step in RESTORE_STEPS
+    exhaustive(step, "sync", covered_by=f"{RESTORE_TEST}[10-{step}-overlapped]") for step in RESTORE_STEPS
 ]
 
 
