@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.1
 """How often a waiting transfer looks at its cancel event."""
 _EXIT_WAIT_S = 10.0
+_EXIT_GRACE_S = 1.0
+"""How long a stopping TaskManager waits for a hung-up transfer process before it kills it."""
 
 
 class TransferProcessLostError(CheckpointError):
@@ -117,16 +119,22 @@ class _TransferProcess:
         logger.warning("killing checkpoint transfer process %d: %s", self.pid, why)
         self._child.kill()
 
-    def close(self) -> None:
+    def hang_up(self) -> None:
         """Close our end: the process sees it and exits; requests still running fail."""
         with self._lock:
             self._closing = True
         self._child.hang_up()
-        if not self._child.wait_exit(_EXIT_WAIT_S):
-            logger.warning(
-                "killed checkpoint transfer process %d: it did not exit after the TaskManager closed its socket",
-                self.pid,
-            )
+
+    def reap(self, grace_s: float) -> None:
+        """After :meth:`hang_up`: wait ``grace_s`` for the exit, then SIGKILL.
+
+        Killing loses nothing: on end-of-file the process exits at once, abandoning its transfers
+        the same way. The grace is short because a process still starting (a niced interpreter
+        importing its storage clients on a loaded host takes seconds) reads the hang-up only after
+        its imports, and a stopping TaskManager has no reason to wait for that.
+        """
+        if not self._child.wait_exit(grace_s):
+            logger.info("killed checkpoint transfer process %d: not exited %.1f s after the hang-up", self.pid, grace_s)
         self._reader.join(_EXIT_WAIT_S)
         self._child.close_socket()
 
@@ -238,8 +246,10 @@ class TransferProcessPool:
         with self._lock:
             self._closed = True
             processes, self._processes = [p for p in self._processes if p is not None], []
+        for process in processes:  # every process hears it first, so their exits overlap
+            process.hang_up()
         for process in processes:
-            process.close()
+            process.reap(_EXIT_GRACE_S)
 
     def _run(
         self, make: Callable[[int], Request], cancel: threading.Event | None, stats: TransferStats | None
