@@ -328,6 +328,9 @@ class Checkpointing:
                 exc,
             )
             return
+        except Exception:  # a bug: logged here, since nothing waits for this background task's outcome
+            logger.exception("job %s: checkpointing the replayed epochs through %d failed", job.job_id, epoch)
+            return
         logger.info(
             "job %s: checkpoint %d holds the replayed epochs through %d; %d changelog directories deleted",
             job.job_id,
