@@ -284,11 +284,60 @@ class Checkpointing:
         if job.coordinator is not None:
             job.coordinator.shutdown()
 
-    def job_running(self, job: Job) -> None:
-        """``job`` runs (again): periodic checkpoints start and the failure count starts over."""
-        if job.coordinator is not None:
-            job.coordinator.reset_failure_counter()
-            job.coordinator.start_periodic()
+    def job_running(self, job: Job, plan: RestorePlan = EMPTY_PLAN) -> None:
+        """``job`` runs (again), deployed from ``plan``: periodic checkpoints start and the failure count
+        starts over (caller holds ``job.lock``).
+
+        A ``plan`` that replayed decided epochs (overlapped commits) is followed by a checkpoint at the
+        replayed epoch, taken in the background (:meth:`_checkpoint_replay`): without it an idle job keeps
+        depending on the replayed change sets and decisions, and a second failure replays them again.
+        """
+        coordinator = job.coordinator
+        if coordinator is None:
+            return
+        coordinator.reset_failure_counter()
+        coordinator.start_periodic()
+        log = self.decision_log(job)
+        if plan.replayed_epochs and log is not None:
+            # Not here: the cut takes the epoch lock, which is taken before the job's lock held here.
+            self._executor.submit(self._checkpoint_replay, job, coordinator, plan.epoch, log)
+
+    def _checkpoint_replay(self, job: Job, coordinator: CheckpointCoordinator, epoch: int, log: DecisionLog) -> None:
+        """A checkpoint of ``job`` at (or above) the replayed ``epoch``, then the changelog it covers is deleted.
+
+        An ordinary trigger (barrier, acks, ``_metadata`` last), waiting for one in flight or the minimum
+        pause. A failure only leaves the replayed changelog in place: the next periodic or after-batch
+        checkpoint covers it, and the restore that replayed it has succeeded already.
+        """
+        timeout_ms = coordinator.settings.timeout_ms
+        try:
+            latest = coordinator.latest_completed()
+            if latest is None or latest.metadata.epoch < epoch:
+                pending = coordinator.trigger_waiting(timeout_ms, closed=self._stop)
+                latest = coordinator.wait_for(pending.checkpoint_id, timeout_ms / 1000.0)
+            with job.lock:
+                if job.coordinator is not coordinator:
+                    return  # an operator restore replaced the run: its changelog is not this log's
+            deleted = log.collect_covered([c.metadata.epoch for c in coordinator.store.all()])
+        except (KeyedStateError, OSError) as exc:
+            logger.info(
+                "job %s: no checkpoint after replaying decided epochs through %d (%s); the next periodic or "
+                "after-batch checkpoint covers them",
+                job.job_id,
+                epoch,
+                exc,
+            )
+            return
+        except Exception:  # a bug: logged here, since nothing waits for this background task's outcome
+            logger.exception("job %s: checkpointing the replayed epochs through %d failed", job.job_id, epoch)
+            return
+        logger.info(
+            "job %s: checkpoint %d holds the replayed epochs through %d; %d changelog directories deleted",
+            job.job_id,
+            latest.checkpoint_id,
+            epoch,
+            deleted,
+        )
 
     def _coordinator(self, job: Job) -> CheckpointCoordinator:
         job_id = job.job_id
@@ -470,7 +519,11 @@ class Checkpointing:
             decisions[-1].epoch,
         )
         return dataclasses.replace(
-            plan, epoch=decisions[-1].epoch, lineage=lineage, replay=tuple(f for d in decisions for f in d.change_sets)
+            plan,
+            epoch=decisions[-1].epoch,
+            lineage=lineage,
+            replay=tuple(f for d in decisions for f in d.change_sets),
+            replayed_epochs=len(decisions),
         )
 
     # -- RPC entry points --------------------------------------------------------------------

@@ -786,7 +786,8 @@ class Dispatcher:
     def _restore_failed(self, job: Job, path: str, before: str, exc: KeyedStateError) -> KeyedStateError:
         """Bring ``job`` back from ``before`` (the checkpoint its restore took first); the error to raise (caller holds ``job.lock``)."""
         try:
-            self.deploy(job, self.checkpointing.plan_latest(job))
+            plan = self.checkpointing.plan_latest(job)
+            self.deploy(job, plan)
         except KeyedStateError as again:
             self.fail_over_now(
                 job,
@@ -800,7 +801,7 @@ class Dispatcher:
             )
         job.move_to(JobStatus.RUNNING)
         self.checkpointing.persist(job)
-        self.checkpointing.job_running(job)
+        self.checkpointing.job_running(job, plan)
         logger.warning(
             "job %s: restore from %s failed (%s); running again from %s", job.job_id, path, exc.message, before
         )
@@ -842,7 +843,8 @@ class Dispatcher:
                 )
                 if unfenced:
                     raise CapacityError(f"TaskManager(s) {', '.join(unfenced)} did not release their slots")
-                self.deploy(job, self.checkpointing.plan_latest(job))
+                plan = self.checkpointing.plan_latest(job)
+                self.deploy(job, plan)
             except KeyedStateError as exc:
                 # Back to the old shape through the usual failover, which waits for what is missing.
                 job.spec = old_spec
@@ -854,7 +856,7 @@ class Dispatcher:
                 ) from exc
             job.move_to(JobStatus.RUNNING)
             self.checkpointing.persist(job)
-            self.checkpointing.job_running(job)
+            self.checkpointing.job_running(job, plan)
             logger.info(
                 "job %s rescaled to %s (routing v%d, epoch %d)",
                 job_id,

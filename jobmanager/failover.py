@@ -213,7 +213,7 @@ def restart(dispatcher: Deployments, checkpointing: Checkpointing, job: Job) -> 
         job.move_to(JobStatus.RUNNING)
         job.failing_over = False
         checkpointing.persist(job)
-        checkpointing.job_running(job)
+        checkpointing.job_running(job, plan)
         return True
 
 

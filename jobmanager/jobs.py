@@ -316,6 +316,8 @@ class RestorePlan:
     replay: tuple[ChangeSetFile, ...] = ()
     """Overlapped commits: the change sets of the decided epochs above the restored state (``epoch`` and
     ``lineage`` are after them); each slot folds in those of its operator."""
+    replayed_epochs: int = 0
+    """Overlapped commits: how many decided epochs above the restored state the deploy replays (0: none)."""
 
 
 EMPTY_PLAN = RestorePlan()

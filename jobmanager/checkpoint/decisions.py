@@ -26,7 +26,7 @@ import enum
 import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,6 +313,12 @@ class DecisionLog:
                 routing_version,
             )
             return out
+
+    def collect_covered(self, retained_epochs: Collection[int]) -> int:
+        """:meth:`collect_garbage` through the oldest retained checkpoint's epoch (``retained_epochs``: the
+        epochs of the retained checkpoints); 0 with none retained. Every retained checkpoint covers those
+        epochs, so a restore of any of them never replays them."""
+        return self.collect_garbage(min(retained_epochs)) if retained_epochs else 0
 
     def collect_garbage(self, through_epoch: int) -> int:
         """Delete change sets and records of epochs up to ``through_epoch`` and every older generation's

@@ -404,7 +404,7 @@ class EpochCoordinator:
         if not retained:
             return
         try:
-            log.collect_garbage(min(c.metadata.epoch for c in retained))
+            log.collect_covered([c.metadata.epoch for c in retained])
         except (KeyedStateError, OSError):
             logger.warning(
                 "job=%s deleting covered changelog files failed; retried after the next checkpoint",

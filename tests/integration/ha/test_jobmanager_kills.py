@@ -25,6 +25,7 @@ import pytest
 
 from keyedstate.common._proto.v1 import common_pb2 as pb
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
+from keyedstate.common.client import BatchAction, ClientSettings, EpochScope, StateClient
 from keyedstate.common.errors import KeyedStateError
 from keyedstate.common.faults import ENV as CRASH_AT
 from keyedstate.common.storage import open_storage
@@ -114,13 +115,12 @@ def _settle(cluster: Any, driver: EpochDriver, epoch: int) -> None:
 
     The apply and the checkpoint run behind the driver: reads see the epoch only once it is applied,
     and a checkpoint completing between reading the HA store's pointers and listing the ``chk-<n>``
-    directories would set the two apart (a race of the test, not of the JobManager). A new leader
-    that replayed decided epochs takes no checkpoint by itself until the next epoch commits, so the
-    test triggers one (it waits for one in flight instead of failing)."""
+    directories would set the two apart (a race of the test, not of the JobManager). No checkpoint is
+    triggered here: the apply of a commit checkpoints by itself, and so does a new leader that replayed
+    the epoch (the driver's retry then finds it decided and commits nothing)."""
     if cluster.commit_mode == "overlapped":
         _await_applied(driver, epoch)
-        taken = driver.client.trigger_checkpoint(JOB, wait=True, timeout_s=60)
-        assert taken.status == jm_pb.CHECKPOINT_STATUS_COMPLETED and taken.epoch >= epoch, taken
+        _await_checkpoint_at(cluster, epoch)
 
 
 def _pointer_ids(cluster: Any) -> list[int]:
@@ -319,6 +319,76 @@ def test_restarted_jobmanager_resumes_its_job(ha_cluster: Any, commit_mode: str)
         driver.verify()
         _assert_no_orphans(cluster)
     finally:
+        driver.close()
+
+
+def _changelog_epochs(cluster: Any) -> dict[str, list[int]]:
+    """The epochs that still have change sets (``changes``) and decision or seal records (``records``)."""
+    out: dict[str, list[int]] = {"changes": [], "records": []}
+    base = f"{_job_dir(cluster)}/changelog"
+    if not cluster.storage.exists(base):
+        return out
+    directories = [base]
+    while directories:
+        for info in cluster.storage.list(directories.pop()):
+            name = _paths.name(info.path)
+            if name.isdigit():
+                out["changes"].append(int(name))
+            elif "." in name:
+                out["records"].append(int(name.split(".")[0]))
+            elif name.startswith("g"):  # the job's changelog generation (a new job starts one)
+                directories.append(info.path)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("retained", [1])
+@pytest.mark.parametrize("commit_mode", ["overlapped"])
+def test_new_leader_checkpoints_the_replayed_epochs_without_a_new_batch(ha_cluster: Any, commit_mode: str) -> None:
+    """kill -9 after epoch 2 is decided, before it is applied or checkpointed: the new leader restores the
+    checkpoint at epoch 1, replays epoch 2, and checkpoints epoch 2 by itself (no periodic checkpoints,
+    no batch after the kill), after which the replayed change sets and decision are deleted."""
+    cluster = ha_cluster
+    driver = _start(cluster)
+    # One attempt per call: the commit that dies with the leader must not be retried on the next one,
+    # so that nothing but the restore itself can take the checkpoint this test waits for.
+    one_shot = StateClient(cluster.jobmanager_address, ClientSettings(timeout_s=20, max_attempts=1))
+    try:
+        for epoch in range(2):
+            driver.run_epoch(epoch)
+        _settle(cluster, driver, 1)
+        cluster.restart_jobmanager(env={"KEYEDSTATE_CRASH_AT": "jobmanager.epoch.decided@1"})
+        driver.wait_running()
+        start = one_shot.begin_batch(JOB, "", 2)
+        assert start.action is BatchAction.RUN and start.epoch == 2, start
+        scope = EpochScope(pb.EpochContext(epoch=2, partition=0, attempt=1), routing_version=start.routing.version)
+        rows = driver.batch(2)
+        driver._stage(rows, 2, scope)
+        with pytest.raises(KeyedStateError):
+            one_shot.commit_epoch(JOB, 2, [scope.winner()], batch_id=2, expected_routing_version=start.routing.version)
+        _await_crash(cluster)
+        assert _latest_checkpoint_epoch(cluster) == 1
+        at_crash = _changelog_epochs(cluster)
+        assert 2 in at_crash["changes"] and 2 in at_crash["records"], at_crash
+        driver._apply_reference(2, rows)  # decided: the new leader's restore replays it
+        killed = time.monotonic()
+        cluster.start_jobmanager()
+        driver.wait_running()
+        _await_checkpoint_at(cluster, 2)
+        checkpointed_s = time.monotonic() - killed
+        deadline = time.monotonic() + 30
+        while (left := _changelog_epochs(cluster))["changes"] or any(e <= 2 for e in left["records"]):
+            assert time.monotonic() < deadline, f"the replayed changelog was not deleted: {left}"
+            time.sleep(0.1)
+        assert left["records"] == [3], left  # only the restore's seal of the epoch after the replay
+        info = driver.client.job_info(JOB)
+        assert info.status == pb.JOB_STATUS_RUNNING and info.committed_epoch == 2 and info.restarts == 0, info
+        _await_applied(driver, 2)
+        driver.verify()
+        _assert_no_orphans(cluster)
+        _assert_restorable(cluster)
+        print(f"\nkill -9 to the replayed epoch checkpointed and its changelog deleted: {checkpointed_s:.2f} s")
+    finally:
+        one_shot.close()
         driver.close()
 
 

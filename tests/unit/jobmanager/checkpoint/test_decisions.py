@@ -222,3 +222,19 @@ def test_a_new_generation_is_above_every_generation_in_storage(log_factory: LogF
     # The job's own generation may hold no record yet (a decision in flight): the next one is above it too.
     assert next_generation(g0.storage, g0.job_dir, above=6) == 7
     assert next_generation(g0.storage, g0.job_dir, above=2) == 4
+
+
+def test_collect_covered_deletes_through_the_oldest_retained_checkpoint(log_factory: LogFactory) -> None:
+    log = log_factory(0)
+    for epoch in range(4):
+        log.decide(decision(epoch, epoch))
+        log.storage.write_bytes(log.storage.join(log.job_dir, change_set_name(epoch, 3, "counts", 0)), b"x")
+    assert log.collect_covered([]) == 0, "no retained checkpoint covers anything"
+    assert log.names() == {e: [0] for e in range(4)}
+    # A restore of the checkpoint at epoch 1 replays epochs 2 and 3: they stay until it is no longer retained.
+    assert log.collect_covered([3, 1]) > 0
+    assert log.names() == {2: [0], 3: [0]}
+    assert log.decision(2) == decision(2, 2)
+    log.collect_covered([3])
+    assert log.names() == {}
+    assert [p.path.rsplit("/", 1)[-1] for p in log.storage.list(log.root)] == []
