@@ -29,6 +29,7 @@ from keyedstate.common.errors import (
     KeyedStateError,
     NotFoundError,
     Reason,
+    StaleRoutingError,
 )
 from keyedstate.common.faults import crash_point
 from keyedstate.common.ids import JobId, SubtaskId, TaskManagerId
@@ -919,7 +920,33 @@ class Dispatcher:
         The failover runs on the pool (the report's answer does not wait for the restart); a report
         about a deployment the job has replaced since changes nothing (``routing_version``).
         """
-        self.job(job_id)  # NOT_FOUND for a job this JobManager does not know
+        job = self.job(job_id)  # NOT_FOUND for a job this JobManager does not know
+        with job.lock:
+            operator = job.spec.operator(subtask.operator_id)
+            assignment = job.assignments.get(subtask)
+            current = job.routing_version
+        if operator is None:
+            raise NotFoundError(
+                f"job {job_id} has no operator {subtask.operator_id!r} "
+                f"(its operators: {', '.join(op.operator_id for op in job.spec.operators)})",
+                reason=Reason.UNKNOWN_OPERATOR,
+            )
+        if not 0 <= subtask.subtask_index < operator.parallelism:
+            raise InvalidArgumentError(
+                f"subtask index {subtask.subtask_index} is outside operator {subtask.operator_id}'s "
+                f"parallelism {operator.parallelism} (job {job_id})"
+            )
+        # Only the TaskManager running the subtask under the current deployment can fail it over;
+        # a report about an older deployment is answered and changes nothing (fail_over checks it).
+        if routing_version > current or (
+            routing_version == current and (assignment is None or assignment.taskmanager_id != taskmanager_id)
+        ):
+            raise StaleRoutingError(
+                f"TaskManager {taskmanager_id} does not run {subtask.operator_id}[{subtask.subtask_index}] of job "
+                f"{job_id} under routing version {routing_version} (current {current}): report failures only of "
+                "subtasks deployed to this TaskManager",
+                current_version=current,
+            )
         what = f"{subtask.operator_id}[{subtask.subtask_index}] on TaskManager {taskmanager_id} failed: {cause}"
         self._pool.submit(self.fail_over, job_id, what, routing_version)
 

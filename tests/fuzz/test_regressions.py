@@ -432,3 +432,41 @@ def test_a_taskmanager_address_that_is_not_host_and_port_is_refused(cluster: Any
         assert f"sent {field}" in err.details() and "port in 1..65535" in err.details()
         overview = jm_grpc.JobManagerStub(channel).GetClusterOverview(jm_pb.ClusterOverviewRequest(), timeout=10)
         assert [t.taskmanager_id for t in overview.taskmanagers] == ["tm-0"]
+
+
+def test_a_task_failure_report_is_checked_against_the_deployment(cluster: Any) -> None:
+    """ReportTaskFailure failed any job over for any caller: a report naming an unknown operator, a
+    subtask past the parallelism, or a TaskManager that does not run the subtask now is refused (found
+    by the RPC fuzzer: every answer was OK or NOT_FOUND); a report about an older deployment changes nothing."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        rm = jm_grpc.ResourceManagerStub(channel)
+        jm = jm_grpc.JobManagerStub(channel)
+        job = jm.GetJob(jm_pb.JobRequest(job_id="j"), timeout=10)
+        version = job.routing_version
+        owner = jm.GetRouting(jm_pb.GetRoutingRequest(job_id="j"), timeout=10).routes[0].taskmanager_id
+
+        def report(**fields: Any) -> jm_pb.ReportTaskFailureRequest:
+            base: dict[str, Any] = {"job_id": "j", "taskmanager_id": owner, "operator_id": "op", "subtask_index": 0}
+            return jm_pb.ReportTaskFailureRequest(**{**base, "routing_version": version, **fields, "cause": "test"})
+
+        refused = [
+            (report(operator_id="nope"), grpc.StatusCode.NOT_FOUND, "has no operator 'nope'"),
+            (report(subtask_index=1), grpc.StatusCode.INVALID_ARGUMENT, "outside operator op's parallelism 1"),
+            (report(subtask_index=-1), grpc.StatusCode.INVALID_ARGUMENT, "outside operator op's parallelism 1"),
+            (report(taskmanager_id="someone-else"), grpc.StatusCode.FAILED_PRECONDITION, "does not run op[0]"),
+            (report(routing_version=version + 1), grpc.StatusCode.FAILED_PRECONDITION, "does not run op[0]"),
+        ]
+        for request, code, text in refused:
+            err = _error(lambda request=request: rm.ReportTaskFailure(request, timeout=10))
+            assert err.code() is code and text in err.details(), err.details()
+        rm.ReportTaskFailure(report(routing_version=version - 1), timeout=10)  # an older deployment: nothing
+        time.sleep(0.5)  # the failover would run on the JobManager's pool, after the answer
+        after = jm.GetJob(jm_pb.JobRequest(job_id="j"), timeout=10)
+        assert after.status == pb.JOB_STATUS_RUNNING and after.restarts == job.restarts
+        assert after.routing_version == version
+        # The TaskManager running the subtask fails its job over.
+        rm.ReportTaskFailure(report(), timeout=10)
+        deadline = time.monotonic() + 30
+        while jm.GetJob(jm_pb.JobRequest(job_id="j"), timeout=10).restarts == job.restarts:
+            assert time.monotonic() < deadline, "the owner's report did not fail the job over"
+            time.sleep(0.05)

@@ -65,7 +65,9 @@ def is_host_field(name: str) -> bool:
 
 
 SAFE_HOSTS = {"127.0.0.1", "", "::1", "x" * 300}
-TM_LIFECYCLE_METHODS = {"RegisterTaskManager", "Heartbeat", "DeregisterTaskManager"}
+TM_LIFECYCLE_METHODS = {"RegisterTaskManager", "Heartbeat", "DeregisterTaskManager", "ReportTaskFailure"}
+"""Calls whose TaskManager id the fuzzer must never hit on a real TaskManager (it would deregister one,
+or fail the fuzz job over as if that TaskManager's subtask had failed)."""
 
 
 def fuzz_operators(operator_id: str = FUZZ_OPERATOR, parallelism: int = PARALLELISM) -> list[OperatorSpec]:
@@ -436,6 +438,19 @@ _TEMPLATES: dict[tuple[str, str], Callable[[World, int], tuple[Message, str]]] =
     ),
     ("ResourceManager", "DeregisterTaskManager"): lambda w, s: (
         jm_pb.DeregisterTaskManagerRequest(taskmanager_id=f"fz-tm-{s}"),
+        w.jm_address,
+    ),
+    # A TaskManager that does not run the subtask, under the current deployment: refused after the job,
+    # operator and subtask checks (FAILED_PRECONDITION), so the fuzz job is never failed over.
+    ("ResourceManager", "ReportTaskFailure"): lambda w, s: (
+        jm_pb.ReportTaskFailureRequest(
+            job_id=w.job,
+            taskmanager_id=f"fz-tm-{s}",
+            operator_id=FUZZ_OPERATOR,
+            subtask_index=s,
+            routing_version=w.live_routing().version,
+            cause="fuzz",
+        ),
         w.jm_address,
     ),
     ("JobManager", "SubmitJob"): lambda w, s: (
