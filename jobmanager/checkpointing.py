@@ -313,7 +313,8 @@ class Checkpointing:
         try:
             latest = coordinator.latest_completed()
             if latest is None or latest.metadata.epoch < epoch:
-                pending = coordinator.trigger_waiting(timeout_ms, closed=self._stop)
+                # Uncounted: failing it must not fail over the job whose restore just succeeded.
+                pending = coordinator.trigger_waiting(timeout_ms, closed=self._stop, counted=False)
                 latest = coordinator.wait_for(pending.checkpoint_id, timeout_ms / 1000.0)
             with job.lock:
                 if job.coordinator is not coordinator:

@@ -234,7 +234,7 @@ class CheckpointCoordinator:
 
     # -- triggering ----------------------------------------------------------------------------
     def trigger(
-        self, savepoint: bool = False, target_dir: str | None = None, periodic: bool = False
+        self, savepoint: bool = False, target_dir: str | None = None, periodic: bool = False, counted: bool = True
     ) -> PendingCheckpoint:
         """Start a checkpoint (or savepoint) and send its barrier; returns it while in progress.
 
@@ -244,7 +244,10 @@ class CheckpointCoordinator:
         running, shutdown) or the barrier cannot be delivered; the failed attempt is cleaned up
         first. Savepoints, as in Flink, ignore max-concurrent and min-pause. Use
         :meth:`wait_for` or ``pending.future`` to wait for the outcome, and
-        :meth:`trigger_waiting` to wait for a free turn instead of being refused.
+        :meth:`trigger_waiting` to wait for a free turn instead of being refused. ``counted=False``: a
+        checkpoint the JobManager adds on its own (after a restore's replay), whose failure never counts
+        toward ``execution.checkpointing.tolerable-failed-checkpoints`` (it would turn a restore that
+        succeeded into another failover, in a loop while storage is slow).
         """
         target_dir = self._target_dir(savepoint, target_dir)
         # Callbacks into the job model run before taking the lock; they may take locks of their own.
@@ -256,7 +259,7 @@ class CheckpointCoordinator:
                 if cut.running is not None
                 else (frozenset(self._tasks()) if self._tasks is not None else None)
             )
-            pending = self._start_pending(savepoint, target_dir, cut, periodic, operators, running)
+            pending = self._start_pending(savepoint, target_dir, cut, periodic, operators, running, counted)
             self._report_triggered(pending, cut, periodic)
             self._send_barrier(pending, cut)
         return pending
@@ -279,10 +282,11 @@ class CheckpointCoordinator:
         periodic: bool,
         operators: tuple[OperatorSpec, ...],
         running: frozenset[SubtaskId] | None,
+        counted: bool = True,
     ) -> PendingCheckpoint:
         """:meth:`_create_pending`, recording a refusal (a periodic trigger's missed turn quietly)."""
         try:
-            return self._create_pending(savepoint, target_dir, cut, periodic, operators, running)
+            return self._create_pending(savepoint, target_dir, cut, periodic, operators, running, counted)
         except CheckpointException as exc:
             quiet = periodic and exc.failure_reason in (
                 R.TOO_MANY_CHECKPOINT_REQUESTS,
@@ -343,6 +347,7 @@ class CheckpointCoordinator:
         savepoint: bool = False,
         target_dir: str | None = None,
         closed: threading.Event | None = None,
+        counted: bool = True,
     ) -> PendingCheckpoint:
         """:meth:`trigger`, but wait for a free turn instead of being refused.
 
@@ -354,7 +359,7 @@ class CheckpointCoordinator:
         deadline = self._clock.monotonic_ms() + timeout_ms
         while True:
             try:
-                return self.trigger(savepoint=savepoint, target_dir=target_dir)
+                return self.trigger(savepoint=savepoint, target_dir=target_dir, counted=counted)
             except CheckpointException as exc:
                 remaining = deadline - self._clock.monotonic_ms()
                 if not self.wait_for_turn(exc, remaining, closed):
@@ -409,6 +414,7 @@ class CheckpointCoordinator:
         periodic: bool,
         operators: tuple[OperatorSpec, ...],
         running: frozenset[SubtaskId] | None,
+        counted: bool = True,
     ) -> PendingCheckpoint:
         """The new checkpoint, registered with its timeout; CheckpointException if this trigger is refused."""
         with self._lock:
@@ -436,6 +442,7 @@ class CheckpointCoordinator:
                 incremental=self.settings.incremental and not savepoint,
                 periodic=periodic,
                 expected=required,
+                counted=counted,
             )
             self._pending[checkpoint_id] = pending
             pending.timeout_handle = self._scheduler.schedule(
@@ -897,7 +904,12 @@ class CheckpointCoordinator:
             self._remember(pending)
             others = set().union(*(p.shared_files() for p in self._pending.values()))
             candidates = self._defer_locked(self._discardable(pending.shared_files() - others)) if cleanup else []
-            if reason.counts and not pending.savepoint and pending.checkpoint_id > self._latest_success_id:
+            if (
+                reason.counts
+                and pending.counted
+                and not pending.savepoint
+                and pending.checkpoint_id > self._latest_success_id
+            ):
                 self._consecutive_failures += 1
                 if self._consecutive_failures > self.settings.tolerable_failures and not self._failover_fired:
                     fire = self._failover_fired = True

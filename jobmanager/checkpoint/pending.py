@@ -84,6 +84,7 @@ class PendingCheckpoint:
         incremental: bool = False,
         periodic: bool = False,
         expected: Iterable[SubtaskId] | None = None,
+        counted: bool = True,
     ) -> None:
         self.job_id = job_id
         self.checkpoint_id = checkpoint_id
@@ -95,6 +96,8 @@ class PendingCheckpoint:
         self.shared_dir = _paths.normalize(shared_dir)
         self.taskowned_dir = _paths.join(self.shared_dir, "..", _paths.TASKOWNED_DIR)
         self.savepoint = savepoint
+        self.counted = counted
+        """False: its failure never counts toward the tolerable checkpoint failures (see CheckpointCoordinator.trigger)."""
         self.epoch = epoch
         self.lineage = lineage
         self.incremental = incremental

@@ -305,6 +305,19 @@ def test_failed_savepoints_do_not_count_toward_failover(make_harness: Any) -> No
     assert h.files((Path(h.job_dir[len("file://") :]).parent.parent / "savepoints").as_uri()) == set()
 
 
+def test_failed_uncounted_checkpoints_do_not_count_toward_failover(make_harness: Any) -> None:
+    """The checkpoint the JobManager adds after a restore's replay (counted=False): with slow storage
+    every one failing would fail the restored job over again, in a loop, until the restarts ran out."""
+    h = make_harness(mode="decline", tolerable_failures=0)
+    for _ in range(3):
+        with pytest.raises(CheckpointException):
+            h.coordinator.wait_for(h.coordinator.trigger(counted=False).checkpoint_id, timeout=0)
+    assert h.failovers == [] and h.coordinator.consecutive_failures == 0
+    with pytest.raises(CheckpointException):  # an ordinary checkpoint still counts
+        h.coordinator.wait_for(h.coordinator.trigger().checkpoint_id, timeout=0)
+    assert len(h.failovers) == 1
+
+
 def test_decline_outcomes(make_harness: Any) -> None:
     h = make_harness(mode="manual")
     first = h.cluster.subtasks()[0]
