@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,19 +235,24 @@ class MiniCluster:
             out += ["-D", f"{k}={v}"]
         return out
 
-    def start(self) -> MiniCluster:
+    def start(
+        self, jm_env: Mapping[str, str] | None = None, tm_env: Mapping[int, Mapping[str, str]] | None = None
+    ) -> MiniCluster:
         """Start the JobManager and every TaskManager, and wait until all registered; returns self.
 
-        Call :meth:`stop` (or use the cluster as a context manager) so that no daemon outlives the test.
-        If one does not start, every daemon started is killed and UnavailableError raised.
+        ``jm_env`` and ``tm_env`` (by TaskManager index) add environment variables to one daemon
+        (e.g. a crash point, common/faults.py). Call :meth:`stop` (or use the cluster as a context
+        manager) so that no daemon outlives the test. If one does not start, every daemon started is
+        killed and UnavailableError raised.
         """
         # Side by side: each daemon spends about a second importing and starting its children, and a
         # TaskManager that is up first retries its registration until the JobManager answers.
+        tm_env = tm_env or {}
         self.jobmanager = self._jobmanager()
-        self.jobmanager.launch(self._env())
+        self.jobmanager.launch({**self._env(), **(jm_env or {})})
         for i in range(self.num_taskmanagers):
             self.taskmanagers.append(self._taskmanager(i))
-            self.taskmanagers[-1].launch(self._env())
+            self.taskmanagers[-1].launch({**self._env(), **tm_env.get(i, {})})
         try:
             self.jobmanager.wait_started()
             for tm in self.taskmanagers:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -231,24 +231,10 @@ class _CrashableMiniCluster(MiniCluster):
         super().__init__(*args, **kwargs)
         self.tm_env = tm_env or {}
 
-    def start(self, jm_env: dict[str, str] | None = None) -> MiniCluster:
-        # Side by side, as MiniCluster.start does (each daemon spends about a second importing; a
-        # TaskManager up first retries its registration until the JobManager answers): one after
-        # the other cost every test of this package and of tests/chaos about 2.5 s more.
-        self.jobmanager = self._jobmanager()
-        self.jobmanager.launch({**self._env(), **(jm_env or {})})
-        for i in range(self.num_taskmanagers):
-            self.taskmanagers.append(self._taskmanager(i))
-            self.taskmanagers[-1].launch({**self._env(), **self.tm_env.get(i, {})})
-        try:
-            self.jobmanager.wait_started()
-            for tm in self.taskmanagers:
-                tm.wait_started()
-            self.wait_for_taskmanagers(self.num_taskmanagers)
-        except BaseException:
-            self.kill_all()
-            raise
-        return self
+    def start(
+        self, jm_env: Mapping[str, str] | None = None, tm_env: Mapping[int, Mapping[str, str]] | None = None
+    ) -> MiniCluster:
+        return super().start(jm_env, self.tm_env if tm_env is None else tm_env)
 
     def restart_taskmanager(self, i: int, env: dict[str, str] | None = None) -> None:
         tm: DaemonProcess = self._taskmanager(i)
