@@ -69,6 +69,10 @@ _RESOURCE_MANAGER = {
     "RegisterTaskManager": MethodRule(P.TASKMANAGER_REGISTER),
     "Heartbeat": MethodRule(P.TASKMANAGER_REGISTER),
     "DeregisterTaskManager": MethodRule(P.TASKMANAGER_REGISTER),
+    # A subtask's failure report (today: changelog materializations failing past
+    # state.changelog.max-failures-allowed) fails the job over, so it is scoped to the job, and
+    # it is part of the TaskManager's checkpoint reporting: the permission it already holds.
+    "ReportTaskFailure": MethodRule(P.CHECKPOINT_REPORT, _job),
 }
 _CHECKPOINT_GATEWAY = {
     "AcknowledgeCheckpoint": MethodRule(P.CHECKPOINT_REPORT, _job),

@@ -210,6 +210,21 @@ def test_internal_calls_need_an_internal_identity(secured: tuple[Any, Tokens]) -
         )
         assert err.code() is grpc.StatusCode.PERMISSION_DENIED
         assert "needs permission slot.control (role jobmanager or internal)" in err.details()
+        # Failing a job over by a task failure report is the TaskManagers' call alone.
+        report = jm_pb.ReportTaskFailureRequest(
+            job_id=JOB_A, taskmanager_id="tm-0", operator_id="no-such-operator", subtask_index=0, cause="test"
+        )
+        err = rpc_error(lambda: jm_grpc.ResourceManagerStub(admin_jm).ReportTaskFailure(report, timeout=10))
+        assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "needs permission checkpoint.report (role taskmanager or internal)" in err.details()
+        tm_jm = open_channel(cluster.address, token=tokens.tokens["tm"])
+        try:
+            # The TaskManager's token passes authorization and reaches the report's own checks.
+            err = rpc_error(lambda: jm_grpc.ResourceManagerStub(tm_jm).ReportTaskFailure(report, timeout=10))
+            assert err.code() is grpc.StatusCode.NOT_FOUND, err.details()
+            assert "no-such-operator" in err.details()
+        finally:
+            tm_jm.close()
     finally:
         admin_jm.close()
         admin_tm.close()
