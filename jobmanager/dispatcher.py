@@ -78,6 +78,18 @@ class TaskManagerSummary:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """A registration's answer: the reported slots the TaskManager keeps, and every job's routing version.
+
+    The versions are the TaskManager's deploy floors, read before its slots were offered: a slot it
+    hosts under a newer version was deployed after this answer was decided, and it keeps it.
+    """
+
+    kept: list[SubtaskId]
+    routing_versions: dict[JobId, int]
+
+
+@dataclass(frozen=True)
 class ClusterOverview:
     """Every registered TaskManager and every job the JobManager knows (GetClusterOverview)."""
 
@@ -188,13 +200,18 @@ class Dispatcher:
             free_slots=self.registry.free_slot_count(),
         )
 
-    def register_taskmanager(self, registration: TaskManagerRegistration) -> list[SubtaskId]:
-        """Register (or re-register) a TaskManager; returns the slots it may keep serving.
+    def register_taskmanager(self, registration: TaskManagerRegistration) -> Admission:
+        """Register (or re-register) a TaskManager; the slots it may keep serving and the jobs' versions.
 
         A TaskManager that comes back (a restart, a JobManager restart, a partition that healed)
         may still host slots. Those that match a current assignment are kept; every other one it
         releases itself before it serves anything (it is fenced while registering). A restarted
         process hosts nothing, so the jobs it hosted fail over.
+
+        Its free slots are offered to deployments only after that decision, and the versions are
+        read before: a job waiting for slots (a failover) deploys to it under a newer version than
+        the answer names, so the TaskManager keeps that slot even when the deploy reaches it before
+        the answer does, and this registration never judges a slot deployed after it was sent.
 
         A TaskManager of another cluster (``high-availability.cluster-id``) is refused before
         anything else: two clusters sharing a host on default ports must not mix.
@@ -208,7 +225,9 @@ class Dispatcher:
         reported = {s.subtask: s.slot_index for s in registration.slots if s.subtask is not None}
         kept = self._keep_assigned_slots(record, reported)
         self._hold_dropped_slots(record, reported, kept)
-        return kept
+        admission = Admission(kept, self.routing_versions())
+        self.registry.offer(record)
+        return admission
 
     def _check_cluster(self, registration: TaskManagerRegistration) -> None:
         """Refuse a TaskManager of another cluster (ClusterMismatchError)."""
@@ -240,6 +259,7 @@ class Dispatcher:
             limits=registration.limits,
             slot_addresses=registration.slot_addresses,
             slot_processes=registration.slot_processes,
+            offered=False,
         )
         if previous is not None and previous.address != record.address:
             self.gateways.forget(previous.address)
@@ -587,7 +607,13 @@ class Dispatcher:
                 )
             except KeyedStateError as exc:
                 logger.info("releasing %s on %s: %s", a.subtask, a.taskmanager_id, exc.message)
-                self.registry.mark_lost(a.taskmanager_id, f"could not release {a.subtask} ({exc.message})")
+                # Only the registration the slot was deployed to: a TaskManager that registered again
+                # elsewhere since (a restart on a new port) never hosted it and stays.
+                current = self.registry.get(a.taskmanager_id)
+                if current is not None and current.address == a.address:
+                    self.registry.mark_lost(
+                        a.taskmanager_id, f"could not release {a.subtask} ({exc.message})", only=current
+                    )
 
         list(self._pool.map(release, assignments))
         release_assignments(self.registry, assignments)

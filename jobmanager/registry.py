@@ -126,13 +126,20 @@ class TaskManagerRecord:
     """host:port serving each slot (its slot processes'); empty: every slot is served on ``address``."""
     slot_processes: tuple[SlotProcessReport, ...] = ()
     """Its slot processes by index, as it last registered them (statectl shows them); empty: none."""
+    offered: bool = True
+    """False while its registration is decided (which reported slots it keeps): none of its slots is
+    free until then, so nothing is deployed to it that the registration's answer would not know."""
 
     def slot_address(self, slot_index: int) -> str:
         """Where clients reach slot ``slot_index``: its slot process, or the TaskManager's client address."""
         return self.slot_addresses[slot_index] if self.slot_addresses else self.address
 
     def free_slots(self) -> list[int]:
-        """Indexes of the slots holding no subtask; read under the registry's ``lock`` (occupancy changes under it)."""
+        """Indexes of the slots holding no subtask; read under the registry's ``lock`` (occupancy changes under it).
+
+        None before the registration is decided (:meth:`TaskManagerRegistry.offer`)."""
+        if not self.offered:
+            return []
         return [i for i, s in enumerate(self.occupancy) if s is None]
 
 
@@ -224,8 +231,13 @@ class TaskManagerRegistry:
         limits: ReportedLimits | None = None,
         slot_addresses: tuple[str, ...] = (),
         slot_processes: tuple[SlotProcessReport, ...] = (),
+        offered: bool = True,
     ) -> tuple[TaskManagerRecord, TaskManagerRecord | None]:
-        """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any."""
+        """Register (or re-register) a TaskManager. Returns the record and the replaced one, if any.
+
+        ``offered=False``: its slots are allocated only after :meth:`offer` (the caller first decides
+        which of the slots the TaskManager reported it keeps).
+        """
         validate_id("taskmanager id", taskmanager_id)
         if not 1 <= num_slots <= MAX_TASK_SLOTS:
             # The registry keeps one entry per slot: an unbounded count is a memory bomb.
@@ -258,6 +270,7 @@ class TaskManagerRegistry:
                 limits=limits,
                 slot_addresses=tuple(slot_addresses),
                 slot_processes=tuple(slot_processes),
+                offered=offered,
             )
             self._records[taskmanager_id] = record
             # It fenced itself before registering: whatever it was given before is no longer served.
@@ -265,6 +278,13 @@ class TaskManagerRegistry:
             self._changed.notify_all()
         logger.info("registered taskmanager %s at %s with %d slots", taskmanager_id, address, num_slots)
         return record, previous
+
+    def offer(self, record: TaskManagerRecord) -> None:
+        """Make the free slots of ``record`` (registered with ``offered=False``) allocatable, if it is still current."""
+        with self._lock:
+            if self._records.get(record.taskmanager_id) is record and not record.offered:
+                record.offered = True
+                self._changed.notify_all()
 
     def heartbeat(self, taskmanager_id: TaskManagerId) -> bool:
         """Renew the TaskManager's lease; False if it is unknown or lost, and must register again."""

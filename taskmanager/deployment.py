@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -170,9 +171,18 @@ class SlotDeployer:
             backend.close()
             raise
 
-    def retain(self, kept: set[SubtaskId]) -> list[SubtaskId]:
-        """Release every slot whose subtask is not in ``kept`` (after a re-registration); returns the released."""
-        released = [slot.subtask for slot in self._slots.all() if slot.subtask not in kept]
+    def retain(self, kept: set[SubtaskId], routing_versions: Mapping[JobId, int]) -> list[SubtaskId]:
+        """Release every slot the registration answer does not keep; returns the released.
+
+        ``routing_versions``: each job's version when the JobManager decided the answer. A slot deployed
+        under a newer one was deployed after that (while the answer travelled here): it stays.
+        """
+        released = [
+            slot.subtask
+            for slot in self._slots.all()
+            if slot.subtask not in kept
+            and slot.routing_version <= routing_versions.get(JobId(slot.subtask.job_id), slot.routing_version)
+        ]
         for subtask in released:
             logger.warning("releasing %s: the JobManager no longer assigns it to this TaskManager", subtask)
             self.release(subtask, discard_local_state=False)

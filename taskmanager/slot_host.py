@@ -118,7 +118,7 @@ class SlotHost:
         # The JobManager's word on the jobs' versions replaces what this TaskManager saw (a
         # JobManager that lost its jobs numbers their deployments from 1 again).
         self.slots.set_version_floors(routing_versions)
-        if self.deployer.retain(kept):
+        if self.deployer.retain(kept, routing_versions):
             self.epochs.sweep()
 
     def close(self) -> None:

@@ -30,15 +30,15 @@ class ResourceManagerServicer(jm_grpc.ResourceManagerServicer):
     ) -> jm_pb.RegisterTaskManagerResponse:
         """Register (or re-register) a TaskManager; answers heartbeat settings, its lease and the slots it keeps."""
         registration = registration_from_proto(request)
-        kept = self._d.register_taskmanager(registration)
+        admission = self._d.register_taskmanager(registration)
         s = self._d.settings
         return jm_pb.RegisterTaskManagerResponse(
             heartbeat_interval_ms=s.heartbeat_interval_ms,
             heartbeat_timeout_ms=s.heartbeat_timeout_ms,
             jobmanager_session=self._d.registry.session,
             lease_duration_ms=s.lease_duration_ms,
-            kept_slots=kept_slots_to_proto(kept, registration.slots),
-            routing_versions={str(job_id): v for job_id, v in self._d.routing_versions().items()},
+            kept_slots=kept_slots_to_proto(admission.kept, registration.slots),
+            routing_versions={str(job_id): v for job_id, v in admission.routing_versions.items()},
         )
 
     @rpc_method

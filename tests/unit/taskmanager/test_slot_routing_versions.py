@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from keyedstate.common.clock import SYSTEM_CLOCK
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
 from keyedstate.common.errors import Reason, StaleRoutingError
 from keyedstate.common.ids import JobId, KeyGroupRange, OperatorId, SubtaskId, TaskManagerId
+from keyedstate.taskmanager.backends import BackendFactory
+from keyedstate.taskmanager.deployment import SlotDeployer
 from keyedstate.taskmanager.slots import SlotTable
+from keyedstate.taskmanager.state.limits import StateLimits
 
 JOB = JobId("job")
 OP = OperatorId("op")
@@ -101,3 +107,22 @@ def test_a_late_release_of_an_older_version_leaves_the_newer_deployment(table: S
     assert table.lookup(JOB, OP, 0, 7).routing_version == 7
     assert table.remove(subtask, up_to_version=7) is not None
     assert table.get(subtask) is None
+
+
+def test_a_registration_answer_keeps_a_slot_deployed_after_it_was_decided(tmp_path: Path) -> None:
+    """The answer's versions are the jobs' versions when the JobManager decided it: a slot deployed
+    under a newer one reached this TaskManager before the answer did, and stays."""
+    table = SlotTable(4, TaskManagerId("tm-a"))
+    old = SubtaskId("job", "op", 0)  # hosted before: not kept, so released
+    new = SubtaskId("job", "op", 1)  # deployed under v6 while the answer (v5) travelled: kept
+    kept = SubtaskId("job", "op", 2)  # kept by the answer
+    unknown = SubtaskId("gone", "op", 0)  # a job the JobManager does not know: released
+    for index, (subtask, version) in enumerate([(kept, 3), (old, 5), (new, 6), (unknown, 9)]):
+        table.reserve(subtask, OPERATOR, KeyGroupRange(0, 63), 128, index, version, "", False)
+    backends = BackendFactory("hashmap", tmp_path, StateLimits(), None, SYSTEM_CLOCK)
+    deployer = SlotDeployer(table, backends, None, SYSTEM_CLOCK)
+
+    released = deployer.retain({kept}, {JOB: 5})
+
+    assert sorted(released, key=str) == sorted([old, unknown], key=str)
+    assert sorted((s.subtask for s in table.all()), key=str) == sorted([new, kept], key=str)
