@@ -305,30 +305,21 @@ class Checkpointing:
     def _checkpoint_replay(self, job: Job, coordinator: CheckpointCoordinator, epoch: int, log: DecisionLog) -> None:
         """A checkpoint of ``job`` at (or above) the replayed ``epoch``, then the changelog it covers is deleted.
 
-        An ordinary trigger (barrier, acks, ``_metadata`` last), waiting for one in flight or the minimum
-        pause. A failure only leaves the replayed changelog in place: the next periodic or after-batch
-        checkpoint covers it, and the restore that replayed it has succeeded already.
+        An ordinary checkpoint (barrier, acks, ``_metadata`` last), uncounted: failing it must not fail
+        over the job whose restore just succeeded. If none completes within the checkpoint timeout, the
+        replayed changelog stays: the next periodic or after-batch checkpoint covers it.
         """
-        timeout_ms = coordinator.settings.timeout_ms
         try:
-            latest = coordinator.latest_completed()
-            if latest is None or latest.metadata.epoch < epoch:
-                # Uncounted: failing it must not fail over the job whose restore just succeeded.
-                pending = coordinator.trigger_waiting(timeout_ms, closed=self._stop, counted=False)
-                latest = coordinator.wait_for(pending.checkpoint_id, timeout_ms / 1000.0)
-            with job.lock:
-                if job.coordinator is not coordinator:
-                    return  # an operator restore replaced the run: its changelog is not this log's
-            deleted = log.collect_covered([c.metadata.epoch for c in coordinator.store.all()])
-        except (KeyedStateError, OSError) as exc:
-            logger.info(
-                "job %s: no checkpoint after replaying decided epochs through %d (%s); the next periodic or "
-                "after-batch checkpoint covers them",
-                job.job_id,
+            latest = coordinator.checkpoint_holding(
                 epoch,
-                exc,
+                self._stop,
+                counted=False,
+                # An operator restore that replaced the run: its changelog is not this log's.
+                wanted=lambda: job.coordinator is coordinator,
             )
-            return
+            if latest is None:
+                return
+            deleted = log.collect_after_checkpoint(coordinator.retained_epochs())
         except Exception:  # a bug: logged here, since nothing waits for this background task's outcome
             logger.exception("job %s: checkpointing the replayed epochs through %d failed", job.job_id, epoch)
             return

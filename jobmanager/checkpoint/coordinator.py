@@ -45,7 +45,7 @@ from typing import NamedTuple
 from keyedstate.common.clock import Cancellable, Clock, Scheduler
 from keyedstate.common.config import options as o
 from keyedstate.common.descriptors import OperatorSpec
-from keyedstate.common.errors import InvalidArgumentError, UnavailableError
+from keyedstate.common.errors import CheckpointError, InvalidArgumentError, UnavailableError
 from keyedstate.common.faults import crash_point
 from keyedstate.common.handles import CheckpointBarrier, StateFileHandle, SubtaskStateHandle
 from keyedstate.common.ids import CheckpointId, JobId, SubtaskId, validate_id
@@ -85,6 +85,7 @@ __all__ = [
 
 R = CheckpointFailureReason
 _RECENT = 128  # finished checkpoints remembered for late acks and wait_for
+_RETRY_PAUSE_MS = 200  # checkpoint_holding: after a refused or failed checkpoint, before the next try
 
 
 class _Finished(NamedTuple):
@@ -215,6 +216,10 @@ class CheckpointCoordinator:
     def latest_completed(self) -> CompletedCheckpoint | None:
         """The newest completed checkpoint or savepoint still retained (what a failover restores)."""
         return self._store.latest()
+
+    def retained_epochs(self) -> list[int]:
+        """The epochs of the retained completed checkpoints (a changelog below the oldest is covered by all)."""
+        return [c.metadata.epoch for c in self._store.all()]
 
     def pending_checkpoints(self) -> list[PendingCheckpoint]:
         """The checkpoints still collecting acknowledgements or being finalized."""
@@ -386,6 +391,55 @@ class CheckpointCoordinator:
                 pause = self._min_pause_remaining_locked()
             self._sleep(min(max(1, pause), timeout_ms), closed)
         return True
+
+    def checkpoint_holding(
+        self,
+        epoch: int,
+        closed: threading.Event,
+        *,
+        counted: bool = True,
+        wanted: Callable[[], bool] = lambda: True,
+    ) -> CompletedCheckpoint | None:
+        """A completed checkpoint at ``epoch`` or above: the latest retained one if it is, else one triggered.
+
+        Coalescing: a checkpoint in flight, or the minimum pause, is waited for (the one in flight
+        may hold the epoch already), and a failed one is tried again after a short pause, all within
+        the checkpoint timeout. None when that runs out, ``closed`` is set, or ``wanted()`` turns
+        False (the caller's run was replaced, or a newer epoch checkpoints itself). ``counted`` as
+        for :meth:`trigger`.
+        """
+        timeout_ms = self.settings.timeout_ms
+        deadline = self._clock.monotonic_ms() + timeout_ms
+        while not closed.is_set() and wanted():
+            latest = self.latest_completed()
+            if latest is not None and latest.metadata.epoch >= epoch:
+                return latest
+            remaining = deadline - self._clock.monotonic_ms()
+            if remaining <= 0:
+                logger.warning(
+                    "job=%s no checkpoint at epoch %d within execution.checkpointing.timeout (%d ms)",
+                    self.job_id,
+                    epoch,
+                    timeout_ms,
+                )
+                return None
+            try:
+                pending = self.trigger(counted=counted)
+            except CheckpointException as exc:
+                if not self.wait_for_turn(exc, remaining, closed):
+                    logger.info("job=%s checkpoint for epoch %d not triggered: %s", self.job_id, epoch, exc.detail)
+                    self._sleep(_RETRY_PAUSE_MS, closed)
+                continue
+            try:
+                self.wait_for(pending.checkpoint_id, max(0.001, remaining / 1000.0))
+            except CheckpointInProgressError:
+                continue  # the deadline check decides
+            except CheckpointError as exc:
+                # Failed (another try after a pause), or completed and subsumed already (the next
+                # look finds the newer one).
+                logger.info("job=%s checkpoint %d for epoch %d: %s", self.job_id, pending.checkpoint_id, epoch, exc)
+                self._sleep(_RETRY_PAUSE_MS, closed)
+        return None
 
     def _wait_for_a_finish(self, timeout_ms: int) -> None:
         with self._lock:

@@ -32,7 +32,7 @@ from typing import Any
 
 from keyedstate.common.batches import Winner
 from keyedstate.common.changesets import CHANGELOG_DIR, ChangeSetFile
-from keyedstate.common.errors import CorruptCheckpointError, EpochConflictError, InvalidArgumentError
+from keyedstate.common.errors import CorruptCheckpointError, EpochConflictError, InvalidArgumentError, KeyedStateError
 from keyedstate.common.storage import CheckpointStorage
 from keyedstate.jobmanager.checkpoint import _paths
 
@@ -319,6 +319,20 @@ class DecisionLog:
         epochs of the retained checkpoints); 0 with none retained. Every retained checkpoint covers those
         epochs, so a restore of any of them never replays them."""
         return self.collect_garbage(min(retained_epochs)) if retained_epochs else 0
+
+    def collect_after_checkpoint(self, retained_epochs: Collection[int]) -> int:
+        """:meth:`collect_covered` after a checkpoint completed; a storage failure is logged, not raised.
+
+        What it fails to delete now, the next completed checkpoint's collection deletes: nothing
+        reads the covered records again, so leaving them a while costs only storage.
+        """
+        try:
+            return self.collect_covered(retained_epochs)
+        except (KeyedStateError, OSError):
+            logger.warning(
+                "%r: deleting covered changelog files failed; retried after the next checkpoint", self, exc_info=True
+            )
+            return 0
 
     def collect_garbage(self, through_epoch: int) -> int:
         """Delete change sets and records of epochs up to ``through_epoch`` and every older generation's

@@ -369,48 +369,17 @@ class EpochCoordinator:
 
         ``coordinator`` and ``log`` are the run's that decided ``epoch``: after an operator restore they are
         not the job's any more, and neither checkpoints nor deletes anything of the restored run."""
-        deadline = self._clock.monotonic_ms() + coordinator.settings.timeout_ms
-        while not self._closed.is_set():
-            with job.lock:
-                if (
-                    job.status is not JobStatus.RUNNING
-                    or job.committed_epoch > epoch
-                    or job.coordinator is not coordinator
-                ):
-                    return  # restarted, a newer decided epoch checkpoints itself, or an operator restore replaced the run
-            latest = coordinator.latest_completed()
-            if latest is not None and latest.metadata.epoch >= epoch:
-                break
-            remaining = deadline - self._clock.monotonic_ms()
-            if remaining <= 0:
-                logger.warning("job=%s no checkpoint at decided epoch %d within its timeout", job.job_id, epoch)
-                return
-            try:
-                pending = coordinator.trigger()
-            except CheckpointException as exc:
-                if not coordinator.wait_for_turn(exc, remaining, self._closed):
-                    self._closed.wait(_RETRY_PAUSE_S)
-                continue
-            try:
-                coordinator.wait_for(pending.checkpoint_id, max(0.001, remaining / 1000.0))
-            except CheckpointException as exc:
-                logger.info("job=%s checkpoint after decided epoch %d: %s", job.job_id, epoch, exc.detail)
-                self._closed.wait(_RETRY_PAUSE_S)
-        self._collect_changelog(job, coordinator, log)
 
-    def _collect_changelog(self, job: Job, coordinator: CheckpointCoordinator, log: DecisionLog) -> None:
-        """Delete change sets and decisions every retained checkpoint covers (the oldest's epoch and below)."""
-        retained = coordinator.store.all()
-        if not retained:
-            return
-        try:
-            log.collect_covered([c.metadata.epoch for c in retained])
-        except (KeyedStateError, OSError):
-            logger.warning(
-                "job=%s deleting covered changelog files failed; retried after the next checkpoint",
-                job.job_id,
-                exc_info=True,
-            )
+        def wanted() -> bool:
+            # Not when restarted, when a newer decided epoch checkpoints itself, or when an operator
+            # restore replaced the run.
+            with job.lock:
+                return (
+                    job.status is JobStatus.RUNNING and job.committed_epoch <= epoch and job.coordinator is coordinator
+                )
+
+        if coordinator.checkpoint_holding(epoch, self._closed, wanted=wanted) is not None:
+            log.collect_after_checkpoint(coordinator.retained_epochs())
 
     def _round(
         self, addresses: list[str], job_id: JobId, epoch: int, commit: EpochCommit, *, prepare: bool, upload: bool

@@ -205,3 +205,46 @@ def test_a_damaged_lineage_is_reported_naming_the_field(make_harness: Any, linea
         f"checkpoint metadata chk-1/_metadata is unusable: {problem}. Restore from another checkpoint or savepoint "
         "(statectl checkpoint list shows the retained ones)"
     )
+
+
+# -- checkpoint_holding: a checkpoint at an epoch, triggered only when none is ------------------------
+def test_checkpoint_holding_returns_the_retained_checkpoint_at_the_epoch_without_a_barrier(make_harness: Any) -> None:
+    h = make_harness()
+    h.cluster.committed_epoch = 4
+    completed_one(h)
+    latest = h.coordinator.checkpoint_holding(3, threading.Event())
+    assert latest is not None and latest.checkpoint_id == 1 and latest.metadata.epoch == 4
+    assert len(h.cluster.barriers) == 1
+
+
+def test_checkpoint_holding_tries_a_declined_checkpoint_again_after_a_pause(make_harness: Any) -> None:
+    h = make_harness(mode="decline")
+    h.cluster.committed_epoch = 2
+    call = Call(lambda: h.coordinator.checkpoint_holding(2, threading.Event(), counted=False))
+    wait_for(lambda: h.scheduler.pending() == [200], 10, "the pause after the declined checkpoint")
+    assert len(h.cluster.barriers) == 1
+    assert h.failovers == [], "an uncounted checkpoint's decline failed the job over"
+    h.cluster.mode = "ack"
+    h.scheduler.advance(200)
+    latest = call.outcome()
+    assert latest is not None and latest.checkpoint_id == 2 and latest.metadata.epoch == 2
+
+
+def test_checkpoint_holding_gives_up_at_the_checkpoint_timeout(make_harness: Any) -> None:
+    h = make_harness(mode="decline", timeout_ms=300)
+    call = Call(lambda: h.coordinator.checkpoint_holding(0, threading.Event(), counted=False))
+    for tries in (1, 2):
+        wait_for(lambda: h.scheduler.pending() == [200], 10, "the pause after a declined checkpoint")
+        assert len(h.cluster.barriers) == tries
+        h.scheduler.advance(200)
+    assert call.outcome() is None
+    assert len(h.cluster.barriers) == 2
+
+
+def test_checkpoint_holding_stops_when_no_longer_wanted_or_closed(make_harness: Any) -> None:
+    h = make_harness()
+    assert h.coordinator.checkpoint_holding(0, threading.Event(), wanted=lambda: False) is None
+    closed = threading.Event()
+    closed.set()
+    assert h.coordinator.checkpoint_holding(0, closed) is None
+    assert h.cluster.barriers == []

@@ -155,7 +155,9 @@ def test_a_killed_transfer_process_fails_its_transfer_and_the_next_one_gets_a_ne
 
 
 def test_a_cancel_stops_a_transfer_before_every_file_moved(pool: TransferProcessPool, tmp_path: Path) -> None:
-    files = _files(tmp_path / "src", 1500, size=100)
+    # Enough work that the cancel, sent with the request, arrives long before the last file: with
+    # 1,500 files of 100 bytes a niced process on a loaded machine once moved them all first.
+    files = _files(tmp_path / "src", 4000, size=4096)
     remote_dir = tmp_path / "remote"
     cancel = threading.Event()
     cancel.set()
