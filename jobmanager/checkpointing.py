@@ -314,8 +314,9 @@ class Checkpointing:
                 epoch,
                 self._stop,
                 counted=False,
-                # An operator restore that replaced the run: its changelog is not this log's.
-                wanted=lambda: job.coordinator is coordinator,
+                # Not once the job restarts again (its next restore checkpoints for itself), nor after
+                # an operator restore replaced the run (its changelog is not this log's).
+                wanted=lambda: job.status is JobStatus.RUNNING and job.coordinator is coordinator,
             )
             if latest is None:
                 return
