@@ -32,7 +32,7 @@ from keyedstate.common.descriptors import (
 from keyedstate.common.ids import JobId
 from keyedstate.common.storage import CheckpointStorage, open_storage
 from keyedstate.jobmanager.checkpoint import CheckpointMetadata
-from tests.fixtures.cluster import InProcessCluster
+from tests.fixtures.cluster import PATIENT, InProcessCluster
 from tests.fixtures.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
 JOB = JobId("orders")
@@ -296,14 +296,6 @@ def gated_s3(s3_bucket: tuple[str, str]) -> Iterator[tuple[GatedProxy, str, str]
 
 
 # -- clusters on file:// and S3 -------------------------------------------------------------------
-
-PATIENT = {"heartbeat.timeout": "30 s", "heartbeat.interval": "1 s"}
-"""For JobManagers here: every daemon, moto and the client share one process (and its GIL) on a
-2-core machine, so a busy moment can delay heartbeats by seconds. None of these tests is about
-losing a TaskManager; a false loss would fail the job over in the middle of one. The interval
-matters too: the lease is min(0.8 x timeout, 5 x interval), 1 s with the fast 200 ms heartbeats,
-and a RocksDB write stall holding the GIL in this one process outlasted it in CI ("lease ran out
-while Reduce ran"); 1 s heartbeats give a 5 s lease."""
 
 
 def s3_keys(endpoint: str) -> dict[str, Any]:

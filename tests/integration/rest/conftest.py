@@ -20,7 +20,7 @@ import pytest
 from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.client import StateClient, ValueState
 from keyedstate.common.descriptors import OperatorSpec, StateDescriptor, StateKind
-from tests.fixtures.cluster import InProcessCluster
+from tests.fixtures.cluster import PATIENT, InProcessCluster
 
 JOB = "orders"
 OTHER_JOB = "billing"
@@ -103,7 +103,7 @@ def start_rest_cluster(
     scheme: str = "http",
     **client_kw: Any,
 ) -> RestCluster:
-    cluster = inprocess_cluster(taskmanagers=2, slots=4, jm={"rest.port": 0, **(jm or {})})
+    cluster = inprocess_cluster(taskmanagers=2, slots=4, jm={"rest.port": 0, **PATIENT, **(jm or {})})
     client = cluster.client(**client_kw)
     client.wait_for_taskmanagers(2)
     port = cluster.jobmanager.rest_port
