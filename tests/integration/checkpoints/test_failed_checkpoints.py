@@ -24,11 +24,10 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.daemon import JobManager
 from tests.fakes.scheduler import ManualScheduler
-from tests.fixtures.cluster import FAST_HEARTBEATS, InProcessCluster
+from tests.fixtures.cluster import FAST_HEARTBEATS, PATIENT, InProcessCluster
 from tests.integration.checkpoints.conftest import (
     JOB,
     MAX_P,
-    PATIENT,
     CheckpointCluster,
     GatedProxy,
     Workload,

@@ -16,10 +16,10 @@ from keyedstate.common._proto.v1 import jobmanager_pb2 as jm_pb
 from keyedstate.common.config import Configuration
 from keyedstate.common.storage import open_storage
 from keyedstate.jobmanager.checkpoint import PendingStatus
+from tests.fixtures.cluster import PATIENT
 from tests.integration.checkpoints.conftest import (
     JOB,
     MAX_P,
-    PATIENT,
     CheckpointCluster,
     GatedProxy,
     Workload,

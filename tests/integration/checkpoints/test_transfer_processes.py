@@ -26,10 +26,10 @@ from keyedstate.common.config import Configuration
 from keyedstate.common.minicluster import MiniCluster
 from keyedstate.common.storage import open_storage
 from keyedstate.taskmanager.snapshot.transfer_process import TransferProcessPool
+from tests.fixtures.cluster import PATIENT
 from tests.integration.checkpoints.conftest import (
     JOB,
     MAX_P,
-    PATIENT,
     GatedProxy,
     Workload,
     assert_state_equals,
