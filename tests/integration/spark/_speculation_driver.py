@@ -3,8 +3,10 @@
 It runs on a standalone Spark cluster whose workers are different hosts (Spark never starts a
 speculative copy on the host of the original). In the first batch, partition 0's first attempt
 writes its events and then stalls until its speculative copy has written the same events (or
-``STALL_S`` passed): the two race to finish. Every attempt that ran the process function appends a
-line to ``<out>/attempts.jsonl`` (the workers share this machine's disk).
+``STALL_S`` passed): the two race to finish. Partition 1 holds back until partition 0's first
+attempt has written, so that the copy cannot win before the original wrote a row (see
+``_hold_back``). Every attempt that ran the process function appends a line to
+``<out>/attempts.jsonl`` (the workers share this machine's disk), with its error if it failed.
 
 It runs the batches once per foreach_batch mode and commit mode
 (``execution.checkpointing.commit-mode``), as jobs ``<JOB_ID>-<mode>-<commit mode>`` (in the
@@ -123,46 +125,74 @@ def _process(log: str, mode: str, commit: str) -> Any:
     def process(batches: Any, state: Any) -> None:
         from pyspark import TaskContext
 
-        rows = [r for b in batches for r in b.to_pylist()]
         ctx = TaskContext.get()
         assert ctx is not None  # this runs in a Spark task
-        if rows:
-            users = [r["user"] for r in rows]
-            state.reducing("totals").add_many(users, [(1, r["amount"]) for r in rows])
-            state.list("events", value_serializer="str").append_many(users, [r["event"] for r in rows])
-        with open(log, "a") as f:
-            f.write(
-                json.dumps(
-                    {
-                        "mode": mode,
-                        "commit": commit,
-                        "batch": state.batch_id,
-                        "partition": ctx.partitionId(),
-                        "attempt": ctx.attemptNumber(),
-                        "task_attempt_id": ctx.taskAttemptId(),
-                        "rows": len(rows),
-                        "pid": os.getpid(),
-                        "host": os.environ.get("SPARK_LOCAL_IP", ""),
-                    }
-                )
-                + "\n"
-            )
+        attempt = {
+            "mode": mode,
+            "commit": commit,
+            "batch": state.batch_id,
+            "partition": ctx.partitionId(),
+            "attempt": ctx.attemptNumber(),
+            "task_attempt_id": ctx.taskAttemptId(),
+            "pid": os.getpid(),
+            "host": os.environ.get("SPARK_LOCAL_IP", ""),
+        }
+        try:
+            rows = [r for b in batches for r in b.to_pylist()]
+            if rows:
+                users = [r["user"] for r in rows]
+                state.reducing("totals").add_many(users, [(1, r["amount"]) for r in rows])
+                state.list("events", value_serializer="str").append_many(users, [r["event"] for r in rows])
+        except BaseException as e:
+            # Recorded so that the test can tell an attempt that failed from one Spark never ran.
+            _record(log, {**attempt, "failed": f"{type(e).__name__}: {e}"})
+            raise
+        _record(log, {**attempt, "rows": len(rows)})
         if state.batch_id == 0 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
             _straggle(log, mode, commit)
+        elif state.batch_id == 0 and ctx.partitionId() == 1:
+            _hold_back(log, mode, commit)
 
     return process
+
+
+def _record(log: str, attempt: dict[str, Any]) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps(attempt) + "\n")
 
 
 def _straggle(log: str, mode: str, commit: str) -> None:
     """Stall like a straggler until Spark's speculative copy of this task (launched on the other
     executor) has written the same events, then race it to finish; at most ``STALL_S``."""
+    _wait_for_record(
+        log, lambda a: (a["mode"], a["commit"], a["batch"], a["partition"]) == (mode, commit, 0, 0) and a["attempt"] > 0
+    )
+
+
+def _hold_back(log: str, mode: str, commit: str) -> None:
+    """Partition 1 of the first batch finishes only once partition 0's first attempt has written
+    its events (at most ``STALL_S``).
+
+    Spark speculates on a task once half the stage's tasks finished. A first attempt that starts
+    slowly (its executor's Python worker is new and imports for seconds under load, as after a
+    losing attempt of the job before was killed with its worker) could otherwise be speculated on,
+    and the copy finish and the original be killed, before the original wrote a row: there would be
+    nothing to race. While partition 1 holds back, at most partitions 2 and 3 can finish, and the
+    copy of partition 0 could only run on partition 1's executor, which is busy holding back.
+    """
+    _wait_for_record(
+        log,
+        lambda a: (a["mode"], a["commit"], a["batch"], a["partition"]) == (mode, commit, 0, 0) and a["attempt"] == 0,
+    )
+
+
+def _wait_for_record(log: str, wanted: Any) -> None:
+    """Until an attempt that wrote its events and matches ``wanted`` is in the log; at most ``STALL_S``."""
     deadline = time.monotonic() + STALL_S
     while time.monotonic() < deadline:
         with open(log) as f:
-            for line in f:
-                a = json.loads(line)
-                if (a["mode"], a["commit"], a["batch"], a["partition"]) == (mode, commit, 0, 0) and a["attempt"] > 0:
-                    return
+            if any("rows" in a and wanted(a) for a in map(json.loads, f)):
+                return
         time.sleep(0.05)
 
 

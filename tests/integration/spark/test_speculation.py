@@ -133,18 +133,35 @@ def test_a_speculative_losers_writes_are_dropped_in_every_mode(
     assert sorted(summary) == sorted(f"{mode}-{commit}" for mode, commit in driver.jobs())
     for mode, commit in driver.jobs():
         ran = [a for a in attempts if (a["mode"], a["commit"]) == (mode, commit)]
-        _check_mode(client, f"{mode}-{commit}", ran, summary[f"{mode}-{commit}"])
+        _check_mode(client, f"{mode}-{commit}", ran, summary[f"{mode}-{commit}"], lambda: _spark_logs(tmp_path, proc))
 
 
-def _check_mode(client: Any, mode: str, attempts: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+def _spark_logs(base: Path, proc: subprocess.CompletedProcess[str]) -> str:
+    """What Spark said about lost tasks and executors: the driver's stderr and each executor's."""
+    said = [f"driver stderr (tail):\n{proc.stderr[-3000:]}"]
+    for log in sorted((base / "spark").glob("w*/app-*/*/stderr")):
+        lines = log.read_text(errors="replace").splitlines()
+        worrying = [line for line in lines if any(w in line for w in ("ERROR", "WARN", "Exception", "Error:"))]
+        said.append(f"{log.relative_to(base)}:\n" + "\n".join(worrying[-40:]))
+    return "\n".join(said)
+
+
+def _check_mode(
+    client: Any, mode: str, attempts: list[dict[str, Any]], summary: dict[str, Any], spark_logs: Any
+) -> None:
     """One job (``<foreach_batch mode>-<commit mode>``): the straggler raced its speculative copy, and
     every event applied exactly once."""
+    failed = [a for a in attempts if "failed" in a]
+    attempts = [a for a in attempts if "failed" not in a]
     by_task: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for a in attempts:
         by_task[(a["batch"], a["partition"])].append(a)
     # The straggler really had a speculative copy, on the other worker, that wrote the same rows.
     raced = by_task.get((0, 0), [])
-    assert len(raced) >= 2, f"{mode}: Spark launched no speculative attempt of the straggler: {dict(by_task)}"
+    assert len(raced) >= 2, (
+        f"{mode}: Spark launched no speculative attempt of the straggler: {dict(by_task)}\n"
+        f"attempts that failed: {failed}\n{spark_logs()}"
+    )
     first, second = sorted(raced, key=lambda a: a["attempt"])[:2]
     assert first["rows"] == second["rows"] > 0 and first["host"] != second["host"], raced
 
