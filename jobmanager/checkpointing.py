@@ -317,7 +317,7 @@ class Checkpointing:
                 # Not once the job restarts again (its next restore checkpoints for itself), nor after
                 # an operator restore replaced the run (its changelog is not this log's).
                 wanted=lambda: job.status is JobStatus.RUNNING and job.coordinator is coordinator,
-            )
+            ).checkpoint
             if latest is None:
                 return
             deleted = log.collect_after_checkpoint(coordinator.retained_epochs())

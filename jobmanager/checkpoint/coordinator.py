@@ -97,6 +97,16 @@ class _Finished(NamedTuple):
 
 
 @dataclass(frozen=True)
+class CheckpointWait:
+    """What :meth:`CheckpointCoordinator.checkpoint_holding` found."""
+
+    checkpoint: CompletedCheckpoint | None
+    """The completed checkpoint holding the epoch; None when none did before the wait ended."""
+    last_failure: str | None = None
+    """Why the last checkpoint tried was refused or failed (``REASON: detail``); None if none was."""
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     """What one job's checkpoints are: whose, where they go, over how many key groups, and how they are taken."""
 
@@ -399,34 +409,36 @@ class CheckpointCoordinator:
         *,
         counted: bool = True,
         wanted: Callable[[], bool] = lambda: True,
-    ) -> CompletedCheckpoint | None:
-        """A completed checkpoint at ``epoch`` or above: the latest retained one if it is, else one triggered.
+        holds: Callable[[CompletedCheckpoint], bool] | None = None,
+        timeout_ms: int | None = None,
+    ) -> CheckpointWait:
+        """A completed checkpoint holding ``epoch``: the latest retained one if it does, else one triggered.
 
-        Coalescing: a checkpoint in flight, or the minimum pause, is waited for (the one in flight
-        may hold the epoch already), and a failed one is tried again after a short pause, all within
-        the checkpoint timeout. None when that runs out, ``closed`` is set, or ``wanted()`` turns
-        False (the caller's run was replaced, or a newer epoch checkpoints itself). ``counted`` as
-        for :meth:`trigger`.
+        A checkpoint holds the epoch when ``holds(checkpoint)`` (by default: its epoch is at or above
+        ``epoch``). Coalescing: a checkpoint in flight, or the minimum pause, is waited for (the one
+        in flight may hold the epoch already), and a failed one is tried again after a short pause
+        on the coordinator's scheduler, all within ``timeout_ms`` (by default the checkpoint
+        timeout). The answer carries no checkpoint when that runs out, ``closed`` is set, or
+        ``wanted()`` turns False (the caller's run was replaced, or a newer epoch checkpoints
+        itself); it names the last failure either way. ``counted`` as for :meth:`trigger`.
         """
-        timeout_ms = self.settings.timeout_ms
+        holds = holds or (lambda c: c.metadata.epoch >= epoch)
+        timeout_ms = self.settings.timeout_ms if timeout_ms is None else timeout_ms
         deadline = self._clock.monotonic_ms() + timeout_ms
+        last_failure: str | None = None
         while not closed.is_set() and wanted():
             latest = self.latest_completed()
-            if latest is not None and latest.metadata.epoch >= epoch:
-                return latest
+            if latest is not None and holds(latest):
+                return CheckpointWait(latest, last_failure)
             remaining = deadline - self._clock.monotonic_ms()
             if remaining <= 0:
-                logger.warning(
-                    "job=%s no checkpoint at epoch %d within execution.checkpointing.timeout (%d ms)",
-                    self.job_id,
-                    epoch,
-                    timeout_ms,
-                )
-                return None
+                logger.warning("job=%s no checkpoint holding epoch %d within %d ms", self.job_id, epoch, timeout_ms)
+                break
             try:
                 pending = self.trigger(counted=counted)
             except CheckpointException as exc:
                 if not self.wait_for_turn(exc, remaining, closed):
+                    last_failure = f"{exc.failure_reason.name}: {exc.detail}"
                     logger.info("job=%s checkpoint for epoch %d not triggered: %s", self.job_id, epoch, exc.detail)
                     self._sleep(_RETRY_PAUSE_MS, closed)
                 continue
@@ -434,12 +446,21 @@ class CheckpointCoordinator:
                 self.wait_for(pending.checkpoint_id, max(0.001, remaining / 1000.0))
             except CheckpointInProgressError:
                 continue  # the deadline check decides
+            except CheckpointException as exc:
+                last_failure = f"{exc.failure_reason.name}: {exc.detail}"
+                logger.warning(
+                    "job=%s checkpoint %d for epoch %d failed (%s); trying again",
+                    self.job_id,
+                    pending.checkpoint_id,
+                    epoch,
+                    last_failure,
+                )
+                if wanted():  # an abort for a failover or rollback ends the wait at once
+                    self._sleep(_RETRY_PAUSE_MS, closed)
             except CheckpointError as exc:
-                # Failed (another try after a pause), or completed and subsumed already (the next
-                # look finds the newer one).
+                # Completed and subsumed already: the next look finds the newer one.
                 logger.info("job=%s checkpoint %d for epoch %d: %s", self.job_id, pending.checkpoint_id, epoch, exc)
-                self._sleep(_RETRY_PAUSE_MS, closed)
-        return None
+        return CheckpointWait(None, last_failure)
 
     def _wait_for_a_finish(self, timeout_ms: int) -> None:
         with self._lock:

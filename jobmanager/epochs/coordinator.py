@@ -48,13 +48,12 @@ from keyedstate.common.lifecycle import BatchAction, JobStatus
 from keyedstate.jobmanager.checkpoint.completed import CompletedCheckpoint
 from keyedstate.jobmanager.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.jobmanager.checkpoint.decisions import Decision, DecisionLog
-from keyedstate.jobmanager.checkpoint.failure import CheckpointException, CheckpointInProgressError
+from keyedstate.jobmanager.checkpoint.failure import CheckpointException
 from keyedstate.jobmanager.jobs import Job, RoutingTable
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1
-_RETRY_PAUSE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -378,7 +377,7 @@ class EpochCoordinator:
                     job.status is JobStatus.RUNNING and job.committed_epoch <= epoch and job.coordinator is coordinator
                 )
 
-        if coordinator.checkpoint_holding(epoch, self._closed, wanted=wanted) is not None:
+        if coordinator.checkpoint_holding(epoch, self._closed, wanted=wanted).checkpoint is not None:
             log.collect_after_checkpoint(coordinator.retained_epochs())
 
     def _round(
@@ -479,9 +478,23 @@ class EpochCoordinator:
             if not running or not trigger:
                 self._closed.wait(_POLL_S)
                 continue
-            failure = self._checkpoint_once(job, epoch, coordinator, remaining, deadline)
-            if failure is not None:
-                last_failure = failure
+
+            def wanted(run: CheckpointCoordinator = coordinator) -> bool:
+                # Back to the checks above when the job stops running, rolls back below the epoch,
+                # or an operator restore replaces its run.
+                with job.lock:
+                    return job.status is JobStatus.RUNNING and job.committed_epoch >= epoch and job.coordinator is run
+
+            waited = coordinator.checkpoint_holding(
+                epoch,
+                self._closed,
+                wanted=wanted,
+                holds=lambda c: _holds(c, epoch, query_id, batch_id),
+                timeout_ms=remaining,
+            )
+            if waited.checkpoint is not None:
+                return waited.checkpoint
+            last_failure = waited.last_failure or last_failure
 
     @staticmethod
     def _durable_so_far(
@@ -528,32 +541,6 @@ class EpochCoordinator:
                 "own never becomes durable: set execution.checkpointing.interval, or let each batch take its checkpoint"
             )
         return coordinator
-
-    def _checkpoint_once(
-        self, job: Job, epoch: int, coordinator: CheckpointCoordinator, remaining: int, deadline: int
-    ) -> str | None:
-        """Trigger a checkpoint and wait for it; the failure to report (after a pause), or None to look again."""
-        try:
-            pending = coordinator.trigger()
-        except CheckpointException as exc:
-            # One in flight, or the minimum pause: wait for a turn, then look again (the one in
-            # flight, or a periodic one, may hold the epoch already).
-            if coordinator.wait_for_turn(exc, remaining, self._closed):
-                return None
-            failure = f"{exc.failure_reason.name}: {exc.detail}"
-            logger.warning("job=%s epoch=%d checkpoint not triggered (%s); trying again", job.job_id, epoch, failure)
-            self._closed.wait(_RETRY_PAUSE_S)
-            return failure
-        try:
-            coordinator.wait_for(pending.checkpoint_id, max(0.001, (deadline - self._clock.monotonic_ms()) / 1000.0))
-        except CheckpointInProgressError:
-            return None  # the deadline check decides
-        except CheckpointException as exc:
-            failure = f"{exc.failure_reason.name}: {exc.detail}"
-            logger.warning("job=%s epoch=%d checkpoint failed (%s); trying again", job.job_id, epoch, failure)
-            self._closed.wait(_RETRY_PAUSE_S)
-            return failure
-        return None
 
     def _trigger_quietly(self, job: Job, coordinator: CheckpointCoordinator) -> None:
         try:

@@ -212,7 +212,7 @@ def test_checkpoint_holding_returns_the_retained_checkpoint_at_the_epoch_without
     h = make_harness()
     h.cluster.committed_epoch = 4
     completed_one(h)
-    latest = h.coordinator.checkpoint_holding(3, threading.Event())
+    latest = h.coordinator.checkpoint_holding(3, threading.Event()).checkpoint
     assert latest is not None and latest.checkpoint_id == 1 and latest.metadata.epoch == 4
     assert len(h.cluster.barriers) == 1
 
@@ -226,8 +226,10 @@ def test_checkpoint_holding_tries_a_declined_checkpoint_again_after_a_pause(make
     assert h.failovers == [], "an uncounted checkpoint's decline failed the job over"
     h.cluster.mode = "ack"
     h.scheduler.advance(200)
-    latest = call.outcome()
+    waited = call.outcome()
+    latest = waited.checkpoint
     assert latest is not None and latest.checkpoint_id == 2 and latest.metadata.epoch == 2
+    assert waited.last_failure is not None and waited.last_failure.startswith("CHECKPOINT_DECLINED: "), waited
 
 
 def test_checkpoint_holding_gives_up_at_the_checkpoint_timeout(make_harness: Any) -> None:
@@ -237,14 +239,15 @@ def test_checkpoint_holding_gives_up_at_the_checkpoint_timeout(make_harness: Any
         wait_for(lambda: h.scheduler.pending() == [200], 10, "the pause after a declined checkpoint")
         assert len(h.cluster.barriers) == tries
         h.scheduler.advance(200)
-    assert call.outcome() is None
-    assert len(h.cluster.barriers) == 2
+    waited = call.outcome()
+    assert waited.checkpoint is None and len(h.cluster.barriers) == 2
+    assert waited.last_failure is not None and "declined checkpoint 2" in waited.last_failure, waited
 
 
 def test_checkpoint_holding_stops_when_no_longer_wanted_or_closed(make_harness: Any) -> None:
     h = make_harness()
-    assert h.coordinator.checkpoint_holding(0, threading.Event(), wanted=lambda: False) is None
+    assert h.coordinator.checkpoint_holding(0, threading.Event(), wanted=lambda: False).checkpoint is None
     closed = threading.Event()
     closed.set()
-    assert h.coordinator.checkpoint_holding(0, closed) is None
+    assert h.coordinator.checkpoint_holding(0, closed).checkpoint is None
     assert h.cluster.barriers == []

@@ -484,7 +484,9 @@ def test_a_failed_checkpoint_is_retried_until_one_completes(make: Callable[..., 
         original(barrier)
 
     h.cluster.send_barrier = send  # type: ignore[method-assign]
-    outcome = h.epochs.ensure_durable(h.job, 0, "q1", 0, True, 60_000)
+    call = Call(lambda: h.epochs.ensure_durable(h.job, 0, "q1", 0, True, 60_000))
+    _advance_retry_pauses(h, 2)
+    outcome = call.outcome()
     outcomes.append(outcome)
     assert outcome.checkpoint_id == 3 and outcome.metadata.epoch == 0
     assert [e.status for e in reversed(h.coordinator.stats.history())] == ["FAILED", "FAILED", "COMPLETED"]
@@ -494,14 +496,24 @@ def test_no_completed_checkpoint_by_the_deadline_raises_naming_the_last_failure(
     h = make(mode="decline")
     h.cluster.barrier_ms = 1_000  # each attempt takes a second on the manual clock
     h.commit(0)
+    call = Call(lambda: h.epochs.ensure_durable(h.job, 0, "q1", 0, True, 2_500))
+    _advance_retry_pauses(h, 3)  # declined at 1.0 s, 2.2 s and 3.4 s on the manual clock; past the deadline after
     with pytest.raises(CheckpointError) as info:
-        h.epochs.ensure_durable(h.job, 0, "q1", 0, True, 2_500)
+        call.outcome()
     assert info.value.message == (
         "job 'job-1': epoch 0 is committed but no checkpoint holding it completed within 2500 ms (last failure: "
         "CHECKPOINT_DECLINED: subtask job-1/counts/1 declined checkpoint 3: RocksDB snapshot failed: disk full); call "
         "again to keep waiting"
     )
     assert h.job.committed_epoch == 0  # still committed: a later call may make it durable
+
+
+def _advance_retry_pauses(h: Harness, pauses: int) -> None:
+    """Let ``pauses`` declined checkpoints be tried again: the pause runs on the coordinator's manual scheduler."""
+    for declined in range(1, pauses + 1):
+        wait_for(lambda: h.scheduler.pending() == [200], 10, f"the pause after declined checkpoint {declined}")
+        assert len(h.cluster.barriers) == declined
+        h.scheduler.advance(200)
 
 
 def test_a_rollback_below_the_epoch_while_waiting_means_the_batch_runs_again(make: Callable[..., Harness]) -> None:
