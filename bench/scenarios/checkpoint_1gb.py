@@ -148,7 +148,10 @@ def _serving_during_uploads(
     client: Any, state: Any, filler: StateFiller, metrics: TaskManagerMetrics, moto_pid: int, load_s: float, quick: bool
 ) -> list[_ServingPair]:
     """Serving rate before, during and after a full checkpoint, moto at nice 10 and 0 alternately."""
-    nices = [MOTO_NICE, 0] if quick else [MOTO_NICE, 0, MOTO_NICE, 0]
+    # Three pairs per niceness in a full run: the serving rate moves with the machine's other load
+    # (background compaction after the fill, other processes) as much as with the upload, and the
+    # median of three is the first that one disturbed pair cannot decide.
+    nices = [MOTO_NICE, 0] if quick else [MOTO_NICE, 0] * 3
     pairs: list[_ServingPair] = []
     load = ServingLoad(state, filler, CHANGED_FRACTION).start()
     try:
@@ -178,7 +181,7 @@ def _serving_during_uploads(
 
 
 def _median_pair(pairs: list[_ServingPair]) -> _ServingPair:
-    """The lower median by ratio (of two pairs, the worse one)."""
+    """The median by ratio (the lower one of an even count)."""
     return sorted(pairs, key=lambda p: p.ratio)[(len(pairs) - 1) // 2]
 
 
@@ -326,7 +329,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             fair.ratio,
             0.7,
             ">=",
-            f"moto at nice {MOTO_NICE}; lower median of {len(headline)} pairs: {_ratios(headline)}",
+            f"moto at nice {MOTO_NICE}; median of {len(headline)} pairs: {_ratios(headline)}",
         ),
         Ratio(
             "serving during upload / without, moto at nice 0",

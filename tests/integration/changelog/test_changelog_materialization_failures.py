@@ -70,8 +70,10 @@ def _sample(port: int, name: str, *, missing: float | None = None, **labels: str
 
 
 def test_failed_materializations_are_counted_tolerated_reset_by_a_success_and_then_fail_the_job_over(
-    inprocess_cluster: Callable[..., Any], refusing_s3: tuple[str, RefusedWrites]
+    refusing_s3: tuple[str, RefusedWrites], inprocess_cluster: Callable[..., Any]
 ) -> None:
+    # refusing_s3 first: fixtures are torn down in reverse, so the cluster stops while its storage still
+    # answers (in the other order the teardown, its storage a closed port, took 42-44 s; now 1 s).
     endpoint, fault = refusing_s3
     bucket = "ks-mat-fail"
     boto3_client(endpoint).create_bucket(Bucket=bucket)
