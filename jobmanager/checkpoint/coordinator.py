@@ -844,7 +844,7 @@ class CheckpointCoordinator:
         metadata_path = _paths.join(pending.target_path, _paths.METADATA_FILE)
         try:
             metadata = pending.build_metadata()
-            problems = metadata.problems()
+            problems = metadata.problems(files_checked=True)  # each ack's files were checked as it arrived
             if problems:
                 raise CheckpointException(R.FINALIZE_CHECKPOINT_FAILURE, "; ".join(problems[:3]))
             self._storage.create_exclusive(metadata_path, metadata.to_bytes())

@@ -286,8 +286,13 @@ class CheckpointMetadata:
         """Bytes this checkpoint uploaded itself (files reused from earlier checkpoints excluded)."""
         return sum(s.incremental_size for op in self.operators for s in op.subtasks)
 
-    def problems(self) -> list[str]:
-        """Consistency problems (empty when the metadata can be restored from)."""
+    def problems(self, *, files_checked: bool = False) -> list[str]:
+        """Consistency problems (empty when the metadata can be restored from).
+
+        ``files_checked``: every file was checked with :func:`file_problems` already (the
+        coordinator checks each acknowledgement's files as it arrives), so the per-file pass is
+        skipped; at 10,000 subtasks it took 197 ms of a checkpoint's ~1 s, against 22 ms without it.
+        """
         out: list[str] = []
         if self.checkpoint_id < 1:
             out.append(f"checkpoint_id must be at least 1, got {self.checkpoint_id}")
@@ -329,23 +334,10 @@ class CheckpointMetadata:
                         "references changelog segments"
                     )
                 out += [f"{where} subtask {sub.subtask_index}: {p}" for p in sub.changelog_problems()]
+                if files_checked:
+                    continue
                 for f in sub.all_files():
-                    problem = file_path_problem(f, self.savepoint)
-                    if problem:
-                        out.append(f"{where} subtask {sub.subtask_index}: {problem}")
-                    if not is_plain_file_name(f.local_name or posixpath.basename(f.path)):
-                        # A restore writes the file under this name (or the path's last part) inside
-                        # its restore directory.
-                        out.append(
-                            f"{where} subtask {sub.subtask_index}: file {f.path[:100]!r} has local_name "
-                            f"{f.local_name[:100]!r}, which is not a plain file name"
-                        )
-                    if f.size < 0:
-                        out.append(f"{where} subtask {sub.subtask_index}: file {f.path!r} has negative size {f.size}")
-                    if f.sha256 and not _SHA256.match(f.sha256):
-                        out.append(
-                            f"{where} subtask {sub.subtask_index}: file {f.path!r} sha256 is not 64 lowercase hex digits"
-                        )
+                    out += [f"{where} subtask {sub.subtask_index}: {p}" for p in file_problems(f, self.savepoint)]
         return out
 
     # -- serialization -------------------------------------------------------------------------
@@ -454,6 +446,22 @@ def _subtask_dict(s: SubtaskSnapshot) -> dict[str, Any]:
             else {}
         ),
     }
+
+
+def file_problems(f: FileRef, savepoint: bool) -> list[str]:
+    """Why a file cannot be part of a checkpoint (``savepoint``: of a savepoint); empty if it can."""
+    out: list[str] = []
+    problem = file_path_problem(f, savepoint)
+    if problem:
+        out.append(problem)
+    if not is_plain_file_name(f.local_name or posixpath.basename(f.path)):
+        # A restore writes the file under this name (or the path's last part) inside its restore directory.
+        out.append(f"file {f.path[:100]!r} has local_name {f.local_name[:100]!r}, which is not a plain file name")
+    if f.size < 0:
+        out.append(f"file {f.path!r} has negative size {f.size}")
+    if f.sha256 and not _SHA256.match(f.sha256):
+        out.append(f"file {f.path!r} sha256 is not 64 lowercase hex digits")
+    return out
 
 
 def file_path_problem(f: FileRef, savepoint: bool) -> str | None:

@@ -22,7 +22,7 @@ from keyedstate.jobmanager.checkpoint.metadata import (
     OperatorSnapshot,
     SegmentRef,
     SubtaskSnapshot,
-    file_path_problem,
+    file_problems,
 )
 from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage
 
@@ -263,11 +263,11 @@ class PendingCheckpoint:
         files = []
         for f in handle.files:
             ref = FileRef(self.relative_path(f.path, f.shared), f.size, f.sha256, f.local_name, f.shared)
-            problem = file_path_problem(ref, self.savepoint)
-            if problem:
-                raise self._reject(subtask, problem)
-            if ref.size < 0:
-                raise self._reject(subtask, f"file {ref.path!r} has negative size {ref.size}")
+            # Every check _metadata's files get, here while the ack is fresh: the coordinator then writes
+            # _metadata without a second pass over all files (CheckpointMetadata.problems(files_checked=True)).
+            problems = file_problems(ref, self.savepoint)
+            if problems:
+                raise self._reject(subtask, problems[0])
             files.append(ref)
         segments = tuple(
             SegmentRef(self.relative_path(c.path, True), c.first_epoch, c.last_epoch, c.size, c.sha256)
@@ -294,7 +294,7 @@ class PendingCheckpoint:
         return snapshot
 
     def _segment_problem(self, segment: SegmentRef) -> str | None:
-        return file_path_problem(segment.as_file(), self.savepoint)
+        return next(iter(file_problems(segment.as_file(), self.savepoint)), None)
 
     def relative_path(self, path: str, shared: bool) -> str:
         """A path as a TaskManager sent it, in the ``_metadata`` convention (not validated)."""
@@ -306,7 +306,7 @@ class PendingCheckpoint:
                 rel = _paths.relative_to(path, base)
                 if rel is not None:
                     return f"../{directory}/{rel}"
-            return path  # rejected by file_path_problem
+            return path  # rejected by file_problems
         if shared and not self.savepoint and path.startswith(_paths.SHARED_DIR + "/"):
             return "../" + path
         return path

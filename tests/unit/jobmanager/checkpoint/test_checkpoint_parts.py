@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -185,6 +186,50 @@ def test_pending_rejects_paths_that_escape(files: list[tuple[str, bool]], messag
         _pending().acknowledge(SubtaskId(JOB, "counts", 0), _handle(0, *files))
     assert info.value.failure_reason is R.CHECKPOINT_DECLINED
     assert "subtask job-1/counts/0 sent an unusable acknowledgement for checkpoint 3" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"sha256": "ABC"}, "sha256 is not 64 lowercase hex digits"),
+        ({"local_name": "../escape"}, "which is not a plain file name"),
+        ({"size": -1}, "has negative size -1"),
+    ],
+)
+def test_pending_declines_an_unusable_file_when_it_is_acknowledged(change: dict[str, Any], message: str) -> None:
+    # Checked at the ack, naming the subtask, not at _metadata time (which no longer looks at every file again).
+    fields = {"path": "counts-0/MANIFEST", "size": 10, "sha256": "0" * 64, "local_name": "MANIFEST", **change}
+    bad = handle_from_proto(
+        pb.SubtaskStateHandle(
+            operator_id="counts",
+            subtask_index=0,
+            backend="rocksdb",
+            key_groups=pb.KeyGroupRange(start=0, end=3),
+            committed_epoch=-1,
+            files=[pb.StateFileHandle(**fields)],
+        )
+    )
+    p = _pending()
+    with pytest.raises(CheckpointException, match=message) as info:
+        p.acknowledge(SubtaskId(JOB, "counts", 0), bad)
+    assert info.value.failure_reason is R.CHECKPOINT_DECLINED
+    assert "subtask job-1/counts/0 sent an unusable acknowledgement for checkpoint 3" in str(info.value)
+    assert p.acknowledged() == {}
+
+
+def test_metadata_written_without_the_file_pass_still_checks_it_when_read() -> None:
+    p = _pending()
+    p.acknowledge(SubtaskId(JOB, "counts", 0), _handle(0, ("counts-0/MANIFEST", False)))
+    p.acknowledge(SubtaskId(JOB, "counts", 1), _handle(1, ("counts-1/MANIFEST", False)))
+    meta = p.build_metadata()
+    sub = meta.operators[0].subtasks[0]
+    broken = dataclasses.replace(sub, files=(sub.files[0]._replace(sha256="nothex"),))
+    op = dataclasses.replace(meta.operators[0], subtasks=(broken, meta.operators[0].subtasks[1]))
+    tampered = dataclasses.replace(meta, operators=(op,))
+    assert tampered.problems(files_checked=True) == []
+    assert tampered.problems() == [
+        "operator 'counts' subtask 0: file 'counts-0/MANIFEST' sha256 is not 64 lowercase hex digits"
+    ]
 
 
 def test_pending_builds_metadata_in_operator_and_subtask_order() -> None:
