@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -20,33 +20,9 @@ from keyedstate.jobmanager.checkpoint import AckOutcome, CheckpointException, Ep
 from keyedstate.jobmanager.checkpoint import CheckpointFailureReason as R
 from keyedstate.jobmanager.checkpoint.metadata import CheckpointMetadata
 from keyedstate.jobmanager.lineage import EMPTY_LINEAGE, EpochLineage, LineageEntry
-from tests.fixtures.waiting import wait_for
+from tests.fixtures.waiting import Call, wait_for
 
 LINEAGE = EpochLineage.of([LineageEntry("q1", 0, 0), LineageEntry("q2", 3, 5)])
-
-
-class Call(threading.Thread):
-    """Run ``fn`` on a thread; ``outcome()`` returns its result or raises its exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self._fn = fn
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._result = self._fn()
-        except BaseException as exc:
-            self._error = exc
-
-    def outcome(self, timeout_s: float = 10.0) -> Any:
-        self.join(timeout_s)
-        assert not self.is_alive(), "the call did not return"
-        if self._error is not None:
-            raise self._error
-        return self._result
 
 
 def completed_one(h: Any) -> None:

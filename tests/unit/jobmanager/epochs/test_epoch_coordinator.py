@@ -53,7 +53,7 @@ from keyedstate.jobmanager.lineage import LineageEntry
 from keyedstate.jobmanager.scheduling import SlotAssignment
 from tests.fakes.clock import ManualClock
 from tests.fakes.scheduler import ManualScheduler
-from tests.fixtures.waiting import wait_for
+from tests.fixtures.waiting import Call, wait_for
 from tests.unit.jobmanager.checkpoint.conftest import JOB, MAX_P, SimulatedTaskManagers
 
 OPERATORS = [OperatorSpec("counts", 2, (StateDescriptor("total", StateKind.VALUE),))]
@@ -214,28 +214,6 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         h.coordinator.shutdown()
     for pool in pools:
         pool.shutdown(wait=False)
-
-
-class Call(threading.Thread):
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self._fn = fn
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._result = self._fn()
-        except BaseException as exc:
-            self._error = exc
-
-    def outcome(self, timeout_s: float = 10.0) -> Any:
-        self.join(timeout_s)
-        assert not self.is_alive(), "the call did not return"
-        if self._error is not None:
-            raise self._error
-        return self._result
 
 
 # -- BeginBatch ------------------------------------------------------------------------------------
