@@ -440,7 +440,7 @@ class CheckpointCoordinator:
                 if not self.wait_for_turn(exc, remaining, closed):
                     last_failure = f"{exc.failure_reason.name}: {exc.detail}"
                     logger.info("job=%s checkpoint for epoch %d not triggered: %s", self.job_id, epoch, exc.detail)
-                    self._sleep(_RETRY_PAUSE_MS, closed)
+                    self._retry_pause(wanted, closed)
                 continue
             try:
                 self.wait_for(pending.checkpoint_id, max(0.001, remaining / 1000.0))
@@ -455,12 +455,20 @@ class CheckpointCoordinator:
                     epoch,
                     last_failure,
                 )
-                if wanted():  # an abort for a failover or rollback ends the wait at once
-                    self._sleep(_RETRY_PAUSE_MS, closed)
+                self._retry_pause(wanted, closed)
             except CheckpointError as exc:
                 # Completed and subsumed already: the next look finds the newer one.
                 logger.info("job=%s checkpoint %d for epoch %d: %s", self.job_id, pending.checkpoint_id, epoch, exc)
         return CheckpointWait(None, last_failure)
+
+    def _retry_pause(self, wanted: Callable[[], bool], closed: threading.Event) -> None:
+        """The pause before ``checkpoint_holding`` tries again, skipped when the caller no longer wants a checkpoint.
+
+        An abort for a failover or rollback (or a refusal while one runs) then ends the wait at
+        once instead of after the pause.
+        """
+        if wanted():
+            self._sleep(_RETRY_PAUSE_MS, closed)
 
     def _wait_for_a_finish(self, timeout_ms: int) -> None:
         with self._lock:
@@ -844,7 +852,7 @@ class CheckpointCoordinator:
         metadata_path = _paths.join(pending.target_path, _paths.METADATA_FILE)
         try:
             metadata = pending.build_metadata()
-            problems = metadata.problems(files_checked=True)  # each ack's files were checked as it arrived
+            problems = metadata.structure_problems()  # each ack's files were checked as it arrived
             if problems:
                 raise CheckpointException(R.FINALIZE_CHECKPOINT_FAILURE, "; ".join(problems[:3]))
             self._storage.create_exclusive(metadata_path, metadata.to_bytes())

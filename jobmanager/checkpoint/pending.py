@@ -264,7 +264,7 @@ class PendingCheckpoint:
         for f in handle.files:
             ref = FileRef(self.relative_path(f.path, f.shared), f.size, f.sha256, f.local_name, f.shared)
             # Every check _metadata's files get, here while the ack is fresh: the coordinator then writes
-            # _metadata without a second pass over all files (CheckpointMetadata.problems(files_checked=True)).
+            # _metadata without a second pass over all files (it checks CheckpointMetadata.structure_problems() alone).
             problems = file_problems(ref, self.savepoint)
             if problems:
                 raise self._reject(subtask, problems[0])

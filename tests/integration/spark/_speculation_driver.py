@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +165,7 @@ def _record(log: str, attempt: dict[str, Any]) -> None:
 def _straggle(log: str, mode: str, commit: str) -> None:
     """Stall like a straggler until Spark's speculative copy of this task (launched on the other
     executor) has written the same events, then race it to finish; at most ``STALL_S``."""
-    _wait_for_record(
-        log, lambda a: (a["mode"], a["commit"], a["batch"], a["partition"]) == (mode, commit, 0, 0) and a["attempt"] > 0
-    )
+    _wait_for_first_partition(log, mode, commit, lambda attempt: attempt > 0)
 
 
 def _hold_back(log: str, mode: str, commit: str) -> None:
@@ -180,18 +179,22 @@ def _hold_back(log: str, mode: str, commit: str) -> None:
     nothing to race. While partition 1 holds back, at most partitions 2 and 3 can finish, and the
     copy of partition 0 could only run on partition 1's executor, which is busy holding back.
     """
-    _wait_for_record(
-        log,
-        lambda a: (a["mode"], a["commit"], a["batch"], a["partition"]) == (mode, commit, 0, 0) and a["attempt"] == 0,
-    )
+    _wait_for_first_partition(log, mode, commit, lambda attempt: attempt == 0)
 
 
-def _wait_for_record(log: str, wanted: Any) -> None:
-    """Until an attempt that wrote its events and matches ``wanted`` is in the log; at most ``STALL_S``."""
+def _wait_for_first_partition(log: str, mode: str, commit: str, attempt_wanted: Callable[[int], bool]) -> None:
+    """Until an attempt of partition 0 of this job's first batch, with a number ``attempt_wanted``
+    accepts, has written its events; at most ``STALL_S``."""
+    job = (mode, commit, 0, 0)
     deadline = time.monotonic() + STALL_S
     while time.monotonic() < deadline:
         with open(log) as f:
-            if any("rows" in a and wanted(a) for a in map(json.loads, f)):
+            if any(
+                "rows" in a
+                and (a["mode"], a["commit"], a["batch"], a["partition"]) == job
+                and attempt_wanted(a["attempt"])
+                for a in map(json.loads, f)
+            ):
                 return
         time.sleep(0.05)
 

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,7 @@ def _spark_logs(base: Path, proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def _check_mode(
-    client: Any, mode: str, attempts: list[dict[str, Any]], summary: dict[str, Any], spark_logs: Any
+    client: Any, mode: str, attempts: list[dict[str, Any]], summary: dict[str, Any], spark_logs: Callable[[], str]
 ) -> None:
     """One job (``<foreach_batch mode>-<commit mode>``): the straggler raced its speculative copy, and
     every event applied exactly once."""

@@ -227,3 +227,20 @@ def test_checkpoint_holding_stops_when_no_longer_wanted_or_closed(make_harness: 
     closed.set()
     assert h.coordinator.checkpoint_holding(0, closed).checkpoint is None
     assert h.cluster.barriers == []
+
+
+@pytest.mark.parametrize("mode", ["refused", "declined"])
+def test_checkpoint_holding_skips_the_retry_pause_once_no_longer_wanted(make_harness: Any, mode: str) -> None:
+    # A refused trigger (no task running, as during a failover) and a failed checkpoint alike:
+    # when the caller stops wanting a checkpoint (its run was replaced), the wait ends at once,
+    # without the 200 ms pause (time never moves here, so a pause would hang the call).
+    h = make_harness(tasks=list) if mode == "refused" else make_harness(mode="decline")
+    h.cluster.committed_epoch = 1
+    answers = iter([True])  # wanted at the first look only
+    waited = Call(lambda: h.coordinator.checkpoint_holding(1, threading.Event(), wanted=lambda: next(answers, False)))
+    outcome = waited.outcome()
+    assert outcome.checkpoint is None
+    expected = "NOT_ALL_REQUIRED_TASKS_RUNNING: " if mode == "refused" else "CHECKPOINT_DECLINED: "
+    assert outcome.last_failure is not None and outcome.last_failure.startswith(expected), outcome
+    assert h.scheduler.pending() == []
+    assert len(h.cluster.barriers) == (0 if mode == "refused" else 1)
