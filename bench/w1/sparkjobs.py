@@ -261,6 +261,8 @@ def run_ours(
 
 def read_state(runtime: Any, users: int) -> dict[int, tuple[int, int]]:
     """Every user's committed (count, sum), read back through the client (untimed)."""
+    # With overlapped commits the last batch may still be applying when the query returns.
+    runtime.client.wait_for_applied(runtime.job_id)
     from keyedstate.common.client import ReducingState
 
     state: ReducingState[int] = ReducingState(runtime.client, runtime.job_id, OPERATOR, STATE, key_serializer="int")

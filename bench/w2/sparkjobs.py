@@ -132,6 +132,8 @@ def open_session(who: str, user: int, session: Any, times: list[int]) -> tuple[i
 
 def read_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Every user's open session (start, times), read back through the client (untimed)."""
+    # With overlapped commits the last batch may still be applying when the query returns.
+    runtime.client.wait_for_applied(runtime.job_id)
     from keyedstate.common.client import ListState, ValueState
 
     sessions: ValueState[int, Any] = ValueState(
@@ -189,6 +191,8 @@ def run_ours_tws(
 
 def read_tws_state(runtime: Any, users: int) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Every user's open session as the StatefulProcessor left it: a (start, last, count) value and a list of (ts,) rows."""
+    # With overlapped commits the last batch may still be applying when the query returns.
+    runtime.client.wait_for_applied(runtime.job_id)
     from keyedstate.common.client import ListState, ValueState
 
     sessions: ValueState[int, Any] = ValueState(

@@ -42,6 +42,7 @@ from keyedstate.common.errors import (
     BatchOutcome,
     EpochConflictError,
     InvalidArgumentError,
+    JobStateError,
     KeyedStateError,
     NotFoundError,
     Reason,
@@ -739,6 +740,58 @@ class StateClient:
             raise UnavailableError(
                 f"the cluster at {self.jobmanager_address} was not ready within {timeout_s:.0f} s: "
                 f"{progress['last']}; {progress['fix']}"
+            ) from None
+
+    def wait_for_applied(
+        self, job_id: JobId | str, epoch: int | None = None, *, timeout_s: float = 60.0
+    ) -> JobProgress:
+        """Wait until reads outside an epoch see ``epoch`` (default: the epoch the job has committed now).
+
+        With overlapped commits a batch's apply runs after ``foreachBatch`` returned, so a driver,
+        a script or ``statectl`` reading state right after a query ended may not see the last
+        batch yet. This returns (the job's progress then) once every slot applied the epoch: a
+        read issued afterwards sees it, and every epoch before it, across all states. Raises
+        JobStateError when the job failed or was cancelled first, InvalidArgumentError for an
+        epoch the job has not committed, UnavailableError naming the applied epoch after ``timeout_s``.
+        """
+        wanted: list[int] = [] if epoch is None else [epoch]  # the committed epoch at the first answer
+        progress = {"last": "the JobManager did not answer"}
+
+        def applied() -> JobProgress:
+            info = self.job_progress(job_id)
+            if not wanted:
+                wanted.append(info.committed_epoch)
+            target = wanted[0]
+            if target > info.committed_epoch:
+                raise InvalidArgumentError(
+                    f"job {job_id!r} has committed epoch {info.committed_epoch}, not {target}: wait for an epoch "
+                    "the job has committed (JobProgress.committed_epoch)"
+                )
+            if info.status is not None and info.status.terminal:
+                raise JobStateError(
+                    f"job {job_id!r} is {info.status.value} with epoch {info.applied_epoch} of {target} applied: "
+                    f"{info.failure_cause or 'no cause given'}"
+                )
+            if info.applied_epoch >= target:
+                return info
+            status = info.status.value if info.status is not None else "in an unknown status"
+            progress["last"] = f"epoch {info.applied_epoch} of {target} applied, job {status}"
+            raise UnavailableError(progress["last"])
+
+        try:
+            return call_with_retries(
+                applied,
+                what=f"waiting for job {job_id!r} to apply its epochs",
+                policy=RetryPolicy.polling(0.05, deadline_s=timeout_s),
+                waiter=self._waiter,
+                is_transient=lambda exc: isinstance(exc, UnavailableError),
+                clock=self._clock,
+                log_level=logging.DEBUG,
+            )
+        except UnavailableError:
+            raise UnavailableError(
+                f"job {job_id!r} did not apply epoch {wanted[0] if wanted else '?'} within {timeout_s:.0f} s ({progress['last']}); a "
+                "restarting job applies it once its slots are restored: wait longer, or see statectl job info"
             ) from None
 
     def trigger_checkpoint(

@@ -101,14 +101,6 @@ def _await_checkpoint_at(cluster: Any, epoch: int, timeout_s: float = 60.0) -> N
         time.sleep(0.1)
 
 
-def _await_applied(driver: EpochDriver, epoch: int, timeout_s: float = 60.0) -> None:
-    """Wait until every slot applied ``epoch``: reads outside an epoch see only what is applied (overlapped)."""
-    deadline = time.monotonic() + timeout_s
-    while (info := driver.client.job_info(driver.job)).applied_epoch < epoch:
-        assert time.monotonic() < deadline, f"epoch {epoch} was not applied: {info}"
-        time.sleep(0.05)
-
-
 def _settle(cluster: Any, driver: EpochDriver, epoch: int) -> None:
     """Overlapped commits: wait until ``epoch``, which the driver saw decided, is applied, then take a
     checkpoint holding it.
@@ -119,7 +111,7 @@ def _settle(cluster: Any, driver: EpochDriver, epoch: int) -> None:
     triggered here: the apply of a commit checkpoints by itself, and so does a new leader that replayed
     the epoch (the driver's retry then finds it decided and commits nothing)."""
     if cluster.commit_mode == "overlapped":
-        _await_applied(driver, epoch)
+        driver.client.wait_for_applied(driver.job, epoch)
         _await_checkpoint_at(cluster, epoch)
 
 
@@ -309,10 +301,7 @@ def test_restarted_jobmanager_resumes_its_job(ha_cluster: Any, commit_mode: str)
         if commit_mode == "overlapped":
             # Reads outside an epoch see what the slots applied; the apply of epoch 2 runs behind the
             # driver's return, and the job says when every slot holds it.
-            deadline = time.monotonic() + 60
-            while driver.client.job_info(JOB).applied_epoch < 2:
-                assert time.monotonic() < deadline, "epoch 2 was not applied after the overlapped commit"
-                time.sleep(0.05)
+            driver.client.wait_for_applied(JOB, 2)
             # ... and so does its checkpoint: the orphan check compares the store's pointers with the
             # completed chk-<n> directories, which a checkpoint completing in between sets apart.
             _await_checkpoint_at(cluster, 2)
@@ -382,7 +371,7 @@ def test_new_leader_checkpoints_the_replayed_epochs_without_a_new_batch(ha_clust
         assert left["records"] == [3], left  # only the restore's seal of the epoch after the replay
         info = driver.client.job_info(JOB)
         assert info.status == pb.JOB_STATUS_RUNNING and info.committed_epoch == 2 and info.restarts == 0, info
-        _await_applied(driver, 2)
+        driver.client.wait_for_applied(driver.job, 2)
         driver.verify()
         _assert_no_orphans(cluster)
         _assert_restorable(cluster)
@@ -478,10 +467,10 @@ def test_jobmanager_killed_at_a_step_of_an_operator_restore_leaves_the_old_job_o
         if step == "jobmanager.restore.before-record":
             # The old job, with everything it committed; it runs on.
             assert info.committed_epoch == JOB_EPOCHS - 1, info
-            _await_applied(driver, JOB_EPOCHS - 1)
+            driver.client.wait_for_applied(driver.job, JOB_EPOCHS - 1)
             driver.verify()
             driver.run_epoch(JOB_EPOCHS)
-            _await_applied(driver, JOB_EPOCHS)
+            driver.client.wait_for_applied(driver.job, JOB_EPOCHS)
             driver.verify()
             _assert_restorable(cluster)
             return
@@ -498,10 +487,12 @@ def test_jobmanager_killed_at_a_step_of_an_operator_restore_leaves_the_old_job_o
         else:
             assert info.committed_epoch == SOURCE_EPOCH, info
             restored.run_epoch(SOURCE_EPOCH + 1)
-        _await_applied(restored, SOURCE_EPOCH + 1)  # overlapped: reads see an epoch once it is applied
+        restored.client.wait_for_applied(
+            restored.job, SOURCE_EPOCH + 1
+        )  # overlapped: reads see an epoch once it is applied
         restored.verify()
         restored.run_epoch(SOURCE_EPOCH + 2)
-        _await_applied(restored, SOURCE_EPOCH + 2)
+        restored.client.wait_for_applied(restored.job, SOURCE_EPOCH + 2)
         assert restored.client.job_info(JOB).committed_epoch == SOURCE_EPOCH + 2
         restored.verify()
         _assert_restorable(cluster)
