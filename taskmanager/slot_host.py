@@ -124,8 +124,11 @@ class SlotHost:
     def close(self) -> None:
         """Cancel uploads, stop the transfer processes, flush and close every backend (servers stopped first)."""
         self.checkpoints.close()
-        self.transfers.close()  # after the uploads in flight were cancelled and answered
-        self.restore_transfers.close()
+        movers = (self.transfers, self.restore_transfers)
+        for mover in movers:  # after the uploads in flight were cancelled and answered
+            mover.hang_up()  # both stop at once: their exits overlap
+        for mover in movers:
+            mover.close()
         self.epochs.close()
         self.deployer.close_all()
 
