@@ -349,10 +349,13 @@ def _taskmanager_profile(data: w1data.W1Data, sizes: W1Sizes) -> list[str]:
         f"~{commit_ms:.0f} ms of commit per slot and batch. Own time under the profiler: {profiled.summary(5)}",
         "The commit takes the fast path (taskmanager/epochs/fast_commit.py, every staged kind: the staged records, "
         "validated when staged and already holding the stored key, folded into one multi-get and one WriteBatch; "
-        "before it, 11.6 us/key in the RESULTS.md run). What would close the rest of the gap (issue 13): staging "
-        "(a multi-get and a WriteBatch of the staging DB per request, then Python per key; a merge operator, which "
-        "rocksdict 0.3.29 lacks, would make it one blind write), a columnar wire, slots in their own processes, "
-        "and a commit that overlaps the next micro-batch",
+        "before it, 11.6 us/key). With overlapped commits (--commit-mode overlapped) the commit foreachBatch waits "
+        "for is the Prepare: each slot writes its change set (the winners' staged records) to checkpoint storage and "
+        "the JobManager writes the decision; the apply and the checkpoint run behind the next batch. What would "
+        "close the rest of the gap (issue 13): staging (a multi-get and a WriteBatch of the staging DB per request, "
+        "then Python per key; a merge operator, which rocksdict 0.3.29 lacks, would make it one blind write), "
+        "change sets written while the batch stages rather than at Prepare (the Prepare would only seal them and "
+        "write the decision), and the Spark job itself, which the Redis variant's ceiling below bounds",
     ]
 
 
