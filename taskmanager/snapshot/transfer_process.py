@@ -59,14 +59,6 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.1
 """How often a waiting transfer looks at its cancel event."""
 _EXIT_WAIT_S = 10.0
-_EXIT_GRACE_S = 0.2
-"""How long a stopping TaskManager waits for a hung-up transfer process before it kills it.
-
-An idle process exits within milliseconds of the hang-up, and killing a busy one loses nothing
-(it abandons its transfers either way). What the wait would be for is a process still importing
-its storage clients, which reads the hang-up only afterwards: a TaskManager stopped soon after it
-started (a test's cluster, a crash loop) waited up to this long per pool for that, 1.4 s in all at 1.0.
-"""
 
 
 class TransferProcessLostError(CheckpointError):
@@ -131,16 +123,16 @@ class _TransferProcess:
             self._closing = True
         self._child.hang_up()
 
-    def reap(self, grace_s: float) -> None:
-        """After :meth:`hang_up`: wait ``grace_s`` for the exit, then SIGKILL.
+    def stop(self) -> None:
+        """After :meth:`hang_up`: SIGKILL the process, reap it and release the socket.
 
         Killing loses nothing: on end-of-file the process exits at once, abandoning its transfers
-        the same way. The grace is short because a process still starting (a niced interpreter
-        importing its storage clients on a loaded host takes seconds) reads the hang-up only after
-        its imports, and a stopping TaskManager has no reason to wait for that.
+        the same way. Waiting for it would only wait for a process still starting (a niced
+        interpreter importing its storage clients on a loaded host takes seconds), which reads the
+        hang-up after its imports.
         """
-        if not self._child.wait_exit(grace_s):
-            logger.info("killed checkpoint transfer process %d: not exited %.1f s after the hang-up", self.pid, grace_s)
+        self._child.kill()
+        self._child.wait_exit(_EXIT_WAIT_S)
         self._reader.join(_EXIT_WAIT_S)
         self._child.close_socket()
 
@@ -211,7 +203,6 @@ class TransferProcessPool:
         self._closed = False
         self._processes: list[_TransferProcess | None] = [None] * processes
         self._hung_up: list[_TransferProcess] = []  # told to stop, not reaped yet
-        self._hung_up_at_ms: int | None = None
 
     def start(self) -> None:
         """Start every transfer process (they load their storage clients while the TaskManager starts)."""
@@ -255,22 +246,20 @@ class TransferProcessPool:
             self._closed = True
             processes, self._processes = [p for p in self._processes if p is not None], []
             self._hung_up.extend(processes)
-            if self._hung_up_at_ms is None:
-                self._hung_up_at_ms = self._clock.monotonic_ms()
         for process in processes:  # every process hears it first, so their exits overlap
             process.hang_up()
 
     def close(self) -> None:
         """Stop every transfer process; transfers still running fail (the TaskManager stops).
 
-        The grace runs from the hang-up, for all of them together.
+        Hung up first (every pool of the TaskManager hears it before any is reaped), then killed:
+        see :meth:`_TransferProcess.stop`.
         """
         self.hang_up()
         with self._lock:
             processes, self._hung_up = self._hung_up, []
-            grace_ends_ms = (self._hung_up_at_ms or self._clock.monotonic_ms()) + _EXIT_GRACE_S * 1000
         for process in processes:
-            process.reap(max(0.0, (grace_ends_ms - self._clock.monotonic_ms()) / 1000))
+            process.stop()
 
     def _run(
         self, make: Callable[[int], Request], cancel: threading.Event | None, stats: TransferStats | None

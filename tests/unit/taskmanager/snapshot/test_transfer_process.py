@@ -196,6 +196,21 @@ def test_close_stops_every_transfer_process(tmp_path: Path) -> None:
         pool.upload((tmp_path / "r").as_uri(), [], 1)
 
 
+def test_close_stops_a_transfer_process_that_never_reads_its_hang_up() -> None:
+    # A stopped (SIGSTOP) process stands for one that is still starting on a loaded host: it
+    # reads nothing, so the hang-up alone would never end it, and close() must not wait for it.
+    pool = TransferProcessPool(Configuration(), 1, NICE, SYSTEM_CLOCK)
+    pool.start()
+    [pid] = pool.pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        pool.close()
+        assert _gone(pid)
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 _OWNER = """
 import os, sys, threading, time
 from keyedstate.common.clock import SYSTEM_CLOCK
