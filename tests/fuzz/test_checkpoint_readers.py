@@ -508,6 +508,9 @@ def run_atheris(real: RealCheckpoint, tmp: Path, target: str, limit: list[str]) 
             str(corpus),
         ],
         cwd=Path(__file__).resolve().parents[2],
+        # The target's scratch directory (tempfile) goes under this test's directory: libFuzzer
+        # ends the process without running its clean-up, which left one in /tmp per run.
+        env={**os.environ, "TMPDIR": str(tmp)},
         capture_output=True,
         text=True,
         timeout=long_seconds() + 600,
