@@ -201,6 +201,12 @@ def test_query_restarts_from_its_spark_checkpoint_location(
     while second.committed_epoch() < 5 and time.monotonic() < deadline:
         assert query.exception() is None
         time.sleep(0.2)
+    # Where the resumed query stood (it stalled at epoch 4 in 2 full-suite runs and never alone).
+    where = (
+        f"first driver stopped at epoch {stopped_at}; second ran {second.batches_run} batch(es), the last Spark "
+        f"batch {second.last_batch_id}; job {second.job_info()}; query status {query.status}; "
+        f"last progress {query.lastProgress}"
+    )
     query.stop()
-    assert second.committed_epoch() == 5
+    assert second.committed_epoch() == 5, where
     _verify(second, [e for b in batches for e in b])
