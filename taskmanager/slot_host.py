@@ -124,10 +124,7 @@ class SlotHost:
     def close(self) -> None:
         """Cancel uploads, stop the transfer processes, flush and close every backend (servers stopped first)."""
         self.checkpoints.close()
-        movers = (self.transfers, self.restore_transfers)
-        for mover in movers:  # after the uploads in flight were cancelled and answered
-            mover.hang_up()  # both stop at once: their exits overlap
-        for mover in movers:
+        for mover in (self.transfers, self.restore_transfers):  # after the uploads in flight were cancelled
             mover.close()
         self.epochs.close()
         self.deployer.close_all()

@@ -51,9 +51,6 @@ class FileMover(Protocol):
     ) -> int:
         """Download and verify ``(remote url, local path, size, sha256)`` entries; the bytes moved."""
 
-    def hang_up(self) -> None:
-        """Begin to stop, without waiting (so that several movers stop together); :meth:`close` finishes."""
-
     def close(self) -> None:
         """Stop moving files (the TaskManager stops); transfers still running fail."""
 
@@ -91,9 +88,6 @@ class InProcessMover:
         """See :meth:`FileMover.download`."""
         storage = self._storages.for_url(storage_url)
         return download_files(storage, files, threads, cancel, stats=stats, nice=self._nice)
-
-    def hang_up(self) -> None:
-        """Nothing to stop: the transfers run on the callers' threads."""
 
     def close(self) -> None:
         """Nothing to stop: the transfers run on the callers' threads."""

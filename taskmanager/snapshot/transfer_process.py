@@ -117,20 +117,17 @@ class _TransferProcess:
         logger.warning("killing checkpoint transfer process %d: %s", self.pid, why)
         self._child.kill()
 
-    def hang_up(self) -> None:
-        """Close our end: the process sees it and exits; requests still running fail."""
-        with self._lock:
-            self._closing = True
-        self._child.hang_up()
-
     def stop(self) -> None:
-        """After :meth:`hang_up`: SIGKILL the process, reap it and release the socket.
+        """Close our end, SIGKILL the process, reap it and release the socket; requests still running fail.
 
         Killing loses nothing: on end-of-file the process exits at once, abandoning its transfers
         the same way. Waiting for it would only wait for a process still starting (a niced
         interpreter importing its storage clients on a loaded host takes seconds), which reads the
         hang-up after its imports.
         """
+        with self._lock:
+            self._closing = True
+        self._child.hang_up()
         self._child.kill()
         self._child.wait_exit(_EXIT_WAIT_S)
         self._reader.join(_EXIT_WAIT_S)
@@ -202,7 +199,6 @@ class TransferProcessPool:
         self._lock = threading.Lock()
         self._closed = False
         self._processes: list[_TransferProcess | None] = [None] * processes
-        self._hung_up: list[_TransferProcess] = []  # told to stop, not reaped yet
 
     def start(self) -> None:
         """Start every transfer process (they load their storage clients while the TaskManager starts)."""
@@ -240,24 +236,14 @@ class TransferProcessPool:
         reply = self._run(lambda rid: DownloadRequest(rid, storage_url, items, threads), cancel, stats)
         return reply.downloaded_bytes
 
-    def hang_up(self) -> None:
-        """Tell every transfer process to stop, without waiting; :meth:`close` then reaps them."""
-        with self._lock:
-            self._closed = True
-            processes, self._processes = [p for p in self._processes if p is not None], []
-            self._hung_up.extend(processes)
-        for process in processes:  # every process hears it first, so their exits overlap
-            process.hang_up()
-
     def close(self) -> None:
         """Stop every transfer process; transfers still running fail (the TaskManager stops).
 
-        Hung up first (every pool of the TaskManager hears it before any is reaped), then killed:
-        see :meth:`_TransferProcess.stop`.
+        Each is killed, not waited for: see :meth:`_TransferProcess.stop`.
         """
-        self.hang_up()
         with self._lock:
-            processes, self._hung_up = self._hung_up, []
+            self._closed = True
+            processes, self._processes = [p for p in self._processes if p is not None], []
         for process in processes:
             process.stop()
 
